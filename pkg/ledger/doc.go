@@ -1,0 +1,34 @@
+// Package ledger is caa's on-node memory: a bbolt file that maps each peer
+// pod to its cloud VM and survives restarts, upgrades and crashes of the daemon.
+//
+// The file holds one tree of buckets:
+//
+//	meta
+//	 ├── schema            uint32 big-endian: the layout version (see migrations.go)
+//	 ├── id                random ledger id, fixed at creation
+//	 ├── node              node name this ledger belongs to (invariant I8)
+//	 ├── cluster           cluster id this ledger belongs to (invariant I8)
+//	 ├── createdAt         RFC 3339 creation time
+//	 ├── epoch             uint64 big-endian: +1 on every writable open
+//	 ├── holderPID         decimal pid of the last writable opener
+//	 └── openedAt          RFC 3339 time of the last writable open
+//	records
+//	 └── <pod uid>         record value (codec.go): the pod, its VM, phase, revision
+//	vms
+//	 └── <provider>\x00<vm id>  pod uid: the index from a cloud VM to its pod
+//	history
+//	 └── <pod uid>         bucket, one per pod, kept after the record is deleted
+//	      └── <seq>        uint64 big-endian -> event value (codec.go); the
+//	                       oldest entries are dropped past the per-pod limit
+//
+// Every write is one bbolt read-write transaction with fsync on, so it is
+// durable when the call returns (invariant I2 rests on this). Writes to a
+// record are compare-and-set on its revision: a stale writer gets ErrConflict.
+// Helpers take a *Tx so a caller can compose several changes atomically.
+//
+// bbolt allows one writing process. A writable open records its pid in a
+// holder file beside the ledger (<path>.holder) so a second opener, which
+// cannot read the locked file, can name who holds it. Readers that find the
+// file held talk to the daemon over its unix socket instead (package
+// ledger/ledgerapi).
+package ledger
