@@ -237,7 +237,7 @@ func (l *Ledger) openError(err error, timeout time.Duration) error {
 	case errors.Is(err, berrors.ErrInvalid), errors.Is(err, berrors.ErrVersionMismatch),
 		errors.Is(err, berrors.ErrChecksum), errors.Is(err, ErrCorrupt):
 		return fmt.Errorf("open ledger %s: %w: not a readable bbolt file (%v); "+
-			"keep the file for inspection and rebuild with `caa ledger rebuild`", l.path, ErrCorrupt, err)
+			"keep the file for inspection and move it aside", l.path, ErrCorrupt, err)
 	case errors.Is(err, fs.ErrPermission):
 		return fmt.Errorf("open ledger %s: %w (run as the user that owns it, normally root)", l.path, err)
 	}
@@ -254,7 +254,7 @@ func (l *Ledger) checkSize() error {
 	return l.view(func(tx *bolt.Tx) error {
 		if want := tx.Size(); info.Size() < want {
 			return fmt.Errorf("open ledger %s: %w: file is %d bytes but its pages need %d (truncated); "+
-				"keep the file for inspection and rebuild with `caa ledger rebuild`", l.path, ErrCorrupt, info.Size(), want)
+				"keep the file for inspection and move it aside", l.path, ErrCorrupt, info.Size(), want)
 		}
 		return nil
 	})

@@ -1,0 +1,44 @@
+# caa — build, test and measure. `make help` lists the targets.
+
+GO          ?= go
+VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
+LDFLAGS     := -s -w -X main.version=$(VERSION)
+STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
+BENCH_COUNT ?= 5
+BENCH_OUT   ?= .cache/bench
+
+.PHONY: help build test test-unit test-integration lint fmt bench fuzz clean
+
+help: ## list the targets
+	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
+
+build: ## build bin/caa
+	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/caa ./cmd/caa
+
+test: lint test-integration ## everything CI runs: lint, then every test (unit, integration, fuzz seeds) under the race detector
+
+test-unit: ## fast tests only (skips the crash-loop and built-binary tests)
+	$(GO) test -short -count=1 ./...
+
+test-integration: ## every test, with the race detector
+	$(GO) test -race -count=1 -timeout 20m ./...
+
+lint: ## gofmt check, go vet, staticcheck (pinned)
+	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
+	$(GO) vet ./...
+	$(GO) run $(STATICCHECK) ./...
+
+fmt: ## rewrite files with gofmt
+	gofmt -w $$(git ls-files '*.go')
+
+bench: ## benchmarks: $(BENCH_COUNT) runs each, raw output and a summary in $(BENCH_OUT)
+	@mkdir -p $(BENCH_OUT)
+	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) -timeout 60m ./pkg/... | tee $(BENCH_OUT)/raw.txt
+	$(GO) run ./internal/benchreport < $(BENCH_OUT)/raw.txt | tee $(BENCH_OUT)/summary.md
+
+fuzz: ## run the ledger decoder fuzzers for FUZZTIME each (default 60s)
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $${FUZZTIME:-60s} ./pkg/ledger/
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEvent$$' -fuzztime $${FUZZTIME:-60s} ./pkg/ledger/
+
+clean: ## remove build and bench output
+	rm -rf bin .cache

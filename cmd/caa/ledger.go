@@ -1,0 +1,292 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/caa-project/caa/pkg/ledger"
+	"github.com/caa-project/caa/pkg/ledger/ledgerapi"
+)
+
+// ledgerFlags are shared by every `caa ledger` subcommand.
+type ledgerFlags struct {
+	path    string
+	output  string
+	timeout time.Duration
+}
+
+func newLedgerCommand() *cobra.Command {
+	f := &ledgerFlags{}
+	cmd := &cobra.Command{
+		Use:   "ledger",
+		Short: "Inspect the on-node ledger of peer pods and their VMs",
+		Long: "Inspect the on-node ledger. When a caa daemon holds the ledger, the commands ask it\n" +
+			"over its unix socket (<ledger>.sock); otherwise they open the file read-only.",
+		Args:  unknownSubcommand,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return usageError{fmt.Errorf("%s needs a subcommand: ls, get, history, export, verify or stats (see `%s --help`)",
+				cmd.CommandPath(), cmd.CommandPath())}
+		},
+	}
+	defPath := ledger.DefaultPath
+	if env := os.Getenv("CAA_LEDGER"); env != "" {
+		defPath = env
+	}
+	pf := cmd.PersistentFlags()
+	pf.StringVar(&f.path, "ledger", defPath, "ledger file (env CAA_LEDGER)")
+	pf.StringVarP(&f.output, "output", "o", "table", "output format: table, json or yaml")
+	pf.DurationVar(&f.timeout, "timeout", 5*time.Second, "how long to wait for the daemon's socket or the file lock")
+	cmd.AddCommand(
+		newLedgerLsCommand(f),
+		newLedgerGetCommand(f),
+		newLedgerHistoryCommand(f),
+		newLedgerExportCommand(f),
+		newLedgerVerifyCommand(f),
+		newLedgerStatsCommand(f),
+	)
+	return cmd
+}
+
+// open validates the shared flags and finds the reader.
+func (f *ledgerFlags) open(cmd *cobra.Command) (ledgerapi.Reader, error) {
+	if _, err := parseFormat(f.output); err != nil {
+		return nil, err
+	}
+	if f.timeout <= 0 {
+		return nil, usageError{fmt.Errorf("--timeout must be positive, got %s", f.timeout)}
+	}
+	if f.path == "" {
+		return nil, usageError{errors.New("--ledger is empty; give the ledger file, e.g. " + ledger.DefaultPath)}
+	}
+	return ledgerapi.Open(cmd.Context(), f.path, f.timeout)
+}
+
+func newLedgerLsCommand(f *ledgerFlags) *cobra.Command {
+	var phases []string
+	cmd := &cobra.Command{
+		Use:   "ls",
+		Short: "List the records: one line per peer pod",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			var filter ledger.Filter
+			for _, s := range phases {
+				p, err := ledger.ParsePhase(s)
+				if err != nil {
+					return usageError{fmt.Errorf("--phase: %w", err)}
+				}
+				filter.Phases = append(filter.Phases, p)
+			}
+			r, err := f.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer r.Close()
+			recs, listErr := r.List(cmd.Context(), filter)
+			if listErr != nil && recs == nil {
+				return listErr
+			}
+			sortRecords(recs)
+			if err := writeRecords(cmd.OutOrStdout(), f.output, recs, time.Now()); err != nil {
+				return err
+			}
+			return listErr
+		},
+	}
+	cmd.Flags().StringSliceVar(&phases, "phase", nil, "only records in these phases (Creating, Running, Deleting, Failed)")
+	return cmd
+}
+
+func newLedgerGetCommand(f *ledgerFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "get <pod-uid|namespace/name>",
+		Short: "Show one record and its history",
+		Args:  exactArgs(1, "one pod UID or namespace/name"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := f.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer r.Close()
+			uid, err := resolvePod(cmd, r, args[0])
+			if err != nil {
+				return err
+			}
+			rec, recErr := r.Get(cmd.Context(), uid)
+			if recErr != nil && !errors.Is(recErr, ledger.ErrNotFound) {
+				return recErr
+			}
+			hist, err := r.History(cmd.Context(), uid)
+			if err != nil && !errors.Is(err, ledger.ErrNotFound) {
+				return err
+			}
+			if recErr != nil && len(hist) == 0 {
+				return fmt.Errorf("pod %s: %w in %s", args[0], ledger.ErrNotFound, r.Source())
+			}
+			var recPtr *ledger.Record
+			if recErr == nil {
+				recPtr = &rec
+			}
+			return writeRecordDetail(cmd.OutOrStdout(), f.output, recPtr, hist, time.Now())
+		},
+	}
+}
+
+func newLedgerHistoryCommand(f *ledgerFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "history [pod-uid|namespace/name]",
+		Short: "Show the history of one pod, or of every pod by time",
+		Args: func(cmd *cobra.Command, args []string) error {
+			if len(args) > 1 {
+				return usageError{fmt.Errorf("%s takes at most one pod (got %d arguments)", cmd.CommandPath(), len(args))}
+			}
+			return nil
+		},
+		RunE: func(cmd *cobra.Command, args []string) error {
+			r, err := f.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer r.Close()
+			var hist []ledger.Event
+			if len(args) == 0 {
+				hist, err = r.AllHistory(cmd.Context())
+			} else {
+				var uid string
+				if uid, err = resolvePod(cmd, r, args[0]); err == nil {
+					hist, err = r.History(cmd.Context(), uid)
+				}
+			}
+			if err != nil {
+				return err
+			}
+			return writeEvents(cmd.OutOrStdout(), f.output, hist, len(args) == 0)
+		},
+	}
+}
+
+func newLedgerExportCommand(f *ledgerFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "export",
+		Short: "Print every record as JSON lines (stable field names)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := f.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer r.Close()
+			recs, listErr := r.List(cmd.Context(), ledger.Filter{})
+			if listErr != nil && recs == nil {
+				return listErr
+			}
+			sortRecords(recs)
+			enc := json.NewEncoder(cmd.OutOrStdout())
+			for _, rec := range recs {
+				if err := enc.Encode(rec); err != nil {
+					return err
+				}
+			}
+			return listErr
+		},
+	}
+}
+
+func newLedgerVerifyCommand(f *ledgerFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "verify",
+		Short: "Check the file, the index and every record; exit 1 on any problem",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := f.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer r.Close()
+			probs, err := r.Verify(cmd.Context())
+			if err != nil {
+				return err
+			}
+			if err := writeProblems(cmd.OutOrStdout(), f.output, probs); err != nil {
+				return err
+			}
+			if len(probs) > 0 {
+				return exitError{msg: fmt.Sprintf("verify: %d problem(s) in %s", len(probs), r.Source()), code: exitFailure}
+			}
+			return nil
+		},
+	}
+}
+
+func newLedgerStatsCommand(f *ledgerFlags) *cobra.Command {
+	return &cobra.Command{
+		Use:   "stats",
+		Short: "Summarise the ledger: owner, schema, records by phase, history, size",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			r, err := f.open(cmd)
+			if err != nil {
+				return err
+			}
+			defer r.Close()
+			s, err := r.Stats(cmd.Context())
+			if err != nil {
+				return err
+			}
+			return writeStats(cmd.OutOrStdout(), f.output, s, r.Source())
+		},
+	}
+}
+
+// resolvePod turns a pod UID or namespace/name into a pod UID. A name is
+// looked up among the records first, then among the histories (a deleted
+// pod keeps its history); two matches are an error that lists them.
+func resolvePod(cmd *cobra.Command, r ledgerapi.Reader, arg string) (string, error) {
+	ns, name, isName := strings.Cut(arg, "/")
+	if !isName {
+		return arg, nil
+	}
+	if ns == "" || name == "" {
+		return "", usageError{fmt.Errorf("pod %q: want a pod UID or namespace/name", arg)}
+	}
+	recs, err := r.List(cmd.Context(), ledger.Filter{})
+	if err != nil && recs == nil {
+		return "", err
+	}
+	var uids []string
+	for _, rec := range recs {
+		if rec.Namespace == ns && rec.Name == name {
+			uids = append(uids, rec.PodUID)
+		}
+	}
+	if len(uids) == 0 {
+		events, err := r.AllHistory(cmd.Context())
+		if err != nil {
+			return "", err
+		}
+		for _, e := range events {
+			if e.Record.Namespace == ns && e.Record.Name == name && !slices.Contains(uids, e.Record.PodUID) {
+				uids = append(uids, e.Record.PodUID)
+			}
+		}
+	}
+	switch len(uids) {
+	case 0:
+		return "", fmt.Errorf("pod %s: %w in %s", arg, ledger.ErrNotFound, r.Source())
+	case 1:
+		return uids[0], nil
+	}
+	return "", fmt.Errorf("pod %s matches %d pod UIDs (%s); name one of them", arg, len(uids), strings.Join(uids, ", "))
+}
+
+func sortRecords(recs []ledger.Record) {
+	slices.SortFunc(recs, func(a, b ledger.Record) int {
+		return strings.Compare(a.Namespace+"/"+a.Name+"/"+a.PodUID, b.Namespace+"/"+b.Name+"/"+b.PodUID)
+	})
+}

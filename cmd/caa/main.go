@@ -1,0 +1,124 @@
+// Command caa keeps peer-pod VMs alive across restarts and upgrades of the
+// per-node agent. `caa ledger …` inspects the on-node ledger; `caa version`
+// prints the build.
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+
+	"github.com/spf13/cobra"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// Exit codes: 1 for a failed command (or problems found), 2 for bad usage.
+const (
+	exitFailure = 1
+	exitUsage   = 2
+)
+
+// usageError marks errors that are the caller's to fix in the command line.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	os.Exit(code)
+}
+
+// run executes one command line and returns the process exit code; every
+// failure is one line on stderr.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	root := newRootCommand(stdout, stderr)
+	root.SetArgs(args)
+	err := root.ExecuteContext(ctx)
+	if err == nil {
+		return 0
+	}
+	fmt.Fprintf(stderr, "caa: %v\n", err)
+	var ue usageError
+	var ee exitError
+	switch {
+	case errors.As(err, &ue):
+		return exitUsage
+	case errors.As(err, &ee):
+		return ee.code
+	}
+	return exitFailure
+}
+
+// exitError carries a specific exit code (for example, verify found problems).
+type exitError struct {
+	msg  string
+	code int
+}
+
+func (e exitError) Error() string { return e.msg }
+
+func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
+	root := &cobra.Command{
+		Use:   "caa",
+		Short: "caa keeps peer-pod VMs alive across restarts and upgrades of its node agent",
+		Long: "caa is the per-node agent that owns the cloud VMs of the peer pods on its node and\n" +
+			"remembers them in an on-node ledger, so restarts and upgrades never disrupt them.",
+		SilenceUsage:  true,
+		SilenceErrors: true,
+		Args:          unknownSubcommand,
+		RunE:          func(cmd *cobra.Command, _ []string) error { return cmd.Help() },
+	}
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
+		return usageError{fmt.Errorf("%w (see `%s --help`)", err, cmd.CommandPath())}
+	})
+	root.AddCommand(newVersionCommand(), newLedgerCommand())
+	return root
+}
+
+func newVersionCommand() *cobra.Command {
+	return &cobra.Command{
+		Use:   "version",
+		Short: "Print the caa version",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			_, err := fmt.Fprintf(cmd.OutOrStdout(), "caa %s\n", version)
+			return err
+		},
+	}
+}
+
+// unknownSubcommand rejects a word that names no subcommand.
+func unknownSubcommand(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageError{fmt.Errorf("unknown command %q for %s (see `%s --help`)", args[0], cmd.CommandPath(), cmd.CommandPath())}
+	}
+	return nil
+}
+
+// noArgs is cobra.NoArgs with a usage error.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usageError{fmt.Errorf("%s takes no arguments, got %q", cmd.CommandPath(), args)}
+	}
+	return nil
+}
+
+func exactArgs(n int, what string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) != n {
+			return usageError{fmt.Errorf("%s needs %s (got %d arguments)", cmd.CommandPath(), what, len(args))}
+		}
+		return nil
+	}
+}

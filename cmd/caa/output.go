@@ -1,0 +1,219 @@
+package main
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"sigs.k8s.io/yaml"
+
+	"github.com/caa-project/caa/pkg/ledger"
+)
+
+type format string
+
+const (
+	formatTable format = "table"
+	formatJSON  format = "json"
+	formatYAML  format = "yaml"
+)
+
+func parseFormat(s string) (format, error) {
+	switch f := format(strings.ToLower(s)); f {
+	case formatTable, formatJSON, formatYAML:
+		return f, nil
+	}
+	return "", usageError{fmt.Errorf("-o %q: want table, json or yaml", s)}
+}
+
+// writeData prints v as JSON or YAML; it reports false for table output,
+// which each caller draws itself.
+func writeData(w io.Writer, output string, v any) (bool, error) {
+	f, err := parseFormat(output)
+	if err != nil {
+		return false, err
+	}
+	switch f {
+	case formatJSON:
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		return true, enc.Encode(v)
+	case formatYAML:
+		data, err := yaml.Marshal(v)
+		if err != nil {
+			return true, err
+		}
+		_, err = w.Write(data)
+		return true, err
+	}
+	return false, nil
+}
+
+func writeRecords(w io.Writer, output string, recs []ledger.Record, now time.Time) error {
+	if recs == nil {
+		recs = []ledger.Record{}
+	}
+	if done, err := writeData(w, output, recs); done || err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "POD\tNAMESPACE\tPHASE\tVM\tTYPE\tATTEMPT\tAGE")
+	for _, r := range recs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n",
+			r.Name, r.Namespace, r.Phase, dash(r.VMID), dash(r.InstanceType), r.Attempt, age(r.CreatedAt, now))
+	}
+	return tw.Flush()
+}
+
+type recordDetail struct {
+	Record  *ledger.Record `json:"record"`
+	History []ledger.Event `json:"history"`
+}
+
+func writeRecordDetail(w io.Writer, output string, rec *ledger.Record, hist []ledger.Event, now time.Time) error {
+	if done, err := writeData(w, output, recordDetail{Record: rec, History: nonNil(hist)}); done || err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if rec == nil {
+		fmt.Fprintln(tw, "Record:\t(deleted; history below)")
+	} else {
+		rows := [][2]string{
+			{"Pod", rec.PodRef()}, {"Pod UID", rec.PodUID}, {"Node", rec.Node},
+			{"Runtime class", dash(rec.RuntimeClass)}, {"Phase", string(rec.Phase)},
+			{"Reason", dash(rec.Reason)}, {"Message", dash(rec.Message)},
+			{"Provider", dash(rec.Provider)}, {"VM", dash(rec.VMID)}, {"VM name", dash(rec.VMName)},
+			{"Idempotency key", dash(rec.Key)}, {"Instance type", dash(rec.InstanceType)},
+			{"Image", dash(rec.Image)}, {"Zone", dash(rec.Zone)}, {"IPs", dash(strings.Join(rec.IPs, ", "))},
+			{"Attempt", fmt.Sprint(rec.Attempt)}, {"Revision", fmt.Sprint(rec.Revision)},
+			{"Created", stamp(rec.CreatedAt, now)}, {"Updated", stamp(rec.UpdatedAt, now)},
+			{"Last seen in cloud", stamp(rec.LastSeenAt, now)},
+		}
+		for _, row := range rows {
+			fmt.Fprintf(tw, "%s:\t%s\n", row[0], row[1])
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "\nHistory:")
+	return writeEventTable(w, hist, false)
+}
+
+func writeEvents(w io.Writer, output string, hist []ledger.Event, withPod bool) error {
+	if done, err := writeData(w, output, nonNil(hist)); done || err != nil {
+		return err
+	}
+	return writeEventTable(w, hist, withPod)
+}
+
+func writeEventTable(w io.Writer, hist []ledger.Event, withPod bool) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	header := "TIME\tACTION\tPHASE\tVM\tATTEMPT\tREV\tREASON"
+	if withPod {
+		header = "TIME\tPOD\tACTION\tPHASE\tVM\tATTEMPT\tREV\tREASON"
+	}
+	fmt.Fprintln(tw, header)
+	for _, e := range hist {
+		r := e.Record
+		pod := ""
+		if withPod {
+			pod = r.PodRef() + "\t"
+		}
+		fmt.Fprintf(tw, "%s\t%s%s\t%s\t%s\t%d\t%d\t%s\n", e.Time.Format(time.RFC3339), pod, e.Action, r.Phase,
+			dash(r.VMID), r.Attempt, r.Revision, dash(r.Reason))
+	}
+	return tw.Flush()
+}
+
+func writeProblems(w io.Writer, output string, probs []ledger.Problem) error {
+	if done, err := writeData(w, output, map[string]any{"problems": nonNil(probs), "ok": len(probs) == 0}); done || err != nil {
+		return err
+	}
+	if len(probs) == 0 {
+		_, err := fmt.Fprintln(w, "ok: no problems found")
+		return err
+	}
+	for _, p := range probs {
+		if _, err := fmt.Fprintf(w, "problem: %s\n", p); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func writeStats(w io.Writer, output string, s ledger.Stats, source string) error {
+	if done, err := writeData(w, output, s); done || err != nil {
+		return err
+	}
+	now := time.Now()
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	rows := [][2]string{
+		{"Source", source},
+		{"Ledger id", s.Meta.ID},
+		{"Node", s.Meta.Node},
+		{"Cluster", s.Meta.Cluster},
+		{"Schema", fmt.Sprint(s.Meta.SchemaVersion)},
+		{"Created", stamp(s.Meta.CreatedAt, now)},
+		{"Open epoch", fmt.Sprint(s.Meta.OpenEpoch)},
+		{"Last writable open", fmt.Sprintf("%s by pid %d", stamp(s.Meta.OpenedAt, now), s.Meta.HolderPID)},
+		{"File size", fmt.Sprintf("%d bytes", s.FileBytes)},
+		{"Records", fmt.Sprint(s.Records)},
+	}
+	for _, p := range ledger.Phases {
+		rows = append(rows, [2]string{"  " + string(p), fmt.Sprint(s.ByPhase[p])})
+	}
+	rows = append(rows,
+		[2]string{"Undecodable records", fmt.Sprint(s.Undecodable)},
+		[2]string{"Indexed VMs", fmt.Sprint(s.IndexedVMs)},
+		[2]string{"History", fmt.Sprintf("%d entries for %d pods (limit %d per pod)", s.HistoryEntries, s.HistoryPods, s.HistoryLimit)},
+	)
+	for _, row := range rows {
+		fmt.Fprintf(tw, "%s:\t%s\n", row[0], row[1])
+	}
+	return tw.Flush()
+}
+
+func nonNil[T any](s []T) []T {
+	if s == nil {
+		return []T{}
+	}
+	return s
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func stamp(t, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	return fmt.Sprintf("%s (%s ago)", t.Format(time.RFC3339), age(t, now))
+}
+
+// age prints a duration the way kubectl does: the two largest units.
+func age(t, now time.Time) string {
+	if t.IsZero() {
+		return "-"
+	}
+	d := now.Sub(t)
+	if d < 0 {
+		d = 0
+	}
+	switch {
+	case d < time.Minute:
+		return fmt.Sprintf("%ds", int(d.Seconds()))
+	case d < time.Hour:
+		return fmt.Sprintf("%dm%ds", int(d.Minutes()), int(d.Seconds())%60)
+	case d < 48*time.Hour:
+		return fmt.Sprintf("%dh%dm", int(d.Hours()), int(d.Minutes())%60)
+	}
+	return fmt.Sprintf("%dd%dh", int(d.Hours())/24, int(d.Hours())%24)
+}

@@ -1,0 +1,260 @@
+package ledgerapi_test
+
+import (
+	"context"
+	"errors"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
+
+	"github.com/caa-project/caa/pkg/ledger"
+	"github.com/caa-project/caa/pkg/ledger/ledgerapi"
+)
+
+// shortDir keeps unix socket paths under the 108-byte limit that long
+// t.TempDir() names can exceed.
+func shortDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "caa")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(dir) })
+	return filepath.Join(dir, "l")
+}
+
+func openWritable(t *testing.T, path string) *ledger.Ledger {
+	t.Helper()
+	l, err := ledger.Open(ledger.Options{Path: path, Node: "node-a", Cluster: "c1", Timeout: 200 * time.Millisecond})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+func seed(t *testing.T, l *ledger.Ledger) {
+	t.Helper()
+	for i, name := range []string{"web", "db", "cache"} {
+		r, err := l.Put(ledger.Record{
+			PodUID: "uid-" + name, Namespace: "default", Name: name, Phase: ledger.PhaseCreating,
+			Provider: "aws", Key: "key-" + name, Attempt: 1,
+		})
+		require.NoError(t, err)
+		if i < 2 {
+			r.Phase, r.VMID = ledger.PhaseRunning, "i-"+name
+			_, err = l.Put(r)
+			require.NoError(t, err)
+		}
+	}
+	r, err := l.Get("uid-cache")
+	require.NoError(t, err)
+	require.NoError(t, l.Delete("uid-cache", r.Revision))
+}
+
+// serve runs the API for l on its socket until the test ends.
+func serve(t *testing.T, l *ledger.Ledger) string {
+	t.Helper()
+	sock := ledgerapi.SocketPath(l.Path())
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- ledgerapi.Serve(ctx, sock, &ledgerapi.Local{L: l, KeepOpen: true}, nil) }()
+	t.Cleanup(func() {
+		cancel()
+		require.NoError(t, <-done)
+		_, err := os.Stat(sock)
+		assert.True(t, errors.Is(err, os.ErrNotExist), "socket removed on shutdown")
+	})
+	require.Eventually(t, func() bool {
+		c, err := net.Dial("unix", sock)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err == nil
+	}, 5*time.Second, 10*time.Millisecond)
+	return sock
+}
+
+func TestClientMatchesLocal(t *testing.T) {
+	path := shortDir(t)
+	l := openWritable(t, path)
+	seed(t, l)
+	sock := serve(t, l)
+
+	ctx := context.Background()
+	local := &ledgerapi.Local{L: l, KeepOpen: true}
+	remote := ledgerapi.NewClient(sock, time.Second)
+	t.Cleanup(func() { _ = remote.Close() })
+
+	lm, err := local.Meta(ctx)
+	require.NoError(t, err)
+	rm, err := remote.Meta(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, lm.ID, rm.ID)
+	assert.Equal(t, "node-a", rm.Node)
+
+	for _, f := range []ledger.Filter{{}, {Phases: []ledger.Phase{ledger.PhaseRunning}}, {Phases: []ledger.Phase{ledger.PhaseFailed}}} {
+		lr, err := local.List(ctx, f)
+		require.NoError(t, err)
+		rr, err := remote.List(ctx, f)
+		require.NoError(t, err)
+		assert.Equal(t, len(lr), len(rr), "filter %v", f)
+		for i := range lr {
+			assert.True(t, lr[i].UpdatedAt.Equal(rr[i].UpdatedAt))
+			assert.Equal(t, lr[i].PodUID, rr[i].PodUID)
+			assert.Equal(t, lr[i].Revision, rr[i].Revision)
+		}
+	}
+
+	rec, err := remote.Get(ctx, "uid-web")
+	require.NoError(t, err)
+	assert.Equal(t, "i-web", rec.VMID)
+	assert.Equal(t, uint64(2), rec.Revision)
+
+	hist, err := remote.History(ctx, "uid-cache")
+	require.NoError(t, err)
+	require.Len(t, hist, 2)
+	assert.Equal(t, ledger.ActionDeleted, hist[1].Action)
+
+	all, err := remote.AllHistory(ctx)
+	require.NoError(t, err)
+	assert.Len(t, all, 6, "2+2 events for web and db, 2 for cache")
+	for i := 1; i < len(all); i++ {
+		assert.False(t, all[i].Time.Before(all[i-1].Time), "events are in time order")
+	}
+
+	st, err := remote.Stats(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 2, st.Records)
+	assert.Equal(t, 2, st.ByPhase[ledger.PhaseRunning])
+	assert.Equal(t, 2, st.IndexedVMs)
+
+	probs, err := remote.Verify(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, probs)
+	assert.Contains(t, remote.Source(), sock)
+}
+
+func TestClientErrorsKeepTheirKind(t *testing.T) {
+	path := shortDir(t)
+	l := openWritable(t, path)
+	sock := serve(t, l)
+	c := ledgerapi.NewClient(sock, time.Second)
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+
+	_, err := c.Get(ctx, "no-such-pod")
+	assert.ErrorIs(t, err, ledger.ErrNotFound)
+	assert.Contains(t, err.Error(), "no-such-pod")
+
+	_, err = c.History(ctx, "no-such-pod")
+	assert.ErrorIs(t, err, ledger.ErrNotFound)
+
+	_, err = c.List(ctx, ledger.Filter{Phases: []ledger.Phase{"Sleeping"}})
+	assert.ErrorIs(t, err, ledger.ErrInvalid)
+	assert.Contains(t, err.Error(), "Sleeping")
+}
+
+func TestOpenPicksDaemonThenFile(t *testing.T) {
+	ctx := context.Background()
+
+	t.Run("daemon answers", func(t *testing.T) {
+		path := shortDir(t)
+		l := openWritable(t, path)
+		seed(t, l)
+		serve(t, l)
+		r, err := ledgerapi.Open(ctx, path, time.Second)
+		require.NoError(t, err)
+		defer r.Close()
+		assert.Contains(t, r.Source(), "daemon on ")
+		recs, err := r.List(ctx, ledger.Filter{})
+		require.NoError(t, err)
+		assert.Len(t, recs, 2)
+	})
+
+	t.Run("no daemon reads the file", func(t *testing.T) {
+		path := shortDir(t)
+		l := openWritable(t, path)
+		seed(t, l)
+		require.NoError(t, l.Close())
+		r, err := ledgerapi.Open(ctx, path, time.Second)
+		require.NoError(t, err)
+		defer r.Close()
+		assert.Contains(t, r.Source(), "read-only")
+		recs, err := r.List(ctx, ledger.Filter{})
+		require.NoError(t, err)
+		assert.Len(t, recs, 2)
+	})
+
+	t.Run("stale socket file falls back to the file", func(t *testing.T) {
+		path := shortDir(t)
+		l := openWritable(t, path)
+		seed(t, l)
+		require.NoError(t, l.Close())
+		ln, err := net.Listen("unix", ledgerapi.SocketPath(path))
+		require.NoError(t, err)
+		ln.(*net.UnixListener).SetUnlinkOnClose(false)
+		require.NoError(t, ln.Close()) // leaves the file, nobody listening
+		r, err := ledgerapi.Open(ctx, path, time.Second)
+		require.NoError(t, err)
+		defer r.Close()
+		assert.Contains(t, r.Source(), "read-only")
+	})
+
+	t.Run("held without a socket fails within the timeout", func(t *testing.T) {
+		path := shortDir(t)
+		openWritable(t, path)
+		start := time.Now()
+		_, err := ledgerapi.Open(ctx, path, 300*time.Millisecond)
+		require.ErrorIs(t, err, ledger.ErrLocked)
+		assert.Contains(t, err.Error(), path)
+		assert.Contains(t, err.Error(), ledgerapi.SocketPath(path))
+		assert.Contains(t, err.Error(), "process ")
+		assert.Less(t, time.Since(start), 30*time.Second, "it gave up instead of hanging")
+	})
+}
+
+func TestServeRefusesALiveSocketAndIsPrivate(t *testing.T) {
+	path := shortDir(t)
+	l := openWritable(t, path)
+	sock := serve(t, l)
+
+	info, err := os.Stat(sock)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), info.Mode().Perm())
+
+	err = ledgerapi.Serve(context.Background(), sock, &ledgerapi.Local{L: l, KeepOpen: true}, nil)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "answered by another process")
+}
+
+func TestListOverTheWireKeepsGoodRecordsBesideCorruptOnes(t *testing.T) {
+	path := shortDir(t)
+	l := openWritable(t, path)
+	seed(t, l)
+	require.NoError(t, l.Close())
+
+	db, err := bolt.Open(path, 0o600, &bolt.Options{Timeout: time.Second})
+	require.NoError(t, err)
+	require.NoError(t, db.Update(func(tx *bolt.Tx) error {
+		return tx.Bucket([]byte("records")).Put([]byte("uid-garbage"), []byte{1, 0xff, 0xff})
+	}))
+	require.NoError(t, db.Close())
+
+	l = openWritable(t, path)
+	sock := serve(t, l)
+	c := ledgerapi.NewClient(sock, time.Second)
+	t.Cleanup(func() { _ = c.Close() })
+
+	recs, err := c.List(context.Background(), ledger.Filter{})
+	require.ErrorIs(t, err, ledger.ErrCorrupt)
+	assert.Contains(t, err.Error(), "uid-garbage")
+	assert.Len(t, recs, 2, "the two good records still arrive")
+
+	probs, err := c.Verify(context.Background())
+	require.NoError(t, err)
+	require.NotEmpty(t, probs)
+	assert.Contains(t, probs[0].Where, "uid-garbage")
+}

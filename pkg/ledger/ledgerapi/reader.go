@@ -1,0 +1,116 @@
+// Package ledgerapi lets the `caa ledger` CLI read a ledger whether a daemon
+// holds it (over the daemon's unix socket) or not (by opening the file read-only).
+//
+// The protocol is HTTP/1.1 with JSON bodies over a unix socket at
+// SocketPath(ledger), mode 0600, served only by the process that holds the
+// ledger open for writing. It is read-only and versioned by path (/v1/...):
+//
+//	GET /v1/meta                  -> ledger.Meta
+//	GET /v1/records[?phase=P...]  -> {"records": [Record...], "error": "..."}
+//	GET /v1/records/{uid}         -> Record
+//	GET /v1/history               -> {"events": [Event...]} every pod, by time
+//	GET /v1/history/{uid}         -> {"events": [Event...]}
+//	GET /v1/stats                 -> ledger.Stats
+//	GET /v1/verify                -> {"problems": [Problem...]}
+//
+// Failures answer a status code and {"error": "...", "kind": "..."}; the
+// kind names the ledger sentinel (not_found, corrupt, ...) so a client's
+// errors still satisfy errors.Is(err, ledger.ErrNotFound) and friends.
+package ledgerapi
+
+import (
+	"context"
+	"slices"
+	"time"
+
+	"github.com/caa-project/caa/pkg/ledger"
+)
+
+// Reader is the read side of a ledger, local or remote.
+type Reader interface {
+	Meta(ctx context.Context) (ledger.Meta, error)
+	// List returns the matching records; with some undecodable it returns
+	// the good ones and an error wrapping ledger.ErrCorrupt.
+	List(ctx context.Context, f ledger.Filter) ([]ledger.Record, error)
+	Get(ctx context.Context, podUID string) (ledger.Record, error)
+	History(ctx context.Context, podUID string) ([]ledger.Event, error)
+	// AllHistory is every pod's history (deleted pods too), oldest first.
+	AllHistory(ctx context.Context) ([]ledger.Event, error)
+	Stats(ctx context.Context) (ledger.Stats, error)
+	Verify(ctx context.Context) ([]ledger.Problem, error)
+	// Source says where the answers come from, for messages.
+	Source() string
+	Close() error
+}
+
+// Local reads an open ledger in this process.
+type Local struct {
+	L *ledger.Ledger
+	// KeepOpen leaves the ledger open on Close (the daemon owns it).
+	KeepOpen bool
+}
+
+var _ Reader = (*Local)(nil)
+
+// Meta returns the ledger's meta.
+func (r *Local) Meta(context.Context) (ledger.Meta, error) { return r.L.Meta(), nil }
+
+// List returns the matching records.
+func (r *Local) List(_ context.Context, f ledger.Filter) ([]ledger.Record, error) { return r.L.List(f) }
+
+// Get returns one record.
+func (r *Local) Get(_ context.Context, uid string) (ledger.Record, error) { return r.L.Get(uid) }
+
+// History returns one pod's history.
+func (r *Local) History(_ context.Context, uid string) ([]ledger.Event, error) {
+	return r.L.History(uid)
+}
+
+// AllHistory merges every pod's history by time.
+func (r *Local) AllHistory(context.Context) ([]ledger.Event, error) {
+	var all []ledger.Event
+	err := r.L.View(func(tx *ledger.Tx) error {
+		pods, err := tx.HistoryPods()
+		if err != nil {
+			return err
+		}
+		for _, uid := range pods {
+			es, err := tx.History(uid)
+			if err != nil {
+				return err
+			}
+			all = append(all, es...)
+		}
+		return nil
+	})
+	slices.SortStableFunc(all, func(a, b ledger.Event) int { return a.Time.Compare(b.Time) })
+	return all, err
+}
+
+// Stats summarises the ledger.
+func (r *Local) Stats(context.Context) (ledger.Stats, error) { return r.L.Stats() }
+
+// Verify checks the ledger.
+func (r *Local) Verify(context.Context) ([]ledger.Problem, error) { return r.L.Verify() }
+
+// Source names the file.
+func (r *Local) Source() string {
+	if r.L.ReadOnly() {
+		return "file " + r.L.Path() + " (read-only)"
+	}
+	return "file " + r.L.Path()
+}
+
+// Close closes the ledger unless KeepOpen.
+func (r *Local) Close() error {
+	if r.KeepOpen {
+		return nil
+	}
+	return r.L.Close()
+}
+
+// SocketPath is where the daemon holding ledgerPath serves this API.
+func SocketPath(ledgerPath string) string { return ledgerPath + ".sock" }
+
+// DefaultDialTimeout bounds how long a client waits for a daemon to answer.
+const DefaultDialTimeout = 3 * time.Second

@@ -1,0 +1,193 @@
+package ledgerapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/caa-project/caa/pkg/ledger"
+)
+
+// errorKinds maps each ledger sentinel to its wire name and status code.
+var errorKinds = []struct {
+	err    error
+	kind   string
+	status int
+}{
+	{ledger.ErrNotFound, "not_found", http.StatusNotFound},
+	{ledger.ErrInvalid, "invalid", http.StatusBadRequest},
+	{ledger.ErrCorrupt, "corrupt", http.StatusInternalServerError},
+	{ledger.ErrConflict, "conflict", http.StatusConflict},
+	{ledger.ErrAlreadyExists, "already_exists", http.StatusConflict},
+	{ledger.ErrSchema, "schema", http.StatusInternalServerError},
+	{ledger.ErrReadOnly, "read_only", http.StatusForbidden},
+}
+
+type errorBody struct {
+	Error string `json:"error"`
+	Kind  string `json:"kind,omitempty"`
+}
+
+type recordsBody struct {
+	Records []ledger.Record `json:"records"`
+	// Error is set when some records did not decode (the rest are above).
+	Error string `json:"error,omitempty"`
+}
+
+type eventsBody struct {
+	Events []ledger.Event `json:"events"`
+}
+
+type problemsBody struct {
+	Problems []ledger.Problem `json:"problems"`
+}
+
+// NewHandler serves the read-only API from r.
+func NewHandler(r Reader, log *slog.Logger) http.Handler {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	h := &handler{r: r, log: log}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /v1/meta", h.meta)
+	mux.HandleFunc("GET /v1/records", h.list)
+	mux.HandleFunc("GET /v1/records/{uid}", h.get)
+	mux.HandleFunc("GET /v1/history", h.allHistory)
+	mux.HandleFunc("GET /v1/history/{uid}", h.history)
+	mux.HandleFunc("GET /v1/stats", h.stats)
+	mux.HandleFunc("GET /v1/verify", h.verify)
+	return mux
+}
+
+type handler struct {
+	r   Reader
+	log *slog.Logger
+}
+
+func (h *handler) meta(w http.ResponseWriter, req *http.Request) {
+	m, err := h.r.Meta(req.Context())
+	h.reply(w, m, err)
+}
+
+func (h *handler) list(w http.ResponseWriter, req *http.Request) {
+	var f ledger.Filter
+	for _, s := range req.URL.Query()["phase"] {
+		p, err := ledger.ParsePhase(s)
+		if err != nil {
+			h.reply(w, nil, err)
+			return
+		}
+		f.Phases = append(f.Phases, p)
+	}
+	recs, err := h.r.List(req.Context(), f)
+	body := recordsBody{Records: recs}
+	if err != nil {
+		if !errors.Is(err, ledger.ErrCorrupt) || recs == nil {
+			h.reply(w, nil, err)
+			return
+		}
+		body.Error = err.Error()
+	}
+	h.reply(w, body, nil)
+}
+
+func (h *handler) get(w http.ResponseWriter, req *http.Request) {
+	r, err := h.r.Get(req.Context(), req.PathValue("uid"))
+	h.reply(w, r, err)
+}
+
+func (h *handler) history(w http.ResponseWriter, req *http.Request) {
+	es, err := h.r.History(req.Context(), req.PathValue("uid"))
+	h.reply(w, eventsBody{Events: es}, err)
+}
+
+func (h *handler) allHistory(w http.ResponseWriter, req *http.Request) {
+	es, err := h.r.AllHistory(req.Context())
+	h.reply(w, eventsBody{Events: es}, err)
+}
+
+func (h *handler) stats(w http.ResponseWriter, req *http.Request) {
+	s, err := h.r.Stats(req.Context())
+	h.reply(w, s, err)
+}
+
+func (h *handler) verify(w http.ResponseWriter, req *http.Request) {
+	ps, err := h.r.Verify(req.Context())
+	h.reply(w, problemsBody{Problems: ps}, err)
+}
+
+func (h *handler) reply(w http.ResponseWriter, body any, err error) {
+	w.Header().Set("Content-Type", "application/json")
+	if err != nil {
+		status, kind := http.StatusInternalServerError, ""
+		for _, k := range errorKinds {
+			if errors.Is(err, k.err) {
+				status, kind = k.status, k.kind
+				break
+			}
+		}
+		if status >= 500 {
+			h.log.Warn("ledger API request failed", "err", err)
+		}
+		w.WriteHeader(status)
+		body = errorBody{Error: err.Error(), Kind: kind}
+	}
+	if encErr := json.NewEncoder(w).Encode(body); encErr != nil {
+		h.log.Debug("ledger API reply not sent", "err", encErr)
+	}
+}
+
+// Serve answers the API on a unix socket at path (mode 0600) until ctx is
+// done. A socket file left by a dead daemon is replaced; one that still
+// answers is refused, since two daemons must never share a ledger.
+func Serve(ctx context.Context, path string, r Reader, log *slog.Logger) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	if _, err := os.Stat(path); err == nil {
+		if conn, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			_ = conn.Close()
+			return fmt.Errorf("serve ledger API: %s is answered by another process", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return fmt.Errorf("serve ledger API: remove stale socket: %w", err)
+		}
+	}
+	// The ledger directory is 0700, so the socket is private from its first
+	// instant; the chmod states the intent even where the directory is not.
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return fmt.Errorf("serve ledger API on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		_ = ln.Close()
+		return fmt.Errorf("serve ledger API: chmod %s: %w", path, err)
+	}
+	srv := &http.Server{
+		Handler:           NewHandler(r, log),
+		ReadHeaderTimeout: 5 * time.Second,
+		BaseContext:       func(net.Listener) context.Context { return ctx },
+	}
+	log.Info("serving ledger API", "socket", path)
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	select {
+	case <-ctx.Done():
+		shutdownCtx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		defer cancel()
+		_ = srv.Shutdown(shutdownCtx)
+		err = <-errc
+	case err = <-errc:
+	}
+	_ = os.Remove(path)
+	if errors.Is(err, http.ErrServerClosed) {
+		return nil
+	}
+	return fmt.Errorf("serve ledger API on %s: %w", path, err)
+}
