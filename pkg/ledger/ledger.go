@@ -145,9 +145,10 @@ func Open(opts Options) (l *Ledger, err error) {
 	if err != nil {
 		return nil, l.openError(err, opts.Timeout)
 	}
+	db := l.db // l is nil by the time a failed open's deferred close runs
 	defer func() {
 		if err != nil {
-			_ = l.db.Close()
+			_ = db.Close()
 		}
 	}()
 
