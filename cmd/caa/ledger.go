@@ -29,7 +29,7 @@ func newLedgerCommand() *cobra.Command {
 		Short: "Inspect the on-node ledger of peer pods and their VMs",
 		Long: "Inspect the on-node ledger. When a caa daemon holds the ledger, the commands ask it\n" +
 			"over its unix socket (<ledger>.sock); otherwise they open the file read-only.",
-		Args:  unknownSubcommand,
+		Args: unknownSubcommand,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			return usageError{fmt.Errorf("%s needs a subcommand: ls, get, history, export, verify or stats (see `%s --help`)",
 				cmd.CommandPath(), cmd.CommandPath())}
