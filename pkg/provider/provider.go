@@ -1,0 +1,185 @@
+// Package provider is caa's boundary with a cloud: one small interface that
+// creates, finds and deletes the VM of a peer pod, the VM and spec types,
+// typed errors that carry the caller's decision, and spec selection from
+// pod annotations. Implementations live in the subpackages, one per cloud.
+package provider
+
+import (
+	"context"
+	"fmt"
+	"time"
+)
+
+// Provider is one cloud's VM API, narrowed to what caa needs. Every method
+// is safe for concurrent use and honours ctx. Errors wrap the kinds in
+// errors.go; anything unwrapped is transient.
+type Provider interface {
+	// Name is the provider's short name as recorded in the ledger: "aws",
+	// "azure", "ibmcloud", "memory".
+	Name() string
+
+	// Create makes the VM for spec, tagged with spec.Tags(), and returns it
+	// (usually Pending). It is idempotent by spec.Key: a second call with the
+	// same key, even from another process after a crash, returns the VM the
+	// first made and never makes a second one. A Create that returns an error
+	// may still have made the VM; the caller finds it by key or tags later.
+	// Invalid instance type or image: ErrInvalidSpec.
+	Create(ctx context.Context, spec Spec) (VM, error)
+
+	// Get returns the VM with this id, or ErrNotFound once it is gone. A VM
+	// that was just created may be NotFound for a while (clouds are
+	// eventually consistent); Get reports that as it is and does not retry.
+	Get(ctx context.Context, id string) (VM, error)
+
+	// List returns every VM tagged for sel's cluster and node, in every
+	// state the cloud still shows, following pagination to the end. It needs
+	// no ledger (invariant I6).
+	List(ctx context.Context, sel Selector) ([]VM, error)
+
+	// Delete removes the VM and what Create made for it (disks, NICs). It is
+	// idempotent: nil when the VM is already gone. It returns once the cloud
+	// accepted the deletion; the VM may show as Stopping or Terminated a while.
+	Delete(ctx context.Context, id string) error
+}
+
+// State is a VM's lifecycle state, mapped from each cloud's own.
+type State string
+
+// VM states.
+const (
+	StatePending    State = "Pending"
+	StateRunning    State = "Running"
+	StateStopping   State = "Stopping"
+	StateStopped    State = "Stopped"
+	StateTerminated State = "Terminated"
+	StateFailed     State = "Failed"
+	StateUnknown    State = "Unknown"
+)
+
+// Alive reports whether the VM is booting or running: one a pod can keep.
+func (s State) Alive() bool { return s == StatePending || s == StateRunning }
+
+// Gone reports whether the VM is terminated or failed: positive evidence
+// that the pod needs a new one.
+func (s State) Gone() bool { return s == StateTerminated || s == StateFailed }
+
+// VM is what a provider knows of one instance.
+type VM struct {
+	ID           string            `json:"id"`
+	Name         string            `json:"name"`
+	State        State             `json:"state"`
+	IPs          []string          `json:"ips,omitempty"`
+	Tags         map[string]string `json:"tags,omitempty"`
+	CreatedAt    time.Time         `json:"createdAt"`
+	InstanceType string            `json:"instanceType,omitempty"`
+	Image        string            `json:"image,omitempty"`
+	Zone         string            `json:"zone,omitempty"`
+}
+
+// Owner reads the identity tags of a VM.
+func (v VM) Owner() Owner {
+	return Owner{
+		Cluster: v.Tags[TagCluster], Node: v.Tags[TagNode],
+		PodUID: v.Tags[TagPodUID], Pod: v.Tags[TagPod], Key: v.Tags[TagKey],
+		Managed: v.Tags[TagManagedBy] == ManagedByValue,
+	}
+}
+
+// Owner is the identity a VM carries in its tags.
+type Owner struct {
+	Cluster, Node, PodUID, Pod, Key string
+	Managed                         bool
+}
+
+// Selector scopes List to one cluster and node.
+type Selector struct {
+	Cluster string
+	Node    string
+}
+
+// Spec is everything a provider needs to create one VM.
+type Spec struct {
+	// Key is the idempotency key, derived from (pod UID, attempt).
+	Key string
+	// Identity, written to the VM's tags.
+	Cluster      string
+	Node         string
+	PodUID       string
+	PodNamespace string
+	PodName      string
+	// Placement, from SelectSpec and the provider's configuration.
+	InstanceType string
+	Image        string
+	// UserData is opaque bytes handed to the VM; it may hold secrets and is
+	// never logged, stored in the ledger or put in an error (invariant I7).
+	UserData []byte
+	// ExtraTags are added to the identity tags (which win on a clash).
+	ExtraTags map[string]string
+}
+
+// Validate checks the fields every provider relies on.
+func (s Spec) Validate() error {
+	missing := ""
+	switch {
+	case s.Key == "":
+		missing = "Key"
+	case s.Cluster == "":
+		missing = "Cluster"
+	case s.Node == "":
+		missing = "Node"
+	case s.PodUID == "":
+		missing = "PodUID"
+	case s.PodNamespace == "" || s.PodName == "":
+		missing = "PodNamespace/PodName"
+	case s.InstanceType == "":
+		missing = "InstanceType"
+	case s.Image == "":
+		missing = "Image"
+	}
+	if missing != "" {
+		return fmt.Errorf("%w: spec for pod %s/%s has no %s", ErrInvalidSpec, s.PodNamespace, s.PodName, missing)
+	}
+	return nil
+}
+
+// String leaves out the user data, so a spec is safe to log.
+func (s Spec) String() string {
+	return fmt.Sprintf("{key %s pod %s/%s (%s) node %s type %s image %s userData %d bytes}",
+		s.Key, s.PodNamespace, s.PodName, s.PodUID, s.Node, s.InstanceType, s.Image, len(s.UserData))
+}
+
+// GoString keeps %#v from printing the user data too.
+func (s Spec) GoString() string { return "provider.Spec" + s.String() }
+
+// Tag keys on every VM caa creates. They avoid '/' and ':' so that every
+// cloud accepts them as they are (Azure forbids '/' in tag names).
+const (
+	TagCluster     = "caa-cluster"
+	TagNode        = "caa-node"
+	TagPodUID      = "caa-pod-uid"
+	TagPod         = "caa-pod" // namespace/name, for people
+	TagKey         = "caa-key"
+	TagManagedBy   = "caa-managed-by"
+	ManagedByValue = "caa"
+)
+
+// Tags returns the tags for the VM of spec: extra tags first, identity tags
+// over them.
+func (s Spec) Tags() map[string]string {
+	t := make(map[string]string, len(s.ExtraTags)+6)
+	for k, v := range s.ExtraTags {
+		t[k] = v
+	}
+	t[TagCluster] = s.Cluster
+	t[TagNode] = s.Node
+	t[TagPodUID] = s.PodUID
+	t[TagPod] = s.PodNamespace + "/" + s.PodName
+	t[TagKey] = s.Key
+	t[TagManagedBy] = ManagedByValue
+	return t
+}
+
+// Matches reports whether a VM's tags put it in sel's cluster and node.
+func (sel Selector) Matches(tags map[string]string) bool {
+	return tags[TagManagedBy] == ManagedByValue && tags[TagCluster] == sel.Cluster && tags[TagNode] == sel.Node
+}
