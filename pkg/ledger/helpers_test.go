@@ -1,8 +1,10 @@
 package ledger
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"testing"
@@ -144,4 +146,14 @@ func fillLedger(t testing.TB, l *Ledger, n, batch int) []string {
 		uids = append(uids, fmt.Sprintf("pod-%05d", i))
 	}
 	return uids
+}
+
+// childTest returns a command that runs one test of this test binary in a
+// child process with env added; the child test does its work only when it
+// finds its variable in the environment.
+func childTest(ctx context.Context, test string, env ...string) *exec.Cmd {
+	cmd := exec.CommandContext(ctx, os.Args[0], "-test.run=^"+test+"$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), env...)
+	cmd.WaitDelay = 5 * time.Second
+	return cmd
 }
