@@ -1,0 +1,184 @@
+package ledger
+
+import (
+	"fmt"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+)
+
+// Benchmark fixtures are built once per size and shared by the benchmarks
+// that only read them; TestMain removes them.
+var (
+	fixtureMu   sync.Mutex
+	fixtureDir  string
+	fixtureOnce = map[int]*fixture{}
+)
+
+type fixture struct {
+	once sync.Once
+	path string
+	err  error
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	fixtureMu.Lock()
+	if fixtureDir != "" {
+		_ = os.RemoveAll(fixtureDir)
+	}
+	fixtureMu.Unlock()
+	os.Exit(code)
+}
+
+// fixturePath returns a closed ledger file holding n records (every third
+// with a VM), written in batches of 1000.
+func fixturePath(b *testing.B, n int) string {
+	b.Helper()
+	fixtureMu.Lock()
+	if fixtureDir == "" {
+		dir, err := os.MkdirTemp("", "caa-ledger-bench-")
+		require.NoError(b, err)
+		fixtureDir = dir
+	}
+	f := fixtureOnce[n]
+	if f == nil {
+		f = &fixture{path: filepath.Join(fixtureDir, fmt.Sprintf("ledger-%d.db", n))}
+		fixtureOnce[n] = f
+	}
+	fixtureMu.Unlock()
+
+	f.once.Do(func() {
+		start := time.Now()
+		l, err := Open(Options{Path: f.path, Node: testNode, Cluster: testCluster, Timeout: time.Second})
+		if err != nil {
+			f.err = err
+			return
+		}
+		fillLedger(b, l, n, 1000)
+		f.err = l.Close()
+		b.Logf("built the %d-record fixture in %s", n, time.Since(start).Round(time.Millisecond))
+	})
+	require.NoError(b, f.err)
+	return f.path
+}
+
+func openFixture(b *testing.B, n int) *Ledger {
+	b.Helper()
+	l, err := Open(Options{Path: fixturePath(b, n), ReadOnly: true, Timeout: time.Second})
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = l.Close() })
+	return l
+}
+
+func BenchmarkPutDurable(b *testing.B) {
+	l, _ := newTestLedger(b)
+	i := 0
+	for b.Loop() {
+		mustPut(b, l, withVM(podRecord(fmt.Sprintf("pod-%08d", i)), fmt.Sprintf("i-%08d", i)))
+		i++
+	}
+	b.ReportMetric(float64(i)/b.Elapsed().Seconds(), "records/s")
+}
+
+func BenchmarkPutBatched(b *testing.B) {
+	const perUpdate = 100
+	l, _ := newTestLedger(b)
+	n := 0
+	for b.Loop() {
+		err := l.Update(func(tx *Tx) error {
+			for j := range perUpdate {
+				id := n + j
+				if _, err := tx.Put(withVM(podRecord(fmt.Sprintf("pod-%08d", id)), fmt.Sprintf("i-%08d", id))); err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+		require.NoError(b, err)
+		n += perUpdate
+	}
+	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "records/s")
+}
+
+// BenchmarkBatchConcurrent writes through Ledger.Batch from GOMAXPROCS x
+// parallelism goroutines. With few writers each batch waits out bbolt's
+// MaxBatchDelay (10ms) before it commits.
+func BenchmarkBatchConcurrent(b *testing.B) {
+	for _, parallelism := range []int{1, 32} {
+		b.Run(fmt.Sprintf("parallelism=%d", parallelism), func(b *testing.B) {
+			l, _ := newTestLedger(b)
+			var next atomic.Int64
+			b.SetParallelism(parallelism)
+			b.RunParallel(func(pb *testing.PB) {
+				for pb.Next() {
+					id := next.Add(1)
+					r := withVM(podRecord(fmt.Sprintf("pod-%08d", id)), fmt.Sprintf("i-%08d", id))
+					if err := l.Batch(func(tx *Tx) error { _, err := tx.Put(r); return err }); err != nil {
+						b.Error(err)
+						return
+					}
+				}
+			})
+			b.ReportMetric(float64(next.Load())/b.Elapsed().Seconds(), "records/s")
+		})
+	}
+}
+
+func BenchmarkGet(b *testing.B) {
+	const n = 10_000
+	l := openFixture(b, n)
+	i := 0
+	for b.Loop() {
+		r, err := l.Get(fmt.Sprintf("pod-%05d", (i*7919)%n))
+		if err != nil || r.Revision != 1 {
+			b.Fatalf("get: %v %+v", err, r)
+		}
+		i++
+	}
+}
+
+func BenchmarkList(b *testing.B) {
+	for _, n := range []int{1_000, 10_000, 100_000} {
+		b.Run(fmt.Sprintf("records=%d", n), func(b *testing.B) {
+			l := openFixture(b, n)
+			iters := 0
+			for b.Loop() {
+				recs, err := l.List(Filter{})
+				if err != nil || len(recs) != n {
+					b.Fatalf("list: %d records, %v", len(recs), err)
+				}
+				iters++
+			}
+			b.ReportMetric(float64(n*iters)/b.Elapsed().Seconds(), "records/s")
+		})
+	}
+}
+
+// BenchmarkOpenScan100k is what `caa ledger list` costs on a big node: open
+// read-only, read every record, close.
+func BenchmarkOpenScan100k(b *testing.B) {
+	const n = 100_000
+	path := fixturePath(b, n)
+	iters := 0
+	for b.Loop() {
+		iters++
+		l, err := Open(Options{Path: path, ReadOnly: true, Timeout: time.Second})
+		if err != nil {
+			b.Fatal(err)
+		}
+		recs, err := l.List(Filter{})
+		if err != nil || len(recs) != n {
+			b.Fatalf("list: %d records, %v", len(recs), err)
+		}
+		if err := l.Close(); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(b.Elapsed().Seconds()*1000/float64(iters), "ms/op")
+}
