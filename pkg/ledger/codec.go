@@ -197,6 +197,9 @@ func decodeEvent(data []byte) (Event, error) {
 	if err != nil {
 		return Event{}, err
 	}
+	if e.Record.PodUID == "" {
+		return Event{}, errors.New("event has no record")
+	}
 	return e, nil
 }
 

@@ -318,7 +318,7 @@ func TestVerifyFindsInconsistencies(t *testing.T) {
 		}, "vms/aws/i-stale", "i-1"},
 		{"index key without separator", func(_ *testing.T, _ *Ledger, tx *bolt.Tx) error {
 			return tx.Bucket(bucketVMs).Put([]byte("i-nosep"), []byte("uid-vm"))
-		}, "vms/i-nosep/", "separator"},
+		}, `vms/"i-nosep"`, "separator"},
 		{"record under another key", func(t *testing.T, _ *Ledger, tx *bolt.Tx) error {
 			return tx.Bucket(bucketRecords).Put([]byte("uid-other"), encodeRecord(podRecordOn("uid-plain", testNode)))
 		}, "records/uid-other", "uid-plain"},

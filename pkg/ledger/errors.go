@@ -3,7 +3,8 @@ package ledger
 import "errors"
 
 // Sentinel kinds. Every error the package returns wraps one of them with
-// context (the file, the key); callers branch with errors.Is.
+// context (the file on open, the key on reads and writes); callers branch
+// with errors.Is.
 var (
 	// ErrNotFound: no record (or history) for that key.
 	ErrNotFound = errors.New("not found")

@@ -14,6 +14,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"sync"
+	"syscall"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -131,9 +132,15 @@ func Open(opts Options) (l *Ledger, err error) {
 		return nil, err
 	}
 
+	var file *os.File
 	err = guard(func() error {
 		var oerr error
 		l.db, oerr = bolt.Open(opts.Path, fileMode, &bolt.Options{
+			OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
+				f, err := os.OpenFile(name, flag, perm)
+				file = f
+				return f, err
+			},
 			Timeout:  opts.Timeout,
 			ReadOnly: opts.ReadOnly,
 			// Durability is the point of the ledger: keep fsync on.
@@ -143,6 +150,13 @@ func Open(opts Options) (l *Ledger, err error) {
 		return oerr
 	})
 	if err != nil {
+		if l.db == nil && file != nil && errors.Is(err, ErrCorrupt) {
+			// bbolt panicked inside Open, holding the lock and a mapping
+			// that keeps the file open: release the lock by hand so the
+			// next opener is not told another process holds it.
+			_ = syscall.Flock(int(file.Fd()), syscall.LOCK_UN)
+			_ = file.Close()
+		}
 		return nil, l.openError(err, opts.Timeout)
 	}
 	db := l.db // l is nil by the time a failed open's deferred close runs
@@ -187,6 +201,8 @@ func prepareFiles(path string, readOnly bool) (created bool, err error) {
 		return false, fmt.Errorf("open ledger %s: %w: it is a directory; --ledger names the file, e.g. %s", path, ErrInvalid, DefaultPath)
 	case readOnly && errors.Is(statErr, fs.ErrNotExist):
 		return false, fmt.Errorf("open ledger %s: %w: no such file (check --ledger; `caa run` creates it)", path, ErrNotFound)
+	case readOnly && statErr == nil && info.Size() == 0:
+		return false, fmt.Errorf("open ledger %s: %w: the file is empty", path, ErrNotLedger)
 	case readOnly:
 		return false, nil
 	case statErr != nil && !errors.Is(statErr, fs.ErrNotExist):

@@ -100,7 +100,9 @@ func (l *Ledger) Stats() (Stats, error) {
 		hist := tx.tx.Bucket(bucketHistory)
 		return hist.ForEachBucket(func(k []byte) error {
 			s.HistoryPods++
-			s.HistoryEntries += hist.Bucket(k).Stats().KeyN
+			if b := hist.Bucket(k); b != nil {
+				s.HistoryEntries += b.Stats().KeyN
+			}
 			return nil
 		})
 	})

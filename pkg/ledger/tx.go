@@ -84,6 +84,7 @@ func (tx *Tx) Put(r Record) (Record, error) {
 	vms := tx.tx.Bucket(bucketVMs)
 
 	action := ActionCreated
+	var old Record
 	if v := recs.Get(key); v == nil {
 		if r.Revision != 0 {
 			return Record{}, fmt.Errorf("put record %s at revision %d: %w: the record is gone (deleted since it was read)",
@@ -92,8 +93,8 @@ func (tx *Tx) Put(r Record) (Record, error) {
 		r.Revision = 1
 		r.CreatedAt = tx.now
 	} else {
-		old, err := decodeRecord(v)
-		if err != nil {
+		var err error
+		if old, err = decodeRecord(v); err != nil {
 			return Record{}, fmt.Errorf("put record %s: stored value: %w: %v", r.PodUID, ErrCorrupt, err)
 		}
 		if r.Revision == 0 {
@@ -103,23 +104,27 @@ func (tx *Tx) Put(r Record) (Record, error) {
 			return Record{}, fmt.Errorf("put record %s: %w: stored revision is %d, the write carried %d; re-read and retry",
 				r.PodUID, ErrConflict, old.Revision, r.Revision)
 		}
-		if old.VMID != "" && (old.Provider != r.Provider || old.VMID != r.VMID) {
-			if err := vms.Delete(vmKey(old.Provider, old.VMID)); err != nil {
-				return Record{}, fmt.Errorf("put record %s: unindex VM %s: %w", r.PodUID, old.VMID, err)
-			}
-		}
 		action = ActionUpdated
 		r.Revision = old.Revision + 1
 		r.CreatedAt = old.CreatedAt
 	}
 	r.UpdatedAt = tx.now
 
+	// Every check comes before the first write, so a refused Put leaves the
+	// transaction as it found it even when the caller goes on to commit.
+	vk := vmKey(r.Provider, r.VMID)
 	if r.VMID != "" {
-		vk := vmKey(r.Provider, r.VMID)
 		if owner := vms.Get(vk); owner != nil && !bytes.Equal(owner, key) {
 			return Record{}, fmt.Errorf("put record %s: %w: VM %s/%s is already recorded for pod %s",
 				r.PodUID, ErrConflict, r.Provider, r.VMID, owner)
 		}
+	}
+	if old.VMID != "" && (old.Provider != r.Provider || old.VMID != r.VMID) {
+		if err := vms.Delete(vmKey(old.Provider, old.VMID)); err != nil {
+			return Record{}, fmt.Errorf("put record %s: unindex VM %s: %w", r.PodUID, old.VMID, err)
+		}
+	}
+	if r.VMID != "" {
 		if err := vms.Put(vk, key); err != nil {
 			return Record{}, fmt.Errorf("put record %s: index VM: %w", r.PodUID, err)
 		}

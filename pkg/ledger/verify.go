@@ -31,6 +31,12 @@ func (l *Ledger) Verify() ([]Problem, error) {
 	} else if info.Mode().Perm()&^fileMode != 0 {
 		add("file", "mode is %o, want %o (it may be read by other users)", info.Mode().Perm(), fileMode)
 	}
+	// bbolt's Check runs in a goroutine of its own, outside guard, where a
+	// page that points past the file is a fatal fault: walk every bucket
+	// under guard first, and run Check only on a tree that walked cleanly.
+	if err := l.view(walkAll); err != nil {
+		return append(probs, Problem{Where: "file", What: err.Error()}), nil
+	}
 	err := l.view(func(btx *bolt.Tx) error {
 		for err := range btx.Check() {
 			add("bbolt", "%v", err)
@@ -75,11 +81,11 @@ func (l *Ledger) Verify() ([]Problem, error) {
 		})
 		_ = vms.ForEach(func(k, v []byte) error {
 			provider, vmID, ok := bytes.Cut(k, []byte{0})
-			where := fmt.Sprintf("vms/%s/%s", provider, vmID)
 			if !ok {
-				add(where, "index key has no provider separator")
+				add(fmt.Sprintf("vms/%q", k), "index key has no provider separator")
 				return nil
 			}
+			where := fmt.Sprintf("vms/%s/%s", provider, vmID)
 			rv := recs.Get(v)
 			if rv == nil {
 				add(where, "points at pod %s, which has no record", v)
@@ -104,4 +110,20 @@ func (l *Ledger) Verify() ([]Problem, error) {
 		probs = append(probs, Problem{Where: "file", What: err.Error()})
 	}
 	return probs, nil
+}
+
+// walkAll reads every key of every bucket, nested ones included.
+func walkAll(btx *bolt.Tx) error {
+	var visit func(b *bolt.Bucket) error
+	visit = func(b *bolt.Bucket) error {
+		return b.ForEach(func(k, v []byte) error {
+			if v == nil {
+				if child := b.Bucket(k); child != nil {
+					return visit(child)
+				}
+			}
+			return nil
+		})
+	}
+	return btx.ForEach(func(_ []byte, b *bolt.Bucket) error { return visit(b) })
 }
