@@ -6,6 +6,7 @@ import (
 	"path/filepath"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -181,4 +182,25 @@ func BenchmarkOpenScan100k(b *testing.B) {
 		}
 	}
 	b.ReportMetric(b.Elapsed().Seconds()*1000/float64(iters), "ms/op")
+}
+
+// BenchmarkFsyncFloor is the lower bound of one durable write on this disk:
+// bbolt commits by writing its data pages, fdatasync, then its meta page,
+// fdatasync. Two page writes each made durable cannot be beaten by any
+// store that keeps fsync on; PutDurable is reported as a ratio to this.
+func BenchmarkFsyncFloor(b *testing.B) {
+	f, err := os.Create(filepath.Join(b.TempDir(), "floor"))
+	require.NoError(b, err)
+	b.Cleanup(func() { _ = f.Close() })
+	page := make([]byte, os.Getpagesize())
+	for b.Loop() {
+		for _, off := range []int64{int64(len(page)), 0} {
+			if _, err := f.WriteAt(page, off); err != nil {
+				b.Fatal(err)
+			}
+			if err := syscall.Fdatasync(int(f.Fd())); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
 }
