@@ -1,0 +1,281 @@
+// Package vpcfake is a fake IBM Cloud VPC: an HTTP front end that speaks the
+// VPC JSON API (instances and volumes, version and generation query
+// parameters, start-token pagination, the {"errors":[...],"trace":...} error
+// body) and a minimal IAM token endpoint, on top of the shared fake cloud
+// core, so that the official VPC Go SDK talks to it unchanged but for its
+// URLs.
+//
+// Routes:
+//
+//	POST   /identity/token      IAM: API key -> bearer token
+//	POST   /v1/instances        create (op "create")
+//	GET    /v1/instances        list, filters name, vpc.id, resource_group.id (op "list")
+//	GET    /v1/instances/{id}   (op "get")
+//	DELETE /v1/instances/{id}   (op "delete")
+//	GET    /v1/volumes          list, filter tag (op "volume.list")
+//	GET    /v1/volumes/{id}     (op "volume.get")
+//	DELETE /v1/volumes/{id}     (op "volume.delete")
+//	       /_control/...        the core's test controls
+//
+// How the fake maps VPC onto the core: an instance is a core instance; its
+// boot volume and its network attachment (a virtual network interface, or a
+// legacy network interface) are core side resources, created with it and
+// deleted with it when the request asks (delete_volume_on_instance_delete,
+// auto_delete). VPC instances carry no tags; user tags live on volumes, so
+// the boot volume's user tags are kept on its core resource. An instance put
+// straight into the core by a test (no side resources) is shown with an
+// implicit boot volume whose user tags are the instance's core tags, written
+// "key:value", so that a seeded core reads as a VPC account would.
+// Deleted instances vanish at once (VPC shows no terminated instances).
+package vpcfake
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"regexp"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caa-project/caa/test/mocks/cloud"
+)
+
+// Operation names for the calls that are not one of the four provider
+// operations; cloud.OpCreate, OpGet, OpList and OpDelete count the instance
+// calls.
+const (
+	OpIAMToken     = "iam.token"
+	OpVolumeGet    = "volume.get"
+	OpVolumeList   = "volume.list"
+	OpVolumeDelete = "volume.delete"
+)
+
+// Resource kinds the fake keeps in the core.
+const (
+	KindVolume           = "volume"
+	KindVNI              = "virtual_network_interface"
+	KindNetworkInterface = "network_interface"
+)
+
+// Option configures the server.
+type Option func(*Server)
+
+// WithAPIKey makes the IAM endpoint accept only this API key (by default
+// any non-empty key is accepted).
+func WithAPIKey(key string) Option { return func(s *Server) { s.apiKey = key } }
+
+// WithAccessToken makes the IAM endpoint issue this access token instead of
+// a random one, so that a test knows the secret to look for.
+func WithAccessToken(token string) Option { return func(s *Server) { s.fixedToken = token } }
+
+// Server is the fake's HTTP handler.
+type Server struct {
+	cloud      *cloud.Cloud
+	mux        *http.ServeMux
+	apiKey     string
+	fixedToken string
+	seq        atomic.Int64
+
+	mu     sync.Mutex
+	tokens map[string]bool // access tokens IAM issued
+}
+
+// NewServer returns the VPC and IAM front end over c, with the core's
+// controls mounted at cloud.ControlPrefix.
+func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
+	s := &Server{cloud: c, mux: http.NewServeMux(), tokens: map[string]bool{}}
+	for _, o := range opts {
+		o(s)
+	}
+	s.mux.Handle(cloud.ControlPrefix, cloud.ControlHandler(c))
+	s.mux.HandleFunc("POST /identity/token", s.token)
+	s.route("POST /v1/instances", cloud.OpCreate, true, s.createInstance)
+	s.route("GET /v1/instances", cloud.OpList, false, s.listInstances)
+	s.route("GET /v1/instances/{id}", cloud.OpGet, false, s.getInstance)
+	s.route("DELETE /v1/instances/{id}", cloud.OpDelete, true, s.deleteInstance)
+	s.route("GET /v1/volumes", OpVolumeList, false, s.listVolumes)
+	s.route("GET /v1/volumes/{id}", OpVolumeGet, false, s.getVolume)
+	s.route("DELETE /v1/volumes/{id}", OpVolumeDelete, true, s.deleteVolume)
+	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		writeProblem(w, http.StatusNotFound, "invalid_route", "The requested route does not exist.", nil)
+	})
+	return s
+}
+
+// ServeHTTP implements http.Handler.
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+
+// route mounts a VPC API handler behind the checks every VPC call passes:
+// admission (counting and faults), the bearer token, and the version and
+// generation query parameters.
+func (s *Server) route(pattern, op string, write bool, h http.HandlerFunc) {
+	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
+		if !s.admit(w, r, op, write, false) {
+			return
+		}
+		if !s.authorized(r) {
+			writeProblem(w, http.StatusUnauthorized, "not_authorized", "The request is not authorized: the IAM token is missing, expired or invalid.", nil)
+			return
+		}
+		if !checkVersion(w, r) {
+			return
+		}
+		h(w, r)
+	})
+}
+
+// admit counts the call and answers with the fault the core chose, if any;
+// it reports whether the handler should go on.
+func (s *Server) admit(w http.ResponseWriter, r *http.Request, op string, write, iam bool) bool {
+	f, err := s.cloud.Admit(r.Context(), op, write)
+	if err != nil {
+		// The client went away while the latency was injected.
+		w.WriteHeader(http.StatusServiceUnavailable)
+		return false
+	}
+	switch f.Kind {
+	case cloud.FaultNone:
+		return true
+	case cloud.FaultThrottle:
+		if f.RetryAfter > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(f.RetryAfter.Seconds()))))
+		}
+		if iam {
+			writeIAMProblem(w, http.StatusTooManyRequests, "BXNIM0436E", "Too many requests. Please wait and try again.")
+		} else {
+			writeProblem(w, http.StatusTooManyRequests, "rate_limit_exceeded", "Too many requests within a short time.", nil)
+		}
+	case cloud.FaultServerError:
+		if iam {
+			writeIAMProblem(w, http.StatusInternalServerError, "BXNIM0400E", "Internal error.")
+		} else {
+			writeProblem(w, http.StatusInternalServerError, "internal_error", "An internal error occurred.", nil)
+		}
+	case cloud.FaultAuth:
+		if iam {
+			writeIAMProblem(w, http.StatusBadRequest, "BXNIM0415E", "Provided API key could not be found.")
+		} else {
+			writeProblem(w, http.StatusUnauthorized, "not_authorized", "The request is not authorized.", nil)
+		}
+	}
+	return false
+}
+
+func (s *Server) authorized(r *http.Request) bool {
+	const prefix = "Bearer "
+	h := r.Header.Get("Authorization")
+	if len(h) <= len(prefix) || h[:len(prefix)] != prefix {
+		return false
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.tokens[h[len(prefix):]]
+}
+
+var versionRE = regexp.MustCompile(`^\d{4}-\d{2}-\d{2}$`)
+
+// checkVersion enforces the query parameters every VPC request carries.
+func checkVersion(w http.ResponseWriter, r *http.Request) bool {
+	q := r.URL.Query()
+	v := q.Get("version")
+	switch {
+	case v == "":
+		writeProblem(w, http.StatusBadRequest, "missing_version", "The `version` parameter is required, and it must be of the form `YYYY-MM-DD`.", queryTarget("version", ""))
+		return false
+	case !versionRE.MatchString(v):
+		writeProblem(w, http.StatusBadRequest, "invalid_version", "The `version` parameter is invalid, it must be of the form `YYYY-MM-DD`.", queryTarget("version", v))
+		return false
+	}
+	if _, err := time.Parse(time.DateOnly, v); err != nil || v < "2019-01-01" {
+		writeProblem(w, http.StatusBadRequest, "invalid_version_range", "The `version` value cannot be set at a future date nor before `2019-01-01`.", queryTarget("version", v))
+		return false
+	}
+	switch g := q.Get("generation"); g {
+	case "2":
+		return true
+	case "":
+		writeProblem(w, http.StatusBadRequest, "missing_generation_parameter", "The generation query parameter is required.", queryTarget("generation", ""))
+	default:
+		writeProblem(w, http.StatusBadRequest, "invalid_generation_parameter", "The generation query parameter is invalid.", queryTarget("generation", g))
+	}
+	return false
+}
+
+// writeCoreError turns a core error into the VPC error the API answers.
+func writeCoreError(w http.ResponseWriter, err error, what string) {
+	switch {
+	case errors.Is(err, cloud.ErrNotFound), errors.Is(err, cloud.ErrResourceNotFound):
+		writeProblem(w, http.StatusNotFound, "not_found", what+" not found", nil)
+	case errors.Is(err, cloud.ErrNameConflict):
+		writeProblem(w, http.StatusBadRequest, "validation_unique_failed", "Provided Name is not unique", &problemTarget{Name: "name", Type: "field"})
+	case errors.Is(err, cloud.ErrQuota):
+		writeProblem(w, http.StatusBadRequest, "over_quota", "The request would exceed the quota for a resource type: instances.", nil)
+	case errors.Is(err, cloud.ErrCapacity):
+		writeProblem(w, http.StatusConflict, "insufficient_capacity", "There is not enough capacity in the zone for the requested instance profile.", nil)
+	case errors.Is(err, cloud.ErrBadImage):
+		writeProblem(w, http.StatusNotFound, "not_found", "Image not found", &problemTarget{Name: "image.id", Type: "field"})
+	case errors.Is(err, cloud.ErrBadType):
+		writeProblem(w, http.StatusNotFound, "not_found", "Instance profile not found", &problemTarget{Name: "profile.name", Type: "field"})
+	case errors.Is(err, cloud.ErrResourceInUse):
+		writeProblem(w, http.StatusConflict, "volume_in_use", "The volume is attached to an instance.", nil)
+	case errors.Is(err, cloud.ErrIdempotencyMismatch):
+		writeProblem(w, http.StatusConflict, "conflict", "The request conflicts with the state of the resource.", nil)
+	default:
+		writeProblem(w, http.StatusInternalServerError, "internal_error", "An internal error occurred.", nil)
+	}
+}
+
+func queryTarget(name, value string) *problemTarget {
+	return &problemTarget{Name: name, Type: "query_parameter", Value: value}
+}
+
+func fieldTarget(name string) *problemTarget { return &problemTarget{Name: name, Type: "field"} }
+
+// writeProblem writes the VPC error body. Messages never echo request
+// bodies, so user data cannot come back in an error.
+func writeProblem(w http.ResponseWriter, status int, code, msg string, target *problemTarget) {
+	writeJSON(w, status, problem{
+		Errors: []problemItem{{
+			Code: code, Message: msg, Target: target,
+			MoreInfo: "https://cloud.ibm.com/docs/vpc?topic=vpc-rias-error-messages#" + code,
+		}},
+		Trace:      randomHex(16),
+		StatusCode: status,
+	})
+}
+
+func writeIAMProblem(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, iamProblem{ErrorCode: code, ErrorMessage: msg, Context: map[string]string{"requestId": randomHex(16)}})
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+func randomHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// newID names a side resource the way VPC ids look: a regional prefix and
+// an opaque suffix.
+func (s *Server) newID(kind string) string {
+	return fmt.Sprintf("r006-%s-%012x", kind, s.seq.Add(1))
+}
+
+// baseURL is the scheme and host the client used, for hrefs.
+func baseURL(r *http.Request) string {
+	if r.TLS != nil {
+		return "https://" + r.Host
+	}
+	return "http://" + r.Host
+}
