@@ -1,0 +1,243 @@
+// Package aws is caa's provider for Amazon EC2, built on aws-sdk-go-v2.
+//
+// Design choices:
+//
+//   - Idempotency: Create derives the RunInstances ClientToken from
+//     Spec.Key ("caa-" and 40 hex digits of its SHA-256, so any key fits
+//     EC2's 64 ASCII characters). Before launching it looks the instance up
+//     by the client-token filter and the caa-key tag, so a retry after a
+//     crash finds the first launch even past EC2's token memory; a racing
+//     launch with the same token gets the same instance from EC2 itself.
+//   - Tags and names: the instance and its root volume carry spec.Tags()
+//     (identity tags over the extra tags of the spec, over those of the
+//     configuration) and Name = caa-<namespace>-<pod>. Values are cut to
+//     EC2's 256 characters; only caa-pod and Name can be that long. List
+//     selects by tag:caa-cluster, tag:caa-node and tag:caa-managed-by and
+//     follows NextToken to the end, so it needs no ledger.
+//   - Deletion: TerminateInstances; the primary network interface and the
+//     root volume (DeleteOnTermination, as AMIs set it) go with the
+//     instance. An instance EC2 no longer knows is already deleted.
+//   - Retries: the SDK's standard retryer with a few attempts
+//     (--aws-max-attempts) and jittered exponential backoff, for 5xx and
+//     network errors only. Every code this package classifies (throttling,
+//     capacity, quota, auth, not found, bad spec, conflict) is returned at
+//     once: throttling goes to the reconciler's own token bucket with the
+//     Retry-After the cloud sent, and the client-side retry quota is off so
+//     it never masks the cloud's answer. RunInstances is safe to retry
+//     because of its ClientToken. Get never retries NotFound.
+//   - Credentials: only the SDK's default chain (environment, shared files,
+//     web identity for IRSA, container and instance metadata). The provider
+//     never holds, logs or echoes them; user data is base64-encoded into
+//     the request and appears nowhere else.
+package aws
+
+import (
+	"context"
+	"encoding/base64"
+	"errors"
+	"fmt"
+
+	awssdk "github.com/aws/aws-sdk-go-v2/aws"
+	"github.com/aws/aws-sdk-go-v2/service/ec2"
+	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
+
+	"github.com/caa-project/caa/pkg/provider"
+)
+
+// Name is the provider's name in the ledger and in errors.
+const Name = "aws"
+
+// Operation names in errors, as the provider interface names them.
+const (
+	opCreate = "create"
+	opGet    = "get"
+	opList   = "list"
+	opDelete = "delete"
+)
+
+const (
+	// imdsHopLimit lets containers inside the VM reach IMDSv2 through one
+	// extra network hop.
+	imdsHopLimit = 2
+	// pageSize is EC2's largest DescribeInstances page.
+	pageSize = 1000
+)
+
+// ec2API is the part of the EC2 client the provider uses, so that unit
+// tests can stand a fake in.
+type ec2API interface {
+	RunInstances(ctx context.Context, in *ec2.RunInstancesInput, opts ...func(*ec2.Options)) (*ec2.RunInstancesOutput, error)
+	DescribeInstances(ctx context.Context, in *ec2.DescribeInstancesInput, opts ...func(*ec2.Options)) (*ec2.DescribeInstancesOutput, error)
+	TerminateInstances(ctx context.Context, in *ec2.TerminateInstancesInput, opts ...func(*ec2.Options)) (*ec2.TerminateInstancesOutput, error)
+}
+
+// Provider is the EC2 provider. It is safe for concurrent use.
+type Provider struct {
+	cfg Config
+	api ec2API
+}
+
+var _ provider.Provider = (*Provider)(nil)
+
+// New validates cfg and builds an EC2 client from the SDK's default
+// configuration chain, with cfg's region, endpoint and retry policy.
+func New(ctx context.Context, cfg Config) (*Provider, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	client, err := newClient(ctx, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return &Provider{cfg: cfg, api: client}, nil
+}
+
+// Name is "aws".
+func (p *Provider) Name() string { return Name }
+
+// Create launches the VM for spec, or returns the one an earlier call with
+// the same key launched. Empty instance type or image fall back to the
+// configured defaults.
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM, error) {
+	if spec.InstanceType == "" {
+		spec.InstanceType = p.cfg.DefaultInstanceType
+	}
+	if spec.Image == "" {
+		spec.Image = p.cfg.DefaultImage
+	}
+	if err := spec.Validate(); err != nil {
+		return provider.VM{}, fmt.Errorf("%s %s: %w", Name, opCreate, err)
+	}
+	token := clientToken(spec.Key)
+	if vm, ok, err := p.findByToken(ctx, token, spec.Key); err != nil || ok {
+		return vm, err
+	}
+	out, err := p.api.RunInstances(ctx, p.runInput(spec, token))
+	if err != nil {
+		return provider.VM{}, classify(opCreate, err)
+	}
+	if len(out.Instances) != 1 {
+		return provider.VM{}, fmt.Errorf("%s %s: RunInstances returned %d instances for key %s, want 1", Name, opCreate, len(out.Instances), spec.Key)
+	}
+	return toVM(out.Instances[0]), nil
+}
+
+func (p *Provider) runInput(spec provider.Spec, token string) *ec2.RunInstancesInput {
+	tags := ec2Tags(instanceTags(p.cfg.ExtraTags, spec))
+	in := &ec2.RunInstancesInput{
+		ImageId:      awssdk.String(spec.Image),
+		InstanceType: types.InstanceType(spec.InstanceType),
+		MinCount:     awssdk.Int32(1),
+		MaxCount:     awssdk.Int32(1),
+		ClientToken:  awssdk.String(token),
+		SubnetId:     awssdk.String(p.cfg.SubnetID),
+		MetadataOptions: &types.InstanceMetadataOptionsRequest{
+			HttpTokens:              types.HttpTokensStateRequired,
+			HttpEndpoint:            types.InstanceMetadataEndpointStateEnabled,
+			HttpPutResponseHopLimit: awssdk.Int32(imdsHopLimit),
+		},
+		TagSpecifications: []types.TagSpecification{
+			{ResourceType: types.ResourceTypeInstance, Tags: tags},
+			{ResourceType: types.ResourceTypeVolume, Tags: tags},
+		},
+	}
+	if len(p.cfg.SecurityGroupIDs) > 0 {
+		in.SecurityGroupIds = p.cfg.SecurityGroupIDs
+	}
+	if len(spec.UserData) > 0 {
+		in.UserData = awssdk.String(base64.StdEncoding.EncodeToString(spec.UserData))
+	}
+	return in
+}
+
+// findByToken looks for an instance an earlier Create launched with token.
+// Errors carry op "create": the lookup is part of it.
+func (p *Provider) findByToken(ctx context.Context, token, key string) (provider.VM, bool, error) {
+	var found *provider.VM
+	err := p.describe(ctx, opCreate, []types.Filter{
+		{Name: awssdk.String("client-token"), Values: []string{token}},
+		{Name: awssdk.String("tag:" + provider.TagKey), Values: []string{key}},
+	}, func(vm provider.VM) bool {
+		found = &vm
+		return false
+	})
+	if err != nil || found == nil {
+		return provider.VM{}, false, err
+	}
+	return *found, true, nil
+}
+
+// Get describes one instance. EC2 answers InvalidInstanceID.NotFound for an
+// id it does not know, including one it has not made visible yet.
+func (p *Provider) Get(ctx context.Context, id string) (provider.VM, error) {
+	out, err := p.api.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{id}})
+	if err != nil {
+		return provider.VM{}, classify(opGet, err)
+	}
+	for _, r := range out.Reservations {
+		for _, in := range r.Instances {
+			if awssdk.ToString(in.InstanceId) == id {
+				return toVM(in), nil
+			}
+		}
+	}
+	return provider.VM{}, &provider.Error{
+		Kind: provider.ErrNotFound, Provider: Name, Op: opGet, Code: codeNotInResponse,
+		Message: "DescribeInstances answered without instance " + id,
+	}
+}
+
+// List returns every instance tagged for sel's cluster and node, page by
+// page to the end.
+func (p *Provider) List(ctx context.Context, sel provider.Selector) ([]provider.VM, error) {
+	if sel.Cluster == "" || sel.Node == "" {
+		return nil, fmt.Errorf("%s %s: the selector needs both a cluster and a node, got %+v", Name, opList, sel)
+	}
+	var vms []provider.VM
+	err := p.describe(ctx, opList, []types.Filter{
+		{Name: awssdk.String("tag:" + provider.TagCluster), Values: []string{sel.Cluster}},
+		{Name: awssdk.String("tag:" + provider.TagNode), Values: []string{sel.Node}},
+		{Name: awssdk.String("tag:" + provider.TagManagedBy), Values: []string{provider.ManagedByValue}},
+	}, func(vm provider.VM) bool {
+		vms = append(vms, vm)
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	return vms, nil
+}
+
+// describe pages through DescribeInstances with filters, handing each
+// instance to yield until it returns false.
+func (p *Provider) describe(ctx context.Context, op string, filters []types.Filter, yield func(provider.VM) bool) error {
+	pages := ec2.NewDescribeInstancesPaginator(p.api, &ec2.DescribeInstancesInput{
+		Filters: filters, MaxResults: awssdk.Int32(pageSize),
+	})
+	for pages.HasMorePages() {
+		page, err := pages.NextPage(ctx)
+		if err != nil {
+			return classify(op, err)
+		}
+		for _, r := range page.Reservations {
+			for _, in := range r.Instances {
+				if !yield(toVM(in)) {
+					return nil
+				}
+			}
+		}
+	}
+	return nil
+}
+
+// Delete terminates the instance; nil when EC2 no longer knows it.
+func (p *Provider) Delete(ctx context.Context, id string) error {
+	_, err := p.api.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{id}})
+	if err == nil {
+		return nil
+	}
+	if err := classify(opDelete, err); !errors.Is(err, provider.ErrNotFound) {
+		return err
+	}
+	return nil
+}

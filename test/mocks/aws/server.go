@@ -1,0 +1,201 @@
+// Package ec2fake serves the EC2 Query API (RunInstances, DescribeInstances,
+// TerminateInstances) over the shared fake cloud core, so that the official
+// aws-sdk-go-v2 EC2 client talks to it unchanged but for its endpoint URL.
+//
+// Each instance gets a root EBS volume, a side resource of the core that
+// dies with the instance (DeleteOnTermination). Requests are parsed
+// strictly: an unknown parameter, a malformed id or an out-of-range value
+// gets EC2's own validation error. Faults drawn by the core's Admit become
+// EC2's throttling (503 RequestLimitExceeded with a Retry-After header),
+// 500 InternalError and 403 UnauthorizedOperation replies.
+package ec2fake
+
+import (
+	"fmt"
+	"io"
+	"math"
+	"mime"
+	"net/http"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/caa-project/caa/test/mocks/cloud"
+)
+
+// APIVersion is the only EC2 API version the fake answers.
+const APIVersion = "2016-11-15"
+
+const (
+	xmlNamespace = "http://ec2.amazonaws.com/doc/" + APIVersion + "/"
+	ownerID      = "123456789012"
+	maxBodyBytes = 1 << 20
+)
+
+// Counter names for work that is not one of the four provider operations.
+const (
+	// OpOther counts requests whose Action the fake does not serve.
+	OpOther = "other"
+)
+
+// CloudOptions fills in what makes the core look like EC2: instance ids of
+// 17 hex digits, terminated instances visible for an hour, a zone name.
+// Fields already set are kept.
+func CloudOptions(o cloud.Options) cloud.Options {
+	if o.IDPrefix == "" {
+		o.IDPrefix = "i-00000"
+	}
+	if o.KeepTerminated == 0 {
+		o.KeepTerminated = time.Hour
+	}
+	if o.Zone == "" {
+		o.Zone = "us-east-1a"
+	}
+	return o
+}
+
+// Option configures the server.
+type Option func(*server)
+
+// WithCredentials makes the server verify every request's SigV4 signature
+// against this key pair, answering AuthFailure when it does not match.
+// Without it the server only checks that requests are signed for ec2.
+func WithCredentials(accessKeyID, secretAccessKey string) Option {
+	return func(s *server) { s.accessKeyID, s.secretAccessKey = accessKeyID, secretAccessKey }
+}
+
+type server struct {
+	cloud           *cloud.Cloud
+	accessKeyID     string
+	secretAccessKey string
+	seq             atomic.Uint64
+
+	mu       sync.Mutex
+	launches map[string]*launch // by instance id
+}
+
+// NewServer returns the EC2 front end over c, with the core's test controls
+// mounted at cloud.ControlPrefix. Build c with CloudOptions so that its ids
+// look like EC2's (the fake rejects others as malformed).
+func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
+	s := &server{cloud: c, launches: map[string]*launch{}}
+	for _, o := range opts {
+		o(s)
+	}
+	mux := http.NewServeMux()
+	mux.Handle(cloud.ControlPrefix, cloud.ControlHandler(c))
+	mux.Handle("/", s)
+	return mux
+}
+
+// action serves one parsed request and returns the response document.
+type action func(s *server, r *http.Request, q query) (any, *apiError)
+
+var actions = map[string]struct {
+	run   action
+	write bool
+}{
+	"RunInstances":       {(*server).runInstances, true},
+	"DescribeInstances":  {(*server).describeInstances, false},
+	"TerminateInstances": {(*server).terminateInstances, true},
+}
+
+// counterOp is the core operation a request counts under.
+func counterOp(name string, q query) string {
+	switch name {
+	case "RunInstances":
+		return cloud.OpCreate
+	case "TerminateInstances":
+		return cloud.OpDelete
+	case "DescribeInstances":
+		if q.has("InstanceId.") {
+			return cloud.OpGet
+		}
+		return cloud.OpList
+	}
+	return OpOther
+}
+
+func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodPost {
+		s.writeError(w, &apiError{http.StatusBadRequest, "UnsupportedOperation", "The fake EC2 endpoint accepts POST requests only."})
+		return
+	}
+	if mt, _, err := mime.ParseMediaType(r.Header.Get("Content-Type")); err != nil || mt != "application/x-www-form-urlencoded" {
+		s.writeError(w, &apiError{http.StatusBadRequest, "InvalidParameterValue", "The request body must be application/x-www-form-urlencoded."})
+		return
+	}
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBodyBytes))
+	if err != nil {
+		s.writeError(w, &apiError{http.StatusBadRequest, "MalformedQueryString", "The request body could not be read."})
+		return
+	}
+	values, err := url.ParseQuery(string(body))
+	if err != nil {
+		s.writeError(w, &apiError{http.StatusBadRequest, "MalformedQueryString", "The request body is not a valid query string."})
+		return
+	}
+	q := query(values)
+	name := q.get("Action")
+	act, known := actions[name]
+
+	fault, err := s.cloud.Admit(r.Context(), counterOp(name, q), act.write)
+	if err != nil {
+		return // the client went away during the injected latency
+	}
+	if e := s.authenticate(r, body); e != nil {
+		s.writeError(w, e)
+		return
+	}
+	if e := faultError(fault); e != nil {
+		if fault.Kind == cloud.FaultThrottle && fault.RetryAfter > 0 {
+			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(fault.RetryAfter.Seconds()))))
+		}
+		s.writeError(w, e)
+		return
+	}
+	switch {
+	case name == "":
+		s.writeError(w, &apiError{http.StatusBadRequest, "MissingAction", "The request must contain the parameter Action."})
+		return
+	case !known:
+		s.writeError(w, &apiError{http.StatusBadRequest, "InvalidAction", fmt.Sprintf("The action %s is not valid for this web service.", name)})
+		return
+	}
+	switch v := q.get("Version"); v {
+	case "":
+		s.writeError(w, missing("Version"))
+		return
+	case APIVersion:
+	default:
+		s.writeError(w, &apiError{http.StatusBadRequest, "NoSuchVersion", fmt.Sprintf("An unknown API version %q was specified.", v)})
+		return
+	}
+	doc, e := act.run(s, r, q)
+	if e != nil {
+		s.writeError(w, e)
+		return
+	}
+	s.writeXML(w, http.StatusOK, doc)
+}
+
+// faultError is the EC2 reply for a fault the core drew, or nil.
+func faultError(f cloud.Fault) *apiError {
+	switch f.Kind {
+	case cloud.FaultThrottle:
+		return &apiError{http.StatusServiceUnavailable, "RequestLimitExceeded", "Request limit exceeded."}
+	case cloud.FaultServerError:
+		return &apiError{http.StatusInternalServerError, "InternalError", "An internal error has occurred."}
+	case cloud.FaultAuth:
+		return &apiError{http.StatusForbidden, "UnauthorizedOperation", "You are not authorized to perform this operation."}
+	}
+	return nil
+}
+
+// requestID returns a fresh id in the UUID shape EC2 uses.
+func (s *server) requestID() string {
+	n := s.seq.Add(1)
+	return fmt.Sprintf("%08x-0000-4000-8000-%012x", uint32(time.Now().UnixNano()), n)
+}
