@@ -12,14 +12,18 @@ import (
 	"github.com/caa-project/caa/test/mocks/cloud"
 )
 
-// Defaults shown for instances seeded straight into the core, which have no
-// side resources to read them from.
+// The VPC, subnet and resource group shown for an instance whose request
+// named none, and for instances seeded straight into the core. A provider
+// configured with them sees seeded instances as its own.
 const (
-	defaultVPC           = "r006-fake-vpc"
-	defaultSubnet        = "0717-fake-subnet"
-	defaultResourceGroup = "fake-resource-group"
-	crnPrefix            = "crn:v1:bluemix:public:is:"
-	account              = ":a/fakeaccount::"
+	DefaultVPC           = "r006-fake-vpc"
+	DefaultSubnet        = "0717-fake-subnet"
+	DefaultResourceGroup = "fake-resource-group"
+)
+
+const (
+	crnPrefix = "crn:v1:bluemix:public:is:"
+	account   = ":a/fakeaccount::"
 )
 
 // statusOf maps a core state onto the VPC instance status.
@@ -81,8 +85,8 @@ func propOr(r cloud.Resource, key, def string) string {
 	return def
 }
 
-func vpcOf(nic cloud.Resource) string   { return propOr(nic, "vpc", defaultVPC) }
-func groupOf(nic cloud.Resource) string { return propOr(nic, "resource_group", defaultResourceGroup) }
+func vpcOf(nic cloud.Resource) string   { return propOr(nic, "vpc", DefaultVPC) }
+func groupOf(nic cloud.Resource) string { return propOr(nic, "resource_group", DefaultResourceGroup) }
 
 func instanceViewOf(base string, in cloud.Instance, byID map[string]cloud.Resource) instanceView {
 	nic := nicOf(in, byID)
@@ -93,7 +97,7 @@ func instanceViewOf(base string, in cloud.Instance, byID map[string]cloud.Resour
 	if len(in.IPs) > 0 {
 		ip = in.IPs[0]
 	}
-	subnetID := propOr(nic, "subnet", defaultSubnet)
+	subnetID := propOr(nic, "subnet", DefaultSubnet)
 	n := nicRef{
 		ID: nic.ID, Name: propOr(nic, "attachment_name", nic.Name),
 		PrimaryIP: reservedIP{Address: ip, Href: base + "/v1/subnets/" + subnetID + "/reserved_ips/" + nic.ID + "-ip",
@@ -170,7 +174,7 @@ func bootVolumeOf(in cloud.Instance, byID map[string]cloud.Resource) bootVolume 
 		return volumeFromResource(r)
 	}
 	return bootVolume{
-		id: in.ID + "-boot", name: in.Name + "-boot", profile: "general-purpose", zone: in.Zone, group: defaultResourceGroup,
+		id: in.ID + "-boot", name: in.Name + "-boot", profile: "general-purpose", zone: in.Zone, group: DefaultResourceGroup,
 		attachmentID: in.ID + "-boot-attachment", attachmentName: in.Name + "-boot-attachment",
 		capacity: defaultCapacity, deleteWithInstance: true, tags: in.Tags,
 	}
@@ -183,7 +187,7 @@ func volumeFromResource(r cloud.Resource) bootVolume {
 		name = r.ID
 	}
 	return bootVolume{
-		id: r.ID, name: name, profile: r.Props["profile"], zone: r.Props["zone"], group: propOr(r, "resource_group", defaultResourceGroup),
+		id: r.ID, name: name, profile: r.Props["profile"], zone: r.Props["zone"], group: propOr(r, "resource_group", DefaultResourceGroup),
 		attachmentID: r.Props["attachment_id"], attachmentName: propOr(r, "attachment_name", r.Props["attachment_id"]),
 		capacity: capacity, deleteWithInstance: r.Props["delete_volume_on_instance_delete"] == "true", tags: r.Tags,
 	}

@@ -1,0 +1,217 @@
+package ibmcloud
+
+import (
+	"errors"
+	"fmt"
+	"net/url"
+	"os"
+	"strings"
+
+	"github.com/IBM/go-sdk-core/v5/core"
+	"github.com/IBM/vpc-go-sdk/vpcv1"
+	"github.com/spf13/pflag"
+)
+
+// Environment variables outside caa's own CAA_IBMCLOUD_* set: the ones the
+// ibmcloud CLI and IBM's tooling already use.
+const (
+	EnvAPIKey = "IBMCLOUD_API_KEY"
+	EnvRegion = "IBMCLOUD_REGION"
+	// sdkServiceName is the prefix of the IBM SDK's own external
+	// configuration (VPC_AUTH_TYPE, VPC_APIKEY, VPC_AUTH_URL, ... or an
+	// ibm-credentials.env file), the last link of the credential chain.
+	sdkServiceName = "vpc"
+)
+
+// Config is the IBM Cloud VPC placement and access of one node's VMs.
+type Config struct {
+	// Region selects the API endpoint (us-south, eu-de, ...) when Endpoint
+	// is empty.
+	Region string
+	// Zone is where VMs are made, e.g. us-south-1.
+	Zone string
+	// VPCID, when set, is the VPC of the VMs and scopes List's instance
+	// listing; VPC otherwise infers it from the subnet.
+	VPCID string
+	// SubnetID is the subnet of every VM's network attachment.
+	SubnetID string
+	// SecurityGroupIDs for the VMs' network interface; empty means the
+	// VPC's default group.
+	SecurityGroupIDs []string
+	// ResourceGroupID for the VMs; empty means the account's default.
+	ResourceGroupID string
+	// Image and InstanceType (a VPC profile name) are the defaults for a
+	// spec that names none.
+	Image        string
+	InstanceType string
+	// BootVolumeProfile is the storage profile of the boot volume.
+	BootVolumeProfile string
+	// Tags are added to every VM's tags, below the spec's own.
+	Tags map[string]string
+	// Endpoint overrides the VPC API URL (private endpoints, fakes), e.g.
+	// https://us-south.private.iaas.cloud.ibm.com/v1.
+	Endpoint string
+	// IAMEndpoint overrides the IAM token service URL for API keys.
+	IAMEndpoint string
+	// APIKeyFile is a file holding the API key (a mounted secret).
+	APIKeyFile string
+
+	// envErr is a malformed environment default met by AddFlags.
+	envErr error
+}
+
+// AddFlags registers --ibmcloud-* flags on fs, each defaulting to its
+// CAA_IBMCLOUD_* environment variable (the region also to IBMCLOUD_REGION).
+func (c *Config) AddFlags(fs *pflag.FlagSet) {
+	tags, err := parseTags(os.Getenv("CAA_IBMCLOUD_TAGS"))
+	if err != nil {
+		c.envErr = fmt.Errorf("CAA_IBMCLOUD_TAGS: %w", err)
+	}
+	fs.StringVar(&c.Region, "ibmcloud-region", env("CAA_IBMCLOUD_REGION", EnvRegion), "IBM Cloud region of the VPC API (env CAA_IBMCLOUD_REGION or "+EnvRegion+")")
+	fs.StringVar(&c.Zone, "ibmcloud-zone", env("CAA_IBMCLOUD_ZONE"), "zone of the VMs, e.g. us-south-1 (env CAA_IBMCLOUD_ZONE)")
+	fs.StringVar(&c.VPCID, "ibmcloud-vpc-id", env("CAA_IBMCLOUD_VPC_ID"), "VPC of the VMs (env CAA_IBMCLOUD_VPC_ID)")
+	fs.StringVar(&c.SubnetID, "ibmcloud-subnet-id", env("CAA_IBMCLOUD_SUBNET_ID"), "subnet of the VMs (env CAA_IBMCLOUD_SUBNET_ID)")
+	fs.StringSliceVar(&c.SecurityGroupIDs, "ibmcloud-security-group-ids", list(env("CAA_IBMCLOUD_SECURITY_GROUP_IDS")), "security groups of the VMs, comma separated (env CAA_IBMCLOUD_SECURITY_GROUP_IDS)")
+	fs.StringVar(&c.ResourceGroupID, "ibmcloud-resource-group-id", env("CAA_IBMCLOUD_RESOURCE_GROUP_ID"), "resource group of the VMs (env CAA_IBMCLOUD_RESOURCE_GROUP_ID)")
+	fs.StringVar(&c.Image, "ibmcloud-image", env("CAA_IBMCLOUD_IMAGE"), "default image id (env CAA_IBMCLOUD_IMAGE)")
+	fs.StringVar(&c.InstanceType, "ibmcloud-instance-type", envOr("CAA_IBMCLOUD_INSTANCE_TYPE", "bx2-2x8"), "default instance profile (env CAA_IBMCLOUD_INSTANCE_TYPE)")
+	fs.StringVar(&c.BootVolumeProfile, "ibmcloud-boot-volume-profile", envOr("CAA_IBMCLOUD_BOOT_VOLUME_PROFILE", "general-purpose"), "storage profile of boot volumes (env CAA_IBMCLOUD_BOOT_VOLUME_PROFILE)")
+	fs.StringToStringVar(&c.Tags, "ibmcloud-tags", tags, "extra tags on every VM, k=v,k2=v2 (env CAA_IBMCLOUD_TAGS)")
+	fs.StringVar(&c.Endpoint, "ibmcloud-endpoint", env("CAA_IBMCLOUD_ENDPOINT"), "VPC API URL, overriding the region's (env CAA_IBMCLOUD_ENDPOINT)")
+	fs.StringVar(&c.IAMEndpoint, "ibmcloud-iam-endpoint", env("CAA_IBMCLOUD_IAM_ENDPOINT"), "IAM token service URL (env CAA_IBMCLOUD_IAM_ENDPOINT)")
+	fs.StringVar(&c.APIKeyFile, "ibmcloud-api-key-file", env("CAA_IBMCLOUD_API_KEY_FILE"), "file holding the API key; else "+EnvAPIKey+", else the IBM SDK's VPC_* settings (env CAA_IBMCLOUD_API_KEY_FILE)")
+}
+
+// Validate checks the configuration, naming the flag and variable to fix.
+func (c Config) Validate() error {
+	missing := func(flag, envs string) error {
+		return fmt.Errorf("ibmcloud: no %s: set --ibmcloud-%s or %s", strings.ReplaceAll(flag, "-", " "), flag, envs)
+	}
+	switch {
+	case c.envErr != nil:
+		return fmt.Errorf("ibmcloud: %w", c.envErr)
+	case c.Endpoint == "" && c.Region == "":
+		return missing("region", "CAA_IBMCLOUD_REGION or "+EnvRegion+" (or --ibmcloud-endpoint)")
+	case c.Zone == "":
+		return missing("zone", "CAA_IBMCLOUD_ZONE")
+	case c.SubnetID == "":
+		return missing("subnet-id", "CAA_IBMCLOUD_SUBNET_ID")
+	case c.BootVolumeProfile == "":
+		return missing("boot-volume-profile", "CAA_IBMCLOUD_BOOT_VOLUME_PROFILE")
+	}
+	if c.Region != "" {
+		if _, err := vpcv1.GetServiceURLForRegion(c.Region); err != nil && c.Endpoint == "" {
+			return fmt.Errorf("ibmcloud: --ibmcloud-region %q is not a VPC region: %w", c.Region, err)
+		}
+		if !strings.HasPrefix(c.Zone, c.Region+"-") {
+			return fmt.Errorf("ibmcloud: --ibmcloud-zone %q is not in region %q", c.Zone, c.Region)
+		}
+	}
+	for flag, u := range map[string]string{"endpoint": c.Endpoint, "iam-endpoint": c.IAMEndpoint} {
+		if u == "" {
+			continue
+		}
+		if p, err := url.Parse(u); err != nil || (p.Scheme != "https" && p.Scheme != "http") || p.Host == "" {
+			return fmt.Errorf("ibmcloud: --ibmcloud-%s %q is not an http(s) URL", flag, u)
+		}
+	}
+	for k := range c.Tags {
+		if k == "" {
+			return errors.New("ibmcloud: --ibmcloud-tags has an empty key")
+		}
+	}
+	return nil
+}
+
+// endpoint is the VPC API URL.
+func (c Config) endpoint() (string, error) {
+	if c.Endpoint != "" {
+		return c.Endpoint, nil
+	}
+	u, err := vpcv1.GetServiceURLForRegion(c.Region)
+	if err != nil {
+		return "", fmt.Errorf("ibmcloud: endpoint of region %q: %w", c.Region, err)
+	}
+	return u, nil
+}
+
+// authenticator walks the credential chain: the API key file, then
+// IBMCLOUD_API_KEY (both through IAM), then the IBM SDK's own external
+// configuration for service "vpc" (VPC_AUTH_TYPE and friends, or an
+// ibm-credentials.env file), which also covers trusted profiles. The key
+// is handed to the SDK's authenticator and kept nowhere else.
+func (c Config) authenticator() (core.Authenticator, error) {
+	key := ""
+	switch {
+	case c.APIKeyFile != "":
+		b, err := os.ReadFile(c.APIKeyFile)
+		if err != nil {
+			return nil, fmt.Errorf("ibmcloud: read the API key file %s: %w", c.APIKeyFile, err)
+		}
+		if key = strings.TrimSpace(string(b)); key == "" {
+			return nil, fmt.Errorf("ibmcloud: the API key file %s is empty", c.APIKeyFile)
+		}
+	case os.Getenv(EnvAPIKey) != "":
+		key = strings.TrimSpace(os.Getenv(EnvAPIKey))
+	}
+	if key != "" {
+		b := core.NewIamAuthenticatorBuilder().SetApiKey(key)
+		if c.IAMEndpoint != "" {
+			b = b.SetURL(c.IAMEndpoint)
+		}
+		a, err := b.Build()
+		if err != nil {
+			// The SDK's validation messages name properties, not values.
+			return nil, fmt.Errorf("ibmcloud: IAM authenticator: %w", err)
+		}
+		return a, nil
+	}
+	a, err := core.GetAuthenticatorFromEnvironment(sdkServiceName)
+	if err != nil {
+		return nil, fmt.Errorf("ibmcloud: credentials from the IBM SDK's VPC_* settings: %w", err)
+	}
+	if a == nil {
+		return nil, errors.New("ibmcloud: no credentials: set --ibmcloud-api-key-file (CAA_IBMCLOUD_API_KEY_FILE), " +
+			EnvAPIKey + ", or the IBM SDK's VPC_AUTH_TYPE/VPC_APIKEY settings")
+	}
+	return a, nil
+}
+
+func env(keys ...string) string {
+	for _, k := range keys {
+		if v := os.Getenv(k); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func list(s string) []string {
+	var out []string
+	for _, f := range strings.Split(s, ",") {
+		if f = strings.TrimSpace(f); f != "" {
+			out = append(out, f)
+		}
+	}
+	return out
+}
+
+// parseTags reads "k=v,k2=v2".
+func parseTags(s string) (map[string]string, error) {
+	out := map[string]string{}
+	for _, f := range list(s) {
+		k, v, ok := strings.Cut(f, "=")
+		if !ok || strings.TrimSpace(k) == "" {
+			return nil, fmt.Errorf("%q is not key=value", f)
+		}
+		out[strings.TrimSpace(k)] = strings.TrimSpace(v)
+	}
+	return out, nil
+}

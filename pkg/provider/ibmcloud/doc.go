@@ -1,0 +1,69 @@
+// Package ibmcloud is caa's provider for IBM Cloud VPC virtual server
+// instances, built on the official VPC Go SDK (vpcv1) and IBM's Go SDK
+// core, narrowed to the six calls it makes.
+//
+// Where the tags live. VPC instances carry no tags, but volumes carry user
+// tags, and the boot volume is created by the same POST /instances that
+// makes the instance. So every tag of the VM (spec.Tags() over the
+// configured extra tags) is written as a user tag of its boot volume, in
+// one request, and read back from it. User tags are short and of a small
+// alphabet, so keys and values are escaped and long ones cut into numbered
+// pieces (see tags.go); every tag round-trips exactly, TagPod's '/'
+// included. The alternative, IBM's Global Tagging service,
+// is another API and SDK, and its tags are attached after the instance
+// exists, leaving a window where a crash strands an untagged VM.
+//
+// Names. The instance name is "caa-" + a fragment of the pod name, for
+// people + 80 bits of SHA-256 over (cluster, idempotency key). It is within
+// VPC's rule (63 of [a-z0-9-], letter first). VPC refuses a second live
+// instance of the same name in the region (validation_unique_failed), which
+// is the idempotency mechanism: Create first looks the name up
+// (GET /instances?name=, exact match) and adopts what it finds after
+// checking the boot volume's tags carry the same key and cluster and the
+// shape matches; otherwise it creates, and a create refused for the name
+// looks again and adopts the winner of the race. The lookup first makes a
+// retry after a crash cost one call instead of a refused create and a
+// lookup; it cannot replace the uniqueness check, which is what closes the
+// race. While a new instance is not yet visible to the lookup, a second
+// create is refused for its name and surfaces as ErrConflict.
+//
+// List lists boot volumes with the node's tag (VPC's tag filter is exact
+// match on one tag) and instances (scoped to the configured VPC and
+// resource group) side by side, each to the last page, and joins them on
+// the boot volume's attachment; the decoded cluster, node and managed-by
+// tags are checked, so a same-named node in another cluster costs a few
+// extra volumes read, never a wrong VM. Get reads the instance and
+// then its boot volume. Neither retries a NotFound: eventual consistency is
+// the caller's to see.
+//
+// Delete deletes the instance; the boot volume (delete_volume_on_instance_delete)
+// and the virtual network interface of its network attachment (auto_delete)
+// go with it, so nothing Create made is left. A 404 is success.
+//
+// Retries. The SDK's retrying client stays off, because it retries 429 too.
+// The provider retries only transient failures itself: 5xx (but 501) and
+// requests that got no answer, three attempts in all with jittered
+// exponential backoff from 100ms, honouring ctx. Creates are safe to retry
+// because the name is unique. Throttling (429) is never retried: it returns
+// at once as ErrThrottled carrying the Retry-After header, so the
+// reconciler's token bucket and backoff decide. Errors are *provider.Error
+// with the VPC error code and message ({"errors":[{"code",...}]}), or IAM's
+// errorCode for token failures, the HTTP status and the SDK error; the code
+// table is in errors.go.
+//
+// Credentials, in order: the API key file (--ibmcloud-api-key-file), the
+// IBMCLOUD_API_KEY variable (both exchanged for tokens by the SDK's
+// IamAuthenticator, at --ibmcloud-iam-endpoint if set), then the SDK's own
+// external configuration for service "vpc" (VPC_AUTH_TYPE, VPC_APIKEY,
+// VPC_AUTH_URL, an ibm-credentials.env file; this also covers trusted
+// profiles). The key is held by the SDK's authenticator only and never
+// logged or put in an error. User data is sent as the instance's user_data
+// and never logged or put in an error; since the SDK core dumps request
+// bodies at debug level, New refuses to run with the SDK logger at debug.
+// VPC takes user data as text, so bytes that are not UTF-8 are refused as
+// ErrInvalidSpec rather than silently mangled by JSON encoding.
+//
+// What VM.Tags can hold: everything Create wrote, once the boot volume is
+// readable. An instance whose boot volume is gone (it is being deleted)
+// shows without tags from Get and is not listed.
+package ibmcloud

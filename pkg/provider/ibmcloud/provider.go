@@ -1,0 +1,329 @@
+package ibmcloud
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net/http"
+	"sync"
+	"unicode/utf8"
+
+	"github.com/IBM/go-sdk-core/v5/core"
+	"github.com/IBM/vpc-go-sdk/vpcv1"
+
+	"github.com/caa-project/caa/pkg/provider"
+)
+
+const (
+	providerName = "ibmcloud"
+	// pageLimit is the largest page the VPC API serves.
+	pageLimit = 100
+)
+
+// vpcAPI is the part of vpcv1.VpcV1 the provider uses, so a test can stand
+// in for it.
+type vpcAPI interface {
+	CreateInstanceWithContext(context.Context, *vpcv1.CreateInstanceOptions) (*vpcv1.Instance, *core.DetailedResponse, error)
+	GetInstanceWithContext(context.Context, *vpcv1.GetInstanceOptions) (*vpcv1.Instance, *core.DetailedResponse, error)
+	ListInstancesWithContext(context.Context, *vpcv1.ListInstancesOptions) (*vpcv1.InstanceCollection, *core.DetailedResponse, error)
+	DeleteInstanceWithContext(context.Context, *vpcv1.DeleteInstanceOptions) (*core.DetailedResponse, error)
+	GetVolumeWithContext(context.Context, *vpcv1.GetVolumeOptions) (*vpcv1.Volume, *core.DetailedResponse, error)
+	ListVolumesWithContext(context.Context, *vpcv1.ListVolumesOptions) (*vpcv1.VolumeCollection, *core.DetailedResponse, error)
+}
+
+// Provider is provider.Provider on IBM Cloud VPC.
+type Provider struct {
+	api vpcAPI
+	cfg Config
+}
+
+var _ provider.Provider = (*Provider)(nil)
+
+// New validates cfg, resolves credentials through the chain (see the
+// package comment) and returns a provider. It makes no call: a bad API key
+// shows on the first operation, as ErrAuth. ctx is reserved for that
+// reason. New refuses to run while the IBM SDK logs at debug level, which
+// dumps request bodies, user data included.
+func New(_ context.Context, cfg Config) (*Provider, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if core.GetLogger().IsLogLevelEnabled(core.LevelDebug) {
+		return nil, errors.New("ibmcloud: the IBM SDK logger is at debug level, which logs request bodies with user data; lower it")
+	}
+	auth, err := cfg.authenticator()
+	if err != nil {
+		return nil, err
+	}
+	url, err := cfg.endpoint()
+	if err != nil {
+		return nil, err
+	}
+	svc, err := vpcv1.NewVpcV1(&vpcv1.VpcV1Options{URL: url, Authenticator: auth})
+	if err != nil {
+		return nil, fmt.Errorf("ibmcloud: VPC client for %s: %w", url, err)
+	}
+	return &Provider{api: svc, cfg: cfg}, nil
+}
+
+// Name is "ibmcloud".
+func (p *Provider) Name() string { return providerName }
+
+// Create makes the VM of spec, or returns the one an earlier call with the
+// same key made. It looks the deterministic name up first, so a retry after
+// a crash costs one call; a create that loses a race (validation_unique_failed)
+// looks again and adopts the winner's VM.
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM, error) {
+	if spec.InstanceType == "" {
+		spec.InstanceType = p.cfg.InstanceType
+	}
+	if spec.Image == "" {
+		spec.Image = p.cfg.Image
+	}
+	if err := spec.Validate(); err != nil {
+		return provider.VM{}, invalidSpec(err)
+	}
+	if !utf8.Valid(spec.UserData) {
+		return provider.VM{}, invalidSpec(fmt.Errorf("%w: the user data of pod %s/%s is not UTF-8 text, which VPC requires",
+			provider.ErrInvalidSpec, spec.PodNamespace, spec.PodName))
+	}
+	tags := maps.Clone(p.cfg.Tags)
+	if tags == nil {
+		tags = map[string]string{}
+	}
+	maps.Copy(tags, spec.Tags())
+	userTags, err := encodeUserTags(tags)
+	if err != nil {
+		return provider.VM{}, invalidSpec(err)
+	}
+	name := instanceName(spec)
+
+	if vm, found, err := p.adopt(ctx, name, spec); err != nil || found {
+		return vm, err
+	}
+	opts := &vpcv1.CreateInstanceOptions{InstancePrototype: p.prototype(spec, name, userTags)}
+	in, resp, err := retry(ctx, func() (*vpcv1.Instance, *core.DetailedResponse, error) {
+		return p.api.CreateInstanceWithContext(ctx, opts)
+	})
+	if err != nil {
+		cerr := classify(opCreate, resp, err)
+		if errors.Is(cerr, provider.ErrConflict) {
+			// Most likely our own name, taken by a racing or earlier call.
+			if vm, found, aerr := p.adopt(ctx, name, spec); aerr != nil || found {
+				return vm, aerr
+			}
+		}
+		return provider.VM{}, cerr
+	}
+	return vmOf(in, tags), nil
+}
+
+// adopt finds the instance named for spec and checks it is spec's: its
+// tags carry spec's key and cluster, and its shape is spec's.
+func (p *Provider) adopt(ctx context.Context, name string, spec provider.Spec) (provider.VM, bool, error) {
+	opts := &vpcv1.ListInstancesOptions{Name: ptr(name)}
+	coll, resp, err := retry(ctx, func() (*vpcv1.InstanceCollection, *core.DetailedResponse, error) {
+		return p.api.ListInstancesWithContext(ctx, opts)
+	})
+	if err != nil {
+		return provider.VM{}, false, classify(opCreate, resp, err)
+	}
+	if len(coll.Instances) == 0 {
+		return provider.VM{}, false, nil
+	}
+	in := &coll.Instances[0]
+	tags, err := p.bootVolumeTags(ctx, opCreate, in)
+	if err != nil {
+		return provider.VM{}, false, err
+	}
+	vm := vmOf(in, tags)
+	conflict := func(format string, args ...any) (provider.VM, bool, error) {
+		return provider.VM{}, false, &provider.Error{Kind: provider.ErrConflict, Provider: providerName, Op: opCreate,
+			Code: "idempotency_mismatch", Message: fmt.Sprintf(format, args...)}
+	}
+	switch owner := vm.Owner(); {
+	case owner.Key != spec.Key || owner.Cluster != spec.Cluster:
+		return conflict("instance %s (%s) is named for key %s but tagged for key %q of cluster %q (tags not readable yet, or a name collision)",
+			vm.ID, name, spec.Key, owner.Key, owner.Cluster)
+	case vm.InstanceType != spec.InstanceType || vm.Image != spec.Image:
+		return conflict("instance %s for key %s has profile %s and image %s; this call asks for %s and %s",
+			vm.ID, spec.Key, vm.InstanceType, vm.Image, spec.InstanceType, spec.Image)
+	}
+	return vm, true, nil
+}
+
+// Get returns the VM, ErrNotFound once VPC no longer shows it. It reads the
+// instance, then its boot volume for the tags; an instance whose volume is
+// already gone (being deleted) comes back without tags.
+func (p *Provider) Get(ctx context.Context, id string) (provider.VM, error) {
+	opts := &vpcv1.GetInstanceOptions{ID: ptr(id)}
+	in, resp, err := retry(ctx, func() (*vpcv1.Instance, *core.DetailedResponse, error) {
+		return p.api.GetInstanceWithContext(ctx, opts)
+	})
+	if err != nil {
+		return provider.VM{}, classify(opGet, resp, err)
+	}
+	tags, err := p.bootVolumeTags(ctx, opGet, in)
+	if err != nil {
+		return provider.VM{}, err
+	}
+	return vmOf(in, tags), nil
+}
+
+// bootVolumeTags reads the tags off the instance's boot volume; nil when
+// the volume is gone.
+func (p *Provider) bootVolumeTags(ctx context.Context, op string, in *vpcv1.Instance) (map[string]string, error) {
+	id := bootVolumeID(in)
+	if id == "" {
+		return nil, nil
+	}
+	opts := &vpcv1.GetVolumeOptions{ID: ptr(id)}
+	vol, resp, err := retry(ctx, func() (*vpcv1.Volume, *core.DetailedResponse, error) {
+		return p.api.GetVolumeWithContext(ctx, opts)
+	})
+	if err != nil {
+		if resp != nil && resp.StatusCode == http.StatusNotFound {
+			return nil, nil
+		}
+		return nil, classify(op, resp, err)
+	}
+	return decodeUserTags(vol.UserTags), nil
+}
+
+// List returns every VM tagged for sel. It lists, side by side, the boot
+// volumes carrying sel's node tag (whose tags say whose VM it is) and
+// the instances (for state, addresses and shape), each to its last page,
+// and joins them on the volume's attachment.
+func (p *Provider) List(ctx context.Context, sel provider.Selector) ([]provider.VM, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		once  sync.Once
+		first error
+		owned map[string]map[string]string
+		all   []vpcv1.Instance
+		wg    sync.WaitGroup
+	)
+	fail := func(err error) {
+		once.Do(func() { first = err; cancel() })
+	}
+	wg.Go(func() {
+		var err error
+		if owned, err = p.taggedInstances(ctx, sel); err != nil {
+			fail(err)
+		}
+	})
+	wg.Go(func() {
+		var err error
+		if all, err = p.instances(ctx); err != nil {
+			fail(err)
+		}
+	})
+	wg.Wait()
+	if first != nil {
+		return nil, first
+	}
+	var out []provider.VM
+	for i := range all {
+		if tags, ok := owned[str(all[i].ID)]; ok {
+			out = append(out, vmOf(&all[i], tags))
+		}
+	}
+	return out, nil
+}
+
+// taggedInstances maps instance id to tags for every boot volume tagged
+// for sel.
+func (p *Provider) taggedInstances(ctx context.Context, sel provider.Selector) (map[string]map[string]string, error) {
+	out := map[string]map[string]string{}
+	tag := nodeFilterTag(sel.Node)
+	err := paginate(ctx, func(start *string) (*string, *core.DetailedResponse, error) {
+		opts := &vpcv1.ListVolumesOptions{Tag: ptr(tag), Limit: ptr(int64(pageLimit)), Start: start}
+		coll, resp, err := p.api.ListVolumesWithContext(ctx, opts)
+		if err != nil {
+			return nil, resp, err
+		}
+		for _, v := range coll.Volumes {
+			tags := decodeUserTags(v.UserTags)
+			if !sel.Matches(tags) {
+				continue
+			}
+			for _, a := range v.VolumeAttachments {
+				if str(a.Type) == "boot" && a.Instance != nil {
+					out[str(a.Instance.ID)] = tags
+				}
+			}
+		}
+		next, err := coll.GetNextStart()
+		return next, resp, err
+	})
+	return out, err
+}
+
+// instances lists every instance in the configured VPC and resource group.
+func (p *Provider) instances(ctx context.Context) ([]vpcv1.Instance, error) {
+	var out []vpcv1.Instance
+	err := paginate(ctx, func(start *string) (*string, *core.DetailedResponse, error) {
+		opts := &vpcv1.ListInstancesOptions{Limit: ptr(int64(pageLimit)), Start: start}
+		if p.cfg.VPCID != "" {
+			opts.VPCID = ptr(p.cfg.VPCID)
+		}
+		if p.cfg.ResourceGroupID != "" {
+			opts.ResourceGroupID = ptr(p.cfg.ResourceGroupID)
+		}
+		coll, resp, err := p.api.ListInstancesWithContext(ctx, opts)
+		if err != nil {
+			return nil, resp, err
+		}
+		out = append(out, coll.Instances...)
+		next, err := coll.GetNextStart()
+		return next, resp, err
+	})
+	return out, err
+}
+
+// paginate calls page from the first page to the last, each page with the
+// transient-failure retry, and stops if the cloud hands back a token it
+// already gave (which would loop forever).
+func paginate(ctx context.Context, page func(start *string) (*string, *core.DetailedResponse, error)) error {
+	var start *string
+	seen := map[string]bool{}
+	for {
+		next, resp, err := retry(ctx, func() (*string, *core.DetailedResponse, error) { return page(start) })
+		if err != nil {
+			return classify(opList, resp, err)
+		}
+		if next == nil {
+			return nil
+		}
+		if seen[*next] {
+			return &provider.Error{Provider: providerName, Op: opList, Code: "pagination_loop",
+				Message: fmt.Sprintf("the start token %q came back twice", *next)}
+		}
+		seen[*next] = true
+		start = next
+	}
+}
+
+// Delete deletes the instance; its boot volume and network interface go
+// with it (delete_volume_on_instance_delete, auto_delete). Nil when the
+// instance is already gone.
+func (p *Provider) Delete(ctx context.Context, id string) error {
+	opts := &vpcv1.DeleteInstanceOptions{ID: ptr(id)}
+	_, resp, err := retry(ctx, func() (struct{}, *core.DetailedResponse, error) {
+		resp, err := p.api.DeleteInstanceWithContext(ctx, opts)
+		return struct{}{}, resp, err
+	})
+	if err != nil {
+		if cerr := classify(opDelete, resp, err); !errors.Is(cerr, provider.ErrNotFound) {
+			return cerr
+		}
+	}
+	return nil
+}
+
+func invalidSpec(err error) error {
+	return &provider.Error{Kind: provider.ErrInvalidSpec, Provider: providerName, Op: opCreate,
+		Code: "invalid_spec", Message: err.Error(), Err: err}
+}
