@@ -1,0 +1,58 @@
+// Package azure is caa's provider for Azure: peer-pod VMs in one resource
+// group, through the official SDK (armcompute for VirtualMachines,
+// armnetwork for their NICs). The SDK is narrowed to the few calls used
+// (vmAPI, nicAPI).
+//
+// Idempotency. A VM's name is derived from spec.Key (see vmName): "caa-",
+// the key's readable part, and 12 hex digits of its SHA-256. ARM names are
+// unique in a resource group, so the name is the idempotency key. Create
+// GETs that name first and returns the VM it finds (refusing with
+// ErrConflict one that carries another key or shape); otherwise it PUTs the
+// NIC "<vm>-nic" (an idempotent PUT) and then the VM with If-None-Match: *,
+// so that two racing creates make one VM and the loser gets ErrConflict
+// (its retry then finds the VM). When ARM refuses the VM for good (invalid
+// spec, quota, capacity), Create removes the NIC, and the VM too if Azure
+// kept it in the Failed state.
+//
+// Tags. Every VM and NIC carries spec.Tags() over the configured extra
+// tags; the caa-* identity tags win. List cannot filter by tag on the
+// server: ARM's VM list in a resource group has no tag filter, so List
+// pages through every VM of the group and filters on the client. That costs
+// one call per page of the group (not of this node), plus one listing of
+// the group's NICs for the IPs; give caa a resource group of its own.
+//
+// State. Get reads the instance view ($expand=instanceView) and maps the
+// provisioning state and PowerState (see stateOf). ARM refuses the instance
+// view on a group listing, so List sees provisioning states only: a
+// provisioned VM lists as Running, and only Get sees one stopped behind
+// caa's back.
+//
+// Long-running operations. Create and Delete wait for their operations
+// (Azure-AsyncOperation), polling every Config.PollInterval, so a refused
+// allocation surfaces as ErrCapacity from Create and Delete returns once
+// the VM, its OS disk and its NIC are gone (both carry deleteOption
+// Delete). Get never retries a NotFound: a VM just created may be
+// invisible for a while, and that is reported as it is. If the read back
+// after a successful create is NotFound, Create returns the VM as the
+// accepted PUT described it.
+//
+// Retries. The SDK retries 408 and 5xx replies and network errors
+// Config.MaxRetries times (default 2) with exponential backoff from
+// Config.RetryDelay, each try bounded by a minute. It never retries 429:
+// throttling surfaces at once as ErrThrottled with the Retry-After the
+// cloud sent, for the reconciler's own token bucket and backoff. Automatic
+// resource-provider registration is off.
+//
+// Errors. Every cloud failure is a *provider.Error with ARM's code, message
+// and status and the SDK's *azcore.ResponseError underneath; the kind comes
+// from the code first, then the status (see codeKinds). A failure to get a
+// token is ErrAuth. A VM id from another subscription or resource group is
+// refused as ErrInvalidSpec, never as NotFound.
+//
+// Credentials. Only the SDK's default chain (azidentity's
+// DefaultAzureCredential: environment, workload identity, managed
+// identity, Azure CLI, ...), or a credential passed with WithCredential.
+// Tokens are never logged, stored or put in an error; the SDK's logging
+// policy redacts the Authorization header, and request bodies (which hold
+// the user data, base64 in customData) are never logged.
+package azure

@@ -1,0 +1,392 @@
+package azure
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"strings"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/arm"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/runtime"
+	"github.com/Azure/azure-sdk-for-go/sdk/azidentity"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
+
+	"github.com/caa-project/caa/pkg/provider"
+)
+
+// ProviderName is the provider's name in the ledger and in errors.
+const ProviderName = "azure"
+
+// The SDK's retry policy: 5xx and timeouts only (never 429, see the
+// package comment), each try bounded.
+var retriedStatuses = []int{http.StatusRequestTimeout, http.StatusInternalServerError,
+	http.StatusBadGateway, http.StatusServiceUnavailable, http.StatusGatewayTimeout}
+
+const (
+	maxRetryDelay = 8 * time.Second
+	tryTimeout    = time.Minute
+)
+
+// Provider creates, finds and deletes peer-pod VMs in one resource group.
+// It is safe for concurrent use.
+type Provider struct {
+	cfg  Config
+	vms  vmAPI
+	nics nicAPI
+	log  *slog.Logger
+}
+
+var _ provider.Provider = (*Provider)(nil)
+
+// Option configures New.
+type Option func(*options)
+
+type options struct {
+	cred   azcore.TokenCredential
+	logger *slog.Logger
+}
+
+// WithCredential replaces the default credential chain, e.g. with a static
+// token in tests. The credential's tokens are never logged or stored.
+func WithCredential(c azcore.TokenCredential) Option { return func(o *options) { o.cred = c } }
+
+// WithLogger sets where the provider logs (default slog.Default()). It
+// logs only failures of best-effort cleanup.
+func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// New returns a provider for cfg. It validates cfg and builds the SDK
+// clients; it makes no call, so bad credentials show on the first
+// operation, as ErrAuth.
+func New(ctx context.Context, cfg Config, opts ...Option) (*Provider, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	o := options{logger: slog.Default()}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	cc, err := cfg.cloudConfig()
+	if err != nil {
+		return nil, fmt.Errorf("azure: %w", err)
+	}
+	cred := o.cred
+	if cred == nil {
+		dac, err := azidentity.NewDefaultAzureCredential(&azidentity.DefaultAzureCredentialOptions{ClientOptions: azcore.ClientOptions{Cloud: cc}})
+		if err != nil {
+			return nil, fmt.Errorf("azure: default credential chain: %w", err)
+		}
+		cred = dac
+	}
+	retries := int32(cfg.MaxRetries)
+	if cfg.MaxRetries < 0 {
+		retries = -1
+	}
+	clientOpts := &arm.ClientOptions{
+		ClientOptions: policy.ClientOptions{
+			Cloud: cc,
+			// Bearer tokens go over plain http only to a loopback endpoint
+			// (Validate refuses any other), i.e. a fake in tests.
+			InsecureAllowCredentialWithHTTP: strings.HasPrefix(strings.ToLower(cfg.Endpoint), "http://"),
+			Retry: policy.RetryOptions{
+				MaxRetries: retries, RetryDelay: cfg.RetryDelay, MaxRetryDelay: maxRetryDelay,
+				TryTimeout: tryTimeout, StatusCodes: retriedStatuses,
+			},
+			Telemetry: policy.TelemetryOptions{ApplicationID: "caa"},
+		},
+		// Registering resource providers is a one-time subscription write
+		// for the operator, not a side effect of a VM call.
+		DisableRPRegistration: true,
+	}
+	vms, err := armcompute.NewVirtualMachinesClient(cfg.SubscriptionID, credential{cred}, clientOpts)
+	if err != nil {
+		return nil, fmt.Errorf("azure: compute client: %w", err)
+	}
+	nics, err := armnetwork.NewInterfacesClient(cfg.SubscriptionID, credential{cred}, clientOpts)
+	if err != nil {
+		return nil, fmt.Errorf("azure: network client: %w", err)
+	}
+	return &Provider{cfg: cfg, vms: vms, nics: nics, log: o.logger}, nil
+}
+
+// Name is "azure".
+func (p *Provider) Name() string { return ProviderName }
+
+var expandInstanceView = &armcompute.VirtualMachinesClientGetOptions{Expand: new(armcompute.InstanceViewTypesInstanceView)}
+
+// Create makes the VM for spec, or returns the one its key already names:
+// a GET of the key's VM name first, then the NIC (an idempotent PUT), then
+// the VM with If-None-Match: *, so that of two racing creates one wins and
+// the other gets ErrConflict. It waits for the operations to finish.
+func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM, error) {
+	if err := spec.Validate(); err != nil {
+		return provider.VM{}, fmt.Errorf("%s %s: %w", ProviderName, opCreate, err)
+	}
+	if n := len(spec.UserData); n > maxCustomData {
+		return provider.VM{}, fmt.Errorf("%s %s: %w: user data is %d bytes, Azure takes at most %d", ProviderName, opCreate, provider.ErrInvalidSpec, n, maxCustomData)
+	}
+	tags, err := p.vmTags(spec)
+	if err != nil {
+		return provider.VM{}, fmt.Errorf("%s %s: %w", ProviderName, opCreate, err)
+	}
+	name := vmName(spec.Key)
+
+	got, err := p.vms.Get(ctx, p.cfg.ResourceGroup, name, expandInstanceView)
+	switch {
+	case err == nil:
+		return p.existing(ctx, spec, got.VirtualMachine)
+	case !missing(err):
+		return provider.VM{}, classify(opCreate, err)
+	}
+
+	nic, err := p.putNIC(ctx, name, tags)
+	if err != nil {
+		return provider.VM{}, err
+	}
+	vm, accepted, err := p.putVM(ctx, name, deref(nic.ID), spec, tags)
+	if err != nil {
+		if errors.Is(err, provider.ErrInvalidSpec) || errors.Is(err, provider.ErrQuota) || errors.Is(err, provider.ErrCapacity) {
+			p.cleanup(ctx, name, accepted)
+		}
+		return provider.VM{}, err
+	}
+	out := toVM(vm, privateIPs(nic))
+	if out.State == provider.StateRunning && powerState(vm) == "" {
+		// Provisioning is done; the guest may still be booting. Get reads
+		// the power state.
+		out.State = provider.StatePending
+	}
+	return out, nil
+}
+
+// existing answers Create for a VM that is already there: the key's own
+// VM is returned; a VM of that name with another key or shape is a
+// conflict, never silently adopted.
+func (p *Provider) existing(ctx context.Context, spec provider.Spec, vm armcompute.VirtualMachine) (provider.VM, error) {
+	out := toVM(vm, nil)
+	if k := out.Tags[provider.TagKey]; k != spec.Key {
+		return provider.VM{}, fmt.Errorf("%s %s: %w: VM %s exists with key %q, not %q", ProviderName, opCreate, provider.ErrConflict, out.Name, k, spec.Key)
+	}
+	if out.InstanceType != spec.InstanceType || out.Image != spec.Image {
+		return provider.VM{}, fmt.Errorf("%s %s: %w: VM %s for key %s has size %s and image %s, the spec asks for %s and %s",
+			ProviderName, opCreate, provider.ErrConflict, out.Name, spec.Key, out.InstanceType, out.Image, spec.InstanceType, spec.Image)
+	}
+	ips, err := p.ipsOf(ctx, opCreate, vm)
+	if err != nil {
+		return provider.VM{}, err
+	}
+	out.IPs = ips
+	return out, nil
+}
+
+func (p *Provider) putNIC(ctx context.Context, vm string, tags map[string]*string) (armnetwork.Interface, error) {
+	poller, err := p.nics.BeginCreateOrUpdate(ctx, p.cfg.ResourceGroup, nicName(vm), p.nicModel(tags), nil)
+	if err != nil {
+		return armnetwork.Interface{}, classify(opCreate, err)
+	}
+	if err := pollUntilDone(ctx, poller, p.cfg.PollInterval); err != nil {
+		return armnetwork.Interface{}, classify(opCreate, err)
+	}
+	res, err := poller.Result(ctx)
+	if err != nil {
+		return armnetwork.Interface{}, classify(opCreate, err)
+	}
+	return res.Interface, nil
+}
+
+// putVM creates the VM and waits for the operation. accepted reports
+// whether ARM took the request, i.e. whether a VM may exist after a failure.
+func (p *Provider) putVM(ctx context.Context, name, nicID string, spec provider.Spec, tags map[string]*string) (vm armcompute.VirtualMachine, accepted bool, err error) {
+	var initial *http.Response
+	poller, err := p.vms.BeginCreateOrUpdate(policy.WithCaptureResponse(ctx, &initial), p.cfg.ResourceGroup, name,
+		p.vmModel(name, nicID, spec, tags), &armcompute.VirtualMachinesClientBeginCreateOrUpdateOptions{IfNoneMatch: new("*")})
+	if err != nil {
+		return vm, false, classify(opCreate, err)
+	}
+	if err := pollUntilDone(ctx, poller, p.cfg.PollInterval); err != nil {
+		return vm, true, classify(opCreate, err)
+	}
+	res, err := poller.Result(ctx)
+	if err == nil {
+		return res.VirtualMachine, true, nil
+	}
+	if missing(err) && initial != nil {
+		// The operation succeeded but the VM cannot be read back yet (ARM
+		// reads are eventually consistent): the accepted PUT's reply
+		// describes it.
+		if raw, perr := runtime.Payload(initial); perr == nil && json.Unmarshal(raw, &vm) == nil && vm.ID != nil {
+			return vm, true, nil
+		}
+	}
+	return vm, true, classify(opCreate, err)
+}
+
+// cleanup removes what a refused create left behind: the VM when Azure kept
+// it in the Failed state, and the NIC. It is best effort: a failure is
+// logged, and a later Create with the same key reuses the NIC anyway.
+func (p *Provider) cleanup(ctx context.Context, name string, accepted bool) {
+	if accepted {
+		got, err := p.vms.Get(ctx, p.cfg.ResourceGroup, name, nil)
+		switch {
+		case err == nil && toVM(got.VirtualMachine, nil).State == provider.StateFailed:
+			if err := p.deleteVM(ctx, opCreate, name); err != nil {
+				p.log.WarnContext(ctx, "azure: could not delete the VM of a failed create", "vm", name, "err", err)
+			}
+		case err != nil && !missing(err):
+			p.log.WarnContext(ctx, "azure: could not read the VM of a failed create", "vm", name, "err", classify(opCreate, err))
+		}
+	}
+	if err := p.deleteNIC(ctx, opCreate, name); err != nil {
+		p.log.WarnContext(ctx, "azure: could not delete the NIC of a failed create", "nic", nicName(name), "err", err)
+	}
+}
+
+// Get returns the VM with its power state (instance view) and the private
+// IP of its primary NIC: two calls. A missing VM is ErrNotFound at once.
+func (p *Provider) Get(ctx context.Context, id string) (provider.VM, error) {
+	name, err := p.nameOf(opGet, id)
+	if err != nil {
+		return provider.VM{}, err
+	}
+	got, err := p.vms.Get(ctx, p.cfg.ResourceGroup, name, expandInstanceView)
+	if err != nil {
+		return provider.VM{}, classify(opGet, err)
+	}
+	ips, err := p.ipsOf(ctx, opGet, got.VirtualMachine)
+	if err != nil {
+		return provider.VM{}, err
+	}
+	return toVM(got.VirtualMachine, ips), nil
+}
+
+// ipsOf reads the private IPs of a VM's primary NIC; a NIC that is gone
+// has none.
+func (p *Provider) ipsOf(ctx context.Context, op string, vm armcompute.VirtualMachine) ([]string, error) {
+	ids := nicIDs(vm)
+	if len(ids) == 0 {
+		return nil, nil
+	}
+	rid, err := arm.ParseResourceID(ids[0])
+	if err != nil {
+		return nil, nil
+	}
+	nic, err := p.nics.Get(ctx, rid.ResourceGroupName, rid.Name, nil)
+	switch {
+	case missing(err):
+		return nil, nil
+	case err != nil:
+		return nil, classify(op, err)
+	}
+	return privateIPs(nic.Interface), nil
+}
+
+// List pages through every VM of the resource group and keeps those tagged
+// for sel, then pages through the group's NICs for their IPs.
+func (p *Provider) List(ctx context.Context, sel provider.Selector) ([]provider.VM, error) {
+	var out []provider.VM
+	var nics [][]string
+	pager := p.vms.NewListPager(p.cfg.ResourceGroup, nil)
+	for pager.More() {
+		page, err := pager.NextPage(ctx)
+		if err != nil {
+			return nil, classify(opList, err)
+		}
+		for _, vm := range page.Value {
+			if vm == nil {
+				continue
+			}
+			if v := toVM(*vm, nil); sel.Matches(v.Tags) {
+				out = append(out, v)
+				nics = append(nics, nicIDs(*vm))
+			}
+		}
+	}
+	if len(out) == 0 {
+		return out, nil
+	}
+	ips := map[string][]string{}
+	nicPager := p.nics.NewListPager(p.cfg.ResourceGroup, nil)
+	for nicPager.More() {
+		page, err := nicPager.NextPage(ctx)
+		if err != nil {
+			return nil, classify(opList, err)
+		}
+		for _, nic := range page.Value {
+			if nic != nil && nic.ID != nil {
+				ips[strings.ToLower(*nic.ID)] = privateIPs(*nic)
+			}
+		}
+	}
+	for i := range out {
+		if len(nics[i]) > 0 {
+			out[i].IPs = ips[strings.ToLower(nics[i][0])]
+		}
+	}
+	return out, nil
+}
+
+// Delete deletes the VM (its OS disk and NIC go with it, by their
+// deleteOption) and then the NIC if it is still there, waiting for each
+// operation. Anything already gone is fine.
+func (p *Provider) Delete(ctx context.Context, id string) error {
+	name, err := p.nameOf(opDelete, id)
+	if err != nil {
+		return err
+	}
+	if err := p.deleteVM(ctx, opDelete, name); err != nil {
+		return err
+	}
+	return p.deleteNIC(ctx, opDelete, name)
+}
+
+func (p *Provider) deleteVM(ctx context.Context, op, name string) error {
+	poller, err := p.vms.BeginDelete(ctx, p.cfg.ResourceGroup, name, nil)
+	if err == nil {
+		if err = pollUntilDone(ctx, poller, p.cfg.PollInterval); err == nil {
+			_, err = poller.Result(ctx)
+		}
+	}
+	if err != nil && !missing(err) {
+		return classify(op, err)
+	}
+	return nil
+}
+
+func (p *Provider) deleteNIC(ctx context.Context, op, vm string) error {
+	poller, err := p.nics.BeginDelete(ctx, p.cfg.ResourceGroup, nicName(vm), nil)
+	if err == nil {
+		if err = pollUntilDone(ctx, poller, p.cfg.PollInterval); err == nil {
+			_, err = poller.Result(ctx)
+		}
+	}
+	if err != nil && !missing(err) {
+		return classify(op, err)
+	}
+	return nil
+}
+
+// nameOf reads the VM name from an ARM id, which must be of a VM in this
+// provider's subscription and resource group. Anything else is refused as
+// ErrInvalidSpec: never ErrNotFound, which would pass for evidence that the
+// VM is gone.
+func (p *Provider) nameOf(op, id string) (string, error) {
+	rid, err := arm.ParseResourceID(id)
+	if err != nil || !strings.EqualFold(rid.ResourceType.String(), "Microsoft.Compute/virtualMachines") {
+		return "", fmt.Errorf("%s %s: %w: %q is not the ARM id of a virtual machine", ProviderName, op, provider.ErrInvalidSpec, id)
+	}
+	if !strings.EqualFold(rid.SubscriptionID, p.cfg.SubscriptionID) || !strings.EqualFold(rid.ResourceGroupName, p.cfg.ResourceGroup) {
+		return "", fmt.Errorf("%s %s: %w: VM %s is in resource group %s of subscription %s; this provider manages resource group %s of subscription %s",
+			ProviderName, op, provider.ErrInvalidSpec, rid.Name, rid.ResourceGroupName, rid.SubscriptionID, p.cfg.ResourceGroup, p.cfg.SubscriptionID)
+	}
+	return rid.Name, nil
+}

@@ -1,0 +1,55 @@
+package armfake
+
+import (
+	"fmt"
+	"net/http"
+	"net/url"
+	"time"
+)
+
+// operation is a long-running operation as its Azure-AsyncOperation URL
+// reports it. The fake's operations are terminal from the start: Succeeded,
+// or Failed with the error ARM would report once the work was tried.
+type operation struct {
+	status  string
+	err     *apiError
+	started time.Time
+}
+
+// accepted answers a PUT or DELETE that started a long-running operation:
+// the status code, an Azure-AsyncOperation header to poll, and the body
+// (nil for none). fail, when set, is how the operation ends.
+func (s *server) accepted(w http.ResponseWriter, r *http.Request, status int, namespace string, body any, fail *apiError) {
+	op := operation{status: "Succeeded", started: time.Now()}
+	if fail != nil {
+		op.status, op.err = "Failed", fail
+	}
+	s.mu.Lock()
+	s.opSeq++
+	id := fmt.Sprintf("%08x-0000-4000-8000-%012x", s.opSeq, s.opSeq)
+	s.ops[id] = op
+	s.mu.Unlock()
+
+	q := url.Values{"api-version": {r.URL.Query().Get("api-version")}}
+	w.Header().Set("Azure-AsyncOperation", fmt.Sprintf("%s/subscriptions/%s/providers/%s/locations/%s/operations/%s?%s",
+		baseURL(r), s.opts.subscription, namespace, s.opts.location, id, q.Encode()))
+	if body == nil {
+		w.WriteHeader(status)
+		return
+	}
+	writeJSON(w, status, body)
+}
+
+func (s *server) getOperation(w http.ResponseWriter, r *http.Request) {
+	id := r.PathValue("id")
+	s.mu.Lock()
+	op, ok := s.ops[id]
+	s.mu.Unlock()
+	if !ok {
+		writeError(w, apiError{http.StatusNotFound, "NotFound", fmt.Sprintf("The operation '%s' was not found.", id), ""})
+		return
+	}
+	writeJSON(w, http.StatusOK, operationStatus{
+		ID: r.URL.Path, Name: id, Status: op.status, StartTime: op.started, EndTime: op.started, Error: op.err,
+	})
+}

@@ -1,0 +1,221 @@
+// Package armfake is a fake Azure Resource Manager for one subscription and
+// one resource group, on top of the shared fake cloud core: enough of
+// Microsoft.Compute/virtualMachines and Microsoft.Network/networkInterfaces,
+// with their long-running operations, that the official Go SDK talks to it
+// unchanged except for the endpoint URL.
+//
+// How it maps onto the core: a VM is a core instance whose Name is the VM
+// name (ARM names are unique in a resource group, so a PUT of a live name is
+// an update, never a second VM); a NIC and an OS disk are core resources, and
+// the ones the VM references with deleteOption Delete die with it. Creation
+// and deletion finish at once: the operation a PUT or DELETE points to is
+// already terminal when first polled, and a new VM boots through its power
+// state (PowerState/starting, then running) rather than its provisioning
+// state. Only allocation failures are reported asynchronously, through a
+// failed operation, as Azure reports them.
+//
+// Every request is counted by the core's Admit: the four provider calls under
+// cloud.OpCreate, OpGet, OpList and OpDelete, the rest under the Op*
+// constants below. The test controls are mounted at cloud.ControlPrefix.
+package armfake
+
+import (
+	"fmt"
+	"net/http"
+	"regexp"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/caa-project/caa/test/mocks/cloud"
+)
+
+// Defaults for the one subscription, resource group and region the fake
+// serves.
+const (
+	DefaultSubscription  = "6a1b2c3d-0000-4000-8000-00000000c0a0"
+	DefaultResourceGroup = "caa-fake-rg"
+	DefaultLocation      = "eastus"
+)
+
+// Counter names of the calls that are not one of the four provider
+// operations.
+const (
+	OpNICCreate = "nic-create"
+	OpNICGet    = "nic-get"
+	OpNICDelete = "nic-delete"
+	OpNICList   = "nic-list"
+	OpOperation = "operation" // polls of a long-running operation
+	OpUnknown   = "unknown"   // requests no route serves
+)
+
+// Option configures the fake.
+type Option func(*options)
+
+type options struct {
+	subscription  string
+	resourceGroup string
+	location      string
+	token         string
+}
+
+// WithSubscription sets the subscription id the fake serves.
+func WithSubscription(id string) Option { return func(o *options) { o.subscription = id } }
+
+// WithResourceGroup sets the resource group the fake serves.
+func WithResourceGroup(name string) Option { return func(o *options) { o.resourceGroup = name } }
+
+// WithLocation sets the region every resource must be created in.
+func WithLocation(loc string) Option { return func(o *options) { o.location = loc } }
+
+// WithBearerToken makes the fake accept only this bearer token (by default
+// any non-empty one).
+func WithBearerToken(token string) Option { return func(o *options) { o.token = token } }
+
+// server is the fake's state beyond the core: what ARM shows of a VM that
+// the core does not model, and the long-running operations.
+type server struct {
+	cloud *cloud.Cloud
+	opts  options
+
+	// writes serialises PUTs and DELETEs, whose checks of side resources
+	// must not interleave.
+	writes sync.Mutex
+
+	mu    sync.Mutex
+	meta  map[string]vmMeta // by core instance id
+	ops   map[string]operation
+	opSeq int
+}
+
+// NewServer returns the fake ARM endpoint over c, with the core's test
+// controls mounted at cloud.ControlPrefix.
+func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
+	o := options{subscription: DefaultSubscription, resourceGroup: DefaultResourceGroup, location: DefaultLocation}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	s := &server{cloud: c, opts: o, meta: map[string]vmMeta{}, ops: map[string]operation{}}
+
+	mux := http.NewServeMux()
+	const group = "/subscriptions/{sub}/resourceGroups/{rg}/providers/"
+	vms := group + "Microsoft.Compute/virtualMachines"
+	nics := group + "Microsoft.Network/networkInterfaces"
+	mux.Handle("PUT "+vms+"/{name}", s.route(cloud.OpCreate, true, s.putVM))
+	mux.Handle("GET "+vms+"/{name}", s.route(cloud.OpGet, false, s.getVM))
+	mux.Handle("DELETE "+vms+"/{name}", s.route(cloud.OpDelete, true, s.deleteVM))
+	mux.Handle("GET "+vms, s.route(cloud.OpList, false, s.listVMs))
+	mux.Handle("PUT "+nics+"/{name}", s.route(OpNICCreate, true, s.putNIC))
+	mux.Handle("GET "+nics+"/{name}", s.route(OpNICGet, false, s.getNIC))
+	mux.Handle("DELETE "+nics+"/{name}", s.route(OpNICDelete, true, s.deleteNIC))
+	mux.Handle("GET "+nics, s.route(OpNICList, false, s.listNICs))
+	mux.Handle("GET /subscriptions/{sub}/providers/{ns}/locations/{loc}/operations/{id}", s.route(OpOperation, false, s.getOperation))
+	mux.Handle(cloud.ControlPrefix, cloud.ControlHandler(c))
+	mux.Handle("/", s.route(OpUnknown, false, func(w http.ResponseWriter, r *http.Request) {
+		writeError(w, apiError{http.StatusNotFound, "InvalidResourceType",
+			fmt.Sprintf("No route serves %s %s in this fake.", r.Method, r.URL.Path), ""})
+	}))
+	return mux
+}
+
+var apiVersionRE = regexp.MustCompile(`^\d{4}-\d{2}-\d{2}(-preview)?$`)
+
+// route admits a request through the core, then applies what ARM checks
+// before any resource provider sees it: the injected fault, the bearer
+// token, the subscription and resource group, and the api-version.
+func (s *server) route(op string, write bool, h http.HandlerFunc) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fault, err := s.cloud.Admit(r.Context(), op, write)
+		if err != nil {
+			return // the client went away during the injected latency
+		}
+		if e, ok := s.authenticate(r); !ok {
+			writeError(w, e)
+			return
+		}
+		switch fault.Kind {
+		case cloud.FaultThrottle:
+			if fault.RetryAfter > 0 {
+				secs := int((fault.RetryAfter + time.Second - 1) / time.Second)
+				w.Header().Set("Retry-After", strconv.Itoa(secs))
+			}
+			writeError(w, apiError{http.StatusTooManyRequests, "TooManyRequests",
+				"The request is being throttled as the limit has been reached for this operation type.", ""})
+			return
+		case cloud.FaultServerError:
+			writeError(w, apiError{http.StatusInternalServerError, "InternalServerError",
+				"An internal execution error occurred. Please retry later.", ""})
+			return
+		case cloud.FaultAuth:
+			writeError(w, apiError{http.StatusForbidden, "AuthorizationFailed",
+				fmt.Sprintf("The client does not have authorization to perform action '%s' over scope '%s' or the scope is invalid.",
+					action(r), r.URL.Path), ""})
+			return
+		}
+		if op == OpUnknown {
+			h(w, r)
+			return
+		}
+		if sub := r.PathValue("sub"); !strings.EqualFold(sub, s.opts.subscription) {
+			writeError(w, apiError{http.StatusNotFound, "SubscriptionNotFound",
+				fmt.Sprintf("The subscription '%s' could not be found.", sub), ""})
+			return
+		}
+		if rg := r.PathValue("rg"); rg != "" && !strings.EqualFold(rg, s.opts.resourceGroup) {
+			writeError(w, apiError{http.StatusNotFound, "ResourceGroupNotFound",
+				fmt.Sprintf("Resource group '%s' could not be found.", rg), ""})
+			return
+		}
+		switch v := r.URL.Query().Get("api-version"); {
+		case v == "":
+			writeError(w, apiError{http.StatusBadRequest, "MissingApiVersionParameter",
+				"The api-version query parameter (?api-version=) is required for all requests.", ""})
+			return
+		case !apiVersionRE.MatchString(v):
+			writeError(w, apiError{http.StatusBadRequest, "InvalidApiVersionParameter",
+				fmt.Sprintf("The api-version '%s' is invalid. The supported versions look like '2024-07-01'.", v), ""})
+			return
+		}
+		h(w, r)
+	})
+}
+
+// authenticate checks the bearer token: present always, equal to the
+// configured one when there is one. The token is never echoed.
+func (s *server) authenticate(r *http.Request) (apiError, bool) {
+	h := r.Header.Get("Authorization")
+	if h == "" {
+		return apiError{http.StatusUnauthorized, "AuthenticationFailed",
+			"Authentication failed. The 'Authorization' header is missing.", ""}, false
+	}
+	token, ok := strings.CutPrefix(h, "Bearer ")
+	if !ok || token == "" || (s.opts.token != "" && token != s.opts.token) {
+		return apiError{http.StatusUnauthorized, "InvalidAuthenticationToken",
+			"The access token is invalid.", ""}, false
+	}
+	return apiError{}, true
+}
+
+// action names the RBAC action a request needs, for AuthorizationFailed.
+func action(r *http.Request) string {
+	verb := map[string]string{http.MethodPut: "write", http.MethodDelete: "delete"}[r.Method]
+	if verb == "" {
+		verb = "read"
+	}
+	typ := "Microsoft.Compute/virtualMachines"
+	if strings.Contains(r.URL.Path, "/networkInterfaces") {
+		typ = "Microsoft.Network/networkInterfaces"
+	}
+	return typ + "/" + verb
+}
+
+// baseURL is the scheme and host the client reached the fake at, for the
+// absolute URLs ARM hands out (nextLink, Azure-AsyncOperation).
+func baseURL(r *http.Request) string {
+	scheme := "http"
+	if r.TLS != nil {
+		scheme = "https"
+	}
+	return scheme + "://" + r.Host
+}
