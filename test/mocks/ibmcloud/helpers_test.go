@@ -127,7 +127,7 @@ func prototype(name string, tags ...string) map[string]any {
 		},
 		"boot_volume_attachment": map[string]any{
 			"delete_volume_on_instance_delete": true,
-			"volume": map[string]any{"profile": map[string]any{"name": "general-purpose"}, "user_tags": tags},
+			"volume":                           map[string]any{"profile": map[string]any{"name": "general-purpose"}, "user_tags": tags},
 		},
 		"user_data": "#cloud-config\n",
 	}
