@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 
 	"github.com/caa-project/caa/pkg/provider"
 )
@@ -37,7 +38,7 @@ const (
 // result follows VPC's name rule: at most 63 of [a-z0-9-], starting with a
 // letter and ending with a letter or digit.
 func instanceName(spec provider.Spec) string {
-	sum := sha256.Sum256([]byte(spec.Cluster + "\x00" + spec.Key))
+	sum := sha256.Sum256(fmt.Appendf(nil, "%d:%s%d:%s", len(spec.Cluster), spec.Cluster, len(spec.Key), spec.Key))
 	hash := hex.EncodeToString(sum[:])[:nameHashLen]
 	if frag := nameFragment(spec.PodName); frag != "" {
 		return "caa-" + frag + "-" + hash
@@ -189,8 +190,9 @@ func escape(s string) string {
 	return b.String()
 }
 
-// unescapeOr undoes escape, or returns s unchanged when s is not an escaped
-// string (a tag someone else wrote).
+// unescapeOr undoes escape, or returns s unchanged when s is not what
+// escape writes (a tag someone else wrote, like "cost_center"): the
+// decoded text must be UTF-8 and escape back to exactly s.
 func unescapeOr(s string) string {
 	if !strings.Contains(s, "_") {
 		return s
@@ -205,11 +207,14 @@ func unescapeOr(s string) string {
 			return s
 		}
 		v, err := strconv.ParseUint(s[i+1:i+3], 16, 8)
-		if err != nil || strings.ToLower(s[i+1:i+3]) != s[i+1:i+3] {
+		if err != nil {
 			return s
 		}
 		out = append(out, byte(v))
 		i += 2
+	}
+	if !utf8.Valid(out) || escape(string(out)) != s {
+		return s
 	}
 	return string(out)
 }
