@@ -163,3 +163,27 @@ func TestCredentialsComeFromTheDefaultChain(t *testing.T) {
 		assert.NoError(t, err)
 	})
 }
+
+func TestLargePagesCostOneCallEach(t *testing.T) {
+	ctx := context.Background()
+	opts := suiteOptions()
+	opts.PageSize = 50
+	f := newFakeEC2(t, opts, nil)
+	sel := provider.Selector{Cluster: conformance.Cluster, Node: "node-big"}
+	for i := range 500 {
+		s := conformance.Spec(i, sel.Node)
+		_, err := f.cloud.Create(cloud.CreateRequest{Token: s.Key, Tags: s.Tags(), InstanceType: s.InstanceType, Image: s.Image})
+		require.NoError(t, err)
+	}
+	f.cloud.ResetCounters()
+	const lists = 10
+	for range lists {
+		vms, err := f.provider.List(ctx, sel)
+		require.NoError(t, err)
+		require.Len(t, vms, 500)
+	}
+	// Without detachedBody the SDK sometimes loses a connection in the
+	// middle of a large reply and sends the call again.
+	assert.Equal(t, int64(lists*10), f.cloud.Counters()[cloud.OpList], "ten pages a listing, no call sent twice")
+	assert.NotContains(t, f.logs.String(), "retrying")
+}

@@ -1,10 +1,13 @@
 package aws
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"time"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
@@ -34,6 +37,7 @@ func newClient(ctx context.Context, cfg Config) (*ec2.Client, error) {
 		if cfg.Endpoint != "" {
 			o.BaseEndpoint = awssdk.String(cfg.Endpoint)
 		}
+		o.HTTPClient = detachedBody{next: o.HTTPClient}
 		o.Retryer = newRetryer(attempts, backoff)
 		// The retryer above decides; AWS_MAX_ATTEMPTS must not wrap it.
 		o.RetryMaxAttempts = 0
@@ -78,4 +82,26 @@ func (s sdkLogger) Logf(c logging.Classification, format string, v ...any) {
 		level = slog.LevelWarn
 	}
 	s.l.Log(context.Background(), level, fmt.Sprintf(format, v...), "provider", Name)
+}
+
+// detachedBody hands the transport its own copy of each request body.
+// smithy-go closes the body it built as soon as the response headers
+// arrive, while net/http may still be reading it to check its length; the
+// transport then drops the connection in the middle of the response and the
+// SDK retries the call (aws/aws-sdk-go-v2#2737). EC2 Query bodies are small
+// forms, so the copy is cheap.
+type detachedBody struct{ next ec2.HTTPClient }
+
+func (d detachedBody) Do(req *http.Request) (*http.Response, error) {
+	if req.Body == nil || req.Body == http.NoBody {
+		return d.next.Do(req)
+	}
+	body, err := io.ReadAll(req.Body)
+	if err != nil {
+		return nil, fmt.Errorf("aws: read the request body: %w", err)
+	}
+	own := req.Clone(req.Context())
+	own.Body = io.NopCloser(bytes.NewReader(body))
+	own.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	return d.next.Do(own)
 }
