@@ -70,7 +70,7 @@ func testConfig(endpoint string) azure.Config {
 // newHarness wires a provider to a fresh fake ARM over a cloud made with
 // opts. Tests (not benchmarks) capture the SDK's log, which is global, so
 // tests in this package do not run in parallel.
-func newHarness(t testing.TB, opts cloud.Options, cred azcore.TokenCredential) conformance.Harness {
+func newHarness(t testing.TB, opts cloud.Options, cred azcore.TokenCredential) (conformance.Harness, string) {
 	t.Helper()
 	c := cloud.New(opts)
 	srv := httptest.NewServer(armfake.NewServer(c, armfake.WithBearerToken(testToken)))
@@ -84,11 +84,12 @@ func newHarness(t testing.TB, opts cloud.Options, cred azcore.TokenCredential) c
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	p, err := azure.New(context.Background(), testConfig(srv.URL), azure.WithCredential(cred), azure.WithLogger(logger))
 	require.NoError(t, err)
-	return conformance.Harness{Provider: p, Cloud: c, Logs: logs.String, Secrets: []string{testToken}}
+	return conformance.Harness{Provider: p, Cloud: c, Logs: logs.String, Secrets: []string{testToken}}, srv.URL
 }
 
 func factory(t testing.TB, opts cloud.Options) conformance.Harness {
-	return newHarness(t, opts, staticToken(testToken))
+	h, _ := newHarness(t, opts, staticToken(testToken))
+	return h
 }
 
 func TestConformance(t *testing.T) { conformance.Run(t, factory) }

@@ -1,0 +1,311 @@
+package azure_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/arm"
+	azcloud "github.com/Azure/azure-sdk-for-go/sdk/azcore/cloud"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
+	"github.com/Azure/azure-sdk-for-go/sdk/azcore/runtime"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/pkg/provider/azure"
+	"github.com/caa-project/caa/test/conformance"
+	armfake "github.com/caa-project/caa/test/mocks/azure"
+	"github.com/caa-project/caa/test/mocks/cloud"
+)
+
+const vmIDPrefix = "/subscriptions/" + armfake.DefaultSubscription + "/resourceGroups/" + armfake.DefaultResourceGroup +
+	"/providers/Microsoft.Compute/virtualMachines/"
+
+// env is one provider on one fake, with the suite's cloud options and a
+// clock that stands still.
+type env struct {
+	conformance.Harness
+	ctx context.Context
+	url string
+}
+
+func newEnv(t *testing.T) env {
+	t.Helper()
+	opts := conformance.Options(&conformance.Clock{})
+	now := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
+	opts.Now = func() time.Time { return now }
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	h, url := newHarness(t, opts, staticToken(testToken))
+	return env{Harness: h, ctx: ctx, url: url}
+}
+
+func TestCreateSendsTheSpec(t *testing.T) {
+	e := newEnv(t)
+	e.Cloud.SetFaults(cloud.Faults{BootDelay: time.Minute})
+	spec := conformance.Spec(1, "node-a")
+	vm, err := e.Provider.Create(e.ctx, spec)
+	require.NoError(t, err)
+
+	live := e.Cloud.Live()
+	require.Len(t, live, 1)
+	in := live[0]
+	assert.True(t, strings.HasPrefix(vm.Name, "caa-uid-0001-a1-"), "readable name: %s", vm.Name)
+	assert.Equal(t, vmIDPrefix+vm.Name, vm.ID)
+	assert.Equal(t, vm.Name, in.Name)
+	// The core's views strip user data (Instance.UserData is always nil
+	// outside the core), so its length is what can be checked here.
+	assert.Equal(t, len(spec.UserData), in.UserDataLen, "user data reaches the VM through customData")
+	assert.Equal(t, spec.Image, in.Image)
+	assert.Equal(t, spec.InstanceType, in.InstanceType)
+	assert.Equal(t, provider.StatePending, vm.State)
+	assert.Equal(t, armfake.DefaultLocation, vm.Zone)
+	assert.Equal(t, "peerpods", vm.Tags["team"], "configured extra tags")
+	assert.Equal(t, "cc-42", vm.Tags["cost-center"], "spec extra tags")
+
+	res := e.Cloud.Resources("")
+	require.Len(t, res, 2, "a NIC and an OS disk")
+	for _, r := range res {
+		assert.Equal(t, in.ID, r.Owner, "%s is attached", r.Name)
+		assert.Contains(t, []string{vm.Name + "-nic", vm.Name + "-osdisk"}, r.Name)
+		assert.Equal(t, spec.PodUID, r.Tags[provider.TagPodUID], "%s is tagged", r.Name)
+	}
+}
+
+func TestCreateRefusesAVMOfAnotherKey(t *testing.T) {
+	e := newEnv(t)
+	spec := conformance.Spec(2, "node-a")
+	vm, err := e.Provider.Create(e.ctx, spec)
+	require.NoError(t, err)
+	require.NoError(t, e.Provider.Delete(e.ctx, vm.ID))
+	// Someone else's VM now has the name.
+	_, err = e.Cloud.Create(cloud.CreateRequest{Name: vm.Name, UniqueName: true, Tags: map[string]string{provider.TagKey: "other"},
+		InstanceType: spec.InstanceType, Image: spec.Image})
+	require.NoError(t, err)
+	created := e.Cloud.Counters()["created"]
+
+	_, err = e.Provider.Create(e.ctx, spec)
+	require.ErrorIs(t, err, provider.ErrConflict)
+	assert.Contains(t, err.Error(), `"other"`)
+	assert.Equal(t, created, e.Cloud.Counters()["created"])
+}
+
+func TestRefusedCreatesLeaveNothing(t *testing.T) {
+	tests := []struct {
+		name   string
+		faults cloud.Faults
+		edit   func(*provider.Spec)
+		kind   error
+		code   string
+		status int
+	}{
+		{"bad image", cloud.Faults{}, func(s *provider.Spec) { s.Image = conformance.ImageBad }, provider.ErrInvalidSpec, "InvalidParameter", 400},
+		{"bad platform image", cloud.Faults{}, func(s *provider.Spec) { s.Image = "Canonical:ubuntu:24_04-lts:latest" }, provider.ErrInvalidSpec, "ImageNotFound", 404},
+		{"bad size", cloud.Faults{}, func(s *provider.Spec) { s.InstanceType = conformance.TypeBad }, provider.ErrInvalidSpec, "InvalidParameter", 400},
+		// Allocation fails in the operation, whose status reply is a 200.
+		{"capacity", cloud.Faults{CapacityFailures: 1}, func(*provider.Spec) {}, provider.ErrCapacity, "AllocationFailed", 200},
+		{"quota", cloud.Faults{QuotaLimit: 1}, func(*provider.Spec) {}, provider.ErrQuota, "OperationNotAllowed", 409},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			e := newEnv(t)
+			if tc.faults.QuotaLimit > 0 {
+				_, err := e.Provider.Create(e.ctx, conformance.Spec(9, "node-a"))
+				require.NoError(t, err)
+			}
+			before := len(e.Cloud.Resources(""))
+			e.Cloud.SetFaults(tc.faults)
+			spec := conformance.Spec(3, "node-a")
+			tc.edit(&spec)
+			_, err := e.Provider.Create(e.ctx, spec)
+			require.ErrorIs(t, err, tc.kind)
+			var pe *provider.Error
+			require.ErrorAs(t, err, &pe)
+			assert.Equal(t, tc.code, pe.Code)
+			assert.Equal(t, tc.status, pe.Status)
+			assert.Equal(t, "create", pe.Op)
+			assert.NotEmpty(t, pe.Message)
+			assert.Len(t, e.Cloud.Resources(""), before, "the NIC made for the refused VM is gone")
+		})
+	}
+}
+
+func TestServerErrorsAreRetriedAFewTimes(t *testing.T) {
+	e := newEnv(t)
+	vm, err := e.Provider.Create(e.ctx, conformance.Spec(4, "node-a"))
+	require.NoError(t, err)
+	e.Cloud.SetFaults(cloud.Faults{ServerErrorRate: 1})
+	e.Cloud.ResetCounters()
+	_, err = e.Provider.Get(e.ctx, vm.ID)
+	require.Error(t, err)
+	assert.False(t, provider.Terminal(err))
+	var pe *provider.Error
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, "InternalServerError", pe.Code)
+	assert.Equal(t, 500, pe.Status)
+	assert.Equal(t, int64(1+azure.DefaultMaxRetries), e.Cloud.Counters()[cloud.OpGet], "one try and the default retries")
+}
+
+func TestThrottlingIsNotRetried(t *testing.T) {
+	e := newEnv(t)
+	e.Cloud.SetFaults(cloud.Faults{ThrottleEvery: 1})
+	_, err := e.Provider.List(e.ctx, provider.Selector{Cluster: conformance.Cluster, Node: "node-a"})
+	require.ErrorIs(t, err, provider.ErrThrottled)
+	_, ok := provider.RetryAfter(err)
+	assert.False(t, ok, "no Retry-After sent, none reported")
+	assert.Equal(t, int64(1), e.Cloud.Counters()[cloud.OpList])
+}
+
+func TestIDsOutsideTheResourceGroupAreRefused(t *testing.T) {
+	e := newEnv(t)
+	for _, id := range []string{
+		"/subscriptions/" + armfake.DefaultSubscription + "/resourceGroups/elsewhere/providers/Microsoft.Compute/virtualMachines/caa-x",
+		"/subscriptions/00000000-0000-0000-0000-000000000001/resourceGroups/" + armfake.DefaultResourceGroup + "/providers/Microsoft.Compute/virtualMachines/caa-x",
+		"/subscriptions/" + armfake.DefaultSubscription + "/resourceGroups/" + armfake.DefaultResourceGroup + "/providers/Microsoft.Network/networkInterfaces/caa-x-nic",
+		"caa-x",
+		"vm-000000000001",
+	} {
+		_, err := e.Provider.Get(e.ctx, id)
+		assert.ErrorIs(t, err, provider.ErrInvalidSpec, "get %s", id)
+		assert.NotErrorIs(t, err, provider.ErrNotFound, "get %s", id)
+		err = e.Provider.Delete(e.ctx, id)
+		assert.ErrorIs(t, err, provider.ErrInvalidSpec, "delete %s", id)
+	}
+	assert.Zero(t, e.Cloud.Counters()["total"], "refused before any call")
+}
+
+func TestGetReadsPowerStateAndIP(t *testing.T) {
+	e := newEnv(t)
+	vm, err := e.Provider.Create(e.ctx, conformance.Spec(5, "node-a"))
+	require.NoError(t, err)
+	in := e.Cloud.Live()[0]
+
+	got, err := e.Provider.Get(e.ctx, vm.ID)
+	require.NoError(t, err)
+	assert.Equal(t, provider.StateRunning, got.State)
+	assert.Equal(t, in.IPs, got.IPs)
+	assert.Equal(t, in.CreatedAt, got.CreatedAt)
+
+	require.NoError(t, e.Cloud.Stop(in.ID))
+	got, err = e.Provider.Get(e.ctx, vm.ID)
+	require.NoError(t, err)
+	assert.Equal(t, provider.StateStopped, got.State)
+
+	require.NoError(t, e.Cloud.Kill(in.ID))
+	_, err = e.Provider.Get(e.ctx, vm.ID)
+	assert.ErrorIs(t, err, provider.ErrNotFound)
+	require.NoError(t, e.Provider.Delete(e.ctx, vm.ID), "deleting a VM killed behind caa's back")
+	assert.Empty(t, e.Cloud.Resources(""))
+}
+
+func TestListJoinsIPsFromOneNICListing(t *testing.T) {
+	e := newEnv(t)
+	want := map[string][]string{}
+	for i := range 3 {
+		vm, err := e.Provider.Create(e.ctx, conformance.Spec(10+i, "node-a"))
+		require.NoError(t, err)
+		want[vm.ID] = nil
+	}
+	for _, in := range e.Cloud.Live() {
+		want[vmIDPrefix+in.Name] = in.IPs
+	}
+	e.Cloud.ResetCounters()
+	vms, err := e.Provider.List(e.ctx, provider.Selector{Cluster: conformance.Cluster, Node: "node-a"})
+	require.NoError(t, err)
+	require.Len(t, vms, 3)
+	for _, vm := range vms {
+		assert.Equal(t, want[vm.ID], vm.IPs, vm.ID)
+		assert.NotEmpty(t, vm.IPs)
+		assert.Equal(t, provider.StateRunning, vm.State)
+	}
+	assert.Equal(t, int64(1), e.Cloud.Counters()[armfake.OpNICList])
+
+	e.Cloud.ResetCounters()
+	none, err := e.Provider.List(e.ctx, provider.Selector{Cluster: conformance.Cluster, Node: "node-z"})
+	require.NoError(t, err)
+	assert.Empty(t, none)
+	assert.Zero(t, e.Cloud.Counters()[armfake.OpNICList], "no NIC listing when no VM matched")
+}
+
+func TestEventuallyConsistentCreateReturnsTheAcceptedVM(t *testing.T) {
+	e := newEnv(t)
+	e.Cloud.SetFaults(cloud.Faults{InvisibleFor: time.Hour})
+	vm, err := e.Provider.Create(e.ctx, conformance.Spec(6, "node-a"))
+	require.NoError(t, err)
+	assert.True(t, strings.HasPrefix(vm.ID, vmIDPrefix))
+	assert.Equal(t, provider.StatePending, vm.State)
+	_, err = e.Provider.Get(e.ctx, vm.ID)
+	assert.ErrorIs(t, err, provider.ErrNotFound, "reported as the cloud shows it")
+}
+
+func TestDeleteRemovesALeftoverNIC(t *testing.T) {
+	e := newEnv(t)
+	vm, err := e.Provider.Create(e.ctx, conformance.Spec(7, "node-a"))
+	require.NoError(t, err)
+	require.NoError(t, e.Provider.Delete(e.ctx, vm.ID))
+	require.Empty(t, e.Cloud.Resources(""))
+
+	// A NIC of that VM's name, as a create that died before its VM leaves.
+	nics := networkClient(t, e)
+	poller, err := nics.BeginCreateOrUpdate(e.ctx, armfake.DefaultResourceGroup, vm.Name+"-nic", armnetwork.Interface{
+		Location: new(armfake.DefaultLocation),
+		Properties: &armnetwork.InterfacePropertiesFormat{IPConfigurations: []*armnetwork.InterfaceIPConfiguration{{
+			Name: new("ipconfig1"), Properties: &armnetwork.InterfaceIPConfigurationPropertiesFormat{Subnet: &armnetwork.Subnet{ID: new(subnetID)}},
+		}}},
+	}, nil)
+	require.NoError(t, err)
+	_, err = poller.PollUntilDone(e.ctx, &runtime.PollUntilDoneOptions{Frequency: time.Millisecond})
+	require.NoError(t, err)
+	require.Len(t, e.Cloud.Resources(""), 1)
+
+	require.NoError(t, e.Provider.Delete(e.ctx, vm.ID))
+	assert.Empty(t, e.Cloud.Resources(""))
+}
+
+// networkClient is a bare SDK client on the harness's fake, for setting
+// up what the provider would not make.
+func networkClient(t *testing.T, e env) *armnetwork.InterfacesClient {
+	t.Helper()
+	c, err := armnetwork.NewInterfacesClient(armfake.DefaultSubscription, staticToken(testToken), &arm.ClientOptions{
+		ClientOptions: policy.ClientOptions{
+			Cloud: azcloud.Configuration{Services: map[azcloud.ServiceName]azcloud.ServiceConfiguration{
+				azcloud.ResourceManager: {Endpoint: e.url, Audience: "https://management.core.windows.net/"},
+			}},
+			InsecureAllowCredentialWithHTTP: true,
+		},
+		DisableRPRegistration: true,
+	})
+	require.NoError(t, err)
+	return c
+}
+
+type failingCredential struct{}
+
+func (failingCredential) GetToken(context.Context, policy.TokenRequestOptions) (azcore.AccessToken, error) {
+	return azcore.AccessToken{}, errors.New("ManagedIdentityCredential: no identity endpoint reachable")
+}
+
+func TestCredentialFailureIsAuth(t *testing.T) {
+	h, _ := newHarness(t, cloud.Options{}, failingCredential{})
+	_, err := h.Provider.Get(context.Background(), vmIDPrefix+"caa-x")
+	require.ErrorIs(t, err, provider.ErrAuth)
+	assert.True(t, provider.Terminal(err))
+	assert.Contains(t, err.Error(), "no identity endpoint")
+	assert.Zero(t, h.Cloud.Counters()["total"], "no request left without a token")
+}
+
+func TestCancelledCallsAreNotClassified(t *testing.T) {
+	e := newEnv(t)
+	e.Cloud.SetFaults(cloud.Faults{Latency: time.Minute})
+	ctx, cancel := context.WithTimeout(e.ctx, 20*time.Millisecond)
+	defer cancel()
+	_, err := e.Provider.Get(ctx, vmIDPrefix+"caa-x")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	var pe *provider.Error
+	assert.False(t, errors.As(err, &pe), "not the cloud's answer: %v", err)
+}
