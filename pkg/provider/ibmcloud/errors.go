@@ -121,7 +121,7 @@ func kindOf(op string, f failure) error {
 			return provider.ErrAuth
 		}
 		return nil
-	case f.status == http.StatusUnauthorized || f.status == http.StatusForbidden || authCodes[f.code]:
+	case authCodes[f.code]:
 		return provider.ErrAuth
 	case quotaCodes[f.code]:
 		return provider.ErrQuota
@@ -129,6 +129,8 @@ func kindOf(op string, f failure) error {
 		return provider.ErrCapacity
 	case conflictCodes[f.code]:
 		return provider.ErrConflict
+	case f.status == http.StatusUnauthorized || f.status == http.StatusForbidden:
+		return provider.ErrAuth
 	case op == opCreate && (specCodes[f.code] || f.status == http.StatusBadRequest || f.status == http.StatusNotFound):
 		// On create, "not_found" names the image, profile or subnet the
 		// prototype refers to, and a 400 is a prototype VPC refused.

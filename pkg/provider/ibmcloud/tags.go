@@ -28,26 +28,27 @@ const (
 	// bits, so that names of distinct keys collide with odds around 1e-12
 	// even at a million VMs.
 	nameHashLen = 20
-	// podFragLen caps the readable pod-name part of the instance name.
-	podFragLen = 30
+	// fragLen caps the readable part of the instance name.
+	fragLen = 30
 )
 
-// instanceName is the VM's name, deterministic in (cluster, key) so that a
-// retried Create finds the VM an earlier one made. The pod-name fragment is
-// for people reading the console; uniqueness comes from the hash. The
-// result follows VPC's name rule: at most 63 of [a-z0-9-], starting with a
-// letter and ending with a letter or digit.
+// instanceName is the VM's name, deterministic in (cluster, key) and in
+// nothing else, so that a retried Create finds the VM an earlier one made.
+// The readable part, from the key, lets people match a VM to its ledger
+// record; uniqueness comes from the hash. The result follows VPC's name
+// rule: at most 63 of [a-z0-9-], starting with a letter, ending with a
+// letter or digit.
 func instanceName(spec provider.Spec) string {
 	sum := sha256.Sum256(fmt.Appendf(nil, "%d:%s%d:%s", len(spec.Cluster), spec.Cluster, len(spec.Key), spec.Key))
 	hash := hex.EncodeToString(sum[:])[:nameHashLen]
-	if frag := nameFragment(spec.PodName); frag != "" {
+	if frag := nameFragment(spec.Key); frag != "" {
 		return "caa-" + frag + "-" + hash
 	}
 	return "caa-" + hash
 }
 
 // nameFragment keeps the letters and digits of s, lower case, with single
-// hyphens for everything else, at most podFragLen long.
+// hyphens for everything else, at most fragLen long.
 func nameFragment(s string) string {
 	var b strings.Builder
 	dash := false
@@ -61,11 +62,11 @@ func nameFragment(s string) string {
 		} else {
 			dash = true
 		}
-		if b.Len() >= podFragLen {
+		if b.Len() >= fragLen {
 			break
 		}
 	}
-	return strings.TrimRight(b.String()[:min(b.Len(), podFragLen)], "-")
+	return strings.TrimRight(b.String()[:min(b.Len(), fragLen)], "-")
 }
 
 // nodeFilterTag is the tag List asks VPC to filter volumes on: the node

@@ -20,15 +20,16 @@ var (
 	ibmTagRE = regexp.MustCompile(`^[A-Za-z0-9 _.:-]+$`)
 )
 
-func spec(cluster, key, podName string) provider.Spec {
-	return provider.Spec{Cluster: cluster, Key: key, PodName: podName}
+func spec(cluster, key string) provider.Spec {
+	return provider.Spec{Cluster: cluster, Key: key, PodName: "p"}
 }
 
 func TestInstanceName(t *testing.T) {
 	tests := []struct {
-		pod  string
+		key  string
 		frag string
 	}{
+		{"3f2a9c1e-77b0-4c1d-9a8e-0d1c2b3a4f5e-a1", "caa-3f2a9c1e-77b0-4c1d-9a8e-0d1c2b-"},
 		{"web-0", "caa-web-0-"},
 		{"My.App_Server--1", "caa-my-app-server-1-"},
 		{"---", "caa-"},
@@ -39,24 +40,27 @@ func TestInstanceName(t *testing.T) {
 		{"pod-ünïcode", "caa-pod-n-code-"},
 	}
 	for _, tc := range tests {
-		t.Run(tc.pod, func(t *testing.T) {
-			name := instanceName(spec("c1", "uid-1-a1", tc.pod))
+		t.Run(tc.key, func(t *testing.T) {
+			name := instanceName(spec("c1", tc.key))
 			assert.True(t, strings.HasPrefix(name, tc.frag), "%s has prefix %s", name, tc.frag)
 			assert.Len(t, strings.TrimPrefix(name, tc.frag), nameHashLen)
 			assert.LessOrEqual(t, len(name), 63)
 			assert.Regexp(t, vpcNameRE, name)
-			assert.Equal(t, name, instanceName(spec("c1", "uid-1-a1", tc.pod)), "deterministic")
+			assert.Equal(t, name, instanceName(spec("c1", tc.key)), "deterministic")
 		})
 	}
-	base := instanceName(spec("c1", "k1", "p"))
-	assert.NotEqual(t, base, instanceName(spec("c1", "k2", "p")), "the key names the VM")
-	assert.NotEqual(t, base, instanceName(spec("c2", "k1", "p")), "and so does the cluster")
-	assert.NotEqual(t, instanceName(spec("a\x00b", "c", "p")), instanceName(spec("a", "b\x00c", "p")), "fields are separated")
+	base := instanceName(spec("c1", "k1"))
+	assert.NotEqual(t, base, instanceName(spec("c1", "k2")), "the key names the VM")
+	assert.NotEqual(t, base, instanceName(spec("c2", "k1")), "and so does the cluster")
+	other := spec("c1", "k1")
+	other.PodName, other.Node, other.InstanceType = "q", "n2", "bx2-8x32"
+	assert.Equal(t, base, instanceName(other), "and nothing else")
+	assert.NotEqual(t, instanceName(spec("a:b", "c")), instanceName(spec("a", "b:c")), "fields are separated")
 }
 
 func TestTagsRoundTrip(t *testing.T) {
 	tests := map[string]map[string]string{
-		"identity": spec("c", "k", "p").Tags(),
+		"identity": spec("c", "k").Tags(),
 		"suite": {
 			provider.TagCluster: "cluster-7f3a", provider.TagNode: "node-a", provider.TagPodUID: "uid-0003",
 			provider.TagPod: "team/pod-3", provider.TagKey: "uid-0003-a1", provider.TagManagedBy: "caa", "cost-center": "cc-42",
