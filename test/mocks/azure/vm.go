@@ -56,6 +56,9 @@ func (s *server) putVM(w http.ResponseWriter, r *http.Request) {
 
 	s.writes.Lock()
 	defer s.writes.Unlock()
+	if in, ok := s.lookup(name); ok {
+		req.Name = in.Name // ARM names are case-insensitive; the core's are not
+	}
 	disk := cloud.Resource{ID: key(meta.osDisk.ManagedDisk.ID), Kind: diskType, Name: meta.osDisk.Name,
 		Tags: body.Tags, Props: map[string]string{"location": meta.location}}
 	_, err := s.cloud.GetResource(disk.ID)
