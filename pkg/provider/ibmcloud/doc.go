@@ -13,10 +13,11 @@
 // is another API and SDK, and its tags are attached after the instance
 // exists, leaving a window where a crash strands an untagged VM.
 //
-// Names. The instance name is "caa-" + up to 30 characters of the
+// Names. The instance name is "caa-" + up to 15 characters of the
 // idempotency key (for people matching a VM to its ledger record) + 80 bits
 // of SHA-256 over (cluster, key): a function of (cluster, key) alone, within
-// VPC's rule (63 of [a-z0-9-], letter first). VPC refuses a second live
+// VPC's rule (63 of [a-z0-9-], letter first) and 40 characters, as the
+// guest's hostname derives from it. VPC refuses a second live
 // instance of the same name in the region (validation_unique_failed), which
 // is the idempotency mechanism: Create first looks the name up
 // (GET /instances?name=, exact match) and adopts what it finds after

@@ -28,8 +28,10 @@ const (
 	// bits, so that names of distinct keys collide with odds around 1e-12
 	// even at a million VMs.
 	nameHashLen = 20
-	// fragLen caps the readable part of the instance name.
-	fragLen = 30
+	// fragLen caps the readable part of the instance name, keeping names
+	// within 40 characters: VPC derives the guest's hostname from the name,
+	// and some images take no longer hostname.
+	fragLen = 15
 )
 
 // instanceName is the VM's name, deterministic in (cluster, key) and in
