@@ -6,12 +6,15 @@
 //     Spec.Key ("caa-" and 40 hex digits of its SHA-256, so any key fits
 //     EC2's 64 ASCII characters). Before launching it looks the instance up
 //     by the client-token filter and the caa-key tag, so a retry after a
-//     crash finds the first launch even past EC2's token memory; a racing
-//     launch with the same token gets the same instance from EC2 itself.
+//     crash finds the first launch with a read rather than a metered write,
+//     even if the configuration changed meanwhile (EC2 answers a replayed
+//     token with other parameters IdempotentParameterMismatch). Racing
+//     launches with one token get the same instance from EC2 itself.
 //   - Tags and names: the instance and its root volume carry spec.Tags()
 //     (identity tags over the extra tags of the spec, over those of the
 //     configuration) and Name = caa-<namespace>-<pod>. Values are cut to
-//     EC2's 256 characters; only caa-pod and Name can be that long. List
+//     EC2's 256 characters, which caa-pod and Name pass for long pod
+//     names. List
 //     selects by tag:caa-cluster, tag:caa-node and tag:caa-managed-by and
 //     follows NextToken to the end, so it needs no ledger.
 //   - Deletion: TerminateInstances; the primary network interface and the

@@ -107,7 +107,7 @@ func decodeToken(token, key string) (string, *apiError) {
 
 // describeInstances lists instances: those named by InstanceId.N (every one
 // must exist, as EC2 insists), or a page of all of them, each filtered.
-func (s *server) describeInstances(_ *http.Request, q query) (any, *apiError) {
+func (s *server) describeInstances(q query) (any, *apiError) {
 	if e := q.check(describeParams...); e != nil {
 		return nil, e
 	}
@@ -202,7 +202,7 @@ var terminateParams = []string{"InstanceId.#"}
 
 // terminateInstances terminates every named instance, or none when one of
 // them does not exist. Terminating a terminated instance is not an error.
-func (s *server) terminateInstances(_ *http.Request, q query) (any, *apiError) {
+func (s *server) terminateInstances(q query) (any, *apiError) {
 	if e := q.check(terminateParams...); e != nil {
 		return nil, e
 	}

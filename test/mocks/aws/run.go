@@ -41,7 +41,7 @@ var runParams = []string{
 
 // runInstances launches one instance with its root volume. A replayed
 // ClientToken returns the instance the first call made.
-func (s *server) runInstances(_ *http.Request, q query) (any, *apiError) {
+func (s *server) runInstances(q query) (any, *apiError) {
 	if e := q.check(runParams...); e != nil {
 		return nil, e
 	}

@@ -91,7 +91,7 @@ func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
 }
 
 // action serves one parsed request and returns the response document.
-type action func(s *server, r *http.Request, q query) (any, *apiError)
+type action func(s *server, q query) (any, *apiError)
 
 var actions = map[string]struct {
 	run   action
@@ -143,7 +143,10 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 
 	fault, err := s.cloud.Admit(r.Context(), counterOp(name, q), act.write)
 	if err != nil {
-		return // the client went away during the injected latency
+		// The client went away during the injected latency; never let
+		// anything read this as a success.
+		s.writeError(w, &apiError{http.StatusServiceUnavailable, "Unavailable", "The request was cancelled."})
+		return
 	}
 	if e := s.authenticate(r, body); e != nil {
 		s.writeError(w, e)
@@ -173,7 +176,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, &apiError{http.StatusBadRequest, "NoSuchVersion", fmt.Sprintf("An unknown API version %q was specified.", v)})
 		return
 	}
-	doc, e := act.run(s, r, q)
+	doc, e := act.run(s, q)
 	if e != nil {
 		s.writeError(w, e)
 		return
