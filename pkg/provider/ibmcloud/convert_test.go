@@ -38,9 +38,9 @@ func TestVMOf(t *testing.T) {
 	ip := func(a string) *vpcv1.ReservedIPReference { return &vpcv1.ReservedIPReference{Address: ptr(a)} }
 	in := &vpcv1.Instance{
 		ID: ptr("0717_abc"), Name: ptr("caa-web-0-1234"), Status: ptr("running"), CreatedAt: &created,
-		Profile: &vpcv1.InstanceProfileReference{Name: ptr("bx2-2x8")},
-		Image:   &vpcv1.ImageReference{ID: ptr("r006-img")},
-		Zone:    &vpcv1.ZoneReference{Name: ptr("us-south-1")},
+		Profile:                  &vpcv1.InstanceProfileReference{Name: ptr("bx2-2x8")},
+		Image:                    &vpcv1.ImageReference{ID: ptr("r006-img")},
+		Zone:                     &vpcv1.ZoneReference{Name: ptr("us-south-1")},
 		PrimaryNetworkAttachment: &vpcv1.InstanceNetworkAttachmentReference{PrimaryIP: ip("10.0.0.5")},
 		NetworkAttachments: []vpcv1.InstanceNetworkAttachmentReference{
 			{PrimaryIP: ip("10.0.0.5")}, {PrimaryIP: ip("10.0.1.9")}, {PrimaryIP: ip("0.0.0.0")}, {},

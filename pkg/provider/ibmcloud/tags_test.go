@@ -120,11 +120,11 @@ func TestTagEncoding(t *testing.T) {
 
 func TestDecodeForeignAndBrokenTags(t *testing.T) {
 	got := decodeUserTags([]string{
-		"env:prod",             // a person's tag
-		"cost_center:x",        // '_' not before hex: not ours, kept as is
-		"standalone",           // no value
-		"team/raw:ns/pod",      // written straight into the fake's core
-		"k_z0:aa", "k_z2:cc",   // piece 1 missing: dropped
+		"env:prod",           // a person's tag
+		"cost_center:x",      // '_' not before hex: not ours, kept as is
+		"standalone",         // no value
+		"team/raw:ns/pod",    // written straight into the fake's core
+		"k_z0:aa", "k_z2:cc", // piece 1 missing: dropped
 		"m_z0:ab", "m_z1:_2f!", // a piece that is not escaped text: kept raw
 	})
 	assert.Equal(t, map[string]string{
