@@ -41,10 +41,10 @@ type Provider struct {
 var _ provider.Provider = (*Provider)(nil)
 
 // New validates cfg, resolves credentials through the chain (see the
-// package comment) and returns a provider. It makes no call: a bad API key
-// shows on the first operation, as ErrAuth. ctx is reserved for that
-// reason. New refuses to run while the IBM SDK logs at debug level, which
-// dumps request bodies, user data included.
+// package comment) and returns a provider. It makes no call, so ctx is
+// unused: a bad API key shows on the first operation, as ErrAuth. New
+// refuses to run while the IBM SDK logs at debug level, which dumps request
+// bodies, user data included.
 func New(_ context.Context, cfg Config) (*Provider, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err

@@ -38,8 +38,8 @@ const (
 // nothing else, so that a retried Create finds the VM an earlier one made.
 // The readable part, from the key, lets people match a VM to its ledger
 // record; uniqueness comes from the hash. The result follows VPC's name
-// rule: at most 63 of [a-z0-9-], starting with a letter, ending with a
-// letter or digit.
+// rule ([a-z0-9-], starting with a letter, ending with a letter or digit)
+// in at most 40 characters.
 func instanceName(spec provider.Spec) string {
 	sum := sha256.Sum256(fmt.Appendf(nil, "%d:%s%d:%s", len(spec.Cluster), spec.Cluster, len(spec.Key), spec.Key))
 	hash := hex.EncodeToString(sum[:])[:nameHashLen]

@@ -121,7 +121,7 @@ func TestTagEncoding(t *testing.T) {
 func TestDecodeForeignAndBrokenTags(t *testing.T) {
 	got := decodeUserTags([]string{
 		"env:prod",           // a person's tag
-		"cost_center:x",      // '_' not before hex: not ours, kept as is
+		"cost_center:x",      // an escape that does not escape back: not ours, kept
 		"standalone",         // no value
 		"team/raw:ns/pod",    // written straight into the fake's core
 		"k_z0:aa", "k_z2:cc", // piece 1 missing: dropped
