@@ -381,7 +381,7 @@ func (c *Cloud) view(in *Instance, now time.Time) Instance {
 	out.Tags = maps.Clone(in.Tags)
 	out.IPs = slices.Clone(in.IPs)
 	out.Resources = slices.Clone(in.Resources)
-	out.userData = nil
+	out.userData = slices.Clone(in.userData)
 	return out
 }
 
