@@ -71,8 +71,10 @@ func TestListPagesAreStableWhileInstancesComeAndGo(t *testing.T) {
 
 func TestCreateHonoursTokensNamesAndLimits(t *testing.T) {
 	c, _ := newTestCloud(Options{Images: []string{"img"}, Types: []string{"small", "large"}})
-	first, err := c.Create(CreateRequest{Token: "k1", Name: "a", InstanceType: "small", Image: "img"})
+	first, err := c.Create(CreateRequest{Token: "k1", Name: "a", InstanceType: "small", Image: "img", UserData: []byte("#cloud-config")})
 	require.NoError(t, err)
+	assert.Equal(t, []byte("#cloud-config"), first.UserData())
+	assert.Equal(t, 13, first.UserDataLen)
 	again, err := c.Create(CreateRequest{Token: "k1", Name: "a", InstanceType: "small", Image: "img"})
 	require.NoError(t, err)
 	assert.Equal(t, first.ID, again.ID)
