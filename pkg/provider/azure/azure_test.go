@@ -3,6 +3,7 @@ package azure_test
 import (
 	"context"
 	"log/slog"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -68,12 +69,16 @@ func testConfig(endpoint string) azure.Config {
 }
 
 // newHarness wires a provider to a fresh fake ARM over a cloud made with
-// opts. Tests (not benchmarks) capture the SDK's log, which is global, so
+// opts, through the wraps (to watch requests). Tests (not benchmarks) capture the SDK's log, which is global, so
 // tests in this package do not run in parallel.
-func newHarness(t testing.TB, opts cloud.Options, cred azcore.TokenCredential) (conformance.Harness, string) {
+func newHarness(t testing.TB, opts cloud.Options, cred azcore.TokenCredential, wraps ...func(http.Handler) http.Handler) (conformance.Harness, string) {
 	t.Helper()
 	c := cloud.New(opts)
-	srv := httptest.NewServer(armfake.NewServer(c, armfake.WithBearerToken(testToken)))
+	h := armfake.NewServer(c, armfake.WithBearerToken(testToken))
+	for _, wrap := range wraps {
+		h = wrap(h)
+	}
+	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 
 	logs := &logBuffer{}

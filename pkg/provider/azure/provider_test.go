@@ -3,7 +3,9 @@ package azure_test
 import (
 	"context"
 	"errors"
+	"net/http"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -75,6 +77,40 @@ func TestCreateSendsTheSpec(t *testing.T) {
 		assert.Contains(t, []string{vm.Name + "-nic", vm.Name + "-osdisk"}, r.Name)
 		assert.Equal(t, spec.PodUID, r.Tags[provider.TagPodUID], "%s is tagged", r.Name)
 	}
+}
+
+func TestCreateOnlyCreates(t *testing.T) {
+	var mu sync.Mutex
+	var ifNoneMatch []string
+	watch := func(next http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if r.Method == http.MethodPut && strings.Contains(r.URL.Path, "/virtualMachines/") {
+				mu.Lock()
+				ifNoneMatch = append(ifNoneMatch, r.Header.Get("If-None-Match"))
+				mu.Unlock()
+			}
+			next.ServeHTTP(w, r)
+		})
+	}
+	h, _ := newHarness(t, conformance.Options(&conformance.Clock{}), staticToken(testToken), watch)
+	ctx := context.Background()
+	spec := conformance.Spec(8, "node-a")
+	vm, err := h.Provider.Create(ctx, spec)
+	require.NoError(t, err)
+	require.NoError(t, h.Provider.Delete(ctx, vm.ID))
+
+	// Another creator's VM for the same key, not readable yet: the GET
+	// misses it, and the PUT must not turn into an update of it.
+	h.Cloud.SetFaults(cloud.Faults{InvisibleFor: time.Hour})
+	_, err = h.Cloud.Create(cloud.CreateRequest{Name: vm.Name, UniqueName: true, Tags: spec.Tags(), InstanceType: spec.InstanceType, Image: spec.Image})
+	require.NoError(t, err)
+	_, err = h.Provider.Create(ctx, spec)
+	require.ErrorIs(t, err, provider.ErrConflict)
+	var pe *provider.Error
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, http.StatusPreconditionFailed, pe.Status)
+	assert.Len(t, h.Cloud.Live(), 1)
+	assert.Equal(t, []string{"*", "*"}, ifNoneMatch)
 }
 
 func TestCreateRefusesAVMOfAnotherKey(t *testing.T) {
