@@ -10,7 +10,8 @@
 // ErrConflict one that carries another key or shape); otherwise it PUTs the
 // NIC "<vm>-nic" (an idempotent PUT) and then the VM with If-None-Match: *,
 // so that two racing creates make one VM and the loser gets ErrConflict
-// (its retry then finds the VM). When ARM refuses the VM for good (invalid
+// (its retry then finds the VM). A VM found by key is returned as it is,
+// Failed included, for the reconciler to replace. When ARM refuses the VM for good (invalid
 // spec, quota, capacity), Create removes the NIC, and the VM too if Azure
 // kept it in the Failed state.
 //

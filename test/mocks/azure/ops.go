@@ -9,7 +9,8 @@ import (
 
 // operation is a long-running operation as its Azure-AsyncOperation URL
 // reports it. The fake's operations are terminal from the start: Succeeded,
-// or Failed with the error ARM would report once the work was tried.
+// or Failed with the error ARM would report once the work was tried. They
+// are kept for the fake's lifetime, so a retried poll finds them.
 type operation struct {
 	status  string
 	err     *apiError
