@@ -1,0 +1,62 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"regexp"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestServesEachCloudAndItsControls(t *testing.T) {
+	for _, name := range []string{"aws", "azure", "ibmcloud"} {
+		t.Run(name, func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			pr, pw := io.Pipe()
+			done := make(chan error, 1)
+			go func() {
+				done <- run(ctx, []string{"--cloud", name, "--latency", "1ms", "--page-size", "7"}, pw)
+				_ = pw.Close()
+			}()
+			line, err := bufio.NewReader(pr).ReadString('\n')
+			require.NoError(t, err)
+			m := regexp.MustCompile(`^cloud=(\S+) endpoint=(http://127\.0\.0\.1:\d+) control=(\S+)\n$`).FindStringSubmatch(line)
+			require.NotNil(t, m, "printed %q", line)
+			assert.Equal(t, name, m[1])
+
+			resp, err := http.Get(m[3] + "faults")
+			require.NoError(t, err)
+			var faults map[string]any
+			require.NoError(t, json.NewDecoder(resp.Body).Decode(&faults))
+			_ = resp.Body.Close()
+			assert.Equal(t, "1ms", faults["latency"], "flags reach the cloud")
+
+			cancel()
+			select {
+			case err := <-done:
+				require.NoError(t, err)
+			case <-time.After(10 * time.Second):
+				t.Fatal("fakecloud did not stop on cancel")
+			}
+		})
+	}
+}
+
+func TestBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"--cloud", "gcp"},
+		{"--page-size", "0"},
+		{"--server-error-rate", "1.5"},
+		{"--latency", "soon"},
+		{"extra"},
+	} {
+		err := run(context.Background(), args, io.Discard)
+		assert.Error(t, err, "%v", args)
+	}
+}
