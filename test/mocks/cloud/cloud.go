@@ -13,7 +13,6 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -132,16 +131,6 @@ type Instance struct {
 
 // UserData is what the instance was created with.
 func (i Instance) UserData() []byte { return slices.Clone(i.userData) }
-
-// Resource is a side object: a NIC, a disk, a boot volume.
-type Resource struct {
-	ID    string            `json:"id"`
-	Kind  string            `json:"kind"`
-	Name  string            `json:"name"`
-	Tags  map[string]string `json:"tags,omitempty"`
-	Owner string            `json:"owner,omitempty"` // instance id using it
-	Props map[string]string `json:"props,omitempty"`
-}
 
 // CreateRequest is a front end's create call, already parsed.
 type CreateRequest struct {
@@ -518,60 +507,4 @@ func (c *Cloud) Instances() []Instance {
 // Live returns the instances that are not terminated.
 func (c *Cloud) Live() []Instance {
 	return slices.DeleteFunc(c.Instances(), func(i Instance) bool { return i.State == provider.StateTerminated })
-}
-
-// PutResource creates or replaces a side resource (idempotent by id).
-func (c *Cloud) PutResource(r Resource) Resource {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if old, ok := c.resources[r.ID]; ok {
-		r.Owner = old.Owner
-	}
-	r.Tags = maps.Clone(r.Tags)
-	r.Props = maps.Clone(r.Props)
-	c.resources[r.ID] = &r
-	return r
-}
-
-// GetResource returns a side resource or ErrResourceNotFound.
-func (c *Cloud) GetResource(id string) (Resource, error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	r, ok := c.resources[id]
-	if !ok {
-		return Resource{}, fmt.Errorf("%w: %s", ErrResourceNotFound, id)
-	}
-	return *r, nil
-}
-
-// DeleteResource removes a side resource; one still attached is
-// ErrResourceInUse, a missing one ErrResourceNotFound.
-func (c *Cloud) DeleteResource(id string) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	r, ok := c.resources[id]
-	if !ok {
-		return fmt.Errorf("%w: %s", ErrResourceNotFound, id)
-	}
-	if r.Owner != "" {
-		if in, ok := c.instances[r.Owner]; ok && in.State != provider.StateTerminated {
-			return fmt.Errorf("%w: %s is attached to %s", ErrResourceInUse, id, r.Owner)
-		}
-	}
-	delete(c.resources, id)
-	return nil
-}
-
-// Resources lists side resources of a kind ("" for all), sorted by id.
-func (c *Cloud) Resources(kind string) []Resource {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var out []Resource
-	for _, r := range c.resources {
-		if kind == "" || r.Kind == kind {
-			out = append(out, *r)
-		}
-	}
-	slices.SortFunc(out, func(a, b Resource) int { return strings.Compare(a.ID, b.ID) })
-	return out
 }
