@@ -12,8 +12,8 @@ import (
 )
 
 var settingEnvs = []string{
-	"CAA_AWS_REGION", "AWS_REGION", "CAA_AWS_SUBNET_ID", "CAA_AWS_SECURITY_GROUP_IDS", "CAA_AWS_DEFAULT_IMAGE",
-	"CAA_AWS_DEFAULT_INSTANCE_TYPE", "CAA_AWS_EXTRA_TAGS", "CAA_AWS_ENDPOINT", "CAA_AWS_MAX_ATTEMPTS", "CAA_AWS_MAX_BACKOFF",
+	"CAA_AWS_REGION", "AWS_REGION", "CAA_AWS_SUBNET_ID", "CAA_AWS_SECURITY_GROUP_IDS", "CAA_AWS_IMAGE",
+	"CAA_AWS_INSTANCE_TYPE", "CAA_AWS_TAGS", "CAA_AWS_ENDPOINT", "CAA_AWS_MAX_ATTEMPTS", "CAA_AWS_MAX_BACKOFF",
 }
 
 // parseFlags clears the settings' environment, applies env, and parses args.
@@ -32,8 +32,8 @@ func parseFlags(t *testing.T, env map[string]string, args ...string) Config {
 func TestFlagsDefaultFromTheEnvironment(t *testing.T) {
 	cfg := parseFlags(t, map[string]string{
 		"CAA_AWS_REGION": "eu-west-1", "AWS_REGION": "us-east-2", "CAA_AWS_SUBNET_ID": testSubnet,
-		"CAA_AWS_SECURITY_GROUP_IDS": "sg-0a1b2c3d, sg-1a2b3c4d", "CAA_AWS_DEFAULT_IMAGE": "ami-0123456789abcdef0",
-		"CAA_AWS_DEFAULT_INSTANCE_TYPE": "t3.small", "CAA_AWS_EXTRA_TAGS": "team=platform, env=prod",
+		"CAA_AWS_SECURITY_GROUP_IDS": "sg-0a1b2c3d, sg-1a2b3c4d", "CAA_AWS_IMAGE": "ami-0123456789abcdef0",
+		"CAA_AWS_INSTANCE_TYPE": "t3.small", "CAA_AWS_TAGS": "team=platform, env=prod",
 		"CAA_AWS_ENDPOINT": "https://ec2.internal.example", "CAA_AWS_MAX_ATTEMPTS": "5", "CAA_AWS_MAX_BACKOFF": "2s",
 	})
 	require.NoError(t, cfg.Validate())
@@ -49,7 +49,7 @@ func TestFlagsDefaultFromTheEnvironment(t *testing.T) {
 func TestFlagsOverrideTheEnvironment(t *testing.T) {
 	cfg := parseFlags(t, map[string]string{"CAA_AWS_REGION": "eu-west-1", "CAA_AWS_MAX_ATTEMPTS": "5"},
 		"--aws-region=ap-south-1", "--aws-subnet-id="+testSubnet, "--aws-security-group-ids=sg-0a1b2c3d",
-		"--aws-extra-tags=a=1", "--aws-max-attempts=2", "--aws-max-backoff=250ms")
+		"--aws-tags=a=1", "--aws-max-attempts=2", "--aws-max-backoff=250ms")
 	assert.Equal(t, "ap-south-1", cfg.Region)
 	assert.Equal(t, []string{"sg-0a1b2c3d"}, cfg.SecurityGroupIDs)
 	assert.Equal(t, map[string]string{"a": "1"}, cfg.ExtraTags)
@@ -70,11 +70,11 @@ func TestRegionFallsBackToAWSRegionAndRetriesHaveDefaults(t *testing.T) {
 func TestMalformedEnvironmentIsReportedByValidate(t *testing.T) {
 	cfg := parseFlags(t, map[string]string{
 		"CAA_AWS_REGION": "eu-west-1", "CAA_AWS_SUBNET_ID": testSubnet,
-		"CAA_AWS_MAX_ATTEMPTS": "three", "CAA_AWS_MAX_BACKOFF": "soon", "CAA_AWS_EXTRA_TAGS": "team",
+		"CAA_AWS_MAX_ATTEMPTS": "three", "CAA_AWS_MAX_BACKOFF": "soon", "CAA_AWS_TAGS": "team",
 	})
 	err := cfg.Validate()
 	require.Error(t, err)
-	for _, want := range []string{`CAA_AWS_MAX_ATTEMPTS="three"`, `CAA_AWS_MAX_BACKOFF="soon"`, `CAA_AWS_EXTRA_TAGS: "team"`} {
+	for _, want := range []string{`CAA_AWS_MAX_ATTEMPTS="three"`, `CAA_AWS_MAX_BACKOFF="soon"`, `CAA_AWS_TAGS: "team"`} {
 		assert.Contains(t, err.Error(), want)
 	}
 }
@@ -93,7 +93,7 @@ func TestValidateNamesTheFlagAndTheVariable(t *testing.T) {
 		{"bad endpoint", func(c *Config) { c.Endpoint = "ec2.local:8080" }, []string{"--aws-endpoint", "CAA_AWS_ENDPOINT"}},
 		{"too many attempts", func(c *Config) { c.MaxAttempts = 50 }, []string{"--aws-max-attempts", "CAA_AWS_MAX_ATTEMPTS"}},
 		{"negative backoff", func(c *Config) { c.MaxBackoff = -time.Second }, []string{"--aws-max-backoff", "CAA_AWS_MAX_BACKOFF"}},
-		{"reserved tag", func(c *Config) { c.ExtraTags = map[string]string{"aws:cloudformation": "x"} }, []string{"--aws-extra-tags", "aws:"}},
+		{"reserved tag", func(c *Config) { c.ExtraTags = map[string]string{"aws:cloudformation": "x"} }, []string{"--aws-tags", "aws:"}},
 		{"caa's own tag", func(c *Config) { c.ExtraTags = map[string]string{"caa-node": "x"} }, []string{"set by caa"}},
 		{"Name tag", func(c *Config) { c.ExtraTags = map[string]string{"Name": "x"} }, []string{"set by caa"}},
 		{"long tag value", func(c *Config) { c.ExtraTags = map[string]string{"k": strings.Repeat("v", 257)} }, []string{"longer than 256"}},
