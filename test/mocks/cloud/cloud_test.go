@@ -208,6 +208,9 @@ func TestControlEndpoint(t *testing.T) {
 	}
 	assert.Equal(t, 200, do("PUT", "faults", `{"latency":"50ms","throttleEvery":4,"retryAfter":"3s"}`))
 	assert.Equal(t, Faults{Latency: 50 * time.Millisecond, ThrottleEvery: 4, RetryAfter: 3 * time.Second}, c.Faults())
+	assert.Equal(t, 200, do("PUT", "faults", `{"bootDelay":"10s"}`))
+	assert.Equal(t, Faults{Latency: 50 * time.Millisecond, ThrottleEvery: 4, RetryAfter: 3 * time.Second, BootDelay: 10 * time.Second},
+		c.Faults(), "knobs left out keep their value")
 	assert.Equal(t, 400, do("PUT", "faults", `{"latency":"fast"}`))
 	assert.Equal(t, 400, do("PUT", "faults", `{"serverErrorRate":2}`))
 	assert.Equal(t, 400, do("PUT", "faults", `{"bogus":1}`))

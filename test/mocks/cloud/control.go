@@ -68,7 +68,7 @@ func fromWire(w faultsWire) (Faults, error) {
 // ControlHandler serves the test controls under ControlPrefix:
 //
 //	GET  faults            current knobs (durations as "50ms")
-//	PUT  faults            replace the knobs; omitted fields are zero
+//	PUT  faults            set the knobs named in the body; others keep their value
 //	POST kill?id=ID        terminate an instance behind the daemon's back
 //	POST stop?id=ID        stop an instance behind the daemon's back
 //	GET  counters          calls by operation, throttled, serverErrors, created, deleted
@@ -82,7 +82,7 @@ func ControlHandler(c *Cloud) http.Handler {
 		writeJSON(w, http.StatusOK, toWire(c.Faults()))
 	})
 	mux.HandleFunc("PUT "+p+"faults", func(w http.ResponseWriter, r *http.Request) {
-		var fw faultsWire
+		fw := toWire(c.Faults()) // fields the body leaves out keep their value
 		dec := json.NewDecoder(r.Body)
 		dec.DisallowUnknownFields()
 		if err := dec.Decode(&fw); err != nil {
