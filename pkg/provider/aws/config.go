@@ -13,6 +13,8 @@ import (
 	"unicode/utf8"
 
 	"github.com/spf13/pflag"
+
+	"github.com/caa-project/caa/pkg/provider"
 )
 
 const (
@@ -90,7 +92,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	}
 	fs.StringVar(&c.Region, setRegion.flag(), region, "EC2 region (env "+setRegion.env()+", then AWS_REGION)")
 	fs.StringVar(&c.SubnetID, setSubnet.flag(), os.Getenv(setSubnet.env()), "subnet of every VM (env "+setSubnet.env()+")")
-	fs.StringSliceVar(&c.SecurityGroupIDs, setGroups.flag(), splitList(os.Getenv(setGroups.env())),
+	fs.StringSliceVar(&c.SecurityGroupIDs, setGroups.flag(), provider.SplitList(os.Getenv(setGroups.env())),
 		"comma-separated security groups of every VM (env "+setGroups.env()+")")
 	fs.StringVar(&c.DefaultImage, setImage.flag(), os.Getenv(setImage.env()), "AMI for pods that name none (env "+setImage.env()+")")
 	fs.StringVar(&c.DefaultInstanceType, setInstanceType.flag(), os.Getenv(setInstanceType.env()),
@@ -103,26 +105,11 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 		"longest wait between attempts (env "+setMaxBackoff.env()+")")
 }
 
-func splitList(s string) []string {
-	var out []string
-	for part := range strings.SplitSeq(s, ",") {
-		if part = strings.TrimSpace(part); part != "" {
-			out = append(out, part)
-		}
-	}
-	return out
-}
-
 func (c *Config) envTags() map[string]string {
-	raw := os.Getenv(setExtraTags.env())
-	tags := map[string]string{}
-	for _, pair := range splitList(raw) {
-		k, v, ok := strings.Cut(pair, "=")
-		if !ok {
-			c.envErrs = append(c.envErrs, fmt.Errorf("aws: %s: %q is not key=value", setExtraTags.env(), pair))
-			continue
-		}
-		tags[strings.TrimSpace(k)] = strings.TrimSpace(v)
+	tags, err := provider.ParseTags(os.Getenv(setExtraTags.env()))
+	if err != nil {
+		c.envErrs = append(c.envErrs, fmt.Errorf("aws: %s: %w", setExtraTags.env(), err))
+		return map[string]string{}
 	}
 	return tags
 }

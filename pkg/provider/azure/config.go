@@ -14,6 +14,8 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/arm"
 	azcloud "github.com/Azure/azure-sdk-for-go/sdk/azcore/cloud"
 	"github.com/spf13/pflag"
+
+	"github.com/caa-project/caa/pkg/provider"
 )
 
 // Defaults of the settings that have one.
@@ -76,7 +78,7 @@ type Config struct {
 // tools' own fallback for the subscription.
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	str := func(p *string, name, def, usage string, envs ...string) {
-		if v := firstEnv(envs...); v != "" {
+		if v := provider.FirstEnv(envs...); v != "" {
 			def = v
 		}
 		fs.StringVar(p, "azure-"+name, def, usage+" (env "+strings.Join(envs, " or ")+")")
@@ -97,7 +99,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	tags := map[string]string{}
 	if v := os.Getenv("CAA_AZURE_TAGS"); v != "" {
 		var err error
-		if tags, err = parseTags(v); err != nil {
+		if tags, err = provider.ParseTags(v); err != nil {
 			c.envErrs = append(c.envErrs, fmt.Errorf("CAA_AZURE_TAGS: %w", err))
 		}
 	}
@@ -127,28 +129,6 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 		}
 	}
 	fs.IntVar(&c.MaxRetries, "azure-max-retries", retries, "retries of a 5xx or network error, negative for none (env CAA_AZURE_MAX_RETRIES)")
-}
-
-func firstEnv(keys ...string) string {
-	for _, k := range keys {
-		if v := os.Getenv(k); v != "" {
-			return v
-		}
-	}
-	return ""
-}
-
-// parseTags reads k=v,k2=v2.
-func parseTags(s string) (map[string]string, error) {
-	out := map[string]string{}
-	for _, kv := range strings.Split(s, ",") {
-		k, v, ok := strings.Cut(kv, "=")
-		if !ok || strings.TrimSpace(k) == "" {
-			return nil, fmt.Errorf("%q is not key=value", kv)
-		}
-		out[strings.TrimSpace(k)] = strings.TrimSpace(v)
-	}
-	return out, nil
 }
 
 var (

@@ -10,6 +10,8 @@ import (
 	"github.com/IBM/go-sdk-core/v5/core"
 	"github.com/IBM/vpc-go-sdk/vpcv1"
 	"github.com/spf13/pflag"
+
+	"github.com/caa-project/caa/pkg/provider"
 )
 
 // Environment variables outside caa's own CAA_IBMCLOUD_* set: the ones the
@@ -63,23 +65,23 @@ type Config struct {
 // AddFlags registers --ibmcloud-* flags on fs, each defaulting to its
 // CAA_IBMCLOUD_* environment variable (the region also to IBMCLOUD_REGION).
 func (c *Config) AddFlags(fs *pflag.FlagSet) {
-	tags, err := parseTags(os.Getenv("CAA_IBMCLOUD_TAGS"))
+	tags, err := provider.ParseTags(os.Getenv("CAA_IBMCLOUD_TAGS"))
 	if err != nil {
 		c.envErr = fmt.Errorf("CAA_IBMCLOUD_TAGS: %w", err)
 	}
-	fs.StringVar(&c.Region, "ibmcloud-region", env("CAA_IBMCLOUD_REGION", EnvRegion), "IBM Cloud region of the VPC API (env CAA_IBMCLOUD_REGION or "+EnvRegion+")")
-	fs.StringVar(&c.Zone, "ibmcloud-zone", env("CAA_IBMCLOUD_ZONE"), "zone of the VMs, e.g. us-south-1 (env CAA_IBMCLOUD_ZONE)")
-	fs.StringVar(&c.VPCID, "ibmcloud-vpc-id", env("CAA_IBMCLOUD_VPC_ID"), "VPC of the VMs (env CAA_IBMCLOUD_VPC_ID)")
-	fs.StringVar(&c.SubnetID, "ibmcloud-subnet-id", env("CAA_IBMCLOUD_SUBNET_ID"), "subnet of the VMs (env CAA_IBMCLOUD_SUBNET_ID)")
-	fs.StringSliceVar(&c.SecurityGroupIDs, "ibmcloud-security-group-ids", list(env("CAA_IBMCLOUD_SECURITY_GROUP_IDS")), "security groups of the VMs, comma separated (env CAA_IBMCLOUD_SECURITY_GROUP_IDS)")
-	fs.StringVar(&c.ResourceGroupID, "ibmcloud-resource-group-id", env("CAA_IBMCLOUD_RESOURCE_GROUP_ID"), "resource group of the VMs (env CAA_IBMCLOUD_RESOURCE_GROUP_ID)")
-	fs.StringVar(&c.Image, "ibmcloud-image", env("CAA_IBMCLOUD_IMAGE"), "default image id (env CAA_IBMCLOUD_IMAGE)")
+	fs.StringVar(&c.Region, "ibmcloud-region", provider.FirstEnv("CAA_IBMCLOUD_REGION", EnvRegion), "IBM Cloud region of the VPC API (env CAA_IBMCLOUD_REGION or "+EnvRegion+")")
+	fs.StringVar(&c.Zone, "ibmcloud-zone", provider.FirstEnv("CAA_IBMCLOUD_ZONE"), "zone of the VMs, e.g. us-south-1 (env CAA_IBMCLOUD_ZONE)")
+	fs.StringVar(&c.VPCID, "ibmcloud-vpc-id", provider.FirstEnv("CAA_IBMCLOUD_VPC_ID"), "VPC of the VMs (env CAA_IBMCLOUD_VPC_ID)")
+	fs.StringVar(&c.SubnetID, "ibmcloud-subnet-id", provider.FirstEnv("CAA_IBMCLOUD_SUBNET_ID"), "subnet of the VMs (env CAA_IBMCLOUD_SUBNET_ID)")
+	fs.StringSliceVar(&c.SecurityGroupIDs, "ibmcloud-security-group-ids", provider.SplitList(provider.FirstEnv("CAA_IBMCLOUD_SECURITY_GROUP_IDS")), "security groups of the VMs, comma separated (env CAA_IBMCLOUD_SECURITY_GROUP_IDS)")
+	fs.StringVar(&c.ResourceGroupID, "ibmcloud-resource-group-id", provider.FirstEnv("CAA_IBMCLOUD_RESOURCE_GROUP_ID"), "resource group of the VMs (env CAA_IBMCLOUD_RESOURCE_GROUP_ID)")
+	fs.StringVar(&c.Image, "ibmcloud-image", provider.FirstEnv("CAA_IBMCLOUD_IMAGE"), "default image id (env CAA_IBMCLOUD_IMAGE)")
 	fs.StringVar(&c.InstanceType, "ibmcloud-instance-type", envOr("CAA_IBMCLOUD_INSTANCE_TYPE", "bx2-2x8"), "default instance profile (env CAA_IBMCLOUD_INSTANCE_TYPE)")
 	fs.StringVar(&c.BootVolumeProfile, "ibmcloud-boot-volume-profile", envOr("CAA_IBMCLOUD_BOOT_VOLUME_PROFILE", "general-purpose"), "storage profile of boot volumes (env CAA_IBMCLOUD_BOOT_VOLUME_PROFILE)")
 	fs.StringToStringVar(&c.Tags, "ibmcloud-tags", tags, "extra tags on every VM, k=v,k2=v2 (env CAA_IBMCLOUD_TAGS)")
-	fs.StringVar(&c.Endpoint, "ibmcloud-endpoint", env("CAA_IBMCLOUD_ENDPOINT"), "VPC API URL, overriding the region's (env CAA_IBMCLOUD_ENDPOINT)")
-	fs.StringVar(&c.IAMEndpoint, "ibmcloud-iam-endpoint", env("CAA_IBMCLOUD_IAM_ENDPOINT"), "IAM token service URL (env CAA_IBMCLOUD_IAM_ENDPOINT)")
-	fs.StringVar(&c.APIKeyFile, "ibmcloud-api-key-file", env("CAA_IBMCLOUD_API_KEY_FILE"), "file holding the API key; else "+EnvAPIKey+", else the IBM SDK's VPC_* settings (env CAA_IBMCLOUD_API_KEY_FILE)")
+	fs.StringVar(&c.Endpoint, "ibmcloud-endpoint", provider.FirstEnv("CAA_IBMCLOUD_ENDPOINT"), "VPC API URL, overriding the region's (env CAA_IBMCLOUD_ENDPOINT)")
+	fs.StringVar(&c.IAMEndpoint, "ibmcloud-iam-endpoint", provider.FirstEnv("CAA_IBMCLOUD_IAM_ENDPOINT"), "IAM token service URL (env CAA_IBMCLOUD_IAM_ENDPOINT)")
+	fs.StringVar(&c.APIKeyFile, "ibmcloud-api-key-file", provider.FirstEnv("CAA_IBMCLOUD_API_KEY_FILE"), "file holding the API key; else "+EnvAPIKey+", else the IBM SDK's VPC_* settings (env CAA_IBMCLOUD_API_KEY_FILE)")
 }
 
 // Validate checks the configuration, naming the flag and variable to fix.
@@ -177,41 +179,9 @@ func (c Config) authenticator() (core.Authenticator, error) {
 	return a, nil
 }
 
-func env(keys ...string) string {
-	for _, k := range keys {
-		if v := os.Getenv(k); v != "" {
-			return v
-		}
-	}
-	return ""
-}
-
 func envOr(key, def string) string {
 	if v := os.Getenv(key); v != "" {
 		return v
 	}
 	return def
-}
-
-func list(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
-}
-
-// parseTags reads "k=v,k2=v2".
-func parseTags(s string) (map[string]string, error) {
-	out := map[string]string{}
-	for _, f := range list(s) {
-		k, v, ok := strings.Cut(f, "=")
-		if !ok || strings.TrimSpace(k) == "" {
-			return nil, fmt.Errorf("%q is not key=value", f)
-		}
-		out[strings.TrimSpace(k)] = strings.TrimSpace(v)
-	}
-	return out, nil
 }

@@ -19,10 +19,10 @@ import (
 	"net/http"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
+	"github.com/caa-project/caa/pkg/provider"
 	ec2fake "github.com/caa-project/caa/test/mocks/aws"
 	armfake "github.com/caa-project/caa/test/mocks/azure"
 	"github.com/caa-project/caa/test/mocks/cloud"
@@ -89,7 +89,7 @@ func parse(args []string, out io.Writer) (config, error) {
 
 // handler builds the cloud core and the front end for c.
 func handler(c config) (*cloud.Cloud, http.Handler) {
-	opts := cloud.Options{PageSize: c.pageSize, Images: splitList(c.images), Types: splitList(c.types), Seed: c.seed}
+	opts := cloud.Options{PageSize: c.pageSize, Images: provider.SplitList(c.images), Types: provider.SplitList(c.types), Seed: c.seed}
 	var core *cloud.Cloud
 	var h http.Handler
 	switch c.cloud {
@@ -136,14 +136,4 @@ func run(ctx context.Context, args []string, out io.Writer) error {
 		slog.Warn("fakecloud shutdown", "err", err)
 	}
 	return nil
-}
-
-func splitList(s string) []string {
-	var out []string
-	for _, f := range strings.Split(s, ",") {
-		if f = strings.TrimSpace(f); f != "" {
-			out = append(out, f)
-		}
-	}
-	return out
 }
