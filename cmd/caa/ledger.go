@@ -68,14 +68,28 @@ func (f *ledgerFlags) open(cmd *cobra.Command) (ledgerapi.Reader, error) {
 	return ledgerapi.Open(cmd.Context(), f.path, f.timeout)
 }
 
+// withReader wraps a subcommand's body: it opens the reader the shared flags
+// name, runs fn and closes the reader.
+func (f *ledgerFlags) withReader(fn func(cmd *cobra.Command, r ledgerapi.Reader, args []string) error) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		r, err := f.open(cmd)
+		if err != nil {
+			return err
+		}
+		defer r.Close()
+		return fn(cmd, r, args)
+	}
+}
+
 func newLedgerLsCommand(f *ledgerFlags) *cobra.Command {
 	var phases []string
+	var filter ledger.Filter
 	cmd := &cobra.Command{
 		Use:   "ls",
 		Short: "List the records: one line per peer pod",
 		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			var filter ledger.Filter
+		// Flags are checked before the ledger is opened.
+		PreRunE: func(*cobra.Command, []string) error {
 			for _, s := range phases {
 				p, err := ledger.ParsePhase(s)
 				if err != nil {
@@ -83,21 +97,18 @@ func newLedgerLsCommand(f *ledgerFlags) *cobra.Command {
 				}
 				filter.Phases = append(filter.Phases, p)
 			}
-			r, err := f.open(cmd)
+			return nil
+		},
+		RunE: f.withReader(func(cmd *cobra.Command, r ledgerapi.Reader, _ []string) error {
+			recs, partial, err := listRecords(cmd, r, filter)
 			if err != nil {
 				return err
 			}
-			defer r.Close()
-			recs, listErr := r.List(cmd.Context(), filter)
-			if listErr != nil && recs == nil {
-				return listErr
-			}
-			sortRecords(recs)
 			if err := writeRecords(cmd.OutOrStdout(), f.output, recs, time.Now()); err != nil {
 				return err
 			}
-			return listErr
-		},
+			return partial
+		}),
 	}
 	cmd.Flags().StringSliceVar(&phases, "phase", nil, "only records in these phases (Creating, Running, Deleting, Failed)")
 	return cmd
@@ -108,12 +119,7 @@ func newLedgerGetCommand(f *ledgerFlags) *cobra.Command {
 		Use:   "get <pod-uid|namespace/name>",
 		Short: "Show one record and its history",
 		Args:  exactArgs(1, "one pod UID or namespace/name"),
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := f.open(cmd)
-			if err != nil {
-				return err
-			}
-			defer r.Close()
+		RunE: f.withReader(func(cmd *cobra.Command, r ledgerapi.Reader, args []string) error {
 			uid, err := resolvePod(cmd, r, args[0])
 			if err != nil {
 				return err
@@ -134,7 +140,7 @@ func newLedgerGetCommand(f *ledgerFlags) *cobra.Command {
 				recPtr = &rec
 			}
 			return writeRecordDetail(cmd.OutOrStdout(), f.output, recPtr, hist, time.Now())
-		},
+		}),
 	}
 }
 
@@ -148,13 +154,9 @@ func newLedgerHistoryCommand(f *ledgerFlags) *cobra.Command {
 			}
 			return nil
 		},
-		RunE: func(cmd *cobra.Command, args []string) error {
-			r, err := f.open(cmd)
-			if err != nil {
-				return err
-			}
-			defer r.Close()
+		RunE: f.withReader(func(cmd *cobra.Command, r ledgerapi.Reader, args []string) error {
 			var hist []ledger.Event
+			var err error
 			if len(args) == 0 {
 				hist, err = r.AllHistory(cmd.Context())
 			} else {
@@ -167,7 +169,7 @@ func newLedgerHistoryCommand(f *ledgerFlags) *cobra.Command {
 				return err
 			}
 			return writeEvents(cmd.OutOrStdout(), f.output, hist, len(args) == 0)
-		},
+		}),
 	}
 }
 
@@ -176,25 +178,19 @@ func newLedgerExportCommand(f *ledgerFlags) *cobra.Command {
 		Use:   "export",
 		Short: "Print every record as JSON lines (stable field names)",
 		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := f.open(cmd)
+		RunE: f.withReader(func(cmd *cobra.Command, r ledgerapi.Reader, _ []string) error {
+			recs, partial, err := listRecords(cmd, r, ledger.Filter{})
 			if err != nil {
 				return err
 			}
-			defer r.Close()
-			recs, listErr := r.List(cmd.Context(), ledger.Filter{})
-			if listErr != nil && recs == nil {
-				return listErr
-			}
-			sortRecords(recs)
 			enc := json.NewEncoder(cmd.OutOrStdout())
 			for _, rec := range recs {
 				if err := enc.Encode(rec); err != nil {
 					return err
 				}
 			}
-			return listErr
-		},
+			return partial
+		}),
 	}
 }
 
@@ -203,12 +199,7 @@ func newLedgerVerifyCommand(f *ledgerFlags) *cobra.Command {
 		Use:   "verify",
 		Short: "Check the file, the index and every record; exit 1 on any problem",
 		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := f.open(cmd)
-			if err != nil {
-				return err
-			}
-			defer r.Close()
+		RunE: f.withReader(func(cmd *cobra.Command, r ledgerapi.Reader, _ []string) error {
 			probs, err := r.Verify(cmd.Context())
 			if err != nil {
 				return err
@@ -220,7 +211,7 @@ func newLedgerVerifyCommand(f *ledgerFlags) *cobra.Command {
 				return exitError{msg: fmt.Sprintf("verify: %d problem(s) in %s", len(probs), r.Source()), code: exitFailure}
 			}
 			return nil
-		},
+		}),
 	}
 }
 
@@ -229,18 +220,13 @@ func newLedgerStatsCommand(f *ledgerFlags) *cobra.Command {
 		Use:   "stats",
 		Short: "Summarise the ledger: owner, schema, records by phase, history, size",
 		Args:  noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			r, err := f.open(cmd)
-			if err != nil {
-				return err
-			}
-			defer r.Close()
+		RunE: f.withReader(func(cmd *cobra.Command, r ledgerapi.Reader, _ []string) error {
 			s, err := r.Stats(cmd.Context())
 			if err != nil {
 				return err
 			}
 			return writeStats(cmd.OutOrStdout(), f.output, s, r.Source())
-		},
+		}),
 	}
 }
 
@@ -285,8 +271,16 @@ func resolvePod(cmd *cobra.Command, r ledgerapi.Reader, arg string) (string, err
 	return "", fmt.Errorf("pod %s matches %d pod UIDs (%s); name one of them", arg, len(uids), strings.Join(uids, ", "))
 }
 
-func sortRecords(recs []ledger.Record) {
+// listRecords returns the matching records sorted by namespace, name and
+// UID. When some records do not decode, the rest come back with partial
+// set, to be reported after they are printed.
+func listRecords(cmd *cobra.Command, r ledgerapi.Reader, f ledger.Filter) (recs []ledger.Record, partial, err error) {
+	recs, err = r.List(cmd.Context(), f)
+	if err != nil && recs == nil {
+		return nil, nil, err
+	}
 	slices.SortFunc(recs, func(a, b ledger.Record) int {
 		return strings.Compare(a.Namespace+"/"+a.Name+"/"+a.PodUID, b.Namespace+"/"+b.Name+"/"+b.PodUID)
 	})
+	return recs, err, nil
 }
