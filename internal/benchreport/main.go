@@ -25,9 +25,12 @@ type target struct {
 	AtMost bool // true: median must be <= Limit; false: >= Limit
 	Limit  float64
 	Bound  string // benchmark whose median (same unit) is the lower bound
-	// MaxRatio, when set, is the target as a multiple of Bound's median.
+	// MaxRatio, when set, is the target as a multiple of the bound.
 	MaxRatio float64
-	Note     string
+	// PerCall, when set, makes the bound the benchmark's own median
+	// calls/op times this latency: calls in sequence can go no faster.
+	PerCall float64
+	Note    string
 }
 
 var targets = []target{
@@ -43,6 +46,24 @@ var targets = []target{
 		What: "durable single put", Bench: "BenchmarkPutDurable", Unit: "ns/op", Bound: "BenchmarkFsyncFloor", MaxRatio: 3,
 		Note: "one fsynced transaction per record; bound: bbolt's two page writes, each followed by fdatasync",
 	},
+}
+
+func init() {
+	// Every provider benchmark at 50 ms per call: the floor is its calls in
+	// sequence times the latency (IBM's List runs two listings side by side,
+	// so its floor is half its calls).
+	for _, cloud := range []string{"AWS", "Azure", "IBMCloud"} {
+		for _, op := range []string{"List1000", "CreateDelete"} {
+			t := target{
+				What: cloud + " " + op + " at 50 ms/call", Bench: "Benchmark" + cloud + "/latency=50ms/" + op,
+				Unit: "ns/op", PerCall: 50e6, Note: "bound: calls/op x 50 ms",
+			}
+			if cloud == "IBMCloud" && op == "List1000" {
+				t.PerCall, t.Note = 25e6, "bound: calls/op x 50 ms / 2, two listings in flight"
+			}
+			targets = append(targets, t)
+		}
+	}
 }
 
 // sample is every value seen for one benchmark and unit.
@@ -156,9 +177,18 @@ func report(w io.Writer, s sample, order []string) (failed int) {
 				failed++
 			}
 		}
-		if bv := s[t.Bound][t.Unit]; len(bv) > 0 {
+		var bv []float64
+		if t.PerCall > 0 {
+			if calls := s[t.Bench]["calls/op"]; len(calls) > 0 {
+				_, c, _ := stats(calls)
+				bv = []float64{c * t.PerCall}
+			}
+		} else {
+			bv = s[t.Bound][t.Unit]
+		}
+		if len(bv) > 0 {
 			_, bmed, _ := stats(bv)
-			bound = num(bmed) + " " + t.Unit
+			bound = withUnit(bmed, t.Unit)
 			ratio = fmt.Sprintf("%.2fx", med/bmed)
 			if t.MaxRatio > 0 {
 				goal, result = fmt.Sprintf("<= %.2gx bound", t.MaxRatio), "pass"
@@ -168,9 +198,17 @@ func report(w io.Writer, s sample, order []string) (failed int) {
 				}
 			}
 		}
-		fmt.Fprintf(w, "| %s (%s) | %s %s | %s | %s | %s | %s |\n", t.What, t.Note, num(med), t.Unit, goal, bound, ratio, result)
+		fmt.Fprintf(w, "| %s (%s) | %s | %s | %s | %s | %s |\n", t.What, t.Note, withUnit(med, t.Unit), goal, bound, ratio, result)
 	}
 	return failed
+}
+
+// withUnit prints a value with its unit, nanoseconds as milliseconds.
+func withUnit(v float64, unit string) string {
+	if unit == "ns/op" {
+		return num(v/1e6) + " ms/op"
+	}
+	return num(v) + " " + unit
 }
 
 func num(v float64) string {

@@ -38,7 +38,17 @@ func TestReportJudgesTargetsOnTheMedian(t *testing.T) {
 	assert.Contains(t, text, "| OpenScan100k | ms/op | 3 | 150 | 160 | 170 |")
 	assert.Regexp(t, `open \+ full scan.*\| 160 ms/op \| <= 200 ms/op .*\| pass \|`, text)
 	assert.Regexp(t, `batched durable writes.*\| 4000 records/s \| >= 5000 records/s .*\| MISS \|`, text)
-	assert.Regexp(t, `durable single put.*\| 4000000 ns/op \| <= 3x bound \| 1000000 ns/op \| 4.00x \| MISS \|`, text)
+	assert.Regexp(t, `durable single put.*\| 4.00 ms/op \| <= 3x bound \| 1.00 ms/op \| 4.00x \| MISS \|`, text)
+}
+
+func TestPerCallBoundUsesTheBenchmarksOwnCalls(t *testing.T) {
+	s, order, err := parse(strings.NewReader(`BenchmarkAWS/latency=50ms/List1000-2  2  600000000 ns/op  10.00 calls/op
+BenchmarkAWS/latency=50ms/List1000-2  2  620000000 ns/op  10.00 calls/op
+`))
+	require.NoError(t, err)
+	var out bytes.Buffer
+	report(&out, s, order)
+	assert.Contains(t, out.String(), "| AWS List1000 at 50 ms/call (bound: calls/op x 50 ms) | 610 ms/op | - | 500 ms/op | 1.22x | measured |")
 }
 
 func TestStatsMedianOfEvenCount(t *testing.T) {
