@@ -1,0 +1,155 @@
+package reconcile
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/caa-project/caa/pkg/ledger"
+	"github.com/caa-project/caa/pkg/provider"
+)
+
+var (
+	t0  = time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	cfg = Config{
+		Spec:           provider.SpecConfig{DefaultType: "small", DefaultImage: "img", Types: []provider.InstanceType{{Name: "small", VCPUs: 2, MemoryMiB: 4096}}},
+		ConfirmMissing: 30 * time.Second,
+	}
+	pod    = &Pod{UID: "uid-1", Namespace: "ns", Name: "web", RuntimeClass: "kata-remote"}
+	badPod = &Pod{UID: "uid-1", Namespace: "ns", Name: "web", Annotations: map[string]string{provider.AnnotationMachineType: "huge"}}
+)
+
+func rec(phase ledger.Phase, vmID string, attempt int) *ledger.Record {
+	return &ledger.Record{PodUID: "uid-1", Namespace: "ns", Name: "web", Phase: phase, VMID: vmID, Attempt: attempt,
+		Key: Key("uid-1", attempt), Provider: "memory"}
+}
+
+func vm(id string, s provider.State) *provider.VM { return &provider.VM{ID: id, State: s} }
+
+func TestDecide(t *testing.T) {
+	terminal := *pod
+	terminal.Terminal = true
+	tests := []struct {
+		name string
+		in   Input
+		want Action // compared on the fields set in want (see match)
+	}{
+		// DESIGN row 1: no record -> durable intent, then create with key (uid, 1).
+		{"new pod", Input{Pod: pod},
+			Action{Kind: KindCreate, Reason: ReasonNewPod, Attempt: 1, Key: "uid-1-a1", Selection: provider.Selection{InstanceType: "small", Image: "img"}}},
+		{"new pod with a bad annotation fails alone", Input{Pod: badPod},
+			Action{Kind: KindFail, Reason: ReasonInvalidSpec}},
+		// I6: the ledger lost the record, the cloud still has the tagged VM.
+		{"no record, tagged VM alive: adopt", Input{Pod: pod, VM: vm("i-1", provider.StateRunning)},
+			Action{Kind: KindAdopt, Reason: ReasonRebuilt}},
+		{"no record, tagged VM terminated: create", Input{Pod: pod, VM: vm("i-1", provider.StateTerminated)},
+			Action{Kind: KindCreate, Attempt: 1}},
+
+		// DESIGN row 2: record and VM alive -> adopt, no cloud write.
+		{"running and recorded", Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 1), VM: vm("i-1", provider.StateRunning)},
+			Action{Kind: KindNone, Reason: ReasonInSync}},
+		{"booting VM of a creating record: adopt", Input{Pod: pod, Record: rec(ledger.PhaseCreating, "", 1), VM: vm("i-1", provider.StatePending)},
+			Action{Kind: KindAdopt, Reason: ReasonAdopted}},
+
+		// DESIGN row 3: crash mid-create -> same key again.
+		{"creating, VM not found: resume with the same key", Input{Pod: pod, Record: rec(ledger.PhaseCreating, "", 3)},
+			Action{Kind: KindCreate, Reason: ReasonResumeCreate, Attempt: 3, Key: "uid-1-a3"}},
+
+		// DESIGN row 4: confirmed gone or dead -> recreate with attempt+1.
+		{"VM terminated: recreate", Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 1), VM: vm("i-1", provider.StateTerminated)},
+			Action{Kind: KindCreate, Reason: ReasonVMGone, Attempt: 2, Key: "uid-1-a2", Recreate: true}},
+		{"VM failed: recreate", Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 2), VM: vm("i-1", provider.StateFailed)},
+			Action{Kind: KindCreate, Attempt: 3, Recreate: true}},
+		{"VM stopped behind our back: recreate and delete the old one", Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 1), VM: vm("i-1", provider.StateStopped)},
+			Action{Kind: KindCreate, Reason: ReasonVMDead, Attempt: 2, Recreate: true, OldVMID: "i-1"}},
+		// I3: one NotFound proves nothing.
+		{"first NotFound: wait the full confirmation", Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 1), Now: t0},
+			Action{Kind: KindWait, Reason: ReasonVMMissing, RequeueAfter: 30 * time.Second}},
+		{"NotFound not yet confirmed: wait the rest", Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 1), MissingSince: t0, Now: t0.Add(10 * time.Second)},
+			Action{Kind: KindWait, Reason: ReasonVMMissing, RequeueAfter: 20 * time.Second}},
+		{"NotFound confirmed: recreate", Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 1), MissingSince: t0, Now: t0.Add(30 * time.Second)},
+			Action{Kind: KindCreate, Reason: ReasonVMGone, Attempt: 2, Recreate: true}},
+		{"recreate with a spec gone bad: fail", Input{Pod: badPod, Record: rec(ledger.PhaseRunning, "i-1", 1), VM: vm("i-1", provider.StateTerminated)},
+			Action{Kind: KindFail, Reason: ReasonInvalidSpec}},
+		{"VM stopping: wait", Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 1), VM: vm("i-1", provider.StateStopping)},
+			Action{Kind: KindWait, Reason: ReasonVMTransitional}},
+		{"VM state unknown: wait", Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 1), VM: vm("i-1", provider.StateUnknown)},
+			Action{Kind: KindWait, Reason: ReasonVMTransitional}},
+
+		// Failed records: terminal while the spec stays bad, retried once fixed.
+		{"failed and still bad: nothing", Input{Pod: badPod, Record: &ledger.Record{PodUID: "uid-1", Phase: ledger.PhaseFailed, Reason: ReasonInvalidSpec, Attempt: 1}},
+			Action{Kind: KindNone, Reason: ReasonInvalidSpec}},
+		{"failed but fixed: next attempt", Input{Pod: pod, Record: &ledger.Record{PodUID: "uid-1", Phase: ledger.PhaseFailed, Attempt: 1}},
+			Action{Kind: KindCreate, Reason: ReasonSpecFixed, Attempt: 2, Key: "uid-1-a2"}},
+
+		// Records whose pod is gone or terminal, from a synced cache only (I3).
+		{"pod gone: delete", Input{Record: rec(ledger.PhaseRunning, "i-1", 1), VM: vm("i-1", provider.StateRunning), CacheSynced: true},
+			Action{Kind: KindDelete, Reason: ReasonPodGone}},
+		{"pod terminal: delete", Input{Pod: &terminal, Record: rec(ledger.PhaseRunning, "i-1", 1), CacheSynced: true},
+			Action{Kind: KindDelete, Reason: ReasonPodTerminal}},
+		{"pod gone but cache unsynced: never delete", Input{Record: rec(ledger.PhaseRunning, "i-1", 1), VM: vm("i-1", provider.StateRunning)},
+			Action{Kind: KindWait, Reason: ReasonCacheNotSynced}},
+		{"deleting continues even before the cache syncs", Input{Record: rec(ledger.PhaseDeleting, "i-1", 1)},
+			Action{Kind: KindDelete}},
+		{"failed record of a gone pod with no VM: forget", Input{Record: &ledger.Record{PodUID: "uid-1", Phase: ledger.PhaseFailed}, CacheSynced: true},
+			Action{Kind: KindForget}},
+		{"creating record of a gone pod, VM found by tag: delete it", Input{Record: rec(ledger.PhaseCreating, "", 1), VM: vm("i-9", provider.StatePending), CacheSynced: true},
+			Action{Kind: KindDelete}},
+		{"no record, no pod: nothing", Input{CacheSynced: true}, Action{Kind: KindNone}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			if tc.in.Now.IsZero() {
+				tc.in.Now = t0
+			}
+			got := Decide(tc.in, cfg)
+			match(t, tc.want, got)
+		})
+	}
+}
+
+// match compares the fields the table sets; Kind always.
+func match(t *testing.T, want, got Action) {
+	t.Helper()
+	assert.Equal(t, want.Kind, got.Kind, "kind (%s: %s)", got.Reason, got.Message)
+	if want.Reason != "" {
+		assert.Equal(t, want.Reason, got.Reason)
+	}
+	if want.Attempt != 0 {
+		assert.Equal(t, want.Attempt, got.Attempt)
+		assert.Equal(t, Key("uid-1", want.Attempt), got.Key, "the key follows the attempt")
+	}
+	if want.Key != "" {
+		assert.Equal(t, want.Key, got.Key)
+	}
+	if want.Selection != (provider.Selection{}) {
+		assert.Equal(t, want.Selection, got.Selection)
+	}
+	assert.Equal(t, want.Recreate, got.Recreate, "recreate")
+	assert.Equal(t, want.OldVMID, got.OldVMID, "old VM to delete")
+	if want.RequeueAfter != 0 {
+		assert.Equal(t, want.RequeueAfter, got.RequeueAfter)
+	}
+	if got.Kind == KindFail {
+		assert.Contains(t, got.Message, provider.AnnotationMachineType, "a failure names the annotation")
+	}
+}
+
+// TestDecideNeverDeletesOrRecreatesOnOneNotFound sweeps the clock through the
+// confirmation window: before it ends, no create, no delete.
+func TestDecideNeverDeletesOrRecreatesOnOneNotFound(t *testing.T) {
+	in := Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 1), MissingSince: t0, CacheSynced: true}
+	for d := time.Duration(0); d < cfg.ConfirmMissing; d += time.Second {
+		in.Now = t0.Add(d)
+		a := Decide(in, cfg)
+		assert.Equal(t, KindWait, a.Kind, "at %s", d)
+		assert.Positive(t, a.RequeueAfter)
+	}
+}
+
+func TestKeyIsStablePerAttempt(t *testing.T) {
+	assert.Equal(t, Key("u", 1), Key("u", 1))
+	assert.NotEqual(t, Key("u", 1), Key("u", 2))
+	assert.NotEqual(t, Key("u", 1), Key("v", 1))
+}
