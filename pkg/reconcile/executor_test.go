@@ -1,0 +1,261 @@
+package reconcile
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caa-project/caa/pkg/ledger"
+	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/test/mocks/cloud"
+	"github.com/caa-project/caa/test/mocks/memory"
+)
+
+type event struct {
+	warning         bool
+	reason, message string
+}
+
+type events struct {
+	mu  sync.Mutex
+	all []event
+}
+
+func (s *events) Event(_ *Pod, warning bool, reason, message string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.all = append(s.all, event{warning, reason, message})
+}
+
+func (s *events) reasons() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, e := range s.all {
+		out = append(out, e.reason)
+	}
+	return out
+}
+
+type fixture struct {
+	ex     *Executor
+	cloud  *cloud.Cloud
+	ledger *ledger.Ledger
+	events *events
+	ctx    context.Context
+}
+
+func newFixture(t *testing.T, p provider.Provider, c *cloud.Cloud) fixture {
+	t.Helper()
+	l, err := ledger.Open(ledger.Options{Path: filepath.Join(t.TempDir(), "ledger.db"), Node: "n", Cluster: "c", Timeout: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	ev := &events{}
+	return fixture{
+		ex:    &Executor{Ledger: l, Provider: p, Events: ev, Cluster: "c", Node: "n", RetryBase: time.Second},
+		cloud: c, ledger: l, events: ev, ctx: context.Background(),
+	}
+}
+
+// memoryFixture's cloud shows terminated VMs for an hour, as EC2 does, so a
+// kill is positive evidence at once.
+func memoryFixture(t *testing.T) fixture {
+	c := cloud.New(cloud.Options{Images: []string{"img"}, KeepTerminated: time.Hour})
+	return newFixture(t, memory.New(c), c)
+}
+
+// step reads the pod's current state the way a pass would, decides and applies.
+func (f fixture) step(t *testing.T, p *Pod, missingSince time.Time, now time.Time) (Action, Result) {
+	t.Helper()
+	in := Input{Pod: p, CacheSynced: true, Now: now, MissingSince: missingSince}
+	if r, err := f.ledger.Get(p.UID); err == nil {
+		in.Record = &r
+		if r.VMID != "" {
+			if vm, err := f.ex.Provider.Get(f.ctx, r.VMID); err == nil {
+				in.VM = &vm
+			}
+		}
+	}
+	if in.VM == nil {
+		vms, err := f.ex.Provider.List(f.ctx, provider.Selector{Cluster: "c", Node: "n"})
+		require.NoError(t, err)
+		for _, vm := range vms {
+			if vm.Owner().PodUID == p.UID && !vm.State.Gone() {
+				in.VM = &vm
+			}
+		}
+	}
+	a := Decide(in, cfg)
+	res, err := f.ex.Apply(f.ctx, in, a)
+	require.NoError(t, err)
+	return a, res
+}
+
+// checkingProvider asserts, inside every Create, that the ledger already
+// holds the durable intent for that key (invariant I2).
+type checkingProvider struct {
+	provider.Provider
+	t      *testing.T
+	ledger *ledger.Ledger
+	calls  int
+}
+
+func (p *checkingProvider) Create(ctx context.Context, spec provider.Spec) (provider.VM, error) {
+	p.calls++
+	r, err := p.ledger.Get(spec.PodUID)
+	require.NoError(p.t, err, "no record before the cloud create")
+	assert.Equal(p.t, ledger.PhaseCreating, r.Phase)
+	assert.Equal(p.t, spec.Key, r.Key, "the intent names the key the cloud gets")
+	return p.Provider.Create(ctx, spec)
+}
+
+func TestCreateWritesTheIntentFirst(t *testing.T) {
+	c := cloud.New(cloud.Options{Images: []string{"img"}})
+	f := newFixture(t, nil, c)
+	cp := &checkingProvider{Provider: memory.New(c), t: t, ledger: f.ledger}
+	f.ex.Provider = cp
+
+	a, res := f.step(t, pod, time.Time{}, t0)
+	assert.Equal(t, KindCreate, a.Kind)
+	assert.Equal(t, 1, cp.calls)
+	require.NotNil(t, res.Record)
+	assert.Equal(t, ledger.PhaseRunning, res.Record.Phase)
+	assert.Equal(t, c.Live()[0].ID, res.Record.VMID)
+	assert.Equal(t, []string{EventVMCreated}, f.events.reasons())
+
+	// The next look adopts nothing new and writes nothing to the cloud.
+	before := c.Counters()["created"]
+	a, res = f.step(t, pod, time.Time{}, t0)
+	assert.Equal(t, KindNone, a.Kind)
+	assert.Zero(t, res.CloudWrites)
+	assert.Equal(t, before, c.Counters()["created"])
+}
+
+// lostReply makes the VM in the cloud but loses the answer, like a crash
+// between the cloud's create and the ledger's Running write.
+type lostReply struct{ provider.Provider }
+
+func (p lostReply) Create(ctx context.Context, spec provider.Spec) (provider.VM, error) {
+	if _, err := p.Provider.Create(ctx, spec); err != nil {
+		return provider.VM{}, err
+	}
+	return provider.VM{}, errors.New("connection reset")
+}
+
+func TestCreateResumedAfterALostReplyMakesOneVM(t *testing.T) {
+	c := cloud.New(cloud.Options{Images: []string{"img"}})
+	f := newFixture(t, lostReply{memory.New(c)}, c)
+	_, res := f.step(t, pod, time.Time{}, t0)
+	assert.Equal(t, time.Second, res.RequeueAfter.Truncate(time.Second), "retried after the base backoff")
+	require.Equal(t, ledger.PhaseCreating, res.Record.Phase)
+
+	// Restarted: the intent is still Creating with the same key.
+	f.ex.Provider = memory.New(c)
+	a, res := f.step(t, pod, time.Time{}, t0)
+	assert.Contains(t, []Kind{KindAdopt, KindCreate}, a.Kind)
+	assert.Equal(t, ledger.PhaseRunning, res.Record.Phase)
+	assert.Len(t, c.Live(), 1, "one VM per pod (I1)")
+	assert.Equal(t, c.Live()[0].ID, res.Record.VMID)
+}
+
+func TestCloudRefusesTheSpec(t *testing.T) {
+	f := memoryFixture(t)
+	bad := cfg
+	bad.Spec.DefaultImage = "img-unknown"
+	in := Input{Pod: pod, CacheSynced: true, Now: t0}
+	res, err := f.ex.Apply(f.ctx, in, Decide(in, bad))
+	require.NoError(t, err)
+	assert.Equal(t, ledger.PhaseFailed, res.Record.Phase)
+	assert.Equal(t, ReasonInvalidSpec, res.Record.Reason)
+	assert.Empty(t, f.cloud.Live())
+	assert.Equal(t, []string{EventCreateFailed}, f.events.reasons())
+}
+
+func TestThrottlingWaitsAndRaisesNoEvent(t *testing.T) {
+	f := memoryFixture(t)
+	f.cloud.SetFaults(cloud.Faults{ThrottleRate: 0.001, ThrottleWriteOnly: true, RetryAfter: 4 * time.Second})
+	_, res := f.step(t, pod, time.Time{}, t0)
+	assert.GreaterOrEqual(t, res.RequeueAfter, 4*time.Second)
+	assert.Less(t, res.RequeueAfter, 5*time.Second)
+	assert.Equal(t, ledger.PhaseCreating, res.Record.Phase, "the intent stays for the retry")
+	assert.Empty(t, f.events.reasons(), "throttling is caa's to absorb, not the pod's to see")
+}
+
+func TestBadCredentialsStopTheDaemon(t *testing.T) {
+	f := memoryFixture(t)
+	f.cloud.SetFaults(cloud.Faults{DenyAuth: true})
+	in := Input{Pod: pod, CacheSynced: true, Now: t0}
+	_, err := f.ex.Apply(f.ctx, in, Decide(in, cfg))
+	assert.ErrorIs(t, err, ErrDaemon)
+	assert.ErrorIs(t, err, provider.ErrAuth)
+}
+
+func TestRecreateAfterAKillAndAfterAStop(t *testing.T) {
+	f := memoryFixture(t)
+	_, res := f.step(t, pod, time.Time{}, t0)
+	first := res.Record.VMID
+	require.NoError(t, f.cloud.Kill(first))
+
+	a, res := f.step(t, pod, time.Time{}, t0)
+	assert.Equal(t, KindCreate, a.Kind)
+	assert.True(t, a.Recreate)
+	assert.Equal(t, 2, res.Record.Attempt)
+	assert.NotEqual(t, first, res.Record.VMID)
+	second := res.Record.VMID
+
+	require.NoError(t, f.cloud.Stop(second))
+	a, res = f.step(t, pod, time.Time{}, t0)
+	assert.Equal(t, second, a.OldVMID)
+	assert.Equal(t, 3, res.Record.Attempt)
+	assert.Len(t, f.cloud.Live(), 1, "the stopped VM was deleted, not leaked")
+	assert.Equal(t, []string{EventVMCreated, EventVMRecreated, EventVMRecreated}, f.events.reasons())
+}
+
+func TestDeleteOfAGonePod(t *testing.T) {
+	f := memoryFixture(t)
+	_, res := f.step(t, pod, time.Time{}, t0)
+	vmID := res.Record.VMID
+
+	in := Input{Record: res.Record, CacheSynced: true, Now: t0}
+	a := Decide(in, cfg)
+	require.Equal(t, KindDelete, a.Kind)
+	res, err := f.ex.Apply(f.ctx, in, a)
+	require.NoError(t, err)
+	assert.Nil(t, res.Record)
+	assert.Equal(t, 1, res.CloudWrites)
+	assert.Empty(t, f.cloud.Live())
+	_, err = f.ledger.Get(pod.UID)
+	assert.ErrorIs(t, err, ledger.ErrNotFound)
+	hist, err := f.ledger.History(pod.UID)
+	require.NoError(t, err)
+	assert.Equal(t, ledger.PhaseDeleting, hist[len(hist)-2].Record.Phase, "Deleting was durable before the cloud delete")
+	assert.Equal(t, ledger.ActionDeleted, hist[len(hist)-1].Action)
+	assert.Equal(t, vmID, hist[len(hist)-1].Record.VMID)
+}
+
+func TestAdoptRebuildsALostRecord(t *testing.T) {
+	f := memoryFixture(t)
+	spec := provider.Spec{Key: Key(pod.UID, 4), Cluster: "c", Node: "n", PodUID: pod.UID, PodNamespace: "ns", PodName: "web",
+		InstanceType: "small", Image: "img"}
+	vm, err := f.ex.Provider.Create(f.ctx, spec)
+	require.NoError(t, err)
+
+	a, res := f.step(t, pod, time.Time{}, t0)
+	assert.Equal(t, KindAdopt, a.Kind)
+	assert.Equal(t, vm.ID, res.Record.VMID)
+	assert.Equal(t, 4, res.Record.Attempt, "the attempt comes back from the key")
+	assert.Equal(t, spec.Key, res.Record.Key)
+	assert.Equal(t, []string{EventVMAdopted}, f.events.reasons())
+}
+
+func TestAttemptOf(t *testing.T) {
+	assert.Equal(t, 7, AttemptOf(Key("5f1c-uid", 7)))
+	assert.Equal(t, 1, AttemptOf("no-attempt-here"))
+	assert.Equal(t, 1, AttemptOf("x-a0"))
+}
