@@ -1,0 +1,241 @@
+package health
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+
+	"github.com/caa-project/caa/pkg/ledger"
+)
+
+// Pass results, the values of caa_reconcile_passes_total's result label.
+const (
+	ResultConverged = "converged" // ran to the end, nothing pending
+	ResultPending   = "pending"   // ran to the end, some pods still pending
+	ResultError     = "error"     // ended early
+)
+
+// otherLabel stands for every label value past a label's bound.
+const otherLabel = "other"
+
+// durationBuckets span a local ledger write (ms) to a slow cloud create or
+// a startup pass under throttling (minutes).
+var durationBuckets = []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+
+// Metrics are caa's Prometheus metrics, registered on one registry. The
+// pass-level ones are fed by the Status given this Metrics in its Config;
+// cloud calls are fed by ObserveCloudCall. A nil *Metrics accepts every
+// call and records nothing, so tests and tools can go without.
+type Metrics struct {
+	passes         *prometheus.CounterVec
+	passDuration   prometheus.Histogram
+	actions        *prometheus.CounterVec
+	cloudCalls     *prometheus.CounterVec
+	cloudDuration  *prometheus.HistogramVec
+	records        *prometheus.GaugeVec
+	orphansDeleted prometheus.Counter
+	timeToReady    prometheus.Gauge
+	ready          prometheus.Gauge
+	podsPending    prometheus.Gauge
+	podsFailed     prometheus.Gauge
+
+	kinds, ops, results, phases *labelBound
+
+	mu         sync.Mutex
+	phasesSeen map[string]bool // every phase label ever set, to zero the absent
+}
+
+// NewMetrics makes caa's metrics and registers them, with the Go runtime
+// and process collectors, on reg. Registering twice on one registry fails.
+func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
+	if reg == nil {
+		return nil, errors.New("health: metrics need a registry")
+	}
+	m := &Metrics{
+		passes: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "caa_reconcile_passes_total",
+			Help: "Full reconcile passes, by result: converged, pending (ran to the end with pods still pending) or error (ended early).",
+		}, []string{"result"}),
+		passDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "caa_reconcile_pass_duration_seconds",
+			Help:    "How long a full reconcile pass took.",
+			Buckets: durationBuckets,
+		}),
+		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "caa_reconcile_actions_total",
+			Help: "Per-pod decisions taken in full passes, by kind (Create, Adopt, Delete, Wait, Fail, ...).",
+		}, []string{"kind"}),
+		cloudCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "caa_cloud_calls_total",
+			Help: "Calls to the cloud provider, by operation and result (ok, not_found, throttled, auth, ...).",
+		}, []string{"op", "result"}),
+		cloudDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "caa_cloud_call_duration_seconds",
+			Help:    "How long calls to the cloud provider took, by operation.",
+			Buckets: durationBuckets,
+		}, []string{"op"}),
+		records: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "caa_ledger_records",
+			Help: "Ledger records (one per peer pod with a VM or a failure) by phase, as of the last pass.",
+		}, []string{"phase"}),
+		orphansDeleted: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "caa_orphans_deleted_total",
+			Help: "Orphan VMs (tagged for this node, owned by no pod or record) deleted after their grace period.",
+		}),
+		timeToReady: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "caa_time_to_ready_seconds",
+			Help: "Seconds from the daemon's start to its first readiness (startup pass converged); 0 until then.",
+		}),
+		ready: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "caa_ready",
+			Help: "1 when /readyz answers 200, else 0.",
+		}),
+		podsPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "caa_pods_pending",
+			Help: "Desired peer pods without a Running VM recorded, as of the last pass.",
+		}),
+		podsFailed: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "caa_pods_failed",
+			Help: "Peer pods with a terminal per-pod failure (e.g. invalid spec), as of the last pass.",
+		}),
+		kinds:      newLabelBound(16),
+		ops:        newLabelBound(16),
+		results:    newLabelBound(16),
+		phases:     newLabelBound(8),
+		phasesSeen: map[string]bool{},
+	}
+	cs := []prometheus.Collector{
+		m.passes, m.passDuration, m.actions, m.cloudCalls, m.cloudDuration, m.records,
+		m.orphansDeleted, m.timeToReady, m.ready, m.podsPending, m.podsFailed,
+		collectors.NewGoCollector(),
+		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
+	}
+	for _, c := range cs {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("health: register metrics: %w", err)
+		}
+	}
+	// Series that exist from the start, so rate() and dashboards see a 0
+	// rather than nothing before the first event.
+	for _, r := range []string{ResultConverged, ResultPending, ResultError} {
+		m.passes.WithLabelValues(r)
+	}
+	for _, op := range []string{OpCreate, OpGet, OpList, OpDelete} {
+		m.cloudCalls.WithLabelValues(m.ops.value(op), m.results.value(CallOK))
+	}
+	m.setRecords(nil)
+	return m, nil
+}
+
+// ObserveCloudCall counts one call to the cloud and how long it took. op
+// is the provider method (OpCreate, OpGet, ...), result a short word such
+// as CloudResult returns; never a VM id or pod name, which would make a
+// series per pod.
+func (m *Metrics) ObserveCloudCall(op, result string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	op = m.ops.value(op)
+	m.cloudCalls.WithLabelValues(op, m.results.value(result)).Inc()
+	m.cloudDuration.WithLabelValues(op).Observe(d.Seconds())
+}
+
+func (m *Metrics) observePass(p Pass) {
+	if m == nil {
+		return
+	}
+	m.passes.WithLabelValues(p.result()).Inc()
+	m.passDuration.Observe(p.Duration.Seconds())
+	for kind, n := range p.Actions {
+		if n > 0 {
+			m.actions.WithLabelValues(m.kinds.value(kind)).Add(float64(n))
+		}
+	}
+	if p.OrphansDeleted > 0 {
+		m.orphansDeleted.Add(float64(p.OrphansDeleted))
+	}
+}
+
+// setRecords sets the records gauge from counts; every known phase, and
+// every phase set before, that counts lacks is set to 0 rather than left
+// at a stale value.
+func (m *Metrics) setRecords(counts map[ledger.Phase]int) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	next := map[string]float64{}
+	for _, p := range ledger.Phases {
+		next[string(p)] = 0
+	}
+	for seen := range m.phasesSeen {
+		next[seen] = 0
+	}
+	for p, n := range counts {
+		next[m.phases.value(string(p))] += float64(n)
+	}
+	for label, v := range next {
+		m.phasesSeen[label] = true
+		m.records.WithLabelValues(label).Set(v)
+	}
+}
+
+func (m *Metrics) setPods(pending, failed int) {
+	if m == nil {
+		return
+	}
+	m.podsPending.Set(float64(pending))
+	m.podsFailed.Set(float64(failed))
+}
+
+func (m *Metrics) setReady(ready bool) {
+	if m == nil {
+		return
+	}
+	v := 0.0
+	if ready {
+		v = 1
+	}
+	m.ready.Set(v)
+}
+
+func (m *Metrics) setTimeToReady(d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.timeToReady.Set(d.Seconds())
+}
+
+// labelBound lets through the first max distinct values of a label and
+// folds the rest into "other": a guard on series count, whatever callers
+// pass.
+type labelBound struct {
+	mu   sync.Mutex
+	max  int
+	seen map[string]bool
+}
+
+func newLabelBound(maxValues int) *labelBound {
+	return &labelBound{max: maxValues, seen: map[string]bool{}}
+}
+
+func (b *labelBound) value(v string) string {
+	if v == "" {
+		return "unknown"
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.seen[v] {
+		return v
+	}
+	if len(b.seen) >= b.max {
+		return otherLabel
+	}
+	b.seen[v] = true
+	return v
+}

@@ -1,0 +1,97 @@
+package health
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"time"
+)
+
+// DefaultShutdownTimeout bounds a graceful shutdown: probes and scrapes are
+// short, and the daemon's own SIGTERM grace period must cover the ledger's
+// close after this.
+const DefaultShutdownTimeout = 5 * time.Second
+
+// Server is the health endpoint's HTTP server, listening before it serves
+// so that a caller that asked for ":0" can learn the port.
+type Server struct {
+	// ShutdownTimeout bounds the graceful shutdown (default
+	// DefaultShutdownTimeout); past it, open connections are closed.
+	ShutdownTimeout time.Duration
+
+	ln  net.Listener
+	srv *http.Server
+	log *slog.Logger
+}
+
+// Listen opens addr (host:port; port 0 picks one) for h. A nil log
+// discards.
+func Listen(ctx context.Context, addr string, h http.Handler, log *slog.Logger) (*Server, error) {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	var lc net.ListenConfig
+	ln, err := lc.Listen(ctx, "tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("health: listen on %s: %w", addr, err)
+	}
+	srv := &http.Server{
+		Handler: h,
+		// Probes and scrapes are small; tight limits keep a slow or
+		// hostile client from holding connections open.
+		ReadHeaderTimeout: 5 * time.Second,
+		ReadTimeout:       10 * time.Second,
+		WriteTimeout:      30 * time.Second,
+		IdleTimeout:       2 * time.Minute,
+		ErrorLog:          slog.NewLogLogger(log.Handler(), slog.LevelWarn),
+	}
+	return &Server{ShutdownTimeout: DefaultShutdownTimeout, ln: ln, srv: srv, log: log}, nil
+}
+
+// Addr is the address the server listens on, with the port it got.
+func (s *Server) Addr() net.Addr { return s.ln.Addr() }
+
+// Serve serves until ctx is done, then shuts down gracefully within
+// ShutdownTimeout. It returns nil after a clean shutdown; an error when
+// serving failed or the shutdown had to cut connections.
+func (s *Server) Serve(ctx context.Context) error {
+	addr := s.Addr().String()
+	served := make(chan error, 1)
+	go func() { served <- s.srv.Serve(s.ln) }()
+	s.log.Info("health endpoints serving", "addr", addr)
+
+	select {
+	case err := <-served:
+		return fmt.Errorf("health: serve on %s: %w", addr, err)
+	case <-ctx.Done():
+	}
+	timeout := s.ShutdownTimeout
+	if timeout <= 0 {
+		timeout = DefaultShutdownTimeout
+	}
+	// ctx is done already: the shutdown needs a deadline of its own.
+	sctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	err := s.srv.Shutdown(sctx)
+	if serr := <-served; !errors.Is(serr, http.ErrServerClosed) {
+		err = errors.Join(err, serr)
+	}
+	if err != nil {
+		_ = s.srv.Close() // past the bound: cut what is left
+		return fmt.Errorf("health: shut down %s within %s: %w", addr, timeout, err)
+	}
+	s.log.Info("health endpoints stopped", "addr", addr)
+	return nil
+}
+
+// Serve listens on addr and serves h until ctx is done (see Server.Serve).
+func Serve(ctx context.Context, addr string, h http.Handler, log *slog.Logger) error {
+	s, err := Listen(ctx, addr, h, log)
+	if err != nil {
+		return err
+	}
+	return s.Serve(ctx)
+}
