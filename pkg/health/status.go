@@ -265,9 +265,9 @@ func (s *Status) Readiness() Readiness {
 		Blocked:      s.blockedReason(),
 		Converged:    s.converged,
 		Records:      maps.Clone(s.records),
-		Pending:      slices.Clone(s.last.Pending[:min(n, len(s.last.Pending))]),
+		Pending:      listed(s.last.Pending, n),
 		PendingTotal: len(s.last.Pending),
-		Failed:       slices.Clone(s.last.Failed[:min(n, len(s.last.Failed))]),
+		Failed:       listed(s.last.Failed, n),
 		FailedTotal:  len(s.last.Failed),
 	}
 	return r
@@ -299,8 +299,9 @@ type Snapshot struct {
 	TimeToReady Duration  `json:"timeToReady,omitempty"`
 	Passes      int       `json:"passes"`
 	// LastPass is nil before the first pass.
-	LastPass *PassSummary         `json:"lastPass,omitempty"`
-	Records  map[ledger.Phase]int `json:"records"`
+	LastPass *PassSummary `json:"lastPass,omitempty"`
+	// Records is nil until a pass reports them.
+	Records map[ledger.Phase]int `json:"records,omitempty"`
 	// Pending and Failed are complete (not bounded like /readyz).
 	Pending []PodNote `json:"pending"`
 	Failed  []PodNote `json:"failed"`
@@ -329,8 +330,8 @@ func (s *Status) Snapshot() Snapshot {
 		ReadyAt:   s.readyAt,
 		Passes:    s.passes,
 		Records:   maps.Clone(s.records),
-		Pending:   slices.Clone(s.last.Pending),
-		Failed:    slices.Clone(s.last.Failed),
+		Pending:   listed(s.last.Pending, len(s.last.Pending)),
+		Failed:    listed(s.last.Failed, len(s.last.Failed)),
 	}
 	if !s.readyAt.IsZero() {
 		snap.TimeToReady = Duration(s.readyAt.Sub(s.started))
@@ -338,9 +339,10 @@ func (s *Status) Snapshot() Snapshot {
 	if s.passes > 0 {
 		p := s.last
 		snap.LastPass = &PassSummary{
-			At: p.At, Duration: Duration(p.Duration), Actions: maps.Clone(p.Actions),
+			At: p.At, Duration: Duration(p.Duration), Actions: map[string]int{},
 			CloudWrites: p.CloudWrites, OrphansDeleted: p.OrphansDeleted,
 		}
+		maps.Copy(snap.LastPass.Actions, p.Actions)
 		if p.Err != nil {
 			snap.LastPass.Error = p.Err.Error()
 		}
@@ -367,6 +369,11 @@ func (d *Duration) UnmarshalJSON(b []byte) error {
 	}
 	*d = Duration(v)
 	return nil
+}
+
+// listed copies the first n notes; never nil, so JSON shows [] not null.
+func listed(notes []PodNote, n int) []PodNote {
+	return append([]PodNote{}, notes[:min(n, len(notes))]...)
 }
 
 // sortedNotes copies notes in pod order, so bodies are stable
