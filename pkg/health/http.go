@@ -72,6 +72,10 @@ func readinessText(rd Readiness) string {
 	if rd.Blocked != "" && rd.Blocked != rd.Reason {
 		fmt.Fprintf(&b, "blocked: %s\n", rd.Blocked)
 	}
+	if rd.Blocked != "" && !rd.Converged {
+		// The first line gave the blocking reason; startup is a second one.
+		b.WriteString("startup pass: not converged\n")
+	}
 	if rd.PendingTotal > 0 {
 		note := ""
 		if rd.Converged {

@@ -146,6 +146,16 @@ func TestReadyzTransitions(t *testing.T) {
 	assert.Equal(t, Duration(40*time.Second), r.status.Snapshot().TimeToReady)
 }
 
+func TestReadyzBlockedBeforeStartup(t *testing.T) {
+	r := newRig(t, Config{})
+	r.status.PassDone(Pass{At: r.clock.Now(), Err: errList, Blocked: "cloud credentials rejected: aws list: not authorized", Pending: notes(2)})
+	code, _, text := r.get(t, "/readyz", "")
+	assert.Equal(t, http.StatusServiceUnavailable, code)
+	assert.Equal(t, "not ready: cloud credentials rejected: aws list: not authorized\n"+
+		"startup pass: not converged\n"+
+		"pending: 2\n  default/p00: Creating: creating VM\n  default/p01: Creating: creating VM\n", text)
+}
+
 func TestReadyzTruncates(t *testing.T) {
 	tests := []struct {
 		name      string

@@ -23,8 +23,11 @@ const (
 const otherLabel = "other"
 
 // durationBuckets span a local ledger write (ms) to a slow cloud create or
-// a startup pass under throttling (minutes).
-var durationBuckets = []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+// a startup pass under throttling (minutes). A function, not a shared
+// slice, so no caller can change another's buckets.
+func durationBuckets() []float64 {
+	return []float64{.01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300}
+}
 
 // Metrics are caa's Prometheus metrics, registered on one registry. The
 // pass-level ones are fed by the Status given this Metrics in its Config;
@@ -63,7 +66,7 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 		passDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
 			Name:    "caa_reconcile_pass_duration_seconds",
 			Help:    "How long a full reconcile pass took.",
-			Buckets: durationBuckets,
+			Buckets: durationBuckets(),
 		}),
 		actions: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "caa_reconcile_actions_total",
@@ -76,7 +79,7 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 		cloudDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
 			Name:    "caa_cloud_call_duration_seconds",
 			Help:    "How long calls to the cloud provider took, by operation.",
-			Buckets: durationBuckets,
+			Buckets: durationBuckets(),
 		}, []string{"op"}),
 		records: prometheus.NewGaugeVec(prometheus.GaugeOpts{
 			Name: "caa_ledger_records",
