@@ -28,6 +28,9 @@ type Reconciler struct {
 	// (default 5 min).
 	OrphanGrace time.Duration
 	Now         func() time.Time
+	// Progress, when set, is called after each pod is applied, so a long
+	// pass still shows the loop alive (the liveness heartbeat).
+	Progress func()
 
 	mu      sync.Mutex
 	missing map[string]missingVM // by pod UID
@@ -58,6 +61,8 @@ type PassResult struct {
 	// with a terminal failure (bad spec), which never block readiness (I5).
 	Pending []PodStatus
 	Failed  []PodStatus
+	// Records counts the ledger's records by phase after the pass.
+	Records map[ledger.Phase]int
 	// RequeueAfter is the soonest another pass is wanted (0: at the resync).
 	RequeueAfter   time.Duration
 	OrphansDeleted int
@@ -236,6 +241,9 @@ func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult)
 			if out.Record != nil {
 				final = append(final, *out.Record)
 			}
+			if r.Progress != nil {
+				r.Progress()
+			}
 		}()
 	}
 	wg.Wait()
@@ -279,8 +287,10 @@ func (r *Reconciler) collectOrphans(ctx context.Context, vms []provider.VM, reco
 // report fills Pending and Failed from the records after the pass.
 func (r *Reconciler) report(res PassResult, pods []*Pod, records []ledger.Record) PassResult {
 	recs := make(map[string]ledger.Record, len(records))
+	res.Records = map[ledger.Phase]int{}
 	for _, rec := range records {
 		recs[rec.PodUID] = rec
+		res.Records[rec.Phase]++
 	}
 	for _, p := range pods {
 		if p.Terminal {

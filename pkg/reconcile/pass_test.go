@@ -68,6 +68,7 @@ func TestStartupPassCreatesThenAdoptsWithNoCloudWrites(t *testing.T) {
 	assert.True(t, res.Converged(), "pending: %v", res.Pending)
 	assert.Equal(t, 20, res.Actions[KindCreate])
 	assert.Len(t, f.cloud.Live(), 20)
+	assert.Equal(t, 20, res.Records[ledger.PhaseRunning])
 
 	// A restart: a new reconciler (no memory) on the same ledger and cloud.
 	restarted := &Reconciler{Exec: f.rec.Exec, Config: cfg, Now: f.clock.Now}

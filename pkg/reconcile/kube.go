@@ -1,0 +1,271 @@
+package reconcile
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"sync"
+	"time"
+
+	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/fields"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
+	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/record"
+)
+
+// PodSource is the desired set: an informer on this node's pods only
+// (field selector spec.nodeName, never a cluster-wide cache), filtered by
+// runtime class. Every change pokes Changes, so the loop reacts at once.
+type PodSource struct {
+	informer       cache.SharedIndexInformer
+	runtimeClasses []string
+	changes        chan struct{}
+}
+
+// NewPodSource watches the pods bound to node whose runtime class is one
+// of runtimeClasses.
+func NewPodSource(client kubernetes.Interface, node string, runtimeClasses []string, resync time.Duration) (*PodSource, error) {
+	if node == "" {
+		return nil, errors.New("pod source: no node name (set --node-name or NODE_NAME)")
+	}
+	if len(runtimeClasses) == 0 {
+		return nil, errors.New("pod source: no runtime class to watch (set --runtime-class)")
+	}
+	factory := informers.NewSharedInformerFactoryWithOptions(client, resync,
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) {
+			o.FieldSelector = fields.OneTermEqualSelector("spec.nodeName", node).String()
+		}))
+	s := &PodSource{
+		informer:       factory.Core().V1().Pods().Informer(),
+		runtimeClasses: runtimeClasses,
+		changes:        make(chan struct{}, 1),
+	}
+	poke := func(any) { s.poke() }
+	if _, err := s.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    poke,
+		UpdateFunc: func(_, obj any) { poke(obj) },
+		DeleteFunc: poke,
+	}); err != nil {
+		return nil, fmt.Errorf("pod source: %w", err)
+	}
+	return s, nil
+}
+
+// Run runs the informer until ctx is done.
+func (s *PodSource) Run(ctx context.Context) { s.informer.Run(ctx.Done()) }
+
+// WaitForSync waits until the first list has arrived or ctx is done.
+func (s *PodSource) WaitForSync(ctx context.Context) bool {
+	return cache.WaitForCacheSync(ctx.Done(), s.informer.HasSynced)
+}
+
+// Synced reports whether the cache holds a complete view. It turns true
+// once, after the first list; later watch breaks are re-listed by the
+// reflector before the store changes, so the store never holds a partial
+// view.
+func (s *PodSource) Synced() bool { return s.informer.HasSynced() }
+
+// Changes delivers a token after any pod change (coalesced).
+func (s *PodSource) Changes() <-chan struct{} { return s.changes }
+
+func (s *PodSource) poke() {
+	select {
+	case s.changes <- struct{}{}:
+	default:
+	}
+}
+
+// Pods returns the peer pods in the cache, terminal ones included.
+func (s *PodSource) Pods() []*Pod {
+	var out []*Pod
+	for _, obj := range s.informer.GetStore().List() {
+		p, ok := obj.(*corev1.Pod)
+		if !ok || p.Spec.RuntimeClassName == nil || !slices.Contains(s.runtimeClasses, *p.Spec.RuntimeClassName) {
+			continue
+		}
+		out = append(out, PodFromKube(p))
+	}
+	return out
+}
+
+// Object returns the cached Kubernetes pod of a UID, for events.
+func (s *PodSource) Object(uid string) *corev1.Pod {
+	for _, obj := range s.informer.GetStore().List() {
+		if p, ok := obj.(*corev1.Pod); ok && string(p.UID) == uid {
+			return p
+		}
+	}
+	return nil
+}
+
+// PodFromKube converts a pod. A pod being deleted keeps its VM until it is
+// gone or terminal, so the deletion timestamp does not matter here.
+func PodFromKube(p *corev1.Pod) *Pod {
+	rc := ""
+	if p.Spec.RuntimeClassName != nil {
+		rc = *p.Spec.RuntimeClassName
+	}
+	return &Pod{
+		UID: string(p.UID), Namespace: p.Namespace, Name: p.Name, RuntimeClass: rc,
+		Annotations: p.Annotations,
+		Terminal:    p.Status.Phase == corev1.PodSucceeded || p.Status.Phase == corev1.PodFailed,
+	}
+}
+
+// KubeEvents raises Kubernetes Events on pods through client-go's
+// recorder (which rate-limits and aggregates repeats).
+type KubeEvents struct {
+	recorder    record.EventRecorder
+	broadcaster record.EventBroadcaster
+}
+
+// NewKubeEvents records events as component "caa" on host node.
+func NewKubeEvents(client kubernetes.Interface, node string) *KubeEvents {
+	b := record.NewBroadcaster()
+	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
+	return &KubeEvents{
+		broadcaster: b,
+		recorder:    b.NewRecorder(scheme.Scheme, corev1.EventSource{Component: "caa", Host: node}),
+	}
+}
+
+// Event implements EventSink.
+func (k *KubeEvents) Event(pod *Pod, warning bool, reason, message string) {
+	ref := &corev1.ObjectReference{Kind: "Pod", APIVersion: "v1", Namespace: pod.Namespace, Name: pod.Name, UID: types.UID(pod.UID)}
+	typ := corev1.EventTypeNormal
+	if warning {
+		typ = corev1.EventTypeWarning
+	}
+	k.recorder.Event(ref, typ, reason, message)
+}
+
+// Shutdown flushes and stops the broadcaster.
+func (k *KubeEvents) Shutdown() { k.broadcaster.Shutdown() }
+
+// ClusterID is the default cluster identity: the kube-system namespace's
+// UID, stable for the life of the cluster.
+func ClusterID(ctx context.Context, client kubernetes.Interface) (string, error) {
+	ns, err := client.CoreV1().Namespaces().Get(ctx, metav1.NamespaceSystem, metav1.GetOptions{})
+	if err != nil {
+		return "", fmt.Errorf("read the kube-system namespace for the cluster id (or set --cluster-id): %w", err)
+	}
+	return string(ns.UID), nil
+}
+
+// LedgerAnnotation on the Node records which ledger the node's caa uses, so
+// a restart that finds no ledger (or another one) knows the hostPath is
+// not what it was, instead of silently starting from nothing.
+const LedgerAnnotation = "caa.dev/ledger-id"
+
+// ErrLedgerReplaced: the Node says a ledger existed, the file says otherwise.
+var ErrLedgerReplaced = errors.New("the ledger on this node is not the one the Node object names")
+
+// CheckNodeLedger compares the Node's annotation with the ledger about to
+// be used. existed says whether the file was there before this start;
+// ledgerID is the id of the file as opened (empty if none).
+func CheckNodeLedger(ctx context.Context, client kubernetes.Interface, node, ledgerPath string, existed bool, ledgerID string) error {
+	n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	if err != nil {
+		return fmt.Errorf("read node %s: %w", node, err)
+	}
+	want := n.Annotations[LedgerAnnotation]
+	switch {
+	case want == "" || want == ledgerID:
+		return nil
+	case !existed:
+		return fmt.Errorf("%w: node %s says ledger %s existed, but %s is missing; the likely cause is the ledger "+
+			"hostPath not being mounted (check the DaemonSet's volume for /var/lib/caa). If the ledger is really lost, "+
+			"run `caa ledger rebuild` or remove the %s annotation from the node to start afresh",
+			ErrLedgerReplaced, node, want, ledgerPath, LedgerAnnotation)
+	}
+	return fmt.Errorf("%w: node %s names ledger %s but %s is ledger %s; check the hostPath, or remove the %s annotation "+
+		"from the node if the file was replaced on purpose", ErrLedgerReplaced, node, want, ledgerPath, ledgerID, LedgerAnnotation)
+}
+
+// RecordNodeLedger writes the ledger id on the Node (a merge patch).
+func RecordNodeLedger(ctx context.Context, client kubernetes.Interface, node, ledgerID string) error {
+	patch, err := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{LedgerAnnotation: ledgerID}}})
+	if err != nil {
+		return err
+	}
+	if _, err := client.CoreV1().Nodes().Patch(ctx, node, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
+		if apierrors.IsForbidden(err) {
+			return fmt.Errorf("annotate node %s: %w (the ServiceAccount needs patch on nodes)", node, err)
+		}
+		return fmt.Errorf("annotate node %s: %w", node, err)
+	}
+	return nil
+}
+
+// Loop runs the reconciler: a startup pass until it converges, then a pass
+// on every pod change, on each requeue and at every resync. It reports each
+// pass to report. It returns when ctx is done, after the pass in flight.
+type Loop struct {
+	Reconciler *Reconciler
+	Pods       *PodSource
+	Resync     time.Duration
+	Report     func(PassResult, bool) // (result, startup pass converged)
+	Log        *slog.Logger
+
+	mu        sync.Mutex
+	converged bool
+}
+
+// Run blocks until ctx is done.
+func (l *Loop) Run(ctx context.Context) {
+	resync := l.Resync
+	if resync <= 0 {
+		resync = time.Minute
+	}
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-timer.C:
+		case <-l.Pods.Changes():
+		}
+		if !l.Pods.Synced() {
+			timer.Reset(time.Second)
+			continue
+		}
+		res := l.Reconciler.Pass(ctx, l.Pods.Pods(), l.Pods.Synced())
+		if ctx.Err() != nil {
+			return
+		}
+		l.mu.Lock()
+		if res.Converged() {
+			l.converged = true
+		}
+		converged := l.converged
+		l.mu.Unlock()
+		if l.Report != nil {
+			l.Report(res, converged)
+		}
+		next := resync
+		if res.RequeueAfter > 0 && res.RequeueAfter < next {
+			next = res.RequeueAfter
+		}
+		if !converged && next > 5*time.Second {
+			next = 5 * time.Second
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+		timer.Reset(next)
+	}
+}

@@ -1,0 +1,156 @@
+package reconcile
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes/fake"
+)
+
+func kubePod(uid, name, rc string, phase corev1.PodPhase) *corev1.Pod {
+	p := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{UID: types.UID(uid), Namespace: "ns", Name: name,
+			Annotations: map[string]string{"io.katacontainers.config.hypervisor.machine_type": "small"}},
+		Spec:   corev1.PodSpec{NodeName: "n"},
+		Status: corev1.PodStatus{Phase: phase},
+	}
+	if rc != "" {
+		p.Spec.RuntimeClassName = &rc
+	}
+	return p
+}
+
+func TestPodSourceKeepsPeerPodsOnly(t *testing.T) {
+	client := fake.NewClientset(
+		kubePod("u1", "peer", "kata-remote", corev1.PodRunning),
+		kubePod("u2", "done", "kata-remote", corev1.PodSucceeded),
+		kubePod("u3", "plain", "", corev1.PodRunning),
+		kubePod("u4", "other-rc", "runc", corev1.PodRunning),
+		kubePod("u5", "second-rc", "kata-remote-tdx", corev1.PodPending),
+	)
+	src, err := NewPodSource(client, "n", []string{"kata-remote", "kata-remote-tdx"}, 0)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go src.Run(ctx)
+	require.True(t, src.WaitForSync(ctx))
+	assert.True(t, src.Synced())
+
+	byName := map[string]*Pod{}
+	for _, p := range src.Pods() {
+		byName[p.Name] = p
+	}
+	require.Len(t, byName, 3)
+	assert.False(t, byName["peer"].Terminal)
+	assert.True(t, byName["done"].Terminal)
+	assert.Equal(t, "kata-remote-tdx", byName["second-rc"].RuntimeClass)
+	assert.Equal(t, "small", byName["peer"].Annotations["io.katacontainers.config.hypervisor.machine_type"])
+	assert.NotNil(t, src.Object("u1"))
+
+	// A change pokes the loop.
+	select {
+	case <-src.Changes():
+	default:
+	}
+	_, err = client.CoreV1().Pods("ns").Create(ctx, kubePod("u6", "new", "kata-remote", corev1.PodPending), metav1.CreateOptions{})
+	require.NoError(t, err)
+	select {
+	case <-src.Changes():
+	case <-time.After(10 * time.Second):
+		t.Fatal("no change delivered for a new pod")
+	}
+	require.Eventually(t, func() bool { return len(src.Pods()) == 4 }, 10*time.Second, 10*time.Millisecond)
+}
+
+func TestPodSourceNeedsNodeAndRuntimeClass(t *testing.T) {
+	_, err := NewPodSource(fake.NewClientset(), "", []string{"kata-remote"}, 0)
+	assert.ErrorContains(t, err, "NODE_NAME")
+	_, err = NewPodSource(fake.NewClientset(), "n", nil, 0)
+	assert.ErrorContains(t, err, "--runtime-class")
+}
+
+func TestNodeLedgerGuard(t *testing.T) {
+	ctx := context.Background()
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n"}})
+
+	require.NoError(t, CheckNodeLedger(ctx, client, "n", "/var/lib/caa/ledger.db", false, "id-1"), "a first start on a fresh node")
+	require.NoError(t, RecordNodeLedger(ctx, client, "n", "id-1"))
+	require.NoError(t, CheckNodeLedger(ctx, client, "n", "/var/lib/caa/ledger.db", true, "id-1"), "the same ledger again")
+
+	err := CheckNodeLedger(ctx, client, "n", "/var/lib/caa/ledger.db", false, "id-2")
+	assert.ErrorIs(t, err, ErrLedgerReplaced)
+	assert.ErrorContains(t, err, "hostPath")
+	assert.ErrorContains(t, err, "/var/lib/caa/ledger.db")
+
+	err = CheckNodeLedger(ctx, client, "n", "/var/lib/caa/ledger.db", true, "id-2")
+	assert.ErrorIs(t, err, ErrLedgerReplaced)
+	assert.ErrorContains(t, err, LedgerAnnotation)
+
+	assert.Error(t, CheckNodeLedger(ctx, client, "missing-node", "/x", true, "id-1"))
+}
+
+func TestClusterIDIsTheKubeSystemUID(t *testing.T) {
+	client := fake.NewClientset(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kube-system", UID: "ks-uid"}})
+	id, err := ClusterID(context.Background(), client)
+	require.NoError(t, err)
+	assert.Equal(t, "ks-uid", id)
+	_, err = ClusterID(context.Background(), fake.NewClientset())
+	assert.ErrorContains(t, err, "--cluster-id")
+}
+
+func TestLoopConvergesThenFollowsPodChanges(t *testing.T) {
+	f := newPassFixture(t, time.Hour)
+	client := fake.NewClientset(kubePod("u1", "a", "kata-remote", corev1.PodRunning), kubePod("u2", "b", "kata-remote", corev1.PodRunning))
+	src, err := NewPodSource(client, "n", []string{"kata-remote"}, 0)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go src.Run(ctx)
+
+	type report struct {
+		res       PassResult
+		converged bool
+	}
+	reports := make(chan report, 100)
+	loop := &Loop{Reconciler: f.rec, Pods: src, Resync: time.Hour,
+		Report: func(r PassResult, c bool) { reports <- report{r, c} }}
+	done := make(chan struct{})
+	go func() { loop.Run(ctx); close(done) }()
+
+	waitFor := func(what string, ok func(report) bool) {
+		t.Helper()
+		deadline := time.After(20 * time.Second)
+		for {
+			select {
+			case r := <-reports:
+				if ok(r) {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("no pass reported %s", what)
+			}
+		}
+	}
+	waitFor("convergence", func(r report) bool { return r.converged })
+	assert.Len(t, f.cloud.Live(), 2)
+
+	_, err = client.CoreV1().Pods("ns").Create(ctx, kubePod("u3", "c", "kata-remote", corev1.PodPending), metav1.CreateOptions{})
+	require.NoError(t, err)
+	waitFor("the new pod's VM", func(report) bool { return len(f.cloud.Live()) == 3 })
+
+	require.NoError(t, client.CoreV1().Pods("ns").Delete(ctx, "a", metav1.DeleteOptions{}))
+	waitFor("the deleted pod's VM gone", func(report) bool { return len(f.cloud.Live()) == 2 })
+
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("loop did not stop on cancel")
+	}
+}
