@@ -103,10 +103,10 @@ func (p *Provider) Name() string { return Name }
 // configured defaults.
 func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM, error) {
 	if spec.InstanceType == "" {
-		spec.InstanceType = p.cfg.DefaultInstanceType
+		spec.InstanceType = p.cfg.InstanceType
 	}
 	if spec.Image == "" {
-		spec.Image = p.cfg.DefaultImage
+		spec.Image = p.cfg.Image
 	}
 	if err := spec.Validate(); err != nil {
 		return provider.VM{}, fmt.Errorf("%s %s: %w", Name, opCreate, err)

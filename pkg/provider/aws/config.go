@@ -43,9 +43,9 @@ type Config struct {
 	SubnetID string
 	// SecurityGroupIDs go on every VM; none means the VPC's default group.
 	SecurityGroupIDs []string
-	// DefaultImage and DefaultInstanceType fill a spec that names none.
-	DefaultImage        string
-	DefaultInstanceType string
+	// Image and InstanceType fill a spec that names none (the node's defaults).
+	Image        string
+	InstanceType string
 	// ExtraTags go on every VM and root volume, under caa's own tags.
 	ExtraTags map[string]string
 	// Endpoint overrides the EC2 endpoint URL (fake clouds, private
@@ -94,8 +94,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.SubnetID, setSubnet.flag(), os.Getenv(setSubnet.env()), "subnet of every VM (env "+setSubnet.env()+")")
 	fs.StringSliceVar(&c.SecurityGroupIDs, setGroups.flag(), provider.SplitList(os.Getenv(setGroups.env())),
 		"comma-separated security groups of every VM (env "+setGroups.env()+")")
-	fs.StringVar(&c.DefaultImage, setImage.flag(), os.Getenv(setImage.env()), "AMI for pods that name none (env "+setImage.env()+")")
-	fs.StringVar(&c.DefaultInstanceType, setInstanceType.flag(), os.Getenv(setInstanceType.env()),
+	fs.StringVar(&c.Image, setImage.flag(), os.Getenv(setImage.env()), "AMI for pods that name none (env "+setImage.env()+")")
+	fs.StringVar(&c.InstanceType, setInstanceType.flag(), os.Getenv(setInstanceType.env()),
 		"instance type for pods that name none (env "+setInstanceType.env()+")")
 	fs.StringToStringVar(&c.ExtraTags, setExtraTags.flag(), c.envTags(), "key=value tags added to every VM (env "+setExtraTags.env()+")")
 	fs.StringVar(&c.Endpoint, setEndpoint.flag(), os.Getenv(setEndpoint.env()), "EC2 endpoint URL override (env "+setEndpoint.env()+")")

@@ -40,7 +40,7 @@ func TestFlagsDefaultFromTheEnvironment(t *testing.T) {
 	cfg.envErrs = nil
 	assert.Equal(t, Config{
 		Region: "eu-west-1", SubnetID: testSubnet, SecurityGroupIDs: []string{"sg-0a1b2c3d", "sg-1a2b3c4d"},
-		DefaultImage: "ami-0123456789abcdef0", DefaultInstanceType: "t3.small",
+		Image: "ami-0123456789abcdef0", InstanceType: "t3.small",
 		ExtraTags: map[string]string{"team": "platform", "env": "prod"}, Endpoint: "https://ec2.internal.example",
 		MaxAttempts: 5, MaxBackoff: 2 * time.Second,
 	}, cfg)

@@ -58,7 +58,7 @@ func (s *stubEC2) TerminateInstances(_ context.Context, in *ec2.TerminateInstanc
 func stubProvider(s *stubEC2) *Provider {
 	return &Provider{api: s, cfg: Config{
 		Region: testRegion, SubnetID: testSubnet, SecurityGroupIDs: []string{testGroup},
-		DefaultImage: "ami-00000000000000def", DefaultInstanceType: "t3.small",
+		Image: "ami-00000000000000def", InstanceType: "t3.small",
 		ExtraTags: map[string]string{"cost-center": "from-config", "team": "platform"},
 	}}
 }
@@ -167,7 +167,7 @@ func TestCreateFindsAnEarlierLaunchAndMakesNoOther(t *testing.T) {
 func TestCreateRejectsAnIncompleteSpecWithoutCalling(t *testing.T) {
 	s := &stubEC2{}
 	p := stubProvider(s)
-	p.cfg.DefaultImage = ""
+	p.cfg.Image = ""
 	_, err := p.Create(context.Background(), testSpec())
 	assert.ErrorIs(t, err, provider.ErrInvalidSpec)
 	assert.Empty(t, s.describes)
