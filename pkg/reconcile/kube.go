@@ -215,7 +215,11 @@ type Loop struct {
 	Pods       *PodSource
 	Resync     time.Duration
 	Report     func(PassResult, bool) // (result, startup pass converged)
-	Log        *slog.Logger
+	// Calls, when set, is the context of the cloud and ledger calls of a
+	// pass, so that a shutdown can stop new passes (Run's ctx) while the
+	// calls in flight get a bounded time to finish (Calls cancelled later).
+	Calls context.Context
+	Log   *slog.Logger
 
 	mu        sync.Mutex
 	converged bool
@@ -240,7 +244,11 @@ func (l *Loop) Run(ctx context.Context) {
 			timer.Reset(time.Second)
 			continue
 		}
-		res := l.Reconciler.Pass(ctx, l.Pods.Pods(), l.Pods.Synced())
+		calls := l.Calls
+		if calls == nil {
+			calls = ctx
+		}
+		res := l.Reconciler.Pass(calls, l.Pods.Pods(), l.Pods.Synced())
 		if ctx.Err() != nil {
 			return
 		}

@@ -1,0 +1,396 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/spf13/cobra"
+	"golang.org/x/time/rate"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/caa-project/caa/pkg/health"
+	"github.com/caa-project/caa/pkg/ledger"
+	"github.com/caa-project/caa/pkg/ledger/ledgerapi"
+	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/pkg/provider/aws"
+	"github.com/caa-project/caa/pkg/provider/azure"
+	"github.com/caa-project/caa/pkg/provider/ibmcloud"
+	"github.com/caa-project/caa/pkg/reconcile"
+)
+
+// runFlags is the daemon's command line; every flag has an environment
+// fallback so the DaemonSet can configure it from a ConfigMap.
+type runFlags struct {
+	node           string
+	providerName   string
+	runtimeClasses []string
+	ledgerPath     string
+	healthAddr     string
+	resync         time.Duration
+	gcGrace        time.Duration
+	confirmMissing time.Duration
+	concurrency    int
+	createRate     float64
+	createBurst    int
+	clusterID      string
+	kubeconfig     string
+	logFormat      string
+	logLevel       string
+	shutdownGrace  time.Duration
+	userDataFile   string
+	instanceTypes  string
+	allowedTypes   []string
+
+	aws      aws.Config
+	azure    azure.Config
+	ibmcloud ibmcloud.Config
+}
+
+func envOr(key, def string) string {
+	if v := os.Getenv(key); v != "" {
+		return v
+	}
+	return def
+}
+
+func envDuration(key string, def time.Duration) time.Duration {
+	if d, err := time.ParseDuration(os.Getenv(key)); err == nil {
+		return d
+	}
+	return def
+}
+
+func envInt(key string, def int) int {
+	if n, err := strconv.Atoi(os.Getenv(key)); err == nil {
+		return n
+	}
+	return def
+}
+
+func newRunCommand() *cobra.Command {
+	f := &runFlags{}
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the daemon: keep this node's peer-pod VMs alive and recorded",
+		Long: "Run the per-node daemon. On start it opens the ledger, lists this node's peer pods and\n" +
+			"the cloud's VMs, adopts the live ones, recreates the missing, and only then reports\n" +
+			"ready on /readyz. Every flag also reads the environment variable named in its help.",
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runDaemon(cmd.Context(), f, cmd.ErrOrStderr()) },
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name (env NODE_NAME, from the downward API)")
+	fs.StringVar(&f.providerName, "provider", os.Getenv("CAA_PROVIDER"), "cloud provider: aws, azure or ibmcloud (env CAA_PROVIDER)")
+	fs.StringSliceVar(&f.runtimeClasses, "runtime-class", provider.SplitList(envOr("CAA_RUNTIME_CLASSES", "kata-remote")),
+		"runtime class of peer pods, repeatable (env CAA_RUNTIME_CLASSES, comma-separated)")
+	fs.StringVar(&f.ledgerPath, "ledger", envOr("CAA_LEDGER", ledger.DefaultPath), "ledger file (env CAA_LEDGER)")
+	fs.StringVar(&f.healthAddr, "health-addr", envOr("CAA_HEALTH_ADDR", ":8000"), "address of /healthz, /readyz, /metrics, /status (env CAA_HEALTH_ADDR)")
+	fs.DurationVar(&f.resync, "resync", envDuration("CAA_RESYNC", time.Minute), "period of the full pass (env CAA_RESYNC)")
+	fs.DurationVar(&f.gcGrace, "gc-grace", envDuration("CAA_GC_GRACE", 5*time.Minute), "how long an orphan VM is known before it is deleted (env CAA_GC_GRACE)")
+	fs.DurationVar(&f.confirmMissing, "confirm-missing", envDuration("CAA_CONFIRM_MISSING", 30*time.Second),
+		"how long a recorded VM must stay not found before it is recreated (env CAA_CONFIRM_MISSING)")
+	fs.IntVar(&f.concurrency, "create-concurrency", envInt("CAA_CREATE_CONCURRENCY", 8), "pods reconciled at once (env CAA_CREATE_CONCURRENCY)")
+	fs.Float64Var(&f.createRate, "create-rate", float64(envInt("CAA_CREATE_RATE", 5)), "cloud writes per second (env CAA_CREATE_RATE)")
+	fs.IntVar(&f.createBurst, "create-burst", envInt("CAA_CREATE_BURST", 10), "burst of cloud writes (env CAA_CREATE_BURST)")
+	fs.StringVar(&f.clusterID, "cluster-id", os.Getenv("CAA_CLUSTER_ID"), "cluster id in VM tags (env CAA_CLUSTER_ID; default: the kube-system namespace UID)")
+	fs.StringVar(&f.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file (env KUBECONFIG; default: in-cluster config)")
+	fs.StringVar(&f.logFormat, "log-format", envOr("CAA_LOG_FORMAT", "text"), "log format: text or json (env CAA_LOG_FORMAT)")
+	fs.StringVar(&f.logLevel, "log-level", envOr("CAA_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env CAA_LOG_LEVEL)")
+	fs.DurationVar(&f.shutdownGrace, "shutdown-grace", envDuration("CAA_SHUTDOWN_GRACE", 20*time.Second),
+		"on SIGTERM, how long cloud calls in flight may finish (env CAA_SHUTDOWN_GRACE)")
+	fs.StringVar(&f.userDataFile, "user-data-file", os.Getenv("CAA_USER_DATA_FILE"), "file whose bytes every VM gets as user data; never logged (env CAA_USER_DATA_FILE)")
+	fs.StringVar(&f.instanceTypes, "instance-types", os.Getenv("CAA_INSTANCE_TYPES"),
+		"instance types for vCPU/memory requests, name:vcpus:memoryMiB,... (env CAA_INSTANCE_TYPES)")
+	fs.StringSliceVar(&f.allowedTypes, "allowed-types", provider.SplitList(os.Getenv("CAA_ALLOWED_TYPES")),
+		"instance types a pod may ask for (env CAA_ALLOWED_TYPES; default: the table and the default type)")
+	f.aws.AddFlags(fs)
+	f.azure.AddFlags(fs)
+	f.ibmcloud.AddFlags(fs)
+	return cmd
+}
+
+// check validates the flags that need no cloud or cluster.
+func (f *runFlags) check() error {
+	var errs []error
+	if f.node == "" {
+		errs = append(errs, errors.New("--node-name is empty: set it, or NODE_NAME from the downward API (spec.nodeName)"))
+	}
+	switch f.providerName {
+	case "aws", "azure", "ibmcloud":
+	default:
+		errs = append(errs, fmt.Errorf("--provider %q: want aws, azure or ibmcloud (env CAA_PROVIDER)", f.providerName))
+	}
+	if len(f.runtimeClasses) == 0 {
+		errs = append(errs, errors.New("--runtime-class: at least one is needed (default kata-remote)"))
+	}
+	if f.resync <= 0 || f.gcGrace <= 0 || f.confirmMissing <= 0 || f.shutdownGrace <= 0 {
+		errs = append(errs, errors.New("--resync, --gc-grace, --confirm-missing and --shutdown-grace must be positive"))
+	}
+	if f.concurrency <= 0 || f.createRate <= 0 || f.createBurst <= 0 {
+		errs = append(errs, errors.New("--create-concurrency, --create-rate and --create-burst must be positive"))
+	}
+	if _, err := parseTypes(f.instanceTypes); err != nil {
+		errs = append(errs, err)
+	}
+	if _, err := newLogger(io.Discard, f.logFormat, f.logLevel); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// parseTypes reads name:vcpus:memoryMiB,...
+func parseTypes(s string) ([]provider.InstanceType, error) {
+	var out []provider.InstanceType
+	for _, item := range provider.SplitList(s) {
+		parts := strings.Split(item, ":")
+		if len(parts) != 3 {
+			return nil, fmt.Errorf("--instance-types: %q is not name:vcpus:memoryMiB", item)
+		}
+		cpus, err1 := strconv.Atoi(parts[1])
+		mem, err2 := strconv.Atoi(parts[2])
+		if err1 != nil || err2 != nil || cpus <= 0 || mem <= 0 || parts[0] == "" {
+			return nil, fmt.Errorf("--instance-types: %q is not name:vcpus:memoryMiB with positive numbers", item)
+		}
+		out = append(out, provider.InstanceType{Name: parts[0], VCPUs: cpus, MemoryMiB: mem})
+	}
+	return out, nil
+}
+
+func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
+	var lvl slog.Level
+	if err := lvl.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	opts := &slog.HandlerOptions{Level: lvl}
+	switch format {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, opts)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// newProvider builds the chosen cloud's provider and the node's defaults
+// for spec selection.
+func (f *runFlags) newProvider(ctx context.Context, log *slog.Logger) (provider.Provider, provider.SpecConfig, error) {
+	types, _ := parseTypes(f.instanceTypes)
+	spec := provider.SpecConfig{Types: types, AllowedTypes: f.allowedTypes}
+	switch f.providerName {
+	case "aws":
+		f.aws.Logger = log
+		if err := f.aws.Validate(); err != nil {
+			return nil, spec, err
+		}
+		spec.DefaultType, spec.DefaultImage = f.aws.InstanceType, f.aws.Image
+		p, err := aws.New(ctx, f.aws)
+		return p, spec, err
+	case "azure":
+		if err := f.azure.Validate(); err != nil {
+			return nil, spec, err
+		}
+		spec.DefaultType, spec.DefaultImage = f.azure.InstanceType, f.azure.Image
+		p, err := azure.New(ctx, f.azure, azure.WithLogger(log))
+		return p, spec, err
+	default:
+		if err := f.ibmcloud.Validate(); err != nil {
+			return nil, spec, err
+		}
+		spec.DefaultType, spec.DefaultImage = f.ibmcloud.InstanceType, f.ibmcloud.Image
+		p, err := ibmcloud.New(ctx, f.ibmcloud)
+		return p, spec, err
+	}
+}
+
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("kubernetes client config (set --kubeconfig outside a cluster): %w", err)
+	}
+	cfg.UserAgent = "caa/" + version
+	return kubernetes.NewForConfig(cfg)
+}
+
+// runDaemon is `caa run`. It returns nil after a clean SIGTERM shutdown,
+// which never deletes a VM (invariant I4).
+func runDaemon(ctx context.Context, f *runFlags, stderr io.Writer) error {
+	if err := f.check(); err != nil {
+		return usageError{err}
+	}
+	log, _ := newLogger(stderr, f.logFormat, f.logLevel)
+	log = log.With("node", f.node)
+	started := time.Now()
+
+	var userData []byte
+	if f.userDataFile != "" {
+		data, err := os.ReadFile(f.userDataFile)
+		if err != nil {
+			return fmt.Errorf("--user-data-file: %w", err)
+		}
+		userData = data
+	}
+
+	client, err := kubeClient(f.kubeconfig)
+	if err != nil {
+		return err
+	}
+	clusterID := f.clusterID
+	if clusterID == "" {
+		if clusterID, err = reconcile.ClusterID(ctx, client); err != nil {
+			return err
+		}
+	}
+
+	_, statErr := os.Stat(f.ledgerPath)
+	existed := statErr == nil
+	led, err := ledger.Open(ledger.Options{Path: f.ledgerPath, Node: f.node, Cluster: clusterID, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := led.Close(); err != nil {
+			log.Error("ledger close failed", "err", err)
+		}
+	}()
+	if err := reconcile.CheckNodeLedger(ctx, client, f.node, f.ledgerPath, existed, led.Meta().ID); err != nil {
+		return err
+	}
+	if err := reconcile.RecordNodeLedger(ctx, client, f.node, led.Meta().ID); err != nil {
+		return err
+	}
+
+	reg := prometheus.NewRegistry()
+	metrics, err := health.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	status := health.NewStatus(health.Config{Stale: 3 * f.resync, Metrics: metrics})
+	cloud, specCfg, err := f.newProvider(ctx, log)
+	if err != nil {
+		return fmt.Errorf("provider %s: %w", f.providerName, err)
+	}
+	cloud = health.InstrumentProvider(cloud, metrics)
+
+	// Everything below stops on stop; cloud calls in flight get the grace.
+	stopCtx, stop := context.WithCancel(ctx)
+	defer stop()
+	callCtx, cancelCalls := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelCalls()
+
+	mux := http.NewServeMux()
+	mux.Handle("/", health.Handler(status, reg))
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		_ = jsonEncode(w, status.Snapshot())
+	})
+	srv, err := health.Listen(stopCtx, f.healthAddr, mux, log)
+	if err != nil {
+		return fmt.Errorf("health endpoint: %w", err)
+	}
+	log.Info("caa starting", "version", version, "provider", f.providerName, "ledger", f.ledgerPath,
+		"ledgerID", led.Meta().ID, "cluster", clusterID, "health", srv.Addr().String())
+
+	var wg sync.WaitGroup
+	serve := func(name string, fn func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := fn(); err != nil && stopCtx.Err() == nil {
+				log.Error(name+" stopped", "err", err)
+			}
+		}()
+	}
+	serve("health server", func() error { return srv.Serve(stopCtx) })
+	serve("ledger socket", func() error {
+		return ledgerapi.Serve(stopCtx, ledgerapi.SocketPath(f.ledgerPath), &ledgerapi.Local{L: led, KeepOpen: true}, log)
+	})
+
+	events := reconcile.NewKubeEvents(client, f.node)
+	defer events.Shutdown()
+	pods, err := reconcile.NewPodSource(client, f.node, f.runtimeClasses, 0)
+	if err != nil {
+		return err
+	}
+	serve("pod informer", func() error { pods.Run(stopCtx); return nil })
+
+	exec := &reconcile.Executor{
+		Ledger: led, Provider: cloud, Events: events, Cluster: clusterID, Node: f.node,
+		Writes: rate.NewLimiter(rate.Limit(f.createRate), f.createBurst), Log: log,
+	}
+	if userData != nil {
+		exec.UserData = func(*reconcile.Pod) ([]byte, error) { return userData, nil }
+	}
+	rec := &reconcile.Reconciler{
+		Exec: exec, Config: reconcile.Config{Spec: specCfg, ConfirmMissing: f.confirmMissing},
+		Concurrency: f.concurrency, OrphanGrace: f.gcGrace,
+		Progress: func() { status.Beat(time.Now()) },
+	}
+	var readyOnce sync.Once
+	loop := &reconcile.Loop{
+		Reconciler: rec, Pods: pods, Resync: f.resync, Calls: callCtx,
+		Report: func(res reconcile.PassResult, converged bool) {
+			status.PassDone(toHealthPass(res))
+			if converged {
+				readyOnce.Do(func() { log.Info("ready", "timeToReady", time.Since(started).Round(time.Millisecond)) })
+			}
+			log.Info("pass", "duration", res.Duration.Round(time.Millisecond), "actions", res.Actions,
+				"cloudWrites", res.CloudWrites, "pending", len(res.Pending), "failed", len(res.Failed), "err", res.Err)
+		},
+	}
+	loopDone := make(chan struct{})
+	go func() { defer close(loopDone); loop.Run(stopCtx) }()
+
+	<-ctx.Done()
+	log.Info("shutting down: no new work; VMs are left as they are", "grace", f.shutdownGrace)
+	stop()
+	select {
+	case <-loopDone:
+	case <-time.After(f.shutdownGrace):
+		log.Warn("abandoning cloud calls still in flight after the grace period")
+		cancelCalls()
+		<-loopDone
+	}
+	cancelCalls()
+	wg.Wait()
+	log.Info("caa stopped")
+	return nil
+}
+
+// toHealthPass adapts a pass result for the health status.
+func toHealthPass(res reconcile.PassResult) health.Pass {
+	p := health.Pass{
+		At: res.At, Duration: res.Duration, Err: res.Err, CloudWrites: res.CloudWrites,
+		OrphansDeleted: res.OrphansDeleted, Records: res.Records, Actions: map[string]int{},
+	}
+	for k, n := range res.Actions {
+		p.Actions[string(k)] = n
+	}
+	for _, ps := range res.Pending {
+		p.Pending = append(p.Pending, health.PodNote(ps))
+	}
+	for _, ps := range res.Failed {
+		p.Failed = append(p.Failed, health.PodNote(ps))
+	}
+	if errors.Is(res.Err, reconcile.ErrDaemon) {
+		p.Blocked = res.Err.Error()
+	}
+	return p
+}

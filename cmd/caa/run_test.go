@@ -1,0 +1,69 @@
+package main
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caa-project/caa/pkg/ledger"
+	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/pkg/reconcile"
+)
+
+func TestRunFlagsCheck(t *testing.T) {
+	good := runFlags{node: "n", providerName: "aws", runtimeClasses: []string{"kata-remote"}, resync: time.Minute,
+		gcGrace: time.Minute, confirmMissing: time.Second, shutdownGrace: time.Second, concurrency: 1, createRate: 1,
+		createBurst: 1, logFormat: "json", logLevel: "info", instanceTypes: "small:2:4096, large:8:32768"}
+	require.NoError(t, good.check())
+
+	tests := []struct {
+		name string
+		mod  func(*runFlags)
+		want string
+	}{
+		{"no node", func(f *runFlags) { f.node = "" }, "NODE_NAME"},
+		{"bad provider", func(f *runFlags) { f.providerName = "gcp" }, `--provider "gcp"`},
+		{"no runtime class", func(f *runFlags) { f.runtimeClasses = nil }, "--runtime-class"},
+		{"zero resync", func(f *runFlags) { f.resync = 0 }, "--resync"},
+		{"zero rate", func(f *runFlags) { f.createRate = 0 }, "--create-rate"},
+		{"bad types", func(f *runFlags) { f.instanceTypes = "small:two:4096" }, `"small:two:4096"`},
+		{"bad log format", func(f *runFlags) { f.logFormat = "xml" }, "--log-format"},
+		{"bad log level", func(f *runFlags) { f.logLevel = "loud" }, "--log-level"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			f := good
+			tc.mod(&f)
+			assert.ErrorContains(t, f.check(), tc.want)
+		})
+	}
+}
+
+func TestParseTypes(t *testing.T) {
+	types, err := parseTypes("small:2:4096,large:8:32768")
+	require.NoError(t, err)
+	assert.Equal(t, []provider.InstanceType{{Name: "small", VCPUs: 2, MemoryMiB: 4096}, {Name: "large", VCPUs: 8, MemoryMiB: 32768}}, types)
+	for _, bad := range []string{"small", "small:0:1", ":1:1", "a:1:b"} {
+		_, err := parseTypes(bad)
+		assert.Error(t, err, bad)
+	}
+}
+
+func TestToHealthPass(t *testing.T) {
+	res := reconcile.PassResult{
+		Actions: map[reconcile.Kind]int{reconcile.KindCreate: 2},
+		Pending: []reconcile.PodStatus{{UID: "u", Pod: "ns/a", Reason: "Creating"}},
+		Failed:  []reconcile.PodStatus{{UID: "v", Pod: "ns/b", Reason: "InvalidSpec"}},
+		Records: map[ledger.Phase]int{ledger.PhaseRunning: 3},
+		Err:     errors.Join(reconcile.ErrDaemon, provider.ErrAuth),
+	}
+	p := toHealthPass(res)
+	assert.Equal(t, 2, p.Actions["Create"])
+	assert.Equal(t, "ns/a", p.Pending[0].Pod)
+	assert.Equal(t, "InvalidSpec", p.Failed[0].Reason)
+	assert.Equal(t, 3, p.Records[ledger.PhaseRunning])
+	assert.NotEmpty(t, p.Blocked, "a daemon-level error blocks readiness")
+}

@@ -1,0 +1,120 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/caa-project/caa/pkg/health"
+)
+
+func jsonEncode(w io.Writer, v any) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+func newStatusCommand() *cobra.Command {
+	var addr, output string
+	var timeout time.Duration
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Ask the running daemon how it is: readiness and why, records by phase, last pass",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if _, err := parseFormat(output); err != nil {
+				return err
+			}
+			snap, err := fetchStatus(cmd.Context(), addr, timeout)
+			if err != nil {
+				return err
+			}
+			if err := writeStatus(cmd.OutOrStdout(), output, snap); err != nil {
+				return err
+			}
+			if !snap.Ready {
+				return exitError{msg: "not ready: " + snap.Reason, code: exitFailure}
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&addr, "addr", envOr("CAA_STATUS_ADDR", "http://127.0.0.1:8000"), "the daemon's health address (env CAA_STATUS_ADDR)")
+	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
+	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for the daemon")
+	return cmd
+}
+
+func fetchStatus(ctx context.Context, addr string, timeout time.Duration) (health.Snapshot, error) {
+	var snap health.Snapshot
+	if !strings.Contains(addr, "://") {
+		addr = "http://" + addr
+	}
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(addr, "/")+"/status", nil)
+	if err != nil {
+		return snap, usageError{fmt.Errorf("--addr %q: %w", addr, err)}
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return snap, fmt.Errorf("no caa daemon answers at %s: %w", addr, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return snap, fmt.Errorf("%s/status answered HTTP %d", addr, resp.StatusCode)
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&snap); err != nil {
+		return snap, fmt.Errorf("%s/status: %w", addr, err)
+	}
+	return snap, nil
+}
+
+func writeStatus(w io.Writer, output string, s health.Snapshot) error {
+	if done, err := writeData(w, output, s); done || err != nil {
+		return err
+	}
+	now := time.Now()
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	ready := "yes"
+	if !s.Ready {
+		ready = "no: " + s.Reason
+	}
+	fmt.Fprintf(tw, "Ready:\t%s\n", ready)
+	if s.Blocked != "" {
+		fmt.Fprintf(tw, "Blocked:\t%s\n", s.Blocked)
+	}
+	fmt.Fprintf(tw, "Started:\t%s\n", stamp(s.StartedAt, now))
+	if !s.ReadyAt.IsZero() {
+		fmt.Fprintf(tw, "Time to ready:\t%s\n", time.Duration(s.TimeToReady))
+	}
+	fmt.Fprintf(tw, "Passes:\t%d\n", s.Passes)
+	if lp := s.LastPass; lp != nil {
+		fmt.Fprintf(tw, "Last pass:\t%s, took %s, %d cloud writes, %d orphans deleted\n",
+			stamp(lp.At, now), time.Duration(lp.Duration), lp.CloudWrites, lp.OrphansDeleted)
+		if lp.Error != "" {
+			fmt.Fprintf(tw, "Last pass error:\t%s\n", lp.Error)
+		}
+	}
+	phases := make([]string, 0, len(s.Records))
+	for p, n := range s.Records {
+		phases = append(phases, fmt.Sprintf("%s %d", p, n))
+	}
+	sort.Strings(phases)
+	fmt.Fprintf(tw, "Records:\t%s\n", dash(strings.Join(phases, ", ")))
+	for _, n := range s.Pending {
+		fmt.Fprintf(tw, "Pending:\t%s\n", n)
+	}
+	for _, n := range s.Failed {
+		fmt.Fprintf(tw, "Failed:\t%s\n", n)
+	}
+	return tw.Flush()
+}
+
