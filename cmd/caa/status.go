@@ -117,4 +117,3 @@ func writeStatus(w io.Writer, output string, s health.Snapshot) error {
 	}
 	return tw.Flush()
 }
-
