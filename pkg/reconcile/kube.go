@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"log/slog"
 	"slices"
 	"sync"
 	"time"
@@ -219,7 +218,6 @@ type Loop struct {
 	// pass, so that a shutdown can stop new passes (Run's ctx) while the
 	// calls in flight get a bounded time to finish (Calls cancelled later).
 	Calls context.Context
-	Log   *slog.Logger
 
 	mu        sync.Mutex
 	converged bool
