@@ -31,7 +31,7 @@ func newLedgerCommand() *cobra.Command {
 			"over its unix socket (<ledger>.sock); otherwise they open the file read-only.",
 		Args: unknownSubcommand,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return usageError{fmt.Errorf("%s needs a subcommand: ls, get, history, export, verify or stats (see `%s --help`)",
+			return usageError{fmt.Errorf("%s needs a subcommand: ls, get, history, export, verify, stats or rebuild (see `%s --help`)",
 				cmd.CommandPath(), cmd.CommandPath())}
 		},
 	}
@@ -50,6 +50,7 @@ func newLedgerCommand() *cobra.Command {
 		newLedgerExportCommand(f),
 		newLedgerVerifyCommand(f),
 		newLedgerStatsCommand(f),
+		newLedgerRebuildCommand(),
 	)
 	return cmd
 }

@@ -90,6 +90,13 @@ func newRunCommand() *cobra.Command {
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runDaemon(cmd.Context(), f, cmd.ErrOrStderr()) },
 	}
+	addRunFlags(cmd, f)
+	return cmd
+}
+
+// addRunFlags registers the daemon's flags on cmd (also used by
+// `caa ledger rebuild`, which needs the same cloud and cluster).
+func addRunFlags(cmd *cobra.Command, f *runFlags) {
 	fs := cmd.Flags()
 	fs.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name (env NODE_NAME, from the downward API)")
 	fs.StringVar(&f.providerName, "provider", os.Getenv("CAA_PROVIDER"), "cloud provider: aws, azure or ibmcloud (env CAA_PROVIDER)")
@@ -118,7 +125,6 @@ func newRunCommand() *cobra.Command {
 	f.aws.AddFlags(fs)
 	f.azure.AddFlags(fs)
 	f.ibmcloud.AddFlags(fs)
-	return cmd
 }
 
 // check validates the flags that need no cloud or cluster.

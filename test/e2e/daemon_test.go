@@ -1,0 +1,314 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/test/e2e/cluster"
+	ec2fake "github.com/caa-project/caa/test/mocks/aws"
+	"github.com/caa-project/caa/test/mocks/cloud"
+)
+
+// caaBin is the daemon under test, built once by TestMain.
+var caaBin string
+
+func TestMain(m *testing.M) {
+	dir, err := os.MkdirTemp("", "caa-e2e-bin")
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	caaBin = filepath.Join(dir, "caa")
+	build := exec.Command("go", "build", "-o", caaBin, "github.com/caa-project/caa/cmd/caa")
+	build.Stdout, build.Stderr = os.Stderr, os.Stderr
+	if err := build.Run(); err != nil {
+		fmt.Fprintln(os.Stderr, "build caa:", err)
+		os.Exit(1)
+	}
+	code := m.Run()
+	_ = os.RemoveAll(dir)
+	os.Exit(code)
+}
+
+// awsCloud is a fake EC2 on a local port.
+type awsCloud struct {
+	core *cloud.Cloud
+	url  string
+}
+
+func newAWSCloud(t *testing.T) *awsCloud {
+	t.Helper()
+	core := cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{"ami-0123456789abcdef0"}}))
+	srv := httptest.NewServer(ec2fake.NewServer(core))
+	t.Cleanup(srv.Close)
+	return &awsCloud{core: core, url: srv.URL}
+}
+
+// daemon is one caa process.
+type daemon struct {
+	cmd    *exec.Cmd
+	health string
+	logs   *lockedBuffer
+	done   chan error
+}
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	port := ln.Addr().(*net.TCPAddr).Port
+	require.NoError(t, ln.Close())
+	return port
+}
+
+// lockedBuffer lets the process write while the test reads.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+func startDaemon(t *testing.T, c *cluster.Cluster, aws *awsCloud, node, ledgerPath string) *daemon {
+	t.Helper()
+	port := freePort(t)
+	logs := &lockedBuffer{}
+	cmd := exec.Command(caaBin, "run",
+		"--provider", "aws", "--node-name", node, "--kubeconfig", c.Kubeconfig(), "--ledger", ledgerPath,
+		"--health-addr", "127.0.0.1:"+strconv.Itoa(port), "--resync", "2s", "--confirm-missing", "2s",
+		"--aws-endpoint", aws.url, "--aws-region", "us-east-1", "--aws-subnet-id", "subnet-0123456789abcdef0",
+		"--aws-image", "ami-0123456789abcdef0", "--aws-instance-type", "t3.small", "--log-format", "json")
+	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID=AKIDE2ETEST", "AWS_SECRET_ACCESS_KEY=e2e-secret-key",
+		"AWS_EC2_METADATA_DISABLED=true", "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null")
+	cmd.Stdout, cmd.Stderr = logs, logs
+	require.NoError(t, cmd.Start())
+	d := &daemon{cmd: cmd, health: fmt.Sprintf("http://127.0.0.1:%d", port), logs: logs, done: make(chan error, 1)}
+	go func() { d.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-d.done
+		}
+		if t.Failed() {
+			t.Logf("caa output:\n%s", logs.String())
+		}
+	})
+	return d
+}
+
+// readyz returns /readyz's status code (0 when nothing answers).
+func (d *daemon) readyz() int {
+	resp, err := http.Get(d.health + "/readyz")
+	if err != nil {
+		return 0
+	}
+	_ = resp.Body.Close()
+	return resp.StatusCode
+}
+
+// stop sends SIGTERM and waits for a clean exit.
+func (d *daemon) stop(t *testing.T) {
+	t.Helper()
+	require.NoError(t, d.cmd.Process.Signal(syscall.SIGTERM))
+	select {
+	case err := <-d.done:
+		require.NoError(t, err, "caa exits 0 on SIGTERM")
+	case <-time.After(60 * time.Second):
+		t.Fatal("caa did not stop within 60s of SIGTERM")
+	}
+}
+
+// waitReady polls /readyz and checks, at the first 200, that check holds.
+func (d *daemon) waitReady(t *testing.T, check func()) {
+	t.Helper()
+	deadline := time.Now().Add(2 * time.Minute)
+	for time.Now().Before(deadline) {
+		select {
+		case err := <-d.done:
+			t.Fatalf("caa exited before ready: %v", err)
+		default:
+		}
+		if d.readyz() == http.StatusOK {
+			check()
+			return
+		}
+		time.Sleep(50 * time.Millisecond) // a poll interval, not a synchronisation
+	}
+	t.Fatal("caa never became ready")
+}
+
+func liveVMs(core *cloud.Cloud) map[string]string {
+	out := map[string]string{}
+	for _, in := range core.Live() {
+		out[in.Tags[provider.TagPodUID]] = in.ID
+	}
+	return out
+}
+
+// TestStartRestartAndRecreate covers the scenarios (a), (b) and (c)
+// on AWS: first start, restart with every VM alive, restart after VMs were
+// killed behind caa's back.
+func TestStartRestartAndRecreate(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	aws := newAWSCloud(t)
+	const node, n = "worker-1", 12
+	_, err := c.CreateNode(ctx, node)
+	require.NoError(t, err)
+	for i := range n {
+		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%02d", i), node, nil)
+		require.NoError(t, err)
+	}
+	// Another node's pod: never touched by this node's caa.
+	_, err = c.CreateNode(ctx, "worker-2")
+	require.NoError(t, err)
+	_, err = c.CreatePeerPod(ctx, "team", "elsewhere", "worker-2", nil)
+	require.NoError(t, err)
+
+	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
+	aws.core.SetFaults(cloud.Faults{Latency: 20 * time.Millisecond})
+
+	// (a) first start: one VM per pod, ready only once all are recorded.
+	d := startDaemon(t, c, aws, node, ledgerPath)
+	d.waitReady(t, func() {
+		assert.Len(t, liveVMs(aws.core), n, "at the first 200 every pod has its VM")
+	})
+	first := liveVMs(aws.core)
+	require.Len(t, first, n)
+	d.stop(t)
+	assert.Equal(t, first, liveVMs(aws.core), "SIGTERM deleted nothing (I4)")
+
+	// (b) restart with every VM alive: adopted, zero cloud writes.
+	aws.core.ResetCounters()
+	d = startDaemon(t, c, aws, node, ledgerPath)
+	d.waitReady(t, func() {})
+	counters := aws.core.Counters()
+	assert.Zero(t, counters[cloud.OpCreate], "no create on a warm restart")
+	assert.Zero(t, counters[cloud.OpDelete], "no delete on a warm restart")
+	assert.Equal(t, first, liveVMs(aws.core))
+	d.stop(t)
+
+	// (c) restart after k VMs were killed behind caa's back.
+	killed := 0
+	for uid, id := range first {
+		if killed == 3 {
+			break
+		}
+		require.NoError(t, aws.core.Kill(id), "kill %s", uid)
+		killed++
+	}
+	d = startDaemon(t, c, aws, node, ledgerPath)
+	d.waitReady(t, func() {
+		assert.Len(t, liveVMs(aws.core), n, "ready only after the killed VMs were recreated")
+	})
+	after := liveVMs(aws.core)
+	same := 0
+	for uid, id := range first {
+		if after[uid] == id {
+			same++
+		}
+	}
+	assert.Equal(t, n-killed, same, "only the killed VMs were replaced")
+	d.stop(t)
+}
+
+// runCaa runs a one-shot caa command and returns its output.
+func runCaa(t *testing.T, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(caaBin, args...)
+	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID=AKIDE2ETEST", "AWS_SECRET_ACCESS_KEY=e2e-secret-key",
+		"AWS_EC2_METADATA_DISABLED=true", "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null")
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "caa %v:\n%s", args, out)
+	return string(out)
+}
+
+// TestGonePodsBadSpecsAndALostLedger covers (d) pods deleted while caa was
+// down, (f) terminal pods, (g) a bad annotation, and I6: a lost ledger
+// refused by the Node guard, then rebuilt from the cloud's tags.
+func TestGonePodsBadSpecsAndALostLedger(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	aws := newAWSCloud(t)
+	const node = "worker-1"
+	_, err := c.CreateNode(ctx, node)
+	require.NoError(t, err)
+	for i := range 6 {
+		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%d", i), node, nil)
+		require.NoError(t, err)
+	}
+	_, err = c.CreatePeerPod(ctx, "team", "bad", node, map[string]string{provider.AnnotationMachineType: "x99.colossal"})
+	require.NoError(t, err)
+	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
+
+	d := startDaemon(t, c, aws, node, ledgerPath)
+	d.waitReady(t, func() {
+		assert.Len(t, liveVMs(aws.core), 6, "the bad pod gets no VM and does not block readiness")
+	})
+	d.stop(t)
+	out := runCaa(t, "ledger", "get", "team/bad", "--ledger", ledgerPath)
+	assert.Contains(t, out, "Failed")
+	assert.Contains(t, out, provider.AnnotationMachineType)
+
+	// (d) and (f) while caa is down: two pods deleted, one completed.
+	require.NoError(t, c.DeletePod(ctx, "team", "pod-0"))
+	require.NoError(t, c.DeletePod(ctx, "team", "pod-1"))
+	_, err = c.SetPodPhase(ctx, "team", "pod-2", "Succeeded")
+	require.NoError(t, err)
+	d = startDaemon(t, c, aws, node, ledgerPath)
+	d.waitReady(t, func() {})
+	require.Eventually(t, func() bool { return len(liveVMs(aws.core)) == 3 }, time.Minute, 100*time.Millisecond,
+		"the gone and completed pods' VMs are deleted")
+	d.stop(t)
+
+	// I6: the ledger file is lost. The Node remembers it had one, so caa refuses...
+	require.NoError(t, os.Remove(ledgerPath))
+	refused := startDaemon(t, c, aws, node, ledgerPath)
+	select {
+	case err := <-refused.done:
+		require.Error(t, err, "caa refuses to start on a missing ledger the Node knew")
+		assert.Contains(t, refused.logs.String(), "hostPath", "the refusal names the likely cause")
+	case <-time.After(time.Minute):
+		t.Fatal("caa started on a missing ledger")
+	}
+	// ...until the ledger is rebuilt from the cloud's tags.
+	out = runCaa(t, "ledger", "rebuild", "--provider", "aws", "--node-name", node, "--kubeconfig", c.Kubeconfig(),
+		"--ledger", ledgerPath, "--aws-endpoint", aws.url, "--aws-region", "us-east-1",
+		"--aws-subnet-id", "subnet-0123456789abcdef0")
+	assert.Contains(t, out, "recorded 3 VMs")
+	before := liveVMs(aws.core)
+	aws.core.ResetCounters()
+	d = startDaemon(t, c, aws, node, ledgerPath)
+	d.waitReady(t, func() {})
+	assert.Zero(t, aws.core.Counters()[cloud.OpCreate], "nothing recreated after a rebuild")
+	assert.Equal(t, before, liveVMs(aws.core))
+	d.stop(t)
+}
