@@ -1,0 +1,105 @@
+package cluster
+
+import (
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// process is one server the harness runs, its output appended to a log file.
+type process struct {
+	name    string
+	cmd     *exec.Cmd
+	logPath string
+	done    chan struct{} // closed once the process has been reaped
+	waitErr error         // set before done is closed
+}
+
+func startProcess(name, bin string, args []string, logPath string) (*process, error) {
+	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	// A header per start, so a restart is visible in the one log file.
+	fmt.Fprintf(f, "=== %s %s %s\n", time.Now().Format(time.RFC3339Nano), bin, strings.Join(args, " "))
+	cmd := exec.Command(bin, args...)
+	cmd.Stdout = f
+	cmd.Stderr = f
+	// If the test binary dies without running its cleanups (a panic, a
+	// timeout, SIGKILL), the kernel kills the server too.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &process{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	go func() {
+		p.waitErr = cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+	return p, nil
+}
+
+// exitErr returns why the process ended, or nil while it runs.
+func (p *process) exitErr() error {
+	select {
+	case <-p.done:
+		if p.waitErr != nil {
+			return fmt.Errorf("%s exited: %w", p.name, p.waitErr)
+		}
+		return fmt.Errorf("%s exited with status 0", p.name)
+	default:
+		return nil
+	}
+}
+
+// stop sends SIGTERM and waits up to grace, then SIGKILLs and waits for the
+// kill to land. It reports whether the kill was needed.
+func (p *process) stop(grace time.Duration) (killed bool) {
+	select {
+	case <-p.done:
+		return false
+	default:
+	}
+	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+	select {
+	case <-p.done:
+		return false
+	case <-timer.C:
+	}
+	_ = p.cmd.Process.Kill()
+	<-p.done
+	return true
+}
+
+// tail returns the last n lines of the process's log.
+func (p *process) tail(n int) string {
+	return fileTail(p.logPath, n)
+}
+
+// fileTail returns at most n trailing lines from the last 64 KiB of a file.
+func fileTail(path string, n int) string {
+	f, err := os.Open(path)
+	if err != nil {
+		return fmt.Sprintf("(no log: %v)", err)
+	}
+	defer f.Close()
+	const window = 64 << 10
+	if info, err := f.Stat(); err == nil && info.Size() > window {
+		if _, err := f.Seek(-window, io.SeekEnd); err != nil {
+			return fmt.Sprintf("(read log: %v)", err)
+		}
+	}
+	b, err := io.ReadAll(f)
+	if err != nil {
+		return fmt.Sprintf("(read log: %v)", err)
+	}
+	return lastLines(b, n)
+}
