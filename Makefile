@@ -7,7 +7,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCH_COUNT ?= 5
 BENCH_OUT   ?= .cache/bench
 
-.PHONY: help build test test-unit test-integration lint fmt bench fuzz clean
+.PHONY: help build demo test test-unit test-integration e2e-binaries lint fmt bench fuzz clean
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -15,13 +15,19 @@ help: ## list the targets
 build: ## build bin/caa
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/caa ./cmd/caa
 
-test: lint test-integration ## everything CI runs: lint, then every test (unit, integration, fuzz seeds) under the race detector
+demo: ## the guided demo: etcd, kube-apiserver, a fake cloud (CLOUD=aws|ibmcloud) and caa through a restart
+	$(GO) run ./test/e2e/cmd/demo
 
-test-unit: ## fast tests only (skips the crash-loop and built-binary tests)
-	$(GO) test -short -count=1 ./...
+test: lint test-integration ## everything CI runs: lint, then every test (unit, integration, e2e, fuzz seeds) under the race detector
 
-test-integration: ## every test, with the race detector
-	$(GO) test -race -count=1 -timeout 20m ./...
+test-unit: ## fast tests only: no e2e packages, and -short skips the crash loop and the built-binary tests
+	$(GO) test -short -count=1 $$($(GO) list ./... | grep -v /test/e2e)
+
+test-integration: e2e-binaries ## every test, with the race detector
+	$(GO) test -race -count=1 -timeout 30m ./...
+
+e2e-binaries: ## build (or find cached) etcd and kube-apiserver for the e2e tests; cold: minutes
+	$(GO) run ./test/e2e/cmd/e2e-binaries
 
 lint: ## gofmt check, go vet, staticcheck (pinned)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
