@@ -5,6 +5,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"maps"
+	"reflect"
 	"slices"
 	"sync"
 	"time"
@@ -51,8 +53,12 @@ func NewPodSource(client kubernetes.Interface, node string, runtimeClasses []str
 	}
 	poke := func(any) { s.poke() }
 	if _, err := s.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc:    poke,
-		UpdateFunc: func(_, obj any) { poke(obj) },
+		AddFunc: poke,
+		UpdateFunc: func(oldObj, newObj any) {
+			if changed(oldObj, newObj) {
+				s.poke()
+			}
+		},
 		DeleteFunc: poke,
 	}); err != nil {
 		return nil, fmt.Errorf("pod source: %w", err)
@@ -82,6 +88,21 @@ func (s *PodSource) poke() {
 	case s.changes <- struct{}{}:
 	default:
 	}
+}
+
+// changed reports whether an update matters to caa: the kubelet rewrites
+// pod status often, and only a phase, the annotations, the runtime class
+// or a deletion change what caa decides.
+func changed(oldObj, newObj any) bool {
+	o, ok1 := oldObj.(*corev1.Pod)
+	n, ok2 := newObj.(*corev1.Pod)
+	if !ok1 || !ok2 {
+		return true
+	}
+	return o.Status.Phase != n.Status.Phase ||
+		!maps.Equal(o.Annotations, n.Annotations) ||
+		!reflect.DeepEqual(o.Spec.RuntimeClassName, n.Spec.RuntimeClassName) ||
+		!o.DeletionTimestamp.Equal(n.DeletionTimestamp)
 }
 
 // Pods returns the peer pods in the cache, terminal ones included.
@@ -218,6 +239,10 @@ type Loop struct {
 	// pass, so that a shutdown can stop new passes (Run's ctx) while the
 	// calls in flight get a bounded time to finish (Calls cancelled later).
 	Calls context.Context
+	// MinGap is the least time between two passes started by pod changes
+	// (default 1s), so a burst of changes costs one cloud listing, not one
+	// each.
+	MinGap time.Duration
 
 	mu        sync.Mutex
 	converged bool
@@ -229,14 +254,25 @@ func (l *Loop) Run(ctx context.Context) {
 	if resync <= 0 {
 		resync = time.Minute
 	}
+	gap := l.MinGap
+	if gap <= 0 {
+		gap = time.Second
+	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
+	var earliest time.Time
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-timer.C:
 		case <-l.Pods.Changes():
+			if wait := time.Until(earliest); wait > 0 {
+				// Too soon after the last pass: fold this change into a
+				// pass at the end of the gap.
+				resetTimer(timer, wait)
+				continue
+			}
 		}
 		if !l.Pods.Synced() {
 			timer.Reset(time.Second)
@@ -266,12 +302,18 @@ func (l *Loop) Run(ctx context.Context) {
 		if !converged && next > 5*time.Second {
 			next = 5 * time.Second
 		}
-		if !timer.Stop() {
-			select {
-			case <-timer.C:
-			default:
-			}
-		}
-		timer.Reset(next)
+		earliest = time.Now().Add(gap)
+		resetTimer(timer, next)
 	}
+}
+
+// resetTimer moves t to fire after d, draining a pending fire.
+func resetTimer(t *time.Timer, d time.Duration) {
+	if !t.Stop() {
+		select {
+		case <-t.C:
+		default:
+		}
+	}
+	t.Reset(d)
 }

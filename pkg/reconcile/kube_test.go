@@ -154,3 +154,22 @@ func TestLoopConvergesThenFollowsPodChanges(t *testing.T) {
 		t.Fatal("loop did not stop on cancel")
 	}
 }
+
+func TestOnlyRelevantUpdatesPokeTheLoop(t *testing.T) {
+	base := kubePod("u1", "a", "kata-remote", corev1.PodPending)
+	statusOnly := base.DeepCopy()
+	statusOnly.Status.Conditions = []corev1.PodCondition{{Type: corev1.PodReady, Status: corev1.ConditionTrue}}
+	phase := base.DeepCopy()
+	phase.Status.Phase = corev1.PodSucceeded
+	ann := base.DeepCopy()
+	ann.Annotations["io.katacontainers.config.hypervisor.machine_type"] = "large"
+	deleting := base.DeepCopy()
+	now := metav1.Now()
+	deleting.DeletionTimestamp = &now
+
+	assert.False(t, changed(base, statusOnly), "a status rewrite is noise")
+	assert.True(t, changed(base, phase))
+	assert.True(t, changed(base, ann))
+	assert.True(t, changed(base, deleting))
+	assert.True(t, changed(base, "not a pod"))
+}
