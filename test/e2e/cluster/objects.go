@@ -21,9 +21,9 @@ const (
 
 // bootstrap creates what a real cluster would have before caa starts.
 func (c *Cluster) bootstrap(ctx context.Context) error {
-	// The apiserver makes kube-system itself, but from a post-start
-	// controller that /readyz does not wait for; caa reads its UID as the
-	// cluster id, so make sure it is there before any test starts.
+	// The apiserver makes kube-system itself (it was there at /readyz in
+	// every run of v1.37.2 here), but from a post-start controller; caa
+	// reads its UID as the cluster id, so make sure before any test starts.
 	if err := c.EnsureNamespace(ctx, metav1.NamespaceSystem); err != nil {
 		return err
 	}
