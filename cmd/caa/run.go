@@ -244,6 +244,13 @@ func runDaemon(ctx context.Context, f *runFlags, stderr io.Writer) error {
 	log, _ := newLogger(stderr, f.logFormat, f.logLevel)
 	log = log.With("node", f.node)
 	started := time.Now()
+	// The status exists from the start, so time to ready counts it all.
+	reg := prometheus.NewRegistry()
+	metrics, err := health.NewMetrics(reg)
+	if err != nil {
+		return err
+	}
+	status := health.NewStatus(health.Config{Stale: 3 * f.resync, Metrics: metrics})
 
 	var userData []byte
 	if f.userDataFile != "" {
@@ -283,12 +290,6 @@ func runDaemon(ctx context.Context, f *runFlags, stderr io.Writer) error {
 		return err
 	}
 
-	reg := prometheus.NewRegistry()
-	metrics, err := health.NewMetrics(reg)
-	if err != nil {
-		return err
-	}
-	status := health.NewStatus(health.Config{Stale: 3 * f.resync, Metrics: metrics})
 	cloud, specCfg, err := f.newProvider(ctx, log)
 	if err != nil {
 		return fmt.Errorf("provider %s: %w", f.providerName, err)
