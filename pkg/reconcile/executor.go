@@ -29,6 +29,7 @@ const (
 	EventVMAdopted    = "VMAdopted"
 	EventVMDeleted    = "VMDeleted"
 	EventCreateFailed = "VMCreateFailed"
+	EventDeleteFailed = "VMDeleteFailed"
 )
 
 // Executor applies actions: the ledger's intent first (durable when Put
@@ -108,7 +109,7 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 
 	if a.OldVMID != "" {
 		if err := e.cloudDelete(ctx, a.OldVMID); err != nil {
-			return e.cloudFailure(res, pod, "delete the dead VM "+a.OldVMID, err)
+			return e.cloudFailure(res, pod, EventDeleteFailed, "delete the dead VM "+a.OldVMID, err)
 		}
 		res.CloudWrites++
 	}
@@ -133,7 +134,7 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 			failed.CloudWrites = res.CloudWrites
 			return failed, ferr
 		}
-		return e.cloudFailure(res, pod, "create", err)
+		return e.cloudFailure(res, pod, EventCreateFailed, "create", err)
 	}
 	running := e.record(intent, vm, ledger.PhaseRunning)
 	running.Reason, running.Message = a.Reason, ""
@@ -199,7 +200,7 @@ func (e *Executor) delete(ctx context.Context, in Input, a Action) (Result, erro
 	}
 	if vmID != "" {
 		if err := e.cloudDelete(ctx, vmID); err != nil {
-			return e.cloudFailure(res, in.Pod, "delete VM "+vmID, err)
+			return e.cloudFailure(res, in.Pod, EventDeleteFailed, "delete VM "+vmID, err)
 		}
 		res.CloudWrites++
 	}
@@ -223,7 +224,7 @@ func (e *Executor) cloudDelete(ctx context.Context, id string) error {
 // cloudFailure turns a failed cloud call into a requeue, or into a daemon
 // error for bad credentials. Throttling waits what the cloud asked and is
 // not an event: it is caa's to absorb, not the pod's to see.
-func (e *Executor) cloudFailure(res Result, pod *Pod, what string, err error) (Result, error) {
+func (e *Executor) cloudFailure(res Result, pod *Pod, reason, what string, err error) (Result, error) {
 	if errors.Is(err, provider.ErrAuth) {
 		return res, fmt.Errorf("%w: %s: %w", ErrDaemon, what, err)
 	}
@@ -238,7 +239,7 @@ func (e *Executor) cloudFailure(res Result, pod *Pod, what string, err error) (R
 	}
 	e.log().Warn("cloud call failed", "what", what, "pod", podRef(pod), "err", err, "retryIn", res.RequeueAfter)
 	if pod != nil {
-		e.event(pod, true, EventCreateFailed, fmt.Sprintf("%s: %v (retrying)", what, err))
+		e.event(pod, true, reason, fmt.Sprintf("%s: %v (retrying)", what, err))
 	}
 	return res, nil
 }
