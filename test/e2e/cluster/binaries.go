@@ -15,6 +15,7 @@ import (
 	"runtime"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -196,7 +197,7 @@ func (c component) build(ctx context.Context, modDir, version, dir, bin string) 
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return fmt.Errorf("build %s %s: %w", c.name, version, err)
 	}
-	partial := filepath.Join(dir, "."+c.name+".partial")
+	partial := filepath.Join(dir, fmt.Sprintf(".%s.%d.partial", c.name, os.Getpid()))
 	logPath := filepath.Join(dir, "build.log")
 	logFile, err := os.Create(logPath)
 	if err != nil {
@@ -216,6 +217,11 @@ func (c component) build(ctx context.Context, modDir, version, dir, bin string) 
 	var out bytes.Buffer
 	cmd.Stdout = io.MultiWriter(logFile, &out)
 	cmd.Stderr = cmd.Stdout
+	// The go command and its compilers share a process group, so a timeout
+	// ends them all; Pdeathsig ends the go command if this process dies
+	// (a test timeout) so that it never outlives the lock it built under.
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	cmd.Cancel = func() error { return syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL) }
 	cmd.WaitDelay = 10 * time.Second
 
 	start := time.Now()
@@ -242,7 +248,11 @@ func (c component) build(ctx context.Context, modDir, version, dir, bin string) 
 		if ctxErr := ctx.Err(); ctxErr != nil {
 			err = fmt.Errorf("%w (%w)", err, ctxErr)
 		}
-		return fmt.Errorf("build %s %s: go %s in %s: %w\n%s", c.name, version, strings.Join(args, " "), modDir, err, lastLines(out.Bytes(), 30))
+		err = fmt.Errorf("build %s %s: go %s in %s: %w", c.name, version, shellJoin(args), modDir, err)
+		if out.Len() > 0 {
+			err = fmt.Errorf("%w\n%s", err, lastLines(out.Bytes(), 30))
+		}
+		return err
 	}
 	if err := os.Rename(partial, bin); err != nil {
 		return fmt.Errorf("build %s %s: %w", c.name, version, err)
@@ -284,6 +294,19 @@ func cacheDir() (string, error) {
 		return "", fmt.Errorf("e2e binary cache: %w (set %s)", err, CacheEnv)
 	}
 	return filepath.Join(base, "caa-e2e"), nil
+}
+
+// shellJoin quotes the arguments that hold spaces, for an error message a
+// reader can paste into a shell.
+func shellJoin(args []string) string {
+	quoted := make([]string, len(args))
+	for i, a := range args {
+		if strings.ContainsAny(a, " \t") {
+			a = "'" + a + "'"
+		}
+		quoted[i] = a
+	}
+	return strings.Join(quoted, " ")
 }
 
 func isFile(path string) bool {

@@ -1,0 +1,93 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestRequiredVersion(t *testing.T) {
+	gomod := []byte(`module example.com/w
+
+go 1.26.0
+
+tool k8s.io/kubernetes/cmd/kube-apiserver
+
+require k8s.io/single v1.2.3
+
+require (
+	k8s.io/api v0.37.2 // indirect
+	k8s.io/kubernetes v1.37.2 // indirect
+)
+
+replace k8s.io/api => k8s.io/api v0.37.2
+`)
+	for path, want := range map[string]string{
+		"k8s.io/kubernetes": "v1.37.2",
+		"k8s.io/single":     "v1.2.3",
+		"k8s.io/api":        "v0.37.2",
+		"k8s.io/missing":    "",
+	} {
+		if got := requiredVersion(gomod, path); got != want {
+			t.Errorf("requiredVersion(%s) = %q, want %q", path, got, want)
+		}
+	}
+}
+
+func TestKubeVersionLDFlags(t *testing.T) {
+	flags := kubeVersionLDFlags("v1.37.2")
+	for _, want := range []string{"version.gitVersion=v1.37.2", "version.gitMajor=1", "version.gitMinor=37"} {
+		if !strings.Contains(flags, want) {
+			t.Errorf("ldflags %q lack %q", flags, want)
+		}
+	}
+}
+
+// TestWrapperPins reads the real wrapper modules: the versions the harness
+// names its cache entries after must be the ones the issue pinned.
+func TestWrapperPins(t *testing.T) {
+	tools, err := toolsDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, pin := range []struct {
+		c    component
+		want string
+	}{{etcdComponent, "v3.7.3"}, {apiserverComponent, "v1.37.2"}} {
+		version, key, err := pin.c.identity(filepath.Join(tools, pin.c.module))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if version != pin.want || len(key) != 12 {
+			t.Errorf("%s: version %q key %q, want %s and a 12-digit key", pin.c.name, version, key, pin.want)
+		}
+	}
+}
+
+func TestLockFileExcludesAndHonoursContext(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "lock")
+	unlock, err := lockFile(t.Context(), path, func(string) { t.Error("first lock waited") })
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	ctx, cancel := context.WithTimeout(t.Context(), 300*time.Millisecond)
+	defer cancel()
+	var holder string
+	if _, err := lockFile(ctx, path, func(h string) { holder = h }); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("second lock while held: %v, want deadline exceeded", err)
+	}
+	if !strings.HasPrefix(holder, "pid ") {
+		t.Errorf("waiting told holder %q, want a pid", holder)
+	}
+
+	unlock()
+	unlock2, err := lockFile(t.Context(), path, func(string) { t.Error("lock waited after unlock") })
+	if err != nil {
+		t.Fatal(err)
+	}
+	unlock2()
+}
