@@ -129,7 +129,7 @@ func (c *Cluster) launch(ctx context.Context) error {
 		if err == nil || !errors.Is(err, errPortTaken) || attempt == startAttempts {
 			break
 		}
-		c.logf("e2e: %v; retrying on other ports", err)
+		c.logf("e2e: start attempt %d lost a port to another process; retrying on other ports", attempt)
 	}
 	if err != nil {
 		return err
@@ -412,7 +412,7 @@ func (c *Cluster) LogTails(n int) string {
 	var b strings.Builder
 	for _, name := range []string{"etcd", "kube-apiserver"} {
 		path := filepath.Join(c.dir, name+".log")
-		fmt.Fprintf(&b, "--- %s (%s)\n%s\n", name, path, fileTail(path, n))
+		fmt.Fprintf(&b, "--- %s (%s)\n%s\n", name, path, fileTail(path, 0, n))
 	}
 	return b.String()
 }

@@ -15,6 +15,7 @@ type process struct {
 	name    string
 	cmd     *exec.Cmd
 	logPath string
+	logFrom int64         // size of the log when this process started
 	done    chan struct{} // closed once the process has been reaped
 	waitErr error         // set before done is closed
 }
@@ -22,6 +23,11 @@ type process struct {
 func startProcess(name, bin string, args []string, logPath string) (*process, error) {
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
+		return nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	info, err := f.Stat()
+	if err != nil {
+		f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
 	// A header per start, so a restart is visible in the one log file.
@@ -36,7 +42,7 @@ func startProcess(name, bin string, args []string, logPath string) (*process, er
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
-	p := &process{name: name, cmd: cmd, logPath: logPath, done: make(chan struct{})}
+	p := &process{name: name, cmd: cmd, logPath: logPath, logFrom: info.Size(), done: make(chan struct{})}
 	go func() {
 		p.waitErr = cmd.Wait()
 		f.Close()
@@ -79,23 +85,26 @@ func (p *process) stop(grace time.Duration) (killed bool) {
 	return true
 }
 
-// tail returns the last n lines of the process's log.
+// tail returns the last n lines this process wrote to its log, leaving out
+// earlier runs that share the file.
 func (p *process) tail(n int) string {
-	return fileTail(p.logPath, n)
+	return fileTail(p.logPath, p.logFrom, n)
 }
 
-// fileTail returns at most n trailing lines from the last 64 KiB of a file.
-func fileTail(path string, n int) string {
+// fileTail returns at most n trailing lines from the last 64 KiB of a file,
+// starting no earlier than offset from.
+func fileTail(path string, from int64, n int) string {
 	f, err := os.Open(path)
 	if err != nil {
 		return fmt.Sprintf("(no log: %v)", err)
 	}
 	defer f.Close()
 	const window = 64 << 10
-	if info, err := f.Stat(); err == nil && info.Size() > window {
-		if _, err := f.Seek(-window, io.SeekEnd); err != nil {
-			return fmt.Sprintf("(read log: %v)", err)
-		}
+	if info, err := f.Stat(); err == nil {
+		from = max(from, info.Size()-window)
+	}
+	if _, err := f.Seek(from, io.SeekStart); err != nil {
+		return fmt.Sprintf("(read log: %v)", err)
 	}
 	b, err := io.ReadAll(f)
 	if err != nil {
