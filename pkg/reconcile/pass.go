@@ -184,7 +184,9 @@ func (r *Reconciler) confirm(ctx context.Context, id string) *provider.VM {
 }
 
 // pickByTag chooses among the VMs that carry a pod's UID: the live one
-// with the record's key, else any live one, else any.
+// with the record's key, else any live one, else any with the record's key
+// (any at all without a record). A dead VM of another attempt says nothing
+// about this attempt's VM, which may just not be visible yet.
 func pickByTag(vms []*provider.VM, rec *ledger.Record) *provider.VM {
 	var alive, anyVM *provider.VM
 	for _, vm := range vms {
@@ -194,7 +196,7 @@ func pickByTag(vms []*provider.VM, rec *ledger.Record) *provider.VM {
 		if vm.State.Alive() && alive == nil {
 			alive = vm
 		}
-		if anyVM == nil {
+		if anyVM == nil && (rec == nil || vm.Owner().Key == rec.Key) {
 			anyVM = vm
 		}
 	}
