@@ -78,10 +78,10 @@ func (p PassResult) Converged() bool { return p.Err == nil && len(p.Pending) == 
 // Pass reconciles every pod once. pods is the cache's view of this node's
 // peer pods (terminal ones included); synced says whether that view is
 // complete. Nothing is deleted from an unsynced view.
-func (r *Reconciler) Pass(ctx context.Context, pods []*Pod, synced bool) PassResult {
+func (r *Reconciler) Pass(ctx context.Context, pods []*Pod, synced bool) (out PassResult) {
 	now := r.now()
 	res := PassResult{At: now, Actions: map[Kind]int{}}
-	defer func() { res.Duration = r.now().Sub(now) }()
+	defer func() { out.Duration = r.now().Sub(now) }()
 
 	records, err := r.Exec.Ledger.List(ledger.Filter{})
 	if err != nil && !errors.Is(err, ledger.ErrCorrupt) {
