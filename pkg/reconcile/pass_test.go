@@ -213,3 +213,17 @@ func TestLostLedgerIsRebuiltFromTags(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, recs, 5)
 }
+
+func TestPickByTagIgnoresDeadVMsOfOtherAttempts(t *testing.T) {
+	r := &ledger.Record{PodUID: "p", Key: "p-a2", VMID: "i-2"}
+	dead1 := tagged("i-1", "p", "p-a1", provider.StateTerminated, t0)
+	live1 := tagged("i-1b", "p", "p-a1", provider.StateRunning, t0)
+	dead2 := tagged("i-2", "p", "p-a2", provider.StateTerminated, t0)
+	live2 := tagged("i-2", "p", "p-a2", provider.StateRunning, t0)
+
+	assert.Nil(t, pickByTag([]*provider.VM{&dead1}, r), "a dead VM of attempt 1 says nothing about attempt 2")
+	assert.Equal(t, "i-2", pickByTag([]*provider.VM{&dead1, &dead2}, r).ID, "the record's own dead VM is evidence")
+	assert.Equal(t, "i-2", pickByTag([]*provider.VM{&live1, &live2}, r).ID, "the record's key first")
+	assert.Equal(t, "i-1b", pickByTag([]*provider.VM{&dead2, &live1}, r).ID, "else a live one")
+	assert.Equal(t, "i-1", pickByTag([]*provider.VM{&dead1}, nil).ID, "without a record, any")
+}
