@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strconv"
@@ -180,34 +179,12 @@ func runStartRestartAndRecreate(t *testing.T, fc *fakeCloud) {
 	}
 }
 
-// startCloudDaemon starts `caa run` for fc; it is startDaemon with the
-// cloud's flags and environment instead of AWS's.
+// startCloudDaemon starts `caa run` for fc, at debug level so that the
+// secrets check covers every line caa can write.
 func startCloudDaemon(t *testing.T, c *cluster.Cluster, fc *fakeCloud, node, ledgerPath string) *daemon {
 	t.Helper()
-	port := freePort(t)
-	logs := &lockedBuffer{}
-	args := append([]string{"run",
-		"--node-name", node, "--kubeconfig", c.Kubeconfig(), "--ledger", ledgerPath,
-		"--health-addr", "127.0.0.1:" + strconv.Itoa(port), "--resync", "2s", "--confirm-missing", "2s",
-		// Debug makes the secrets check cover every line caa can write.
-		"--log-format", "json", "--log-level", "debug",
-	}, fc.args...)
-	cmd := exec.Command(caaBin, args...)
-	cmd.Env = append(hermeticEnv(), fc.env...)
-	cmd.Stdout, cmd.Stderr = logs, logs
-	require.NoError(t, cmd.Start())
-	d := &daemon{cmd: cmd, health: fmt.Sprintf("http://127.0.0.1:%d", port), logs: logs, done: make(chan error, 1)}
-	go func() { d.done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			<-d.done
-		}
-		if t.Failed() {
-			t.Logf("caa output:\n%s", logs.String())
-		}
-	})
-	return d
+	args := append([]string{"--log-level", "debug"}, fc.args...)
+	return launchCaa(t, c, node, ledgerPath, fc.name, args, append(hermeticEnv(), fc.env...))
 }
 
 // hermeticEnv is this process's environment without anything that could

@@ -95,17 +95,34 @@ func (l *lockedBuffer) String() string {
 	return l.b.String()
 }
 
-func startDaemon(t *testing.T, c *cluster.Cluster, aws *awsCloud, node, ledgerPath string) *daemon {
+// awsArgs point caa at the fake EC2; awsEnv gives it test credentials.
+func (a *awsCloud) awsArgs() []string {
+	return []string{"--provider", "aws", "--aws-endpoint", a.url, "--aws-region", "us-east-1",
+		"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", "ami-0123456789abcdef0", "--aws-instance-type", "t3.small"}
+}
+
+func awsEnv() []string {
+	return append(os.Environ(), "AWS_ACCESS_KEY_ID=AKIDE2ETEST", "AWS_SECRET_ACCESS_KEY=e2e-secret-key",
+		"AWS_EC2_METADATA_DISABLED=true", "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null")
+}
+
+// startDaemon starts `caa run` against the fake EC2; extra flags come last,
+// so they override (a flag given twice keeps its last value).
+func startDaemon(t *testing.T, c *cluster.Cluster, aws *awsCloud, node, ledgerPath string, extra ...string) *daemon {
+	t.Helper()
+	return launchCaa(t, c, node, ledgerPath, "aws", append(aws.awsArgs(), extra...), awsEnv())
+}
+
+// launchCaa starts `caa run` on node with the flags every test shares, then
+// args, in env. On failure it logs the tail of the output, labelled.
+func launchCaa(t *testing.T, c *cluster.Cluster, node, ledgerPath, label string, args, env []string) *daemon {
 	t.Helper()
 	port := freePort(t)
 	logs := &lockedBuffer{}
-	cmd := exec.Command(caaBin, "run",
-		"--provider", "aws", "--node-name", node, "--kubeconfig", c.Kubeconfig(), "--ledger", ledgerPath,
-		"--health-addr", "127.0.0.1:"+strconv.Itoa(port), "--resync", "2s", "--confirm-missing", "2s",
-		"--aws-endpoint", aws.url, "--aws-region", "us-east-1", "--aws-subnet-id", "subnet-0123456789abcdef0",
-		"--aws-image", "ami-0123456789abcdef0", "--aws-instance-type", "t3.small", "--log-format", "json")
-	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID=AKIDE2ETEST", "AWS_SECRET_ACCESS_KEY=e2e-secret-key",
-		"AWS_EC2_METADATA_DISABLED=true", "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null")
+	common := []string{"run", "--node-name", node, "--kubeconfig", c.Kubeconfig(), "--ledger", ledgerPath,
+		"--health-addr", "127.0.0.1:" + strconv.Itoa(port), "--resync", "2s", "--confirm-missing", "2s", "--log-format", "json"}
+	cmd := exec.Command(caaBin, append(common, args...)...)
+	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = logs, logs
 	require.NoError(t, cmd.Start())
 	d := &daemon{cmd: cmd, health: fmt.Sprintf("http://127.0.0.1:%d", port), logs: logs, done: make(chan error, 1)}
@@ -116,7 +133,7 @@ func startDaemon(t *testing.T, c *cluster.Cluster, aws *awsCloud, node, ledgerPa
 			<-d.done
 		}
 		if t.Failed() {
-			t.Logf("caa output:\n%s", logs.String())
+			t.Logf("caa %s output (last 80 lines):\n%s", label, tailLines(logs.String(), 80))
 		}
 	})
 	return d
@@ -243,8 +260,7 @@ func TestStartRestartAndRecreate(t *testing.T) {
 func runCaa(t *testing.T, args ...string) string {
 	t.Helper()
 	cmd := exec.Command(caaBin, args...)
-	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID=AKIDE2ETEST", "AWS_SECRET_ACCESS_KEY=e2e-secret-key",
-		"AWS_EC2_METADATA_DISABLED=true", "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null")
+	cmd.Env = awsEnv()
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "caa %v:\n%s", args, out)
 	return string(out)

@@ -40,35 +40,10 @@ const (
 	condPoll = 50 * time.Millisecond
 )
 
-// startCaa starts `caa run` with startDaemon's flags followed by extra ones;
-// a flag given twice keeps its last value, so extra can override. On
-// failure it logs the tail of the daemon's output, labelled with label.
+// startCaa is startDaemon with a label for the failure log.
 func startCaa(t *testing.T, c *cluster.Cluster, aws *awsCloud, node, ledgerPath, label string, extra ...string) *daemon {
 	t.Helper()
-	port := freePort(t)
-	logs := &lockedBuffer{}
-	args := []string{"run",
-		"--provider", "aws", "--node-name", node, "--kubeconfig", c.Kubeconfig(), "--ledger", ledgerPath,
-		"--health-addr", "127.0.0.1:" + strconv.Itoa(port), "--resync", "2s", "--confirm-missing", "2s",
-		"--aws-endpoint", aws.url, "--aws-region", "us-east-1", "--aws-subnet-id", "subnet-0123456789abcdef0",
-		"--aws-image", ec2Image, "--aws-instance-type", ec2Type, "--log-format", "json"}
-	cmd := exec.Command(caaBin, append(args, extra...)...)
-	cmd.Env = append(os.Environ(), "AWS_ACCESS_KEY_ID=AKIDE2ETEST", "AWS_SECRET_ACCESS_KEY=e2e-secret-key",
-		"AWS_EC2_METADATA_DISABLED=true", "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null")
-	cmd.Stdout, cmd.Stderr = logs, logs
-	require.NoError(t, cmd.Start())
-	d := &daemon{cmd: cmd, health: fmt.Sprintf("http://127.0.0.1:%d", port), logs: logs, done: make(chan error, 1)}
-	go func() { d.done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			<-d.done
-		}
-		if t.Failed() {
-			t.Logf("caa %s output (last 60 lines):\n%s", label, tailLines(logs.String(), 60))
-		}
-	})
-	return d
+	return launchCaa(t, c, node, ledgerPath, label, append(aws.awsArgs(), extra...), awsEnv())
 }
 
 func tailLines(s string, n int) string {
