@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
-	"encoding/json"
 	"fmt"
 	"maps"
 	"net/http"
@@ -12,7 +11,6 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -207,12 +205,6 @@ func secret(prefix string) string { return prefix + strings.ToLower(rand.Text())
 const (
 	azureImage = "Canonical:ubuntu-24_04-lts:server:latest"
 	azureSize  = "Standard_D2as_v5"
-	// azureMIAPIVersion is the App Service managed identity API that
-	// azidentity speaks.
-	azureMIAPIVersion = "2019-08-01"
-	// azureARMAudience is the token audience of Resource Manager in the
-	// public cloud, which caa keeps when --azure-endpoint moves the URL.
-	azureARMAudience = "https://management.core.windows.net/"
 )
 
 func newAzureFake(t *testing.T) *fakeCloud {
@@ -221,7 +213,7 @@ func newAzureFake(t *testing.T) *fakeCloud {
 	core := cloud.New(cloud.Options{PageSize: 5, Images: []string{azureImage}, Types: []string{azureSize}})
 	arm := httptest.NewServer(armfake.NewServer(core, armfake.WithBearerToken(token)))
 	t.Cleanup(arm.Close)
-	mi := newManagedIdentity(t, token, azureARMAudience)
+	mi, miURL := newManagedIdentity(t, token)
 	subnet := "/subscriptions/" + armfake.DefaultSubscription +
 		"/resourceGroups/caa-net/providers/Microsoft.Network/virtualNetworks/caa-vnet/subnets/peerpods"
 	return &fakeCloud{
@@ -234,63 +226,21 @@ func newAzureFake(t *testing.T) *fakeCloud {
 			"--azure-ssh-public-key", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGNhYS1lMmUta2V5 caa@e2e",
 			"--azure-image", azureImage, "--azure-instance-type", azureSize,
 			"--azure-poll-interval", "50ms", "--azure-retry-delay", "50ms"},
-		env:           []string{"IDENTITY_ENDPOINT=" + mi.url, "IDENTITY_HEADER=" + mi.header},
-		secrets:       map[string]string{"ARM bearer token": token, "managed identity header": mi.header},
+		env:           []string{"IDENTITY_ENDPOINT=" + miURL, "IDENTITY_HEADER=" + mi.Header},
+		secrets:       map[string]string{"ARM bearer token": token, "managed identity header": mi.Header},
 		writes:        []string{cloud.OpCreate, cloud.OpDelete, armfake.OpNICCreate, armfake.OpNICDelete},
 		live:          func() map[string]string { return liveVMs(core) }, // ARM tags are the core's tags
-		authenticated: func() (int64, int64) { return mi.issued.Load(), mi.refused.Load() },
+		authenticated: func() (int64, int64) { return mi.Issued.Load(), mi.Refused.Load() },
 	}
 }
 
-// managedIdentity fakes App Service's managed identity endpoint: a GET with
-// the X-IDENTITY-HEADER secret, the api-version and the token's audience
-// (resource), answered with a bearer token. It refuses, and counts, a
-// request without the secret, of another API version, for another audience
-// than Resource Manager's, or for a user-assigned identity.
-type managedIdentity struct {
-	url, header     string
-	issued, refused atomic.Int64
-}
-
-func newManagedIdentity(t *testing.T, token, audience string) *managedIdentity {
+func newManagedIdentity(t *testing.T, token string) (*armfake.ManagedIdentity, string) {
 	t.Helper()
-	mi := &managedIdentity{header: secret("e2e-identity-header-")}
-	mux := http.NewServeMux()
-	mux.HandleFunc("/msi/token", func(w http.ResponseWriter, r *http.Request) {
-		q := r.URL.Query()
-		problem := ""
-		switch {
-		case r.Method != http.MethodGet:
-			problem = "method " + r.Method
-		case r.Header.Get("X-IDENTITY-HEADER") != mi.header:
-			problem = "missing or wrong X-IDENTITY-HEADER"
-		case q.Get("api-version") != azureMIAPIVersion:
-			problem = "api-version " + q.Get("api-version")
-		case q.Get("resource") != audience:
-			problem = "resource " + q.Get("resource")
-		case q.Has("client_id") || q.Has("mi_res_id") || q.Has("principal_id"):
-			problem = "a user-assigned identity was asked for"
-		}
-		w.Header().Set("Content-Type", "application/json")
-		if problem != "" {
-			mi.refused.Add(1)
-			t.Logf("fake managed identity refused a request: %s", problem)
-			w.WriteHeader(http.StatusBadRequest)
-			_ = json.NewEncoder(w).Encode(map[string]string{"error": "invalid_request", "error_description": problem})
-			return
-		}
-		mi.issued.Add(1)
-		_ = json.NewEncoder(w).Encode(map[string]string{
-			"access_token": token,
-			"expires_on":   strconv.FormatInt(time.Now().Add(time.Hour).Unix(), 10),
-			"resource":     q.Get("resource"),
-			"token_type":   "Bearer",
-		})
-	})
-	srv := httptest.NewServer(mux)
+	mi := &armfake.ManagedIdentity{Token: token, Header: secret("e2e-identity-header-"),
+		Refusal: func(why string) { t.Logf("fake managed identity refused a request: %s", why) }}
+	srv := httptest.NewServer(mi)
 	t.Cleanup(srv.Close)
-	mi.url = srv.URL + "/msi/token"
-	return mi
+	return mi, srv.URL + armfake.ManagedIdentityPath
 }
 
 // IBM Cloud.

@@ -2,7 +2,8 @@
 // fake cloud on 127.0.0.1, creates peer pods on a node, runs caa and shows
 // its readiness flip, then restarts caa with VMs killed behind its back and
 // shows what it adopted and recreated. It narrates each step and stops
-// everything it started. CLOUD=aws (default) or ibmcloud picks the cloud.
+// everything it started. CLOUD=aws (default), azure or ibmcloud picks the
+// cloud.
 package main
 
 import (
@@ -24,6 +25,7 @@ import (
 	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/test/e2e/cluster"
 	ec2fake "github.com/caa-project/caa/test/mocks/aws"
+	armfake "github.com/caa-project/caa/test/mocks/azure"
 	"github.com/caa-project/caa/test/mocks/cloud"
 	vpcfake "github.com/caa-project/caa/test/mocks/ibmcloud"
 )
@@ -73,8 +75,27 @@ func newFake(name string) (*fake, func(), error) {
 				"--ibmcloud-subnet-id", "0717-demo-subnet", "--ibmcloud-image", "r006-demo-image", "--ibmcloud-instance-type", "bx2-2x8"},
 			env: []string{"IBMCLOUD_API_KEY=demo-api-key"},
 		}, srv.Close, nil
+	case "azure":
+		// caa's DefaultAzureCredential gets its token from a fake App
+		// Service managed identity endpoint, as it would on App Service.
+		const image, size = "Canonical:ubuntu-24_04-lts:server:latest", "Standard_D2as_v5"
+		token := "demo-arm-token-" + strconv.FormatInt(time.Now().UnixNano(), 36)
+		core := cloud.New(cloud.Options{})
+		arm := httptest.NewServer(armfake.NewServer(core, armfake.WithBearerToken(token)))
+		mi := &armfake.ManagedIdentity{Token: token, Header: "demo-identity-header"}
+		identity := httptest.NewServer(mi)
+		subnet := "/subscriptions/" + armfake.DefaultSubscription +
+			"/resourceGroups/caa-net/providers/Microsoft.Network/virtualNetworks/caa-vnet/subnets/peerpods"
+		return &fake{core: core,
+			flags: []string{"--provider", "azure", "--azure-endpoint", arm.URL,
+				"--azure-subscription-id", armfake.DefaultSubscription, "--azure-resource-group", armfake.DefaultResourceGroup,
+				"--azure-location", armfake.DefaultLocation, "--azure-subnet-id", subnet,
+				"--azure-ssh-public-key", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGNhYS1kZW1vLWtleQ caa@demo",
+				"--azure-image", image, "--azure-instance-type", size, "--azure-poll-interval", "50ms"},
+			env: []string{"IDENTITY_ENDPOINT=" + identity.URL + armfake.ManagedIdentityPath, "IDENTITY_HEADER=" + mi.Header},
+		}, func() { arm.Close(); identity.Close() }, nil
 	}
-	return nil, nil, fmt.Errorf("CLOUD=%q: the demo runs aws or ibmcloud", name)
+	return nil, nil, fmt.Errorf("CLOUD=%q: the demo runs aws, azure or ibmcloud", name)
 }
 
 func run(ctx context.Context) error {
