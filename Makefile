@@ -15,7 +15,7 @@ help: ## list the targets
 build: ## build bin/caa
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/caa ./cmd/caa
 
-demo: ## the guided demo: etcd, kube-apiserver, a fake cloud (CLOUD=aws|ibmcloud) and caa through a restart
+demo: ## the guided demo: etcd, kube-apiserver, a fake cloud (CLOUD=aws|azure|ibmcloud) and caa through a restart
 	$(GO) run ./test/e2e/cmd/demo
 
 test: lint test-integration ## everything CI runs: lint, then every test (unit, integration, e2e, fuzz seeds) under the race detector
