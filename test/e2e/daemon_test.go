@@ -18,6 +18,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/e2e/cluster"
@@ -293,6 +294,10 @@ func TestGonePodsBadSpecsAndALostLedger(t *testing.T) {
 	out := runCaa(t, "ledger", "get", "team/bad", "--ledger", ledgerPath)
 	assert.Contains(t, out, "Failed")
 	assert.Contains(t, out, provider.AnnotationMachineType)
+	// Events on the pods, as kubectl describe shows them.
+	require.Eventually(t, func() bool {
+		return hasEvent(ctx, t, c, "bad", "Warning", "VMCreateFailed") && hasEvent(ctx, t, c, "pod-0", "Normal", "VMCreated")
+	}, time.Minute, 100*time.Millisecond, "caa raised events on the pods")
 
 	// (d) and (f) while caa is down: two pods deleted, one completed.
 	require.NoError(t, c.DeletePod(ctx, "team", "pod-0"))
@@ -327,4 +332,19 @@ func TestGonePodsBadSpecsAndALostLedger(t *testing.T) {
 	assert.Zero(t, aws.core.Counters()[cloud.OpCreate], "nothing recreated after a rebuild")
 	assert.Equal(t, before, liveVMs(aws.core))
 	d.stop(t)
+}
+
+// hasEvent reports whether pod team/name has an event of that type and reason.
+func hasEvent(ctx context.Context, t *testing.T, c *cluster.Cluster, name, typ, reason string) bool {
+	t.Helper()
+	events, err := c.Client().CoreV1().Events("team").List(ctx, metav1.ListOptions{
+		FieldSelector: "involvedObject.name=" + name,
+	})
+	require.NoError(t, err)
+	for _, e := range events.Items {
+		if e.Type == typ && e.Reason == reason && e.Source.Component == "caa" {
+			return true
+		}
+	}
+	return false
 }
