@@ -44,15 +44,9 @@ func rebuildLedger(ctx context.Context, f *runFlags, dryRun bool, stdout, stderr
 		return usageError{err}
 	}
 	log, _ := newLogger(stderr, f.logFormat, f.logLevel)
-	client, err := kubeClient(f.kubeconfig)
+	client, clusterID, err := f.cluster(ctx)
 	if err != nil {
 		return err
-	}
-	clusterID := f.clusterID
-	if clusterID == "" {
-		if clusterID, err = reconcile.ClusterID(ctx, client); err != nil {
-			return err
-		}
 	}
 	cloud, _, err := f.newProvider(ctx, log)
 	if err != nil {

@@ -220,6 +220,20 @@ func (f *runFlags) newProvider(ctx context.Context, log *slog.Logger) (provider.
 	}
 }
 
+// cluster returns the Kubernetes client and the cluster id (--cluster-id,
+// else the kube-system namespace's UID).
+func (f *runFlags) cluster(ctx context.Context) (kubernetes.Interface, string, error) {
+	client, err := kubeClient(f.kubeconfig)
+	if err != nil {
+		return nil, "", err
+	}
+	if f.clusterID != "" {
+		return client, f.clusterID, nil
+	}
+	id, err := reconcile.ClusterID(ctx, client)
+	return client, id, err
+}
+
 func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	var cfg *rest.Config
 	var err error
@@ -261,15 +275,9 @@ func runDaemon(ctx context.Context, f *runFlags, stderr io.Writer) error {
 		userData = data
 	}
 
-	client, err := kubeClient(f.kubeconfig)
+	client, clusterID, err := f.cluster(ctx)
 	if err != nil {
 		return err
-	}
-	clusterID := f.clusterID
-	if clusterID == "" {
-		if clusterID, err = reconcile.ClusterID(ctx, client); err != nil {
-			return err
-		}
 	}
 
 	_, statErr := os.Stat(f.ledgerPath)
