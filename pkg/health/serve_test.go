@@ -2,6 +2,7 @@ package health
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -153,9 +154,26 @@ func TestConcurrentUpdatesWhileServing(t *testing.T) {
 		})
 	}
 	wg.Wait()
-	require.NoError(t, stop())
+	require.NoError(t, stop(), "no request was in flight: a clean stop, even with unused connections open")
 
 	snap := r.status.Snapshot()
 	assert.Equal(t, rounds, snap.Passes)
 	assert.Empty(t, snap.Blocked)
+}
+
+func TestAnUnusedConnectionDoesNotFailTheShutdown(t *testing.T) {
+	s, err := Listen(t.Context(), "127.0.0.1:0", http.NotFoundHandler(), nil)
+	require.NoError(t, err)
+	s.ShutdownTimeout = 100 * time.Millisecond
+	stop := serve(t, s)
+	conn, err := net.Dial("tcp", s.Addr().String()) // connected, never a request
+	require.NoError(t, err)
+	defer conn.Close()
+	require.Eventually(t, func() bool { // the server has accepted it
+		_ = conn.SetReadDeadline(time.Now().Add(time.Millisecond))
+		_, err := conn.Read(make([]byte, 1))
+		var ne net.Error
+		return errors.As(err, &ne) && ne.Timeout()
+	}, 5*time.Second, 10*time.Millisecond)
+	assert.NoError(t, stop(), "no request was cut")
 }

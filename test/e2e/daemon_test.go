@@ -290,14 +290,15 @@ func TestGonePodsBadSpecsAndALostLedger(t *testing.T) {
 	d.waitReady(t, func() {
 		assert.Len(t, liveVMs(aws.core), 6, "the bad pod gets no VM and does not block readiness")
 	})
+	// Events on the pods, as kubectl describe shows them. They are sent
+	// asynchronously, so they are awaited while caa still runs.
+	require.Eventually(t, func() bool {
+		return hasEvent(ctx, t, c, "bad", "Warning", "VMCreateFailed") && hasEvent(ctx, t, c, "pod-0", "Normal", "VMCreated")
+	}, time.Minute, 100*time.Millisecond, "caa raised events on the pods")
 	d.stop(t)
 	out := runCaa(t, "ledger", "get", "team/bad", "--ledger", ledgerPath)
 	assert.Contains(t, out, "Failed")
 	assert.Contains(t, out, provider.AnnotationMachineType)
-	// Events on the pods, as kubectl describe shows them.
-	require.Eventually(t, func() bool {
-		return hasEvent(ctx, t, c, "bad", "Warning", "VMCreateFailed") && hasEvent(ctx, t, c, "pod-0", "Normal", "VMCreated")
-	}, time.Minute, 100*time.Millisecond, "caa raised events on the pods")
 
 	// (d) and (f) while caa is down: two pods deleted, one completed.
 	require.NoError(t, c.DeletePod(ctx, "team", "pod-0"))
