@@ -351,21 +351,19 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 
 func (p *Provider) deleteVM(ctx context.Context, op, name string) error {
 	poller, err := p.vms.BeginDelete(ctx, p.cfg.ResourceGroup, name, nil)
-	if err == nil {
-		if err = pollUntilDone(ctx, poller, p.cfg.PollInterval); err == nil {
-			_, err = poller.Result(ctx)
-		}
-	}
-	if err != nil && !missing(err) {
-		return classify(op, err)
-	}
-	return nil
+	return finishDelete(ctx, op, poller, err, p.cfg.PollInterval)
 }
 
 func (p *Provider) deleteNIC(ctx context.Context, op, vm string) error {
 	poller, err := p.nics.BeginDelete(ctx, p.cfg.ResourceGroup, nicName(vm), nil)
+	return finishDelete(ctx, op, poller, err, p.cfg.PollInterval)
+}
+
+// finishDelete waits out a delete that BeginDelete started (or failed to
+// start, with err); a resource already gone is success.
+func finishDelete[T any](ctx context.Context, op string, poller *runtime.Poller[T], err error, every time.Duration) error {
 	if err == nil {
-		if err = pollUntilDone(ctx, poller, p.cfg.PollInterval); err == nil {
+		if err = pollUntilDone(ctx, poller, every); err == nil {
 			_, err = poller.Result(ctx)
 		}
 	}
