@@ -8,7 +8,6 @@ import (
 	"maps"
 	"reflect"
 	"slices"
-	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -243,9 +242,6 @@ type Loop struct {
 	// (default 1s), so a burst of changes costs one cloud listing, not one
 	// each.
 	MinGap time.Duration
-
-	mu        sync.Mutex
-	converged bool
 }
 
 // Run blocks until ctx is done.
@@ -261,6 +257,7 @@ func (l *Loop) Run(ctx context.Context) {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var earliest time.Time
+	converged := false // latches at the first converged pass
 	for {
 		select {
 		case <-ctx.Done():
@@ -275,7 +272,7 @@ func (l *Loop) Run(ctx context.Context) {
 			}
 		}
 		if !l.Pods.Synced() {
-			timer.Reset(time.Second)
+			resetTimer(timer, time.Second)
 			continue
 		}
 		calls := l.Calls
@@ -286,12 +283,7 @@ func (l *Loop) Run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		l.mu.Lock()
-		if res.Converged() {
-			l.converged = true
-		}
-		converged := l.converged
-		l.mu.Unlock()
+		converged = converged || res.Converged()
 		if l.Report != nil {
 			l.Report(res, converged)
 		}
