@@ -28,10 +28,15 @@ const CacheEnv = "CAA_E2E_CACHE"
 // seven minutes on two idle cores, so this leaves room for a busy machine.
 const buildTimeout = 45 * time.Minute
 
-// Binaries are the paths of the server binaries the harness runs.
+// Binaries are the paths of the binaries the harness runs: the control
+// plane, kubectl (kustomize rendering and dry-runs) and kwok (fake nodes).
 type Binaries struct {
-	Etcd      string
-	APIServer string
+	Etcd              string
+	APIServer         string
+	ControllerManager string
+	Scheduler         string
+	Kubectl           string
+	Kwok              string
 }
 
 // component is one binary built from a wrapper module in test/e2e/tools.
@@ -53,14 +58,30 @@ var (
 			return "-s -w"
 		},
 	}
-	apiserverComponent = component{
-		name:    "kube-apiserver",
-		module:  "apiserver",
-		pin:     "k8s.io/kubernetes",
-		pkg:     "k8s.io/kubernetes/cmd/kube-apiserver",
-		ldflags: kubeVersionLDFlags,
+	apiserverComponent = kubeComponent("kube-apiserver")
+	kwokComponent      = component{
+		name:   "kwok",
+		module: "kwok",
+		pin:    "sigs.k8s.io/kwok",
+		pkg:    "sigs.k8s.io/kwok/cmd/kwok",
+		ldflags: func(string) string {
+			return "-s -w"
+		},
 	}
 )
+
+// kubeComponent is one command of the Kubernetes release pinned by the
+// kubernetes wrapper module; every Kubernetes binary comes from that one
+// module, so they are always the same release.
+func kubeComponent(name string) component {
+	return component{
+		name:    name,
+		module:  "kubernetes",
+		pin:     "k8s.io/kubernetes",
+		pkg:     "k8s.io/kubernetes/cmd/" + name,
+		ldflags: kubeVersionLDFlags,
+	}
+}
 
 // kubeVersionLDFlags stamps the release into component-base, as Kubernetes'
 // own build does; without it the apiserver reports v0.0.0-master.
@@ -85,9 +106,9 @@ var (
 	ensureResult *Binaries
 )
 
-// EnsureBinaries returns the etcd and kube-apiserver binaries for the versions
-// pinned in test/e2e/tools, building whichever is not in the cache yet with
-// `go build` in its wrapper module. Builds are serialised across processes by
+// EnsureBinaries returns the binaries for the versions pinned in
+// test/e2e/tools, building whichever is not in the cache yet with `go build`
+// in its wrapper module. Builds are serialised across processes by
 // a lock file in the cache directory. Progress goes to the standard logger: a
 // cold kube-apiserver build takes minutes.
 func EnsureBinaries(ctx context.Context) (Binaries, error) {
@@ -108,11 +129,20 @@ func EnsureBinaries(ctx context.Context) (Binaries, error) {
 		return Binaries{}, fmt.Errorf("create e2e binary cache: %w", err)
 	}
 	var b Binaries
-	if b.Etcd, err = etcdComponent.ensure(ctx, cache, tools); err != nil {
-		return Binaries{}, err
-	}
-	if b.APIServer, err = apiserverComponent.ensure(ctx, cache, tools); err != nil {
-		return Binaries{}, err
+	for _, want := range []struct {
+		c    component
+		path *string
+	}{
+		{etcdComponent, &b.Etcd},
+		{apiserverComponent, &b.APIServer},
+		{kubeComponent("kube-controller-manager"), &b.ControllerManager},
+		{kubeComponent("kube-scheduler"), &b.Scheduler},
+		{kubeComponent("kubectl"), &b.Kubectl},
+		{kwokComponent, &b.Kwok},
+	} {
+		if *want.path, err = want.c.ensure(ctx, cache, tools); err != nil {
+			return Binaries{}, err
+		}
 	}
 	ensureResult = &b
 	return b, nil
@@ -225,7 +255,7 @@ func (c component) build(ctx context.Context, modDir, version, dir, bin string) 
 	cmd.WaitDelay = 10 * time.Second
 
 	start := time.Now()
-	log.Printf("e2e: building %s %s in %s (a cold build of kube-apiserver takes several minutes; output in %s)", c.name, version, modDir, logPath)
+	log.Printf("e2e: building %s %s in %s (a cold build of a Kubernetes binary takes minutes; output in %s)", c.name, version, modDir, logPath)
 	stopTicker := make(chan struct{})
 	var tickerDone sync.WaitGroup
 	tickerDone.Go(func() {

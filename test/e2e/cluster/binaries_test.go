@@ -56,7 +56,14 @@ func TestWrapperPins(t *testing.T) {
 	for _, pin := range []struct {
 		c    component
 		want string
-	}{{etcdComponent, "v3.7.3"}, {apiserverComponent, "v1.37.2"}} {
+	}{
+		{etcdComponent, "v3.7.3"},
+		{apiserverComponent, "v1.37.2"},
+		{kubeComponent("kube-controller-manager"), "v1.37.2"},
+		{kubeComponent("kube-scheduler"), "v1.37.2"},
+		{kubeComponent("kubectl"), "v1.37.2"},
+		{kwokComponent, "v0.8.0"},
+	} {
 		version, key, err := pin.c.identity(filepath.Join(tools, pin.c.module))
 		if err != nil {
 			t.Fatal(err)

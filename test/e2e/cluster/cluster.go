@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -66,6 +67,7 @@ type Cluster struct {
 	mu        sync.Mutex // guards the processes and stopped
 	etcd      *process
 	apiserver *process
+	extras    []*process // controller-manager, scheduler, kwok: stopped first
 	stopped   bool
 }
 
@@ -397,7 +399,9 @@ func (c *Cluster) Stop() error {
 
 func (c *Cluster) stopProcesses() {
 	c.mu.Lock()
-	procs := []*process{c.apiserver, c.etcd} // the apiserver first: it needs etcd to shut down cleanly
+	// The apiserver's clients first, then the apiserver, which needs etcd
+	// to shut down cleanly.
+	procs := append(slices.Clone(c.extras), c.apiserver, c.etcd)
 	c.mu.Unlock()
 	for _, p := range procs {
 		if p != nil && p.stop(stopGrace) {
@@ -410,7 +414,13 @@ func (c *Cluster) stopProcesses() {
 // report.
 func (c *Cluster) LogTails(n int) string {
 	var b strings.Builder
-	for _, name := range []string{"etcd", "kube-apiserver"} {
+	names := []string{"etcd", "kube-apiserver"}
+	c.mu.Lock()
+	for _, p := range c.extras {
+		names = append(names, p.name)
+	}
+	c.mu.Unlock()
+	for _, name := range names {
 		path := filepath.Join(c.dir, name+".log")
 		fmt.Fprintf(&b, "--- %s (%s)\n%s\n", name, path, fileTail(path, 0, n))
 	}

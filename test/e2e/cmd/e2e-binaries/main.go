@@ -1,5 +1,6 @@
-// Command e2e-binaries builds, or finds in the cache, the etcd and
-// kube-apiserver binaries the e2e tests run, and prints their paths. Running
+// Command e2e-binaries builds, or finds in the cache, the binaries the e2e
+// tests run (etcd, the Kubernetes control plane, kubectl, kwok), and prints
+// their paths. Running
 // it before `go test` keeps the cold build (minutes) out of the tests'
 // timeout.
 package main
@@ -22,5 +23,6 @@ func main() {
 		fmt.Fprintln(os.Stderr, "e2e-binaries:", err)
 		os.Exit(1)
 	}
-	fmt.Printf("etcd %s\nkube-apiserver %s\n", bins.Etcd, bins.APIServer)
+	fmt.Printf("etcd %s\nkube-apiserver %s\nkube-controller-manager %s\nkube-scheduler %s\nkubectl %s\nkwok %s\n",
+		bins.Etcd, bins.APIServer, bins.ControllerManager, bins.Scheduler, bins.Kubectl, bins.Kwok)
 }
