@@ -7,13 +7,24 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCH_COUNT ?= 5
 BENCH_OUT   ?= .cache/bench
 
-.PHONY: help build demo test test-unit test-integration e2e-binaries lint fmt bench fuzz clean
+.PHONY: help build demo test test-unit test-integration e2e-binaries lint fmt bench fuzz clean image static
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
 
 build: ## build bin/caa
 	CGO_ENABLED=0 $(GO) build -trimpath -ldflags '$(LDFLAGS)' -o bin/caa ./cmd/caa
+
+# The container's binary. The Dockerfile runs this very target, so the image
+# and a local `make static` cannot build caa in two different ways.
+STATIC_OUT ?= bin/caa-static
+IMAGE      ?= caa:$(VERSION)
+
+static: ## the image's binary: static (CGO_ENABLED=0), -trimpath, into $(STATIC_OUT); GOOS/GOARCH cross-build
+	CGO_ENABLED=0 $(GO) build -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(STATIC_OUT) ./cmd/caa
+
+image: ## container image $(IMAGE) with `docker build` (needs a Docker daemon; this machine has none)
+	docker build --build-arg VERSION=$(VERSION) -t $(IMAGE) .
 
 demo: ## the guided demo: etcd, kube-apiserver, a fake cloud (CLOUD=aws|azure|ibmcloud) and caa through a restart
 	$(GO) run ./test/e2e/cmd/demo

@@ -1,0 +1,191 @@
+// Package deploy_test checks the manifests in deploy/ the way a cluster
+// would see them: rendered by kubectl kustomize (kubectl built from the same
+// Kubernetes release as the test apiserver), inspected object by object,
+// dry-run against a real kube-apiserver, and exercised by the real caa
+// binary under the ServiceAccount they define. It also builds the image's
+// binary with `make static` from the files the Docker build context admits.
+package deploy_test
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
+
+	"github.com/caa-project/caa/test/e2e/cluster"
+)
+
+// kustomizations are the directories a user may apply, relative to deploy/:
+// the base (which every overlay builds on) and one overlay per cloud.
+var kustomizations = []string{"base", "overlays/aws", "overlays/azure", "overlays/ibmcloud"}
+
+// providerOf is the CAA_PROVIDER each overlay must set.
+var providerOf = map[string]string{"overlays/aws": "aws", "overlays/azure": "azure", "overlays/ibmcloud": "ibmcloud"}
+
+// binaryTimeout bounds finding (or, cold, building) the harness binaries
+// and building caa.
+const binaryTimeout = 50 * time.Minute
+
+// needBinaries skips under -short: like the other built-binary tests of
+// the project, these build kubectl, kube-apiserver and caa.
+func needBinaries(t *testing.T) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("-short: the deploy tests build kubectl, the apiserver and caa")
+	}
+}
+
+// kubectl returns the kubectl the e2e harness builds from its Kubernetes
+// wrapper module, so rendering and dry-runs use the cluster's own release.
+func kubectl(t *testing.T) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), binaryTimeout)
+	defer cancel()
+	bins, err := cluster.EnsureBinaries(ctx)
+	require.NoError(t, err, "build or find the harness binaries")
+	require.NotEmpty(t, bins.Kubectl, "the harness returned no kubectl")
+	return bins.Kubectl
+}
+
+// deployDir is the absolute path of deploy/ (the test's working directory).
+func deployDir(t *testing.T) string {
+	t.Helper()
+	dir, err := os.Getwd()
+	require.NoError(t, err)
+	return dir
+}
+
+// repoRoot is the repository root, one level above deploy/.
+func repoRoot(t *testing.T) string {
+	t.Helper()
+	return filepath.Dir(deployDir(t))
+}
+
+// runKubectl runs kubectl with args, stdin as its input, and returns its
+// standard output; a failure carries its standard error.
+func runKubectl(ctx context.Context, bin string, stdin []byte, args ...string) ([]byte, error) {
+	cmd := exec.CommandContext(ctx, bin, args...)
+	// No user kubeconfig or cache may leak in: every call names its own.
+	cmd.Env = []string{"PATH=" + os.Getenv("PATH"), "HOME=" + os.TempDir(), "KUBECONFIG=" + os.DevNull}
+	if stdin != nil {
+		cmd.Stdin = bytes.NewReader(stdin)
+	}
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	if err := cmd.Run(); err != nil {
+		return nil, fmt.Errorf("kubectl %v: %w\n%s", args, err, stderr.Bytes())
+	}
+	return stdout.Bytes(), nil
+}
+
+// render runs `kubectl kustomize` on one kustomization under deploy/.
+func render(t *testing.T, kubectlBin, kustomization string) []byte {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := runKubectl(ctx, kubectlBin, nil, "kustomize", filepath.Join(deployDir(t), kustomization))
+	require.NoError(t, err, "render %s", kustomization)
+	require.NotEmpty(t, out, "%s rendered to nothing", kustomization)
+	return out
+}
+
+// decode splits a rendered multi-document YAML stream into objects.
+func decode(t *testing.T, rendered []byte) []*unstructured.Unstructured {
+	t.Helper()
+	dec := utilyaml.NewYAMLOrJSONDecoder(bytes.NewReader(rendered), 4096)
+	var objs []*unstructured.Unstructured
+	for {
+		var m map[string]any
+		err := dec.Decode(&m)
+		if errors.Is(err, io.EOF) {
+			return objs
+		}
+		require.NoError(t, err, "decode rendered manifests")
+		if len(m) == 0 {
+			continue
+		}
+		objs = append(objs, &unstructured.Unstructured{Object: m})
+	}
+}
+
+// manifests are one kustomization's rendered objects, by kind.
+type manifests struct {
+	name string
+	all  []*unstructured.Unstructured
+}
+
+func (m manifests) ofKind(kind string) []*unstructured.Unstructured {
+	var out []*unstructured.Unstructured
+	for _, o := range m.all {
+		if o.GetKind() == kind {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// one returns the only object of kind, failing t if there is not exactly one.
+func (m manifests) one(t *testing.T, kind string) *unstructured.Unstructured {
+	t.Helper()
+	objs := m.ofKind(kind)
+	require.Len(t, objs, 1, "%s renders exactly one %s", m.name, kind)
+	return objs[0]
+}
+
+func (m manifests) daemonSet(t *testing.T) *appsv1.DaemonSet {
+	t.Helper()
+	var ds appsv1.DaemonSet
+	require.NoError(t, k8sruntime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(m.one(t, "DaemonSet").Object, &ds, true),
+		"%s: the DaemonSet has fields apps/v1 does not know", m.name)
+	return &ds
+}
+
+func (m manifests) configMap(t *testing.T) *corev1.ConfigMap {
+	t.Helper()
+	var cm corev1.ConfigMap
+	require.NoError(t, k8sruntime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(m.one(t, "ConfigMap").Object, &cm, true))
+	return &cm
+}
+
+// renderAll renders every kustomization once.
+func renderAll(t *testing.T) map[string]manifests {
+	t.Helper()
+	bin := kubectl(t)
+	out := map[string]manifests{}
+	for _, k := range kustomizations {
+		out[k] = manifests{name: k, all: decode(t, render(t, bin, k))}
+	}
+	return out
+}
+
+// buildCaa builds caa with `make static` into dir and returns its path.
+// srcDir is the directory make runs in (the repository, or a copy of the
+// Docker build context).
+func buildCaa(t *testing.T, srcDir, dir, version string) string {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), binaryTimeout)
+	defer cancel()
+	bin := filepath.Join(dir, "caa")
+	cmd := exec.CommandContext(ctx, "make", "--no-print-directory", "-C", srcDir, "static", "VERSION="+version, "STATIC_OUT="+bin)
+	// GOWORK=off: build the module as the image does, whatever go.work a
+	// developer has above it; -mod=readonly: go.mod and go.sum must already
+	// be complete, as in a clean build context.
+	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly", "GOOS="+runtime.GOOS, "GOARCH="+runtime.GOARCH)
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "make static in %s:\n%s", srcDir, out)
+	return bin
+}
