@@ -1,0 +1,203 @@
+// Command bench runs caa's benchmark scenarios (S1 warm restart, S2
+// recreate storm, S4 memory, S5 apiserver cost) with the real caa binary,
+// a real kube-apiserver and the fake clouds, joins them with the ledger's
+// Go benchmarks (S3, summarised by internal/benchreport), and writes the
+// results, their raw data, the S1 plot and the README's Benchmarks section.
+// `make bench` runs it; `make bench-quick` is the short version.
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+)
+
+// bench is one run of the program: its settings and where it works.
+type bench struct {
+	caa      string
+	count    int
+	ns       []int
+	clouds   []string
+	others   []int
+	s5Window time.Duration
+	dir      string
+	logf     func(string, ...any)
+}
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	code, err := run(ctx, os.Args[1:])
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+	}
+	os.Exit(code)
+}
+
+func run(ctx context.Context, args []string) (int, error) {
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	var (
+		caaBin    = fs.String("caa", "", "caa binary (default: build one)")
+		count     = fs.Int("count", 5, "runs per case")
+		quick     = fs.Bool("quick", false, "development run: count 1, N up to 1,000, short windows; no README")
+		nsFlag    = fs.String("n", "100,1000,5000", "S1: peer pods on the node")
+		clouds    = fs.String("clouds", "aws,azure,ibmcloud", "S1: clouds")
+		others    = fs.String("others", "0,5000,10000", "S4: pods on other nodes")
+		window    = fs.Duration("s5-window", 2*time.Minute, "S5: steady-state window")
+		scenarios = fs.String("scenarios", "s1,s2,s4,s5", "scenarios to run")
+		out       = fs.String("out", "docs/bench", "directory for results.md, results.json and the S1 plot")
+		gobench   = fs.String("gobench", "", "S3: benchreport's summary of the Go benchmarks (markdown)")
+		loadFile  = fs.String("load-before", "", "file holding /proc/loadavg from before `make bench` began")
+		readme    = fs.String("readme", "", "README to regenerate between the bench markers from <out>/results.json")
+		onlyMD    = fs.Bool("readme-only", false, "only regenerate -readme from the results file; run nothing")
+	)
+	if err := fs.Parse(args); err != nil {
+		return 2, nil
+	}
+	if *onlyMD {
+		return 0, regenerate(*out, *readme)
+	}
+	b := &bench{caa: *caaBin, count: *count, clouds: split(*clouds), s5Window: *window,
+		logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05 ")+f+"\n", a...) }}
+	var err error
+	if b.ns, err = ints(*nsFlag); err != nil {
+		return 2, err
+	}
+	if b.others, err = ints(*others); err != nil {
+		return 2, err
+	}
+	if *quick {
+		b.count, b.s5Window = 1, 30*time.Second
+		b.ns = []int{100, 1000}
+		b.others = []int{0, 2000}
+	}
+	res := Results{Count: b.count, Started: time.Now(), Machine: machine(), Quick: *quick}
+	res.LoadBefore = loadavg()
+	if *loadFile != "" {
+		if data, err := os.ReadFile(*loadFile); err == nil {
+			res.LoadBefore = strings.TrimSpace(string(data))
+		}
+	}
+	if b.dir, err = os.MkdirTemp("", "caa-bench-"); err != nil {
+		return 1, err
+	}
+	defer os.RemoveAll(b.dir)
+	if b.caa == "" {
+		b.caa = filepath.Join(b.dir, "caa")
+		b.logf("building caa")
+		build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", b.caa, "github.com/caa-project/caa/cmd/caa")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			return 1, fmt.Errorf("build caa: %w", err)
+		}
+	}
+	if *gobench != "" {
+		data, err := os.ReadFile(*gobench)
+		if err != nil {
+			return 1, fmt.Errorf("-gobench: %w", err)
+		}
+		res.GoBench = string(data)
+	}
+	for _, s := range split(*scenarios) {
+		var sc Scenario
+		start := time.Now()
+		switch s {
+		case "s1":
+			sc, res.Plot, err = b.s1(ctx)
+		case "s2":
+			sc, err = b.s2(ctx)
+		case "s4":
+			sc, err = b.s4(ctx)
+		case "s5":
+			sc, err = b.s5(ctx)
+		default:
+			return 2, fmt.Errorf("-scenarios: unknown %q", s)
+		}
+		if err != nil {
+			return 1, fmt.Errorf("%s: %w (logs in %s)", s, err, b.dir)
+		}
+		b.logf("%s done in %s", s, time.Since(start).Round(time.Second))
+		res.Scenarios = append(res.Scenarios, sc)
+	}
+	res.Finished = time.Now()
+	res.LoadAfter = loadavg()
+	if err := res.Write(os.Stdout, *out); err != nil {
+		return 1, err
+	}
+	if *readme != "" && !*quick {
+		if err := regenerate(*out, *readme); err != nil {
+			return 1, err
+		}
+	}
+	if n := res.Misses(); n > 0 {
+		fmt.Fprintf(os.Stderr, "bench: %d target(s) missed; see %s\n", n, filepath.Join(*out, "results.md"))
+		return 1, nil
+	}
+	return 0, nil
+}
+
+// caaArgs are the flags of every caa run; extra flags come last and win.
+func (b *bench) caaArgs(f *fakeCloud, node, kubeconfig, ledgerPath string, extra ...string) []string {
+	args := append([]string{"--node-name", node, "--kubeconfig", kubeconfig, "--ledger", ledgerPath,
+		"--log-format", "json"}, f.flags...)
+	return append(args, extra...)
+}
+
+// logPath is where a caa run writes its output (one file per label).
+func (b *bench) logPath(label string) string { return filepath.Join(b.dir, "caa-"+label+".log") }
+
+// regenerate rewrites the README section from the results file.
+func regenerate(out, readme string) error {
+	data, err := os.ReadFile(filepath.Join(out, "results.json"))
+	if err != nil {
+		return fmt.Errorf("read results: %w", err)
+	}
+	var res Results
+	if err := json.Unmarshal(data, &res); err != nil {
+		return fmt.Errorf("parse results: %w", err)
+	}
+	text, err := os.ReadFile(readme)
+	if err != nil {
+		return err
+	}
+	rel, err := filepath.Rel(filepath.Dir(readme), out)
+	if err != nil {
+		return err
+	}
+	updated, err := Splice(string(text), res.ReadmeSection(filepath.ToSlash(rel)))
+	if err != nil {
+		return fmt.Errorf("%s: %w", readme, err)
+	}
+	return os.WriteFile(readme, []byte(updated), 0o644)
+}
+
+func split(s string) []string {
+	var out []string
+	for _, p := range strings.Split(s, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func ints(s string) ([]int, error) {
+	var out []int
+	for _, p := range split(s) {
+		n, err := strconv.Atoi(p)
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("%q is not a count", p)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}

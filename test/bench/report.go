@@ -1,0 +1,197 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"strconv"
+	"strings"
+)
+
+// Row is one measured quantity of one case of a scenario: every run's
+// value, and what it is judged against (a multiple of a lower bound, or an
+// absolute limit), if anything.
+type Row struct {
+	Case   string    `json:"case"`
+	Metric string    `json:"metric"`
+	Unit   string    `json:"unit"`
+	Runs   []float64 `json:"runs"`
+	// Bound is the lower bound in Unit (0: none); BoundNote says how it
+	// was made up.
+	Bound     float64 `json:"bound,omitempty"`
+	BoundNote string  `json:"boundNote,omitempty"`
+	// MaxRatio > 0: the median must be <= MaxRatio x Bound.
+	MaxRatio float64 `json:"maxRatio,omitempty"`
+	// HasLimit: the median must be <= Limit (AtMost) or >= Limit.
+	HasLimit bool    `json:"hasLimit,omitempty"`
+	Limit    float64 `json:"limit,omitempty"`
+	AtMost   bool    `json:"atMost,omitempty"`
+}
+
+// Stats returns the smallest, median and largest run.
+func Stats(vs []float64) (lo, med, hi float64) {
+	if len(vs) == 0 {
+		return 0, 0, 0
+	}
+	v := slices.Clone(vs)
+	slices.Sort(v)
+	n := len(v)
+	med = v[n/2]
+	if n%2 == 0 {
+		med = (v[n/2-1] + v[n/2]) / 2
+	}
+	return v[0], med, v[n-1]
+}
+
+// Median of vs (0 for none).
+func Median(vs []float64) float64 {
+	_, m, _ := Stats(vs)
+	return m
+}
+
+// Ratio is the median over the bound (0 when there is no bound).
+func (r Row) Ratio() float64 {
+	if r.Bound <= 0 || len(r.Runs) == 0 {
+		return 0
+	}
+	return Median(r.Runs) / r.Bound
+}
+
+// Result is "pass", "MISS", or "measured" for a row with no target.
+func (r Row) Result() string {
+	if len(r.Runs) == 0 {
+		return "not run"
+	}
+	med := Median(r.Runs)
+	ok, judged := true, false
+	if r.MaxRatio > 0 && r.Bound > 0 {
+		judged = true
+		ok = r.Ratio() <= r.MaxRatio
+	}
+	if r.HasLimit {
+		judged = true
+		if r.AtMost {
+			ok = ok && med <= r.Limit
+		} else {
+			ok = ok && med >= r.Limit
+		}
+	}
+	switch {
+	case !judged:
+		return "measured"
+	case ok:
+		return "pass"
+	}
+	return "MISS"
+}
+
+// Target says in words what the row is judged against.
+func (r Row) Target() string {
+	var parts []string
+	if r.MaxRatio > 0 {
+		parts = append(parts, "<= "+strconv.FormatFloat(r.MaxRatio, 'g', 3, 64)+"x bound")
+	}
+	if r.HasLimit {
+		op := ">="
+		if r.AtMost {
+			op = "<="
+		}
+		parts = append(parts, op+" "+Num(r.Limit)+" "+r.Unit)
+	}
+	if len(parts) == 0 {
+		return "-"
+	}
+	return strings.Join(parts, ", ")
+}
+
+// Scenario is one scenario's rows and the facts that explain them.
+type Scenario struct {
+	ID      string   `json:"id"`
+	Title   string   `json:"title"`
+	Setup   string   `json:"setup"`
+	Rows    []Row    `json:"rows"`
+	Details []string `json:"details,omitempty"`
+}
+
+// Misses counts rows that missed their target.
+func (s Scenario) Misses() int {
+	n := 0
+	for _, r := range s.Rows {
+		if r.Result() == "MISS" {
+			n++
+		}
+	}
+	return n
+}
+
+// WriteMarkdown writes the scenario's heading, setup, table and details.
+func (s Scenario) WriteMarkdown(w io.Writer, level string) {
+	fmt.Fprintf(w, "%s %s: %s\n\n", level, s.ID, s.Title)
+	if s.Setup != "" {
+		fmt.Fprintf(w, "%s\n\n", s.Setup)
+	}
+	fmt.Fprintln(w, "| case | metric | runs | median | min | max | lower bound | ratio | target | result |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---|---|")
+	for _, r := range s.Rows {
+		lo, med, hi := Stats(r.Runs)
+		bound, ratio := "-", "-"
+		if r.Bound > 0 {
+			bound = Num(r.Bound) + " " + r.Unit
+			ratio = fmt.Sprintf("%.2fx", r.Ratio())
+		}
+		fmt.Fprintf(w, "| %s | %s | %d | %s %s | %s | %s | %s | %s | %s | %s |\n",
+			r.Case, r.Metric, len(r.Runs), Num(med), r.Unit, Num(lo), Num(hi), bound, ratio, r.Target(), r.Result())
+	}
+	fmt.Fprintln(w)
+	var notes []string
+	for _, r := range s.Rows {
+		if r.BoundNote != "" {
+			notes = append(notes, fmt.Sprintf("- bound of %s, %s: %s", r.Case, r.Metric, r.BoundNote))
+		}
+	}
+	for _, d := range append(notes, s.Details...) {
+		if !strings.HasPrefix(d, "- ") {
+			d = "- " + d
+		}
+		fmt.Fprintln(w, d)
+	}
+	if len(notes)+len(s.Details) > 0 {
+		fmt.Fprintln(w)
+	}
+}
+
+// Num prints a value with as many digits as it deserves.
+func Num(v float64) string {
+	a := v
+	if a < 0 {
+		a = -a
+	}
+	switch {
+	case a >= 100:
+		return strconv.FormatFloat(v, 'f', 0, 64)
+	case a >= 10:
+		return strconv.FormatFloat(v, 'f', 1, 64)
+	case a >= 1:
+		return strconv.FormatFloat(v, 'f', 2, 64)
+	case a == 0:
+		return "0"
+	}
+	return strconv.FormatFloat(v, 'g', 3, 64)
+}
+
+// CountsLine prints counts as "k1 n1, k2 n2" in key order.
+func CountsLine[V int64 | float64](m map[string]V) string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	slices.Sort(keys)
+	parts := make([]string, 0, len(keys))
+	for _, k := range keys {
+		parts = append(parts, fmt.Sprintf("%s %v", k, m[k]))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
+}

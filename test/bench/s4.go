@@ -1,0 +1,124 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"time"
+)
+
+const (
+	s4Pods      = 1000
+	s4OtherNode = 10 // the other pods are spread over this many nodes
+	s4LimitMiB  = 64
+	// s4FlatMiB is the most peak RSS may grow per 1,000 pods on other
+	// nodes for the curve to count as flat (caa caches only its node).
+	s4FlatMiB = 0.5
+)
+
+// s4 measures caa's peak RSS with 1,000 peer pods on its node while the
+// cluster's other nodes hold more and more pods.
+func (b *bench) s4(ctx context.Context) (Scenario, error) {
+	sc := Scenario{ID: "S4", Title: "memory",
+		Setup: fmt.Sprintf("%d peer pods on caa's node (EC2 fake, VMs alive); the other pods are plain pods spread over %d other nodes. "+
+			"Peak RSS is the kernel's VmHWM of the caa process after it turned ready and then finished one more pass (`--resync 5s`).",
+			s4Pods, s4OtherNode)}
+	e, err := newEnv(ctx, filepath.Join(b.dir, "s4"), b.logf)
+	if err != nil {
+		return sc, err
+	}
+	defer e.close()
+	const node, ns = "bench-s4", "s4"
+	if _, err := e.c.CreateNode(ctx, node); err != nil {
+		return sc, err
+	}
+	if err := createPods(ctx, e, ns, "p", node, 0, s4Pods, true); err != nil {
+		return sc, err
+	}
+	f, err := newFakeCloud("aws")
+	if err != nil {
+		return sc, err
+	}
+	defer f.close()
+	ledgerPath := filepath.Join(b.dir, "s4", "ledger", "ledger.db")
+	if err := mkdir(filepath.Dir(ledgerPath)); err != nil {
+		return sc, err
+	}
+	if err := b.createAll(ctx, e, f, node, ledgerPath, s4Pods); err != nil {
+		return sc, err
+	}
+	have := 0
+	var xs, ys []float64
+	for _, m := range b.others {
+		start := time.Now()
+		// Each other node gets an equal share, named by node so that
+		// growing m only adds pods.
+		for k := range s4OtherNode {
+			from, to := have/s4OtherNode, m/s4OtherNode
+			if err := createPods(ctx, e, "others", fmt.Sprintf("n%d", k), fmt.Sprintf("other-%d", k), from, to, false); err != nil {
+				return sc, err
+			}
+		}
+		have = m
+		b.logf("S4: %d pods on other nodes (%s)", m, time.Since(start).Round(time.Millisecond))
+		row := Row{Case: fmt.Sprintf("%d pods on other nodes", m), Metric: "peak RSS", Unit: "MiB", HasLimit: true, AtMost: true, Limit: s4LimitMiB}
+		for i := range b.count {
+			d, err := StartCaa(b.caa, b.caaArgs(f, node, e.kubeconfig, ledgerPath, "--resync", "5s"), hermeticEnv(f.env...), b.logPath("s4"))
+			if err != nil {
+				return sc, err
+			}
+			if _, err := d.WaitReady(ctx, 5*time.Minute); err != nil {
+				_ = d.Stop()
+				return sc, fmt.Errorf("S4 run %d: %w", i+1, err)
+			}
+			if err := waitPasses(ctx, d, 2); err != nil {
+				_ = d.Stop()
+				return sc, err
+			}
+			kib, err := d.PeakRSS()
+			if err != nil {
+				_ = d.Stop()
+				return sc, err
+			}
+			if err := d.Stop(); err != nil {
+				return sc, err
+			}
+			row.Runs = append(row.Runs, float64(kib)/1024)
+		}
+		sc.Rows = append(sc.Rows, row)
+		xs = append(xs, float64(m)/1000)
+		ys = append(ys, Median(row.Runs))
+	}
+	if len(xs) >= 2 {
+		sc.Rows = append(sc.Rows, Row{Case: "growth with other nodes' pods", Metric: "slope of median peak RSS",
+			Unit: "MiB per 1,000 pods", Runs: []float64{Slope(xs, ys)}, HasLimit: true, AtMost: true, Limit: s4FlatMiB})
+	}
+	return sc, nil
+}
+
+// waitPasses waits until caa has finished n reconcile passes.
+func waitPasses(ctx context.Context, d *Daemon, n float64) error {
+	deadline := time.Now().Add(time.Minute)
+	for time.Now().Before(deadline) {
+		m, err := d.Metrics(ctx)
+		if err != nil {
+			return err
+		}
+		total := 0.0
+		for k, v := range m {
+			if strings.HasPrefix(k, "caa_reconcile_passes_total") {
+				total += v
+			}
+		}
+		if total >= n {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+	return fmt.Errorf("caa did not finish %v passes within a minute", n)
+}
