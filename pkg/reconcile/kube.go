@@ -50,11 +50,18 @@ func NewPodSource(client kubernetes.Interface, node string, runtimeClasses []str
 		runtimeClasses: runtimeClasses,
 		changes:        make(chan struct{}, 1),
 	}
-	poke := func(any) { s.poke() }
+	// The field selector also brings the node's other pods (caa's own
+	// among them); their changes must not start a pass: caa's own pod
+	// being deleted would otherwise start one just as it is told to stop.
+	poke := func(obj any) {
+		if isPeer(runtimeClasses, obj) {
+			s.poke()
+		}
+	}
 	if _, err := s.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: poke,
 		UpdateFunc: func(oldObj, newObj any) {
-			if changed(oldObj, newObj) {
+			if isPeer(runtimeClasses, newObj) && changed(oldObj, newObj) {
 				s.poke()
 			}
 		},
@@ -87,6 +94,17 @@ func (s *PodSource) poke() {
 	case s.changes <- struct{}{}:
 	default:
 	}
+}
+
+// isPeer reports whether obj is a peer pod (runtimeClassName is immutable,
+// so the new object answers for an update). A delete whose final state was
+// missed counts, to be safe.
+func isPeer(runtimeClasses []string, obj any) bool {
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return true
+	}
+	return p.Spec.RuntimeClassName != nil && slices.Contains(runtimeClasses, *p.Spec.RuntimeClassName)
 }
 
 // changed reports whether an update matters to caa: the kubelet rewrites
@@ -270,6 +288,11 @@ func (l *Loop) Run(ctx context.Context) {
 				resetTimer(timer, wait)
 				continue
 			}
+		}
+		// select picks at random among ready cases: a change or a timer
+		// ready together with the stop must not start a pass after it.
+		if ctx.Err() != nil {
+			return
 		}
 		if !l.Pods.Synced() {
 			resetTimer(timer, time.Second)

@@ -11,6 +11,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
+	"k8s.io/client-go/tools/cache"
 )
 
 func kubePod(uid, name, rc string, phase corev1.PodPhase) *corev1.Pod {
@@ -172,4 +173,38 @@ func TestOnlyRelevantUpdatesPokeTheLoop(t *testing.T) {
 	assert.True(t, changed(base, ann))
 	assert.True(t, changed(base, deleting))
 	assert.True(t, changed(base, "not a pod"))
+}
+
+func TestOnlyPeerPodsPokeTheLoop(t *testing.T) {
+	classes := []string{"kata-remote"}
+	peer := kubePod("u1", "a", "kata-remote", corev1.PodRunning)
+	plain := kubePod("u2", "caa-x", "", corev1.PodRunning)
+	runc := kubePod("u3", "b", "runc", corev1.PodRunning)
+	assert.True(t, isPeer(classes, peer))
+	assert.False(t, isPeer(classes, plain), "caa's own pod, or any pod without a runtime class")
+	assert.False(t, isPeer(classes, runc))
+	assert.True(t, isPeer(classes, cache.DeletedFinalStateUnknown{Key: "ns/a"}), "a missed delete pokes, to be safe")
+}
+
+// TestLoopStartsNoPassAfterStop: a change pending when the loop is told to
+// stop starts no pass (Go's select would otherwise pick it half the time).
+func TestLoopStartsNoPassAfterStop(t *testing.T) {
+	f := newPassFixture(t, time.Hour)
+	client := fake.NewClientset(kubePod("u1", "a", "kata-remote", corev1.PodRunning))
+	src, err := NewPodSource(client, "n", []string{"kata-remote"}, 0)
+	require.NoError(t, err)
+	srcCtx, stopSrc := context.WithCancel(context.Background())
+	defer stopSrc()
+	go src.Run(srcCtx)
+	require.True(t, src.WaitForSync(srcCtx))
+	for range 50 {
+		src.poke()
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		passes := 0
+		loop := &Loop{Reconciler: f.rec, Pods: src, Resync: time.Hour, Report: func(PassResult, bool) { passes++ }}
+		loop.Run(ctx)
+		require.Zero(t, passes, "a pass ran after the stop")
+	}
+	assert.Empty(t, f.cloud.Live(), "no VM created by a stopped loop")
 }
