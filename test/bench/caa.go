@@ -186,3 +186,25 @@ func tail(path string, n int) string {
 	}
 	return strings.Join(lines, "\n")
 }
+
+// CPUTime is the user plus system CPU the process has used so far.
+func (d *Daemon) CPUTime() (time.Duration, error) {
+	data, err := os.ReadFile("/proc/" + strconv.Itoa(d.Pid()) + "/stat")
+	if err != nil {
+		return 0, err
+	}
+	// The command name (field 2) may hold spaces; fields after its
+	// closing parenthesis are plain. utime and stime are fields 14 and 15.
+	s := string(data)
+	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
+	if len(f) < 13 {
+		return 0, fmt.Errorf("short /proc/%d/stat", d.Pid())
+	}
+	ut, err1 := strconv.ParseInt(f[11], 10, 64)
+	st, err2 := strconv.ParseInt(f[12], 10, 64)
+	if err1 != nil || err2 != nil {
+		return 0, fmt.Errorf("parse /proc/%d/stat: %v %v", d.Pid(), err1, err2)
+	}
+	// Linux reports in USER_HZ, 100 per second on every supported arch.
+	return time.Duration(ut+st) * 10 * time.Millisecond, nil
+}

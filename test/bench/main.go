@@ -15,6 +15,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -59,12 +60,24 @@ func run(ctx context.Context, args []string) (int, error) {
 		loadFile  = fs.String("load-before", "", "file holding /proc/loadavg from before `make bench` began")
 		readme    = fs.String("readme", "", "README to regenerate between the bench markers from <out>/results.json")
 		onlyMD    = fs.Bool("readme-only", false, "only regenerate -readme from the results file; run nothing")
+		cpuprof   = fs.String("cpuprofile", "", "write a CPU profile of this process (the fake clouds and the proxy) to this file")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2, nil
 	}
 	if *onlyMD {
 		return 0, regenerate(*out, *readme)
+	}
+	if *cpuprof != "" {
+		f, err := os.Create(*cpuprof)
+		if err != nil {
+			return 1, err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return 1, err
+		}
+		defer pprof.StopCPUProfile()
 	}
 	b := &bench{caa: *caaBin, count: *count, clouds: split(*clouds), s5Window: *window,
 		logf: func(f string, a ...any) { fmt.Fprintf(os.Stderr, time.Now().Format("15:04:05 ")+f+"\n", a...) }}

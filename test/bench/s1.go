@@ -103,7 +103,7 @@ func (b *bench) s1(ctx context.Context) (Scenario, []PlotPoint, error) {
 				BoundNote: fmt.Sprintf("process start %s + pod list %s + ledger open and scan %s + (%d token + %d page(s)) x %s",
 					round(exec), round(podList), round(scan), auth, Pages(n, pageSizes[name]), s1Latency)}
 			writes := Row{Case: c, Metric: "cloud writes", Unit: "calls", HasLimit: true, AtMost: true}
-			var own []float64
+			var own, cpus []float64
 			calls, verbs := map[string][]float64{}, map[string][]float64{}
 			for i := range b.count {
 				f.core.ResetCounters()
@@ -117,6 +117,11 @@ func (b *bench) s1(ctx context.Context) (Scenario, []PlotPoint, error) {
 					_ = d.Stop()
 					return sc, nil, fmt.Errorf("S1 %s run %d: %w", c, i+1, err)
 				}
+				cpu, err := d.CPUTime()
+				if err != nil {
+					_ = d.Stop()
+					return sc, nil, err
+				}
 				m, err := d.Metrics(ctx)
 				if err != nil {
 					_ = d.Stop()
@@ -129,6 +134,7 @@ func (b *bench) s1(ctx context.Context) (Scenario, []PlotPoint, error) {
 				}
 				ready.Runs = append(ready.Runs, ms(ttr))
 				own = append(own, m["caa_time_to_ready_seconds"]*1000)
+				cpus = append(cpus, ms(cpu))
 				writes.Runs = append(writes.Runs, float64(cloudWrites(counters)))
 				for op, v := range callsByOp(counters) {
 					calls[op] = append(calls[op], float64(v))
@@ -138,8 +144,8 @@ func (b *bench) s1(ctx context.Context) (Scenario, []PlotPoint, error) {
 				}
 			}
 			sc.Rows = append(sc.Rows, ready, writes)
-			sc.Details = append(sc.Details, fmt.Sprintf("%s: caa's own time to ready (`caa_time_to_ready_seconds`, from its status start) median %s ms; "+
-				"cloud calls to ready by op (median) %s; apiserver requests to ready (median) %s", c, Num(Median(own)),
+			sc.Details = append(sc.Details, fmt.Sprintf("%s: caa's own time to ready (`caa_time_to_ready_seconds`, from its status start) median %s ms; caa's CPU time (user+system) to ready median %s ms; "+
+				"cloud calls to ready by op (median) %s; apiserver requests to ready (median) %s", c, Num(Median(own)), Num(Median(cpus)),
 				CountsLine(medians(calls)), CountsLine(medians(verbs))))
 			lo, med, hi := Stats(ready.Runs)
 			points = append(points, PlotPoint{Cloud: name, N: n, Median: med, Min: lo, Max: hi, BoundMs: ready.Bound})

@@ -154,6 +154,9 @@ type Cloud struct {
 	mu        sync.Mutex
 	faults    Faults
 	instances map[string]*Instance
+	// order holds the instances in creation order (ascending seq), so a
+	// page of a large listing costs its own length, not a sort of all.
+	order     []*Instance
 	resources map[string]*Resource
 	seq       int
 	calls     int
@@ -347,6 +350,7 @@ func (c *Cloud) Create(req CreateRequest) (Instance, error) {
 		c.resources[r].Owner = in.ID
 	}
 	c.instances[in.ID] = in
+	c.order = append(c.order, in)
 	c.counters["created"]++
 	return c.view(in, now), nil
 }
@@ -415,11 +419,10 @@ func (c *Cloud) List(match func(Instance) bool, token string, size int) ([]Insta
 		after = n
 	}
 	now := c.opts.Now()
-	all := slices.Collect(maps.Values(c.instances))
-	slices.SortFunc(all, func(a, b *Instance) int { return a.seq - b.seq })
+	first, _ := slices.BinarySearchFunc(c.order, after+1, func(in *Instance, seq int) int { return in.seq - seq })
 	var page []Instance
-	for _, in := range all {
-		if in.seq <= after || !c.visible(in, now) {
+	for _, in := range c.order[first:] {
+		if !c.visible(in, now) {
 			continue
 		}
 		v := c.view(in, now)
@@ -432,6 +435,21 @@ func (c *Cloud) List(match func(Instance) bool, token string, size int) ([]Insta
 		page = append(page, v)
 	}
 	return page, "", nil
+}
+
+// Count is how many visible instances match, in one pass (a front end's
+// total count, without paging through every page).
+func (c *Cloud) Count(match func(Instance) bool) int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	now := c.opts.Now()
+	n := 0
+	for _, in := range c.order {
+		if c.visible(in, now) && (match == nil || match(c.view(in, now))) {
+			n++
+		}
+	}
+	return n
 }
 
 // Delete terminates an instance and deletes its DeleteWith resources,
@@ -495,10 +513,8 @@ func (c *Cloud) Instances() []Instance {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	now := c.opts.Now()
-	all := slices.Collect(maps.Values(c.instances))
-	slices.SortFunc(all, func(a, b *Instance) int { return a.seq - b.seq })
-	out := make([]Instance, 0, len(all))
-	for _, in := range all {
+	out := make([]Instance, 0, len(c.order))
+	for _, in := range c.order {
 		out = append(out, c.view(in, now))
 	}
 	return out

@@ -74,3 +74,15 @@ func (c *Cloud) Resources(kind string) []Resource {
 	slices.SortFunc(out, func(a, b Resource) int { return strings.Compare(a.ID, b.ID) })
 	return out
 }
+
+// ResourceIndex is every side resource by id: a snapshot like Resources,
+// without the sort a lookup table does not need.
+func (c *Cloud) ResourceIndex() map[string]Resource {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make(map[string]Resource, len(c.resources))
+	for id, r := range c.resources {
+		out[id] = *r
+	}
+	return out
+}

@@ -370,27 +370,11 @@ func (s *Server) page(w http.ResponseWriter, match func(cloud.Instance) bool, q 
 		writeProblem(w, http.StatusBadRequest, "invalid_id_format", "Bad ID format: the start token is not one this API issued.", queryTarget("start", ""))
 		return nil, "", 0, false
 	}
-	total, token := 0, ""
-	for {
-		all, nt, err := s.cloud.List(match, token, s.cloud.PageSize())
-		if err != nil {
-			break
-		}
-		total += len(all)
-		if nt == "" {
-			break
-		}
-		token = nt
-	}
-	return page, next, total, true
+	return page, next, s.cloud.Count(match), true
 }
 
 // resourcesByID is a snapshot of the core's side resources, taken outside
 // the core's lock so list filters can use it.
 func (s *Server) resourcesByID() map[string]cloud.Resource {
-	out := map[string]cloud.Resource{}
-	for _, r := range s.cloud.Resources("") {
-		out[r.ID] = r
-	}
-	return out
+	return s.cloud.ResourceIndex()
 }
