@@ -81,5 +81,5 @@ func seconds(d time.Duration) string {
 	if d == 0 {
 		return "—"
 	}
-	return fmt.Sprintf("%.1fs", d.Seconds())
+	return fmt.Sprintf("%.2fs", d.Seconds())
 }

@@ -89,8 +89,8 @@ func TestReportMarkdown(t *testing.T) {
 	}
 	md := r.Markdown()
 	assert.Contains(t, md, "# caa rollout: 2 nodes\n")
-	assert.Contains(t, md, "| node-a | a1 | +1.0s | +3.0s | a2 | +5.0s | 4.0s | 10 | 10 | 0 | 1.2s |\n")
-	assert.Contains(t, md, "| node-b | b1 | +6.0s | +7.0s | b2 | +10.0s | 4.0s | 10 | 7 | 3 | — |\n")
+	assert.Contains(t, md, "| node-a | a1 | +1.0s | +3.0s | a2 | +5.0s | 4.00s | 10 | 10 | 0 | 1.20s |\n")
+	assert.Contains(t, md, "| node-b | b1 | +6.0s | +7.0s | b2 | +10.0s | 4.00s | 10 | 7 | 3 | — |\n")
 	assert.Contains(t, md, "- at most 1 node without a ready caa\n")
 	assert.Contains(t, md, "](rollout-timeline.svg)")
 	assert.Equal(t, "-2.0s", Report{Start: at(9)}.at(at(7)))
