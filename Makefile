@@ -7,7 +7,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCH_COUNT ?= 5
 BENCH_OUT   ?= .cache/bench
 
-.PHONY: help build demo test test-unit test-integration e2e-binaries lint fmt bench fuzz clean image static
+.PHONY: help build demo test test-unit test-integration e2e-binaries lint fmt bench bench-quick fuzz clean image static
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -48,10 +48,15 @@ lint: ## gofmt check, go vet, staticcheck (pinned)
 fmt: ## rewrite files with gofmt
 	gofmt -w $$(git ls-files '*.go')
 
-bench: ## benchmarks: $(BENCH_COUNT) runs each, raw output and a summary in $(BENCH_OUT)
+bench: ## benchmarks: Go benchmarks (S3) and the scenarios S1-S5 with the real caa; $(BENCH_COUNT) runs each; results in docs/bench and README
 	@mkdir -p $(BENCH_OUT)
+	@cat /proc/loadavg > $(BENCH_OUT)/load-before
 	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) -timeout 60m ./pkg/... | tee $(BENCH_OUT)/raw.txt
 	$(GO) run ./internal/benchreport < $(BENCH_OUT)/raw.txt | tee $(BENCH_OUT)/summary.md
+	$(GO) run ./test/bench -count $(BENCH_COUNT) -gobench $(BENCH_OUT)/summary.md -load-before $(BENCH_OUT)/load-before -out docs/bench -readme README.md
+
+bench-quick: ## scenarios only, for development: 1 run each, N up to 1,000, short windows; results in $(BENCH_OUT)/quick
+	$(GO) run ./test/bench -quick -out $(BENCH_OUT)/quick
 
 fuzz: ## run the ledger decoder fuzzers for FUZZTIME each (default 60s)
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $${FUZZTIME:-60s} ./pkg/ledger/

@@ -126,12 +126,14 @@ type countingWriter struct {
 	t *Traffic
 }
 
+// Write counts before it writes, so that a client that has read the
+// bytes finds them counted (a failed write still counts: the apiserver
+// sent them).
 func (w *countingWriter) Write(b []byte) (int, error) {
-	n, err := w.ResponseWriter.Write(b)
 	w.p.mu.Lock()
-	w.t.Bytes += int64(n)
+	w.t.Bytes += int64(len(b))
 	w.p.mu.Unlock()
-	return n, err
+	return w.ResponseWriter.Write(b)
 }
 
 // Unwrap lets http.ResponseController reach the Flusher underneath.
