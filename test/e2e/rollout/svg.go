@@ -34,6 +34,9 @@ func SVG(tl Timeline, title string, start time.Time) string {
 	if !last.After(first) {
 		last = first.Add(time.Second)
 	}
+	// A margin after the last event, so the final state shows as a band
+	// and not a sliver.
+	last = last.Add(last.Sub(first) / 20)
 	plotW := float64(svgWidth - laneLeft - laneRight)
 	x := func(t time.Time) float64 {
 		return laneLeft + plotW*t.Sub(first).Seconds()/last.Sub(first).Seconds()
