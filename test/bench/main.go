@@ -60,6 +60,7 @@ func run(ctx context.Context, args []string) (int, error) {
 		loadFile  = fs.String("load-before", "", "file holding /proc/loadavg from before `make bench` began")
 		readme    = fs.String("readme", "", "README to regenerate between the bench markers from <out>/results.json")
 		onlyMD    = fs.Bool("readme-only", false, "only regenerate -readme from the results file; run nothing")
+		keep      = fs.Bool("keep", false, "keep the work directory (caa logs, ledgers, server logs)")
 		cpuprof   = fs.String("cpuprofile", "", "write a CPU profile of this process (the fake clouds and the proxy) to this file")
 	)
 	if err := fs.Parse(args); err != nil {
@@ -103,7 +104,9 @@ func run(ctx context.Context, args []string) (int, error) {
 	if b.dir, err = os.MkdirTemp("", "caa-bench-"); err != nil {
 		return 1, err
 	}
-	defer os.RemoveAll(b.dir)
+	if !*keep {
+		defer os.RemoveAll(b.dir)
+	}
 	if b.caa == "" {
 		b.caa = filepath.Join(b.dir, "caa")
 		b.logf("building caa")

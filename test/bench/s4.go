@@ -62,6 +62,7 @@ func (b *bench) s4(ctx context.Context) (Scenario, error) {
 		}
 		have = m
 		b.logf("S4: %d pods on other nodes (%s)", m, time.Since(start).Round(time.Millisecond))
+		parts := map[string][]float64{}
 		row := Row{Case: fmt.Sprintf("%d pods on other nodes", m), Metric: "peak RSS", Unit: "MiB", HasLimit: true, AtMost: true, Limit: s4LimitMiB}
 		for i := range b.count {
 			d, err := StartCaa(b.caa, b.caaArgs(f, node, e.kubeconfig, ledgerPath, "--resync", "5s"), hermeticEnv(f.env...), b.logPath("s4"))
@@ -81,12 +82,23 @@ func (b *bench) s4(ctx context.Context) (Scenario, error) {
 				_ = d.Stop()
 				return sc, err
 			}
+			for _, field := range []string{"VmRSS:", "RssAnon:", "RssFile:"} {
+				v, err := procStatusKiB(d.Pid(), field)
+				if err != nil {
+					_ = d.Stop()
+					return sc, err
+				}
+				parts[field] = append(parts[field], float64(v)/1024)
+			}
 			if err := d.Stop(); err != nil {
 				return sc, err
 			}
 			row.Runs = append(row.Runs, float64(kib)/1024)
 		}
 		sc.Rows = append(sc.Rows, row)
+		sc.Details = append(sc.Details, fmt.Sprintf("%s, at the same moment (MiB, median): resident now %s, of which anonymous (heap, stacks) %s "+
+			"and file-backed (the binary's text and data, the ledger's mmap) %s", row.Case,
+			Num(Median(parts["VmRSS:"])), Num(Median(parts["RssAnon:"])), Num(Median(parts["RssFile:"]))))
 		xs = append(xs, float64(m)/1000)
 		ys = append(ys, Median(row.Runs))
 	}
