@@ -40,6 +40,7 @@ type runFlags struct {
 	healthAddr     string
 	resync         time.Duration
 	gcGrace        time.Duration
+	bootTimeout    time.Duration
 	confirmMissing time.Duration
 	concurrency    int
 	createRate     float64
@@ -106,6 +107,8 @@ func addRunFlags(cmd *cobra.Command, f *runFlags) {
 	fs.StringVar(&f.healthAddr, "health-addr", envOr("CAA_HEALTH_ADDR", ":8000"), "address of /healthz, /readyz, /metrics, /status (env CAA_HEALTH_ADDR)")
 	fs.DurationVar(&f.resync, "resync", envDuration("CAA_RESYNC", time.Minute), "period of the full pass (env CAA_RESYNC)")
 	fs.DurationVar(&f.gcGrace, "gc-grace", envDuration("CAA_GC_GRACE", 5*time.Minute), "how long an orphan VM is known before it is deleted (env CAA_GC_GRACE)")
+	fs.DurationVar(&f.bootTimeout, "boot-timeout", envDuration("CAA_BOOT_TIMEOUT", 10*time.Minute),
+		"how long a new VM may boot and still hold back readiness; past it, the pod is reported but no longer waited for (env CAA_BOOT_TIMEOUT)")
 	fs.DurationVar(&f.confirmMissing, "confirm-missing", envDuration("CAA_CONFIRM_MISSING", 30*time.Second),
 		"how long a recorded VM must stay not found before it is recreated (env CAA_CONFIRM_MISSING)")
 	fs.IntVar(&f.concurrency, "create-concurrency", envInt("CAA_CREATE_CONCURRENCY", 8), "pods reconciled at once (env CAA_CREATE_CONCURRENCY)")
@@ -141,8 +144,8 @@ func (f *runFlags) check() error {
 	if len(f.runtimeClasses) == 0 {
 		errs = append(errs, errors.New("--runtime-class: at least one is needed (default kata-remote)"))
 	}
-	if f.resync <= 0 || f.gcGrace <= 0 || f.confirmMissing <= 0 || f.shutdownGrace <= 0 {
-		errs = append(errs, errors.New("--resync, --gc-grace, --confirm-missing and --shutdown-grace must be positive"))
+	if f.resync <= 0 || f.gcGrace <= 0 || f.confirmMissing <= 0 || f.shutdownGrace <= 0 || f.bootTimeout <= 0 {
+		errs = append(errs, errors.New("--resync, --gc-grace, --confirm-missing, --shutdown-grace and --boot-timeout must be positive"))
 	}
 	if f.concurrency <= 0 || f.createRate <= 0 || f.createBurst <= 0 {
 		errs = append(errs, errors.New("--create-concurrency, --create-rate and --create-burst must be positive"))
@@ -355,7 +358,7 @@ func runDaemon(ctx context.Context, f *runFlags, stderr io.Writer) error {
 	}
 	rec := &reconcile.Reconciler{
 		Exec: exec, Config: reconcile.Config{Spec: specCfg, ConfirmMissing: f.confirmMissing},
-		Concurrency: f.concurrency, OrphanGrace: f.gcGrace,
+		Concurrency: f.concurrency, OrphanGrace: f.gcGrace, BootTimeout: f.bootTimeout,
 		Progress: func() { status.Beat(time.Now()) },
 	}
 	var readyOnce sync.Once

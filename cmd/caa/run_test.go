@@ -15,7 +15,7 @@ import (
 
 func TestRunFlagsCheck(t *testing.T) {
 	good := runFlags{node: "n", providerName: "aws", runtimeClasses: []string{"kata-remote"}, resync: time.Minute,
-		gcGrace: time.Minute, confirmMissing: time.Second, shutdownGrace: time.Second, concurrency: 1, createRate: 1,
+		gcGrace: time.Minute, confirmMissing: time.Second, shutdownGrace: time.Second, bootTimeout: time.Minute, concurrency: 1, createRate: 1,
 		createBurst: 1, logFormat: "json", logLevel: "info", instanceTypes: "small:2:4096, large:8:32768"}
 	require.NoError(t, good.check())
 
@@ -28,6 +28,7 @@ func TestRunFlagsCheck(t *testing.T) {
 		{"bad provider", func(f *runFlags) { f.providerName = "gcp" }, `--provider "gcp"`},
 		{"no runtime class", func(f *runFlags) { f.runtimeClasses = nil }, "--runtime-class"},
 		{"zero resync", func(f *runFlags) { f.resync = 0 }, "--resync"},
+		{"zero boot timeout", func(f *runFlags) { f.bootTimeout = 0 }, "--boot-timeout"},
 		{"zero rate", func(f *runFlags) { f.createRate = 0 }, "--create-rate"},
 		{"bad types", func(f *runFlags) { f.instanceTypes = "small:two:4096" }, `"small:two:4096"`},
 		{"bad log format", func(f *runFlags) { f.logFormat = "xml" }, "--log-format"},

@@ -108,6 +108,7 @@ const (
 	ReasonVMGone         = "VMGone"
 	ReasonVMDead         = "VMDead"
 	ReasonVMMissing      = "VMMissing"
+	ReasonVMBooting      = "VMBooting"
 	ReasonVMTransitional = "VMTransitional"
 	ReasonAdopted        = "Adopted"
 	ReasonRebuilt        = "RebuiltFromCloud"

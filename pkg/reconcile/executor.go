@@ -59,6 +59,9 @@ var ErrDaemon = errors.New("daemon cannot proceed")
 type Result struct {
 	// Record is the pod's record afterwards; nil when it was removed.
 	Record *ledger.Record
+	// VM is the record's VM as last seen (from the listing, or as the
+	// create returned it); nil when unknown.
+	VM *provider.VM
 	// CloudWrites counts creates and deletes sent to the cloud.
 	CloudWrites int
 	// RequeueAfter, when positive, asks for another look then.
@@ -67,7 +70,7 @@ type Result struct {
 
 // Apply carries out a for the pod described by in.
 func (e *Executor) Apply(ctx context.Context, in Input, a Action) (Result, error) {
-	res := Result{Record: in.Record}
+	res := Result{Record: in.Record, VM: in.VM}
 	switch a.Kind {
 	case KindNone:
 		return res, nil
@@ -142,7 +145,7 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 	if err != nil {
 		return res, e.ledgerErr("record created VM "+vm.ID, pod.UID, err)
 	}
-	res.Record = &stored
+	res.Record, res.VM = &stored, &vm
 	reason := EventVMCreated
 	if a.Recreate {
 		reason = EventVMRecreated
@@ -166,7 +169,7 @@ func (e *Executor) adopt(in Input, a Action) (Result, error) {
 	if in.Record == nil || in.Record.Phase != ledger.PhaseRunning {
 		e.event(in.Pod, false, EventVMAdopted, fmt.Sprintf("VM %s is %s: %s", in.VM.ID, in.VM.State, a.Message))
 	}
-	return Result{Record: &stored}, nil
+	return Result{Record: &stored, VM: in.VM}, nil
 }
 
 func (e *Executor) fail(in Input, reason, message string) (Result, error) {

@@ -260,6 +260,10 @@ type Loop struct {
 	// (default 1s), so a burst of changes costs one cloud listing, not one
 	// each.
 	MinGap time.Duration
+	// BootPoll is how soon the startup pass is repeated while it waits
+	// only for VMs to boot (default 1s): readiness should follow the last
+	// boot closely, and each repeat costs one cloud listing.
+	BootPoll time.Duration
 }
 
 // Run blocks until ctx is done.
@@ -271,6 +275,10 @@ func (l *Loop) Run(ctx context.Context) {
 	gap := l.MinGap
 	if gap <= 0 {
 		gap = time.Second
+	}
+	bootPoll := l.BootPoll
+	if bootPoll <= 0 {
+		bootPoll = time.Second
 	}
 	timer := time.NewTimer(0)
 	defer timer.Stop()
@@ -316,6 +324,9 @@ func (l *Loop) Run(ctx context.Context) {
 		}
 		if !converged && next > 5*time.Second {
 			next = 5 * time.Second
+		}
+		if !converged && res.Booting > 0 && next > bootPoll {
+			next = bootPoll
 		}
 		earliest = time.Now().Add(gap)
 		resetTimer(timer, next)

@@ -31,10 +31,22 @@ type Reconciler struct {
 	// Progress, when set, is called after each pod is applied, so a long
 	// pass still shows the loop alive (the liveness heartbeat).
 	Progress func()
+	// BootTimeout is how long a VM may stay booting (cloud state Pending)
+	// and still hold a pod Pending in the report (default 10 min). Past it
+	// the pod no longer blocks readiness: a VM stuck in boot is the cloud's
+	// problem to report, and the node's other pods must not wait on it.
+	BootTimeout time.Duration
 
 	mu      sync.Mutex
 	missing map[string]missingVM // by pod UID
 	orphans *OrphanTracker
+	booting map[string]bootWatch // by VM id: the VMs seen booting in the last pass
+}
+
+// bootWatch is a booting VM: since when, and whether its overrun was logged.
+type bootWatch struct {
+	since  time.Time
+	warned bool
 }
 
 // missingVM is a recorded VM the cloud did not show, and since when.
@@ -57,14 +69,17 @@ type PassResult struct {
 	Duration    time.Duration
 	Actions     map[Kind]int
 	CloudWrites int
-	// Pending are desired pods without a live VM recorded; Failed are pods
-	// with a terminal failure (bad spec), which never block readiness (I5).
+	// Pending are desired pods without a running VM recorded (booting
+	// VMs count as pending, up to BootTimeout); Failed are pods with a
+	// terminal failure (bad spec), which never block readiness (I5).
 	Pending []PodStatus
 	Failed  []PodStatus
 	// Records counts the ledger's records by phase after the pass.
 	Records map[ledger.Phase]int
 	// RequeueAfter is the soonest another pass is wanted (0: at the resync).
-	RequeueAfter   time.Duration
+	RequeueAfter time.Duration
+	// Booting counts the pods held Pending only by a VM still booting.
+	Booting        int
 	OrphansDeleted int
 	// Err is set when the pass could not run or a failure blocks the
 	// daemon (errors.Is(Err, ErrDaemon)); pods not reached are Pending.
@@ -86,7 +101,7 @@ func (r *Reconciler) Pass(ctx context.Context, pods []*Pod, synced bool) (out Pa
 	records, err := r.Exec.Ledger.List(ledger.Filter{})
 	if err != nil && !errors.Is(err, ledger.ErrCorrupt) {
 		res.Err = fmt.Errorf("%w: read the ledger: %w", ErrDaemon, err)
-		return r.report(res, pods, nil)
+		return r.report(res, pods, nil, nil)
 	}
 	// Undecodable records are left out; their pods' VMs are still found by
 	// tag and adopted, never duplicated.
@@ -98,16 +113,16 @@ func (r *Reconciler) Pass(ctx context.Context, pods []*Pod, synced bool) (out Pa
 			res.Err = fmt.Errorf("%w: %w", ErrDaemon, res.Err)
 		}
 		res.RequeueAfter = r.Exec.retryBase()
-		return r.report(res, pods, records)
+		return r.report(res, pods, records, nil)
 	}
 
 	inputs := r.inputs(ctx, pods, records, vms, synced, now)
-	final := r.apply(ctx, inputs, &res)
+	final, booting := r.apply(ctx, inputs, &res)
 
 	if synced && res.Err == nil {
 		r.collectOrphans(ctx, vms, records, pods, now, &res)
 	}
-	return r.report(res, pods, final)
+	return r.report(res, pods, final, r.stillBooting(booting, now))
 }
 
 // inputs assembles one Input per pod UID, confirming with a direct Get any
@@ -207,16 +222,18 @@ func pickByTag(vms []*provider.VM, rec *ledger.Record) *provider.VM {
 }
 
 // apply decides and applies every input, Concurrency at a time, and
-// returns the records as they stand afterwards.
-func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult) []ledger.Record {
+// returns the records as they stand afterwards, and the recorded VMs that
+// were still booting, by pod UID.
+func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult) ([]ledger.Record, map[string]provider.VM) {
 	limit := r.Concurrency
 	if limit <= 0 {
 		limit = 8
 	}
 	var (
-		mu    sync.Mutex
-		wg    sync.WaitGroup
-		final []ledger.Record
+		mu      sync.Mutex
+		wg      sync.WaitGroup
+		final   []ledger.Record
+		booting = map[string]provider.VM{}
 	)
 	sem := make(chan struct{}, limit)
 	for _, in := range inputs {
@@ -242,6 +259,10 @@ func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult)
 			}
 			if out.Record != nil {
 				final = append(final, *out.Record)
+				if rec := out.Record; rec.Phase == ledger.PhaseRunning && out.VM != nil &&
+					out.VM.ID == rec.VMID && out.VM.State == provider.StatePending {
+					booting[rec.PodUID] = *out.VM
+				}
 			}
 			if r.Progress != nil {
 				r.Progress()
@@ -249,7 +270,7 @@ func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult)
 		}()
 	}
 	wg.Wait()
-	return final
+	return final, booting
 }
 
 // collectOrphans deletes the VMs nothing owns once they have been orphans
@@ -286,8 +307,42 @@ func (r *Reconciler) collectOrphans(ctx context.Context, vms []provider.VM, reco
 	}
 }
 
-// report fills Pending and Failed from the records after the pass.
-func (r *Reconciler) report(res PassResult, pods []*Pod, records []ledger.Record) PassResult {
+// stillBooting drops from booting the VMs that have booted for longer than
+// BootTimeout (since their creation, or since first seen booting when the
+// cloud gives no creation time), with one warning each.
+func (r *Reconciler) stillBooting(booting map[string]provider.VM, now time.Time) map[string]provider.VM {
+	limit := r.BootTimeout
+	if limit <= 0 {
+		limit = 10 * time.Minute
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	seen := make(map[string]bootWatch, len(booting))
+	for uid, vm := range booting {
+		w, ok := r.booting[vm.ID]
+		if !ok {
+			w.since = vm.CreatedAt
+			if w.since.IsZero() {
+				w.since = now
+			}
+		}
+		if now.Sub(w.since) > limit {
+			if !w.warned {
+				r.Exec.log().Warn("VM still booting past the boot timeout; it no longer holds back readiness",
+					"vm", vm.ID, "podUID", uid, "since", w.since, "bootTimeout", limit)
+				w.warned = true
+			}
+			delete(booting, uid)
+		}
+		seen[vm.ID] = w
+	}
+	r.booting = seen
+	return booting
+}
+
+// report fills Pending and Failed from the records after the pass; a pod
+// whose recorded VM is in booting is Pending until the VM runs.
+func (r *Reconciler) report(res PassResult, pods []*Pod, records []ledger.Record, booting map[string]provider.VM) PassResult {
 	recs := make(map[string]ledger.Record, len(records))
 	res.Records = map[ledger.Phase]int{}
 	for _, rec := range records {
@@ -305,10 +360,16 @@ func (r *Reconciler) report(res PassResult, pods []*Pod, records []ledger.Record
 			r.mu.Lock()
 			m, missing := r.missing[p.UID]
 			r.mu.Unlock()
-			if !missing || m.vmID != rec.VMID {
-				continue
+			if missing && m.vmID == rec.VMID {
+				st.Reason, st.Message = ReasonVMMissing, "VM "+rec.VMID+" not found; confirming"
+				break
 			}
-			st.Reason, st.Message = ReasonVMMissing, "VM "+rec.VMID+" not found; confirming"
+			if vm, ok := booting[p.UID]; ok && vm.ID == rec.VMID {
+				st.Reason, st.Message = ReasonVMBooting, "VM "+rec.VMID+" is booting"
+				res.Booting++
+				break
+			}
+			continue
 		case ok && rec.Phase == ledger.PhaseFailed:
 			st.Reason, st.Message = rec.Reason, rec.Message
 			res.Failed = append(res.Failed, st)

@@ -227,3 +227,55 @@ func TestPickByTagIgnoresDeadVMsOfOtherAttempts(t *testing.T) {
 	assert.Equal(t, "i-1b", pickByTag([]*provider.VM{&dead2, &live1}, r).ID, "else a live one")
 	assert.Equal(t, "i-1", pickByTag([]*provider.VM{&dead1}, nil).ID, "without a record, any")
 }
+
+func TestBootingVMsHoldReadinessUntilTheyRun(t *testing.T) {
+	f := newPassFixture(t, time.Hour)
+	ctx := context.Background()
+	f.cloud.SetFaults(cloud.Faults{BootDelay: 30 * time.Second})
+	pods := peerPods(3)
+
+	res := f.rec.Pass(ctx, pods, true)
+	require.NoError(t, res.Err)
+	assert.False(t, res.Converged(), "VMs still booting must hold the startup pass")
+	assert.Equal(t, 3, res.Booting)
+	require.Len(t, res.Pending, 3)
+	for _, p := range res.Pending {
+		assert.Equal(t, ReasonVMBooting, p.Reason, p.Pod)
+	}
+	assert.Equal(t, 3, res.Records[ledger.PhaseRunning], "the VMs are recorded at once; only readiness waits")
+
+	f.clock.Advance(10 * time.Second)
+	res = f.rec.Pass(ctx, pods, true)
+	assert.Equal(t, 3, res.Booting, "still booting after 10s")
+	assert.Zero(t, res.CloudWrites, "waiting for a boot writes nothing")
+
+	f.clock.Advance(25 * time.Second)
+	f.cloud.ResetCounters()
+	res = f.rec.Pass(ctx, pods, true)
+	require.NoError(t, res.Err)
+	assert.True(t, res.Converged(), "pending: %v", res.Pending)
+	assert.Zero(t, res.Booting)
+	assert.Zero(t, res.CloudWrites)
+}
+
+func TestAVMStuckInBootStopsHoldingReadinessAfterTheBootTimeout(t *testing.T) {
+	f := newPassFixture(t, time.Hour)
+	f.rec.BootTimeout = time.Minute
+	ctx := context.Background()
+	f.cloud.SetFaults(cloud.Faults{BootDelay: time.Hour})
+	pods := peerPods(2)
+
+	res := f.rec.Pass(ctx, pods, true)
+	assert.Equal(t, 2, res.Booting)
+	f.clock.Advance(50 * time.Second)
+	res = f.rec.Pass(ctx, pods, true)
+	assert.Equal(t, 2, res.Booting, "within the boot timeout")
+
+	f.clock.Advance(20 * time.Second)
+	res = f.rec.Pass(ctx, pods, true)
+	require.NoError(t, res.Err)
+	assert.True(t, res.Converged(), "past the boot timeout the node converges; pending: %v", res.Pending)
+	assert.Zero(t, res.Booting)
+	assert.Zero(t, res.CloudWrites, "a slow boot is never a reason to recreate")
+	assert.Len(t, f.cloud.Live(), 2)
+}
