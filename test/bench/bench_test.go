@@ -57,13 +57,17 @@ func TestScenarioMarkdown(t *testing.T) {
 		{Case: "aws, N=100", Metric: "cloud writes", Unit: "calls", Runs: []float64{0, 0, 0}, HasLimit: true, AtMost: true},
 	}, Details: []string{"calls: list 1"}}
 	var b bytes.Buffer
-	s.WriteMarkdown(&b, "##")
+	s.WriteMarkdown(&b, "##", true)
 	out := b.String()
 	assert.Contains(t, out, "## S9: example\n\none pod.\n")
 	assert.Contains(t, out, "| aws, N=100 | time to ready | 3 | 110 ms | 100 | 120 | 80.0 ms | 1.38x | <= 1.25x bound | MISS |")
 	assert.Contains(t, out, "| aws, N=100 | cloud writes | 3 | 0 calls | 0 | 0 | - | - | <= 0 calls | pass |")
 	assert.Contains(t, out, "- bound of aws, N=100, time to ready: list 80 ms\n- calls: list 1\n")
 	assert.Equal(t, 1, s.Misses())
+	b.Reset()
+	s.WriteMarkdown(&b, "####", false)
+	assert.NotContains(t, b.String(), "calls: list 1", "the README leaves the details to results.md")
+	assert.Contains(t, b.String(), "- bound of aws, N=100, time to ready: list 80 ms\n")
 }
 
 func TestSpliceReplacesOnlyBetweenTheMarkers(t *testing.T) {

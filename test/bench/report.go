@@ -124,8 +124,9 @@ func (s Scenario) Misses() int {
 	return n
 }
 
-// WriteMarkdown writes the scenario's heading, setup, table and details.
-func (s Scenario) WriteMarkdown(w io.Writer, level string) {
+// WriteMarkdown writes the scenario's heading, setup, table, how each
+// bound was made up and, with details, the facts behind the rows.
+func (s Scenario) WriteMarkdown(w io.Writer, level string, details bool) {
 	fmt.Fprintf(w, "%s %s: %s\n\n", level, s.ID, s.Title)
 	if s.Setup != "" {
 		fmt.Fprintf(w, "%s\n\n", s.Setup)
@@ -149,13 +150,16 @@ func (s Scenario) WriteMarkdown(w io.Writer, level string) {
 			notes = append(notes, fmt.Sprintf("- bound of %s, %s: %s", r.Case, r.Metric, r.BoundNote))
 		}
 	}
-	for _, d := range append(notes, s.Details...) {
+	if details {
+		notes = append(notes, s.Details...)
+	}
+	for _, d := range notes {
 		if !strings.HasPrefix(d, "- ") {
 			d = "- " + d
 		}
 		fmt.Fprintln(w, d)
 	}
-	if len(notes)+len(s.Details) > 0 {
+	if len(notes) > 0 {
 		fmt.Fprintln(w)
 	}
 }

@@ -89,7 +89,7 @@ func (r Results) Markdown(plot string) string {
 	fmt.Fprintln(&b)
 	r.header(&b)
 	for _, s := range r.Scenarios {
-		s.WriteMarkdown(&b, "##")
+		s.WriteMarkdown(&b, "##", true)
 		if s.ID == "S1" && plot != "" {
 			fmt.Fprintf(&b, "![S1 time to ready against N](%s)\n\n", plot)
 		}
@@ -140,7 +140,7 @@ func (r Results) ReadmeSection(dir string) string {
 	fmt.Fprintf(&b, "From one `make bench` run; full tables, per-case details and raw data in [`%s/results.md`](%s/results.md).\n", dir, dir)
 	r.header(&b)
 	for _, s := range r.Scenarios {
-		s.WriteMarkdown(&b, "####")
+		s.WriteMarkdown(&b, "####", false)
 		if s.ID == "S1" && len(r.Plot) > 0 {
 			fmt.Fprintf(&b, "![S1 time to ready against N](%s/s1-time-to-ready.svg)\n\n", dir)
 		}
