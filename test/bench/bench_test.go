@@ -96,7 +96,8 @@ func TestPlotSVGDrawsEachCloudAndItsBound(t *testing.T) {
 	assert.Equal(t, 4, strings.Count(svg, "<polyline"), "a median line and a bound line per cloud")
 	assert.Contains(t, svg, ">aws</text>")
 	assert.Contains(t, svg, ">ibmcloud</text>")
-	assert.Contains(t, svg, ">500</text>", "the y axis ends at a round number above the largest max")
+	assert.Contains(t, svg, ">400</text>", "the y axis ends at a round number above the largest max")
+	assert.Contains(t, svg, ">100</text>", "and has round quarters")
 }
 
 func TestClassifyNamesVerbAndResource(t *testing.T) {

@@ -97,8 +97,15 @@ func run(ctx context.Context, args []string) (int, error) {
 	res := Results{Count: b.count, Started: time.Now(), Machine: machine(), Quick: *quick}
 	res.LoadBefore = loadavg()
 	if *loadFile != "" {
-		if data, err := os.ReadFile(*loadFile); err == nil {
-			res.LoadBefore = strings.TrimSpace(string(data))
+		// make bench wrote the file as it began: its load average, and
+		// its time as the start of the whole run.
+		data, err := os.ReadFile(*loadFile)
+		if err != nil {
+			return 1, fmt.Errorf("-load-before: %w", err)
+		}
+		res.LoadBefore = firstFields(string(data), 3)
+		if st, err := os.Stat(*loadFile); err == nil {
+			res.Started = st.ModTime()
 		}
 	}
 	if b.dir, err = os.MkdirTemp("", "caa-bench-"); err != nil {
@@ -194,6 +201,15 @@ func regenerate(out, readme string) error {
 		return fmt.Errorf("%s: %w", readme, err)
 	}
 	return os.WriteFile(readme, []byte(updated), 0o644)
+}
+
+// firstFields is the first n whitespace-separated fields of s.
+func firstFields(s string, n int) string {
+	f := strings.Fields(s)
+	if len(f) > n {
+		f = f[:n]
+	}
+	return strings.Join(f, " ")
 }
 
 func split(s string) []string {

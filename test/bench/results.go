@@ -57,11 +57,7 @@ func loadavg() string {
 	if err != nil {
 		return "unknown"
 	}
-	f := strings.Fields(string(data))
-	if len(f) > 3 {
-		f = f[:3]
-	}
-	return strings.Join(f, " ")
+	return firstFields(string(data), 3)
 }
 
 // Misses counts missed targets over every scenario.
@@ -137,7 +133,7 @@ func (r Results) Write(w io.Writer, dir string) error {
 // dir (relative to the README).
 func (r Results) ReadmeSection(dir string) string {
 	var b bytes.Buffer
-	fmt.Fprintf(&b, "From one `make bench` run; full tables, per-case details and raw data in [`%s/results.md`](%s/results.md).\n", dir, dir)
+	fmt.Fprintf(&b, "From one `make bench` run; full tables, per-case details and raw data in [`%s/results.md`](%s/results.md).\n\n", dir, dir)
 	r.header(&b)
 	for _, s := range r.Scenarios {
 		s.WriteMarkdown(&b, "####", false)

@@ -82,13 +82,14 @@ func PlotSVG(points []PlotPoint) string {
 	return b.String()
 }
 
-// niceCeil rounds v up to 1, 2 or 5 times a power of ten.
+// niceCeil rounds v up to a round number: a power of ten times one of a
+// few steps whose quarters are round too.
 func niceCeil(v float64) float64 {
 	if v <= 0 {
 		return 1
 	}
 	p := math.Pow(10, math.Floor(math.Log10(v)))
-	for _, m := range []float64{1, 2, 5, 10} {
+	for _, m := range []float64{1, 1.2, 1.6, 2, 2.4, 3, 4, 5, 6, 8, 10} {
 		if v <= m*p {
 			return m * p
 		}
