@@ -350,6 +350,10 @@ func (w *worker) stopProcess(term **corev1.ContainerStateTerminated) {
 func (w *worker) terminate(ctx context.Context, pod *corev1.Pod) {
 	var term *corev1.ContainerStateTerminated
 	w.stopProcess(&term)
+	if term == nil && w.c.lastExit != nil {
+		// Deleted in a back-off: the container is its last run, ended.
+		term = w.c.lastExit
+	}
 	if term == nil {
 		term = &corev1.ContainerStateTerminated{Reason: "ContainerStatusUnknown", ExitCode: 137,
 			Message: "the container never ran", FinishedAt: metav1.Now()}
