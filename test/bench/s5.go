@@ -82,6 +82,13 @@ func (b *bench) s5(ctx context.Context) (Scenario, error) {
 		wg.Go(func() { naiveProber(probeCtx, naiveClient, node) })
 	}
 	defer func() { stopProbes(); wg.Wait() }()
+	// Slices start half a probe period after the probes, so no probe is
+	// cut in two by a slice boundary (counted in one, its bytes in the next).
+	select {
+	case <-ctx.Done():
+		return sc, ctx.Err()
+	case <-time.After(probePeriod / 2):
+	}
 
 	caaReq := Row{Case: "caa", Metric: "requests", Unit: "req/min"}
 	caaBytes := Row{Case: "caa", Metric: "response bytes", Unit: "KiB/min"}
