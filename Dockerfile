@@ -10,6 +10,9 @@ FROM --platform=$BUILDPLATFORM golang:1.26 AS build
 ARG TARGETOS
 ARG TARGETARCH
 ARG VERSION=dev
+# Empty: every cloud. CLOUDS=aws (or azure, ibmcloud) builds one provider
+# only: a smaller image and a smaller resident set on every node.
+ARG CLOUDS=
 WORKDIR /src
 # Modules first, so a source change does not download them again.
 COPY go.mod go.sum ./
@@ -17,7 +20,7 @@ RUN --mount=type=cache,target=/go/pkg/mod go mod download
 COPY . .
 RUN --mount=type=cache,target=/go/pkg/mod \
     --mount=type=cache,target=/root/.cache/go-build \
-    GOOS=$TARGETOS GOARCH=$TARGETARCH make static VERSION="$VERSION" STATIC_OUT=/out/caa
+    CLOUDS="$CLOUDS" GOOS=$TARGETOS GOARCH=$TARGETARCH make static VERSION="$VERSION" STATIC_OUT=/out/caa
 
 # No shell, no package manager, no libc: the static binary, CA
 # certificates for the cloud APIs, and a non-root default user (65532).

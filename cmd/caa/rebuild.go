@@ -20,7 +20,7 @@ import (
 // cloud's tags and the node's pods (invariant I6), with no cloud write. It
 // takes the daemon's flags, since it needs the same cloud and cluster.
 func newLedgerRebuildCommand() *cobra.Command {
-	f := &runFlags{}
+	f := &runFlags{clouds: compiledClouds()}
 	var dryRun bool
 	cmd := &cobra.Command{
 		Use:   "rebuild",

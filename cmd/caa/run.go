@@ -24,9 +24,6 @@ import (
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/ledger/ledgerapi"
 	"github.com/caa-project/caa/pkg/provider"
-	"github.com/caa-project/caa/pkg/provider/aws"
-	"github.com/caa-project/caa/pkg/provider/azure"
-	"github.com/caa-project/caa/pkg/provider/ibmcloud"
 	"github.com/caa-project/caa/pkg/reconcile"
 )
 
@@ -54,9 +51,8 @@ type runFlags struct {
 	instanceTypes  string
 	allowedTypes   []string
 
-	aws      aws.Config
-	azure    azure.Config
-	ibmcloud ibmcloud.Config
+	// clouds are the providers built into this binary, with their settings.
+	clouds []*cloud
 }
 
 func envOr(key, def string) string {
@@ -81,7 +77,7 @@ func envInt(key string, def int) int {
 }
 
 func newRunCommand() *cobra.Command {
-	f := &runFlags{}
+	f := &runFlags{clouds: compiledClouds()}
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the daemon: keep this node's peer-pod VMs alive and recorded",
@@ -100,7 +96,7 @@ func newRunCommand() *cobra.Command {
 func addRunFlags(cmd *cobra.Command, f *runFlags) {
 	fs := cmd.Flags()
 	fs.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name (env NODE_NAME, from the downward API)")
-	fs.StringVar(&f.providerName, "provider", os.Getenv("CAA_PROVIDER"), "cloud provider: aws, azure or ibmcloud (env CAA_PROVIDER)")
+	fs.StringVar(&f.providerName, "provider", os.Getenv("CAA_PROVIDER"), "cloud provider: "+cloudNames(f.clouds)+" (env CAA_PROVIDER)")
 	fs.StringSliceVar(&f.runtimeClasses, "runtime-class", provider.SplitList(envOr("CAA_RUNTIME_CLASSES", "kata-remote")),
 		"runtime class of peer pods, repeatable (env CAA_RUNTIME_CLASSES, comma-separated)")
 	fs.StringVar(&f.ledgerPath, "ledger", envOr("CAA_LEDGER", ledger.DefaultPath), "ledger file (env CAA_LEDGER)")
@@ -125,9 +121,9 @@ func addRunFlags(cmd *cobra.Command, f *runFlags) {
 		"instance types for vCPU/memory requests, name:vcpus:memoryMiB,... (env CAA_INSTANCE_TYPES)")
 	fs.StringSliceVar(&f.allowedTypes, "allowed-types", provider.SplitList(os.Getenv("CAA_ALLOWED_TYPES")),
 		"instance types a pod may ask for (env CAA_ALLOWED_TYPES; default: the table and the default type)")
-	f.aws.AddFlags(fs)
-	f.azure.AddFlags(fs)
-	f.ibmcloud.AddFlags(fs)
+	for _, c := range f.clouds {
+		c.addFlags(fs)
+	}
 }
 
 // check validates the flags that need no cloud or cluster.
@@ -136,10 +132,8 @@ func (f *runFlags) check() error {
 	if f.node == "" {
 		errs = append(errs, errors.New("--node-name is empty: set it, or NODE_NAME from the downward API (spec.nodeName)"))
 	}
-	switch f.providerName {
-	case "aws", "azure", "ibmcloud":
-	default:
-		errs = append(errs, fmt.Errorf("--provider %q: want aws, azure or ibmcloud (env CAA_PROVIDER)", f.providerName))
+	if _, err := findCloud(f.clouds, f.providerName); err != nil {
+		errs = append(errs, err)
 	}
 	if len(f.runtimeClasses) == 0 {
 		errs = append(errs, errors.New("--runtime-class: at least one is needed (default kata-remote)"))
@@ -197,30 +191,16 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 func (f *runFlags) newProvider(ctx context.Context, log *slog.Logger) (provider.Provider, provider.SpecConfig, error) {
 	types, _ := parseTypes(f.instanceTypes)
 	spec := provider.SpecConfig{Types: types, AllowedTypes: f.allowedTypes}
-	switch f.providerName {
-	case "aws":
-		f.aws.Logger = log
-		if err := f.aws.Validate(); err != nil {
-			return nil, spec, err
-		}
-		spec.DefaultType, spec.DefaultImage = f.aws.InstanceType, f.aws.Image
-		p, err := aws.New(ctx, f.aws)
-		return p, spec, err
-	case "azure":
-		if err := f.azure.Validate(); err != nil {
-			return nil, spec, err
-		}
-		spec.DefaultType, spec.DefaultImage = f.azure.InstanceType, f.azure.Image
-		p, err := azure.New(ctx, f.azure, azure.WithLogger(log))
-		return p, spec, err
-	default:
-		if err := f.ibmcloud.Validate(); err != nil {
-			return nil, spec, err
-		}
-		spec.DefaultType, spec.DefaultImage = f.ibmcloud.InstanceType, f.ibmcloud.Image
-		p, err := ibmcloud.New(ctx, f.ibmcloud)
-		return p, spec, err
+	c, err := findCloud(f.clouds, f.providerName)
+	if err != nil {
+		return nil, spec, err
 	}
+	p, defaults, err := c.open(ctx, log)
+	if err != nil {
+		return nil, spec, err
+	}
+	spec.DefaultType, spec.DefaultImage = defaults.instanceType, defaults.image
+	return p, spec, nil
 }
 
 // cluster returns the Kubernetes client and the cluster id (--cluster-id,

@@ -14,7 +14,7 @@ import (
 )
 
 func TestRunFlagsCheck(t *testing.T) {
-	good := runFlags{node: "n", providerName: "aws", runtimeClasses: []string{"kata-remote"}, resync: time.Minute,
+	good := runFlags{clouds: compiledClouds(), node: "n", providerName: "aws", runtimeClasses: []string{"kata-remote"}, resync: time.Minute,
 		gcGrace: time.Minute, confirmMissing: time.Second, shutdownGrace: time.Second, bootTimeout: time.Minute, concurrency: 1, createRate: 1,
 		createBurst: 1, logFormat: "json", logLevel: "info", instanceTypes: "small:2:4096, large:8:32768"}
 	require.NoError(t, good.check())

@@ -1,0 +1,29 @@
+//go:build caa_azure || !(caa_aws || caa_azure || caa_ibmcloud)
+
+package main
+
+import (
+	"context"
+	"log/slog"
+
+	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/pkg/provider/azure"
+)
+
+func azureCloud() *cloud {
+	cfg := &azure.Config{}
+	return &cloud{
+		name:     "azure",
+		addFlags: cfg.AddFlags,
+		open: func(ctx context.Context, log *slog.Logger) (provider.Provider, cloudDefaults, error) {
+			if err := cfg.Validate(); err != nil {
+				return nil, cloudDefaults{}, err
+			}
+			p, err := azure.New(ctx, *cfg, azure.WithLogger(log))
+			if err != nil {
+				return nil, cloudDefaults{}, err
+			}
+			return p, cloudDefaults{instanceType: cfg.InstanceType, image: cfg.Image}, nil
+		},
+	}
+}
