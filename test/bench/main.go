@@ -24,7 +24,10 @@ import (
 
 // bench is one run of the program: its settings and where it works.
 type bench struct {
-	caa      string
+	caa string
+	// caaAWS is caa built with the EC2 provider only (-tags caa_aws), as
+	// an AWS node would run it; empty when -caa names a binary.
+	caaAWS   string
 	count    int
 	ns       []int
 	clouds   []string
@@ -121,6 +124,12 @@ func run(ctx context.Context, args []string) (int, error) {
 		build.Stdout, build.Stderr = os.Stderr, os.Stderr
 		if err := build.Run(); err != nil {
 			return 1, fmt.Errorf("build caa: %w", err)
+		}
+		b.caaAWS = filepath.Join(b.dir, "caa-aws")
+		build = exec.CommandContext(ctx, "go", "build", "-trimpath", "-tags", "caa_aws", "-o", b.caaAWS, "github.com/caa-project/caa/cmd/caa")
+		build.Stdout, build.Stderr = os.Stderr, os.Stderr
+		if err := build.Run(); err != nil {
+			return 1, fmt.Errorf("build caa (aws only): %w", err)
 		}
 	}
 	if *gobench != "" {
