@@ -229,6 +229,10 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 		return nil, fmt.Errorf("kubernetes client config (set --kubeconfig outside a cluster): %w", err)
 	}
 	cfg.UserAgent = "caa/" + version
+	// Protobuf, as the kubelet speaks: decoding a node's pods (thousands,
+	// on a busy node) costs a fraction of the CPU and garbage of JSON.
+	cfg.ContentType = "application/vnd.kubernetes.protobuf"
+	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	return kubernetes.NewForConfig(cfg)
 }
 
