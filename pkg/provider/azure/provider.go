@@ -293,6 +293,29 @@ func (p *Provider) ipsOf(ctx context.Context, op string, vm armcompute.VirtualMa
 // List pages through every VM of the resource group and keeps those tagged
 // for sel, then pages through the group's NICs for their IPs.
 func (p *Provider) List(ctx context.Context, sel provider.Selector) ([]provider.VM, error) {
+	// The NICs (for the VMs' addresses) are listed beside the VMs, not
+	// after them: the two listings are independent, and in sequence their
+	// latencies add up on the startup pass's critical path.
+	// List never returns with the NIC listing still running: an early
+	// return cancels it and waits for it.
+	nicCtx, stopNICs := context.WithCancel(ctx)
+	type nicListing struct {
+		ips map[string][]string
+		err error
+	}
+	nicDone := make(chan nicListing, 1)
+	go func() {
+		ips, err := p.listNICAddresses(nicCtx)
+		nicDone <- nicListing{ips, err}
+	}()
+	received := false
+	defer func() {
+		stopNICs()
+		if !received {
+			<-nicDone
+		}
+	}()
+
 	var out []provider.VM
 	var nics [][]string
 	pager := p.vms.NewListPager(p.cfg.ResourceGroup, nil)
@@ -314,10 +337,26 @@ func (p *Provider) List(ctx context.Context, sel provider.Selector) ([]provider.
 	if len(out) == 0 {
 		return out, nil
 	}
+	listing := <-nicDone
+	received = true
+	if listing.err != nil {
+		return nil, listing.err
+	}
+	for i := range out {
+		if len(nics[i]) > 0 {
+			out[i].IPs = listing.ips[strings.ToLower(nics[i][0])]
+		}
+	}
+	return out, nil
+}
+
+// listNICAddresses maps every NIC of the resource group (lower-cased id)
+// to its private addresses.
+func (p *Provider) listNICAddresses(ctx context.Context) (map[string][]string, error) {
 	ips := map[string][]string{}
-	nicPager := p.nics.NewListPager(p.cfg.ResourceGroup, nil)
-	for nicPager.More() {
-		page, err := nicPager.NextPage(ctx)
+	pager := p.nics.NewListPager(p.cfg.ResourceGroup, nil)
+	for pager.More() {
+		page, err := pager.NextPage(ctx)
 		if err != nil {
 			return nil, classify(opList, err)
 		}
@@ -327,12 +366,7 @@ func (p *Provider) List(ctx context.Context, sel provider.Selector) ([]provider.
 			}
 		}
 	}
-	for i := range out {
-		if len(nics[i]) > 0 {
-			out[i].IPs = ips[strings.ToLower(nics[i][0])]
-		}
-	}
-	return out, nil
+	return ips, nil
 }
 
 // Delete deletes the VM (its OS disk and NIC go with it, by their

@@ -265,7 +265,9 @@ func TestListJoinsIPsFromOneNICListing(t *testing.T) {
 	none, err := e.Provider.List(e.ctx, provider.Selector{Cluster: conformance.Cluster, Node: "node-z"})
 	require.NoError(t, err)
 	assert.Empty(t, none)
-	assert.Zero(t, e.Cloud.Counters()[armfake.OpNICList], "no NIC listing when no VM matched")
+	// The NIC listing runs beside the VM listing, so it may have been sent
+	// before the VMs showed that none matched: at most one, never more.
+	assert.LessOrEqual(t, e.Cloud.Counters()[armfake.OpNICList], int64(1), "one NIC listing at most, even when no VM matched")
 }
 
 func TestEventuallyConsistentCreateReturnsTheAcceptedVM(t *testing.T) {
