@@ -15,6 +15,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/informers"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
@@ -72,8 +73,20 @@ func NewPodSource(client kubernetes.Interface, node string, runtimeClasses []str
 	return s, nil
 }
 
-// Run runs the informer until ctx is done.
-func (s *PodSource) Run(ctx context.Context) { s.informer.Run(ctx.Done()) }
+// Run runs the informer until ctx is done. The moment the first list is
+// in, it sends a change, so a loop that found the cache unsynced starts
+// its pass then instead of at its next retry.
+func (s *PodSource) Run(ctx context.Context) {
+	go func() {
+		err := wait.PollUntilContextCancel(ctx, 5*time.Millisecond, true, func(context.Context) (bool, error) {
+			return s.informer.HasSynced(), nil
+		})
+		if err == nil {
+			s.poke()
+		}
+	}()
+	s.informer.Run(ctx.Done())
+}
 
 // WaitForSync waits until the first list has arrived or ctx is done.
 func (s *PodSource) WaitForSync(ctx context.Context) bool {

@@ -69,6 +69,25 @@ func TestPodSourceKeepsPeerPodsOnly(t *testing.T) {
 	require.Eventually(t, func() bool { return len(src.Pods()) == 4 }, 10*time.Second, 10*time.Millisecond)
 }
 
+// TestPodSourceSignalsItsSync: on a node with no peer pod no handler ever
+// pokes, yet the loop must start its startup pass as soon as the cache is
+// complete, not at its next retry.
+func TestPodSourceSignalsItsSync(t *testing.T) {
+	client := fake.NewClientset(kubePod("u1", "caa-xyz", "", corev1.PodRunning))
+	src, err := NewPodSource(client, "n", []string{"kata-remote"}, 0)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go src.Run(ctx)
+	select {
+	case <-src.Changes():
+		assert.True(t, src.Synced(), "the change comes once the cache is complete")
+	case <-time.After(10 * time.Second):
+		t.Fatal("no change delivered when the cache synced")
+	}
+	assert.Empty(t, src.Pods())
+}
+
 func TestPodSourceNeedsNodeAndRuntimeClass(t *testing.T) {
 	_, err := NewPodSource(fake.NewClientset(), "", []string{"kata-remote"}, 0)
 	assert.ErrorContains(t, err, "NODE_NAME")
