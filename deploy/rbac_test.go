@@ -1,17 +1,14 @@
 package deploy_test
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -123,7 +120,9 @@ func runUnderServiceAccount(ctx context.Context, t *testing.T, c *cluster.Cluste
 	ec2 := httptest.NewServer(ec2fake.NewServer(core, ec2fake.WithCredentials(keyID, secretKey)))
 	t.Cleanup(ec2.Close)
 
-	health := "127.0.0.1:" + strconv.Itoa(freePort(t))
+	port, err := cluster.FreePort()
+	require.NoError(t, err)
+	health := "127.0.0.1:" + strconv.Itoa(port)
 	// Flags override the overlay's placeholders and the in-pod paths; the
 	// rest (provider, log format, rates, grace) comes from the ConfigMap.
 	d := startCaa(t, caaBin, env, "run", "--health-addr", health, "--ledger", filepath.Join(t.TempDir(), "caa", "ledger.db"),
@@ -245,14 +244,14 @@ func hasEvent(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name, t
 // caaProcess is one running caa; err is valid once exited is closed.
 type caaProcess struct {
 	cmd    *exec.Cmd
-	logs   *lockedBuffer
+	logs   *cluster.SyncBuffer
 	exited chan struct{}
 	err    error
 }
 
 func startCaa(t *testing.T, bin string, env []string, args ...string) *caaProcess {
 	t.Helper()
-	p := &caaProcess{cmd: exec.Command(bin, args...), logs: &lockedBuffer{}, exited: make(chan struct{})}
+	p := &caaProcess{cmd: exec.Command(bin, args...), logs: &cluster.SyncBuffer{}, exited: make(chan struct{})}
 	p.cmd.Env = env
 	p.cmd.Stdout, p.cmd.Stderr = p.logs, p.logs
 	require.NoError(t, p.cmd.Start())
@@ -305,31 +304,4 @@ func waitFor(t *testing.T, p *caaProcess, timeout time.Duration, what string, co
 		}
 		time.Sleep(100 * time.Millisecond) // a poll interval, not a synchronisation
 	}
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	require.NoError(t, ln.Close())
-	return port
-}
-
-// lockedBuffer lets the process write while the test reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -12,7 +12,6 @@ import (
 	"flag"
 	"fmt"
 	"os"
-	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"runtime/pprof"
@@ -20,6 +19,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/caa-project/caa/test/e2e/cluster"
 )
 
 // bench is one run of the program: its settings and where it works.
@@ -120,16 +121,12 @@ func run(ctx context.Context, args []string) (int, error) {
 	if b.caa == "" {
 		b.caa = filepath.Join(b.dir, "caa")
 		b.logf("building caa")
-		build := exec.CommandContext(ctx, "go", "build", "-trimpath", "-o", b.caa, "github.com/caa-project/caa/cmd/caa")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			return 1, fmt.Errorf("build caa: %w", err)
+		if err := cluster.BuildCaa(ctx, b.caa, ""); err != nil {
+			return 1, err
 		}
 		b.caaAWS = filepath.Join(b.dir, "caa-aws")
-		build = exec.CommandContext(ctx, "go", "build", "-trimpath", "-tags", "caa_aws", "-o", b.caaAWS, "github.com/caa-project/caa/cmd/caa")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			return 1, fmt.Errorf("build caa (aws only): %w", err)
+		if err := cluster.BuildCaa(ctx, b.caaAWS, "", "caa_aws"); err != nil {
+			return 1, err
 		}
 	}
 	if *gobench != "" {

@@ -1,17 +1,14 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -36,10 +33,8 @@ func TestMain(m *testing.M) {
 		os.Exit(1)
 	}
 	caaBin = filepath.Join(dir, "caa")
-	build := exec.Command("go", "build", "-o", caaBin, "github.com/caa-project/caa/cmd/caa")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		fmt.Fprintln(os.Stderr, "build caa:", err)
+	if err := cluster.BuildCaa(context.Background(), caaBin, ""); err != nil {
+		fmt.Fprintln(os.Stderr, err)
 		os.Exit(1)
 	}
 	code := m.Run()
@@ -65,35 +60,8 @@ func newAWSCloud(t *testing.T) *awsCloud {
 type daemon struct {
 	cmd    *exec.Cmd
 	health string
-	logs   *lockedBuffer
+	logs   *cluster.SyncBuffer
 	done   chan error
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	port := ln.Addr().(*net.TCPAddr).Port
-	require.NoError(t, ln.Close())
-	return port
-}
-
-// lockedBuffer lets the process write while the test reads.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 // awsArgs point caa at the fake EC2; awsEnv gives it test credentials.
@@ -118,8 +86,9 @@ func startDaemon(t *testing.T, c *cluster.Cluster, aws *awsCloud, node, ledgerPa
 // args, in env. On failure it logs the tail of the output, labelled.
 func launchCaa(t *testing.T, c *cluster.Cluster, node, ledgerPath, label string, args, env []string) *daemon {
 	t.Helper()
-	port := freePort(t)
-	logs := &lockedBuffer{}
+	port, err := cluster.FreePort()
+	require.NoError(t, err)
+	logs := &cluster.SyncBuffer{}
 	common := []string{"run", "--node-name", node, "--kubeconfig", c.Kubeconfig(), "--ledger", ledgerPath,
 		"--health-addr", "127.0.0.1:" + strconv.Itoa(port), "--resync", "2s", "--confirm-missing", "2s", "--log-format", "json"}
 	cmd := exec.Command(caaBin, append(common, args...)...)

@@ -14,7 +14,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -238,14 +237,4 @@ func (a *Agent) writeKubeconfig(ctx context.Context, pod *corev1.Pod, path strin
 		return fmt.Errorf("write kubeconfig for %s/%s: %w", pod.Namespace, pod.Name, err)
 	}
 	return os.Chmod(path, 0o600)
-}
-
-// freePort returns a loopback port that was free a moment ago.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", podIP+":0")
-	if err != nil {
-		return 0, fmt.Errorf("find a free port: %w", err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
 }

@@ -14,6 +14,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/util/retry"
+
+	"github.com/caa-project/caa/test/e2e/cluster"
 )
 
 const (
@@ -226,7 +228,7 @@ func (w *worker) tryStart(ctx context.Context, pod *corev1.Pod) error {
 	if err := w.agent.writeKubeconfig(ctx, pod, kubeconfig); err != nil {
 		return err
 	}
-	port, err := freePort()
+	port, err := cluster.FreePort()
 	if err != nil {
 		return err
 	}

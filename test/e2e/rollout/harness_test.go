@@ -55,10 +55,8 @@ func TestMain(m *testing.M) {
 	binaries = map[string]string{}
 	for _, v := range []string{"v1", "v2"} {
 		bin := filepath.Join(dir, "caa-"+v)
-		build := exec.Command("go", "build", "-ldflags", "-X main.version="+v, "-o", bin, "github.com/caa-project/caa/cmd/caa")
-		build.Stdout, build.Stderr = os.Stderr, os.Stderr
-		if err := build.Run(); err != nil {
-			fmt.Fprintf(os.Stderr, "build caa %s: %v\n", v, err)
+		if err := cluster.BuildCaa(context.Background(), bin, v); err != nil {
+			fmt.Fprintln(os.Stderr, err)
 			os.Exit(1)
 		}
 		binaries[v] = bin

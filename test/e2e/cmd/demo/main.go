@@ -107,10 +107,8 @@ func run(ctx context.Context) error {
 	}
 	defer os.RemoveAll(work)
 	caaBin := filepath.Join(work, "caa")
-	build := exec.CommandContext(ctx, "go", "build", "-o", caaBin, "github.com/caa-project/caa/cmd/caa")
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
-		return fmt.Errorf("build caa: %w", err)
+	if err := cluster.BuildCaa(ctx, caaBin, ""); err != nil {
+		return err
 	}
 
 	say("Starting etcd and a real kube-apiserver on 127.0.0.1")
