@@ -40,6 +40,8 @@ const (
 	tagUpdatedAt    = 19
 	tagLastSeenAt   = 20
 	tagRevision     = 21
+	tagReplacesVMID = 22
+	tagFailedSpec   = 23
 )
 
 // Event field tags.
@@ -78,6 +80,8 @@ func encodeRecord(r Record) []byte {
 	b = appendTime(b, tagUpdatedAt, r.UpdatedAt)
 	b = appendTime(b, tagLastSeenAt, r.LastSeenAt)
 	b = appendUint(b, tagRevision, r.Revision)
+	b = appendString(b, tagReplacesVMID, r.ReplacesVMID)
+	b = appendString(b, tagFailedSpec, r.FailedSpec)
 	return b
 }
 
@@ -140,6 +144,10 @@ func decodeRecord(data []byte) (Record, error) {
 			r.LastSeenAt, err = fieldTime(v)
 		case tagRevision:
 			r.Revision, err = fieldUint(v)
+		case tagReplacesVMID:
+			r.ReplacesVMID = string(v)
+		case tagFailedSpec:
+			r.FailedSpec = string(v)
 		}
 		if err != nil {
 			return fmt.Errorf("field %d: %w", tag, err)

@@ -57,6 +57,14 @@ type Record struct {
 	Message string `json:"message,omitempty"`
 	Attempt int    `json:"attempt"`
 
+	// ReplacesVMID is a dead VM (stopped or failed) that this record's
+	// current attempt replaces. It stays here until the cloud has deleted
+	// it, so a replacement whose create keeps failing never strands it.
+	ReplacesVMID string `json:"replacesVMID,omitempty"`
+	// FailedSpec fingerprints the pod's VM annotations when the record went
+	// Failed; the failure stands until the annotations change.
+	FailedSpec string `json:"failedSpec,omitempty"`
+
 	CreatedAt  time.Time `json:"createdAt"`
 	UpdatedAt  time.Time `json:"updatedAt"`
 	LastSeenAt time.Time `json:"lastSeenInCloudAt,omitzero"`
