@@ -77,16 +77,26 @@ func readinessText(rd Readiness) string {
 		b.WriteString("startup pass: not converged\n")
 	}
 	if rd.PendingTotal > 0 {
-		note := ""
-		if rd.Converged {
-			note = " (not blocking: the startup pass has converged)"
-		}
-		writeNotes(&b, "pending", note, rd.Pending, rd.PendingTotal)
+		writeNotes(&b, "pending", pendingNote(rd), rd.Pending, rd.PendingTotal)
 	}
 	if rd.FailedTotal > 0 {
-		writeNotes(&b, "failed", " (not blocking: the pods' to fix)", rd.Failed, rd.FailedTotal)
+		writeNotes(&b, "failed", " (never holds readiness back: a bad spec is its pod's to fix)", rd.Failed, rd.FailedTotal)
 	}
 	return b.String()
+}
+
+// pendingNote says whether the pending pods are what keeps /readyz at 503.
+// Once the startup pass has converged they never are, but the answer may
+// still be 503 for a daemon-level reason, which the note then points to.
+func pendingNote(rd Readiness) string {
+	switch {
+	case !rd.Converged:
+		return " (readiness waits for them: the startup pass has not converged)"
+	case rd.Ready:
+		return " (not holding readiness back: the startup pass has converged)"
+	default:
+		return " (not what holds readiness back: the startup pass has converged; the reason above does)"
+	}
 }
 
 func writeNotes(b *strings.Builder, title, note string, notes []PodNote, total int) {

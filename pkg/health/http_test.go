@@ -47,8 +47,8 @@ func TestReadyzTransitions(t *testing.T) {
 		wantCode: http.StatusServiceUnavailable,
 		wantText: []string{
 			"not ready: the startup pass has not converged: 2 pods pending\n",
-			"pending: 2\n  default/a: Creating: creating VM\n  default/b: Creating: VM booting\n",
-			"failed: 1 (not blocking: the pods' to fix)\n  default/c: InvalidSpec: unknown instance type t9.huge\n",
+			"pending: 2 (readiness waits for them: the startup pass has not converged)\n  default/a: Creating: creating VM\n  default/b: Creating: VM booting\n",
+			"failed: 1 (never holds readiness back: a bad spec is its pod's to fix)\n  default/c: InvalidSpec: unknown instance type t9.huge\n",
 		},
 		check: func(t *testing.T, rd Readiness) {
 			assert.Equal(t, 2, rd.PendingTotal)
@@ -59,12 +59,12 @@ func TestReadyzTransitions(t *testing.T) {
 		name:     "a pass that ended early proves nothing",
 		do:       func(now time.Time) { r.status.PassDone(Pass{At: now, Err: errList, Pending: pending[:1]}) },
 		wantCode: http.StatusServiceUnavailable,
-		wantText: []string{"not ready: the last pass ended early: aws list: RequestTimeout\n", "pending: 1\n"},
+		wantText: []string{"not ready: the last pass ended early: aws list: RequestTimeout\n", "pending: 1 (readiness waits for them"},
 	}, {
 		name:     "converged, a failed pod does not block",
 		do:       func(now time.Time) { p := converged(now, 2); p.Failed = failed; r.status.PassDone(p) },
 		wantCode: http.StatusOK,
-		wantText: []string{"ready: 2 running, 0 pending, 1 failed\n", "failed: 1 (not blocking"},
+		wantText: []string{"ready: 2 running, 0 pending, 1 failed\n", "failed: 1 (never holds readiness back"},
 		notText:  []string{"not ready", "pending:"},
 		check: func(t *testing.T, rd Readiness) {
 			assert.True(t, rd.Ready)
@@ -77,7 +77,7 @@ func TestReadyzTransitions(t *testing.T) {
 			r.status.PassDone(Pass{At: now, Pending: []PodNote{note("default/d", "Creating", "creating VM")}})
 		},
 		wantCode: http.StatusOK,
-		wantText: []string{"ready: 2 running, 1 pending, 0 failed\n", "pending: 1 (not blocking: the startup pass has converged)\n  default/d: Creating: creating VM\n"},
+		wantText: []string{"ready: 2 running, 1 pending, 0 failed\n", "pending: 1 (not holding readiness back: the startup pass has converged)\n  default/d: Creating: creating VM\n"},
 	}, {
 		name:     "a later pass that ended early stays ready",
 		do:       func(now time.Time) { r.status.PassDone(Pass{At: now, Err: errList}) },
@@ -153,7 +153,66 @@ func TestReadyzBlockedBeforeStartup(t *testing.T) {
 	assert.Equal(t, http.StatusServiceUnavailable, code)
 	assert.Equal(t, "not ready: cloud credentials rejected: aws list: not authorized\n"+
 		"startup pass: not converged\n"+
-		"pending: 2\n  default/p00: Creating: creating VM\n  default/p01: Creating: creating VM\n", text)
+		"pending: 2 (readiness waits for them: the startup pass has not converged)\n"+
+		"  default/p00: Creating: creating VM\n  default/p01: Creating: creating VM\n", text)
+}
+
+// TestReadyzBodySaysWhatHoldsReadiness pins the whole text body in the
+// three states a reader must not confuse: pods pending before the startup
+// pass converged (they hold readiness), converged but blocked by a
+// daemon-level reason (503, yet the pending pods are not the cause), and
+// ready. Each sentence must be true under the status code it comes with.
+func TestReadyzBodySaysWhatHoldsReadiness(t *testing.T) {
+	failed := []PodNote{note("default/c", "InvalidSpec", "unknown instance type t9.huge")}
+	withFailed := func(p Pass) Pass { p.Failed = failed; return p }
+	const failedLines = "failed: 1 (never holds readiness back: a bad spec is its pod's to fix)\n" +
+		"  default/c: InvalidSpec: unknown instance type t9.huge\n"
+	tests := []struct {
+		name     string
+		passes   func(now time.Time) []Pass
+		wantCode int
+		wantBody string
+	}{{
+		name: "startup pending",
+		passes: func(now time.Time) []Pass {
+			return []Pass{withFailed(Pass{At: now, Pending: notes(2)})}
+		},
+		wantCode: http.StatusServiceUnavailable,
+		wantBody: "not ready: the startup pass has not converged: 2 pods pending\n" +
+			"pending: 2 (readiness waits for them: the startup pass has not converged)\n" +
+			"  default/p00: Creating: creating VM\n  default/p01: Creating: creating VM\n" + failedLines,
+	}, {
+		name: "converged, then blocked",
+		passes: func(now time.Time) []Pass {
+			return []Pass{converged(now, 2), withFailed(Pass{At: now.Add(time.Minute), Err: errList, Pending: notes(1),
+				Blocked: "cloud credentials rejected: aws create: not authorized"})}
+		},
+		wantCode: http.StatusServiceUnavailable,
+		wantBody: "not ready: cloud credentials rejected: aws create: not authorized\n" +
+			"pending: 1 (not what holds readiness back: the startup pass has converged; the reason above does)\n" +
+			"  default/p00: Creating: creating VM\n" + failedLines,
+	}, {
+		name: "ready",
+		passes: func(now time.Time) []Pass {
+			return []Pass{converged(now, 2), withFailed(Pass{At: now.Add(time.Minute), Pending: notes(1),
+				Records: map[ledger.Phase]int{ledger.PhaseRunning: 2}})}
+		},
+		wantCode: http.StatusOK,
+		wantBody: "ready: 2 running, 1 pending, 1 failed\n" +
+			"pending: 1 (not holding readiness back: the startup pass has converged)\n" +
+			"  default/p00: Creating: creating VM\n" + failedLines,
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t, Config{})
+			for _, p := range tt.passes(r.clock.Now()) {
+				r.status.PassDone(p)
+			}
+			code, _, text := r.get(t, "/readyz", "")
+			assert.Equal(t, tt.wantCode, code)
+			assert.Equal(t, tt.wantBody, text)
+		})
+	}
 }
 
 func TestReadyzTruncates(t *testing.T) {
@@ -177,7 +236,7 @@ func TestReadyzTruncates(t *testing.T) {
 			code, _, text := r.get(t, "/readyz", "")
 			assert.Equal(t, http.StatusServiceUnavailable, code)
 			assert.Equal(t, 2*tt.wantShown, strings.Count(text, ": Creating: creating VM\n"), "both lists are bounded")
-			assert.Contains(t, text, "pending: "+strconv.Itoa(tt.pending)+"\n")
+			assert.Contains(t, text, "pending: "+strconv.Itoa(tt.pending)+" (")
 			if tt.wantMore != "" {
 				assert.Equal(t, 2, strings.Count(text, tt.wantMore))
 			} else {
