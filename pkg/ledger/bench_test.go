@@ -5,7 +5,6 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -105,30 +104,6 @@ func BenchmarkPutBatched(b *testing.B) {
 		n += perUpdate
 	}
 	b.ReportMetric(float64(n)/b.Elapsed().Seconds(), "records/s")
-}
-
-// BenchmarkBatchConcurrent writes through Ledger.Batch from GOMAXPROCS x
-// parallelism goroutines. With few writers each batch waits out bbolt's
-// MaxBatchDelay (10ms) before it commits.
-func BenchmarkBatchConcurrent(b *testing.B) {
-	for _, parallelism := range []int{1, 32} {
-		b.Run(fmt.Sprintf("parallelism=%d", parallelism), func(b *testing.B) {
-			l, _ := newTestLedger(b)
-			var next atomic.Int64
-			b.SetParallelism(parallelism)
-			b.RunParallel(func(pb *testing.PB) {
-				for pb.Next() {
-					id := next.Add(1)
-					r := withVM(podRecord(fmt.Sprintf("pod-%08d", id)), fmt.Sprintf("i-%08d", id))
-					if err := l.Batch(func(tx *Tx) error { _, err := tx.Put(r); return err }); err != nil {
-						b.Error(err)
-						return
-					}
-				}
-			})
-			b.ReportMetric(float64(next.Load())/b.Elapsed().Seconds(), "records/s")
-		})
-	}
 }
 
 func BenchmarkGet(b *testing.B) {

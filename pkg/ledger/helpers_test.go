@@ -157,3 +157,18 @@ func childTest(ctx context.Context, test string, env ...string) *exec.Cmd {
 	cmd.WaitDelay = 5 * time.Second
 	return cmd
 }
+
+// indexedVM follows the VM index from a provider's VM to the record it
+// names, or returns ErrNotFound; tests use it to check the index.
+func indexedVM(t testing.TB, l *Ledger, provider, vmID string) (r Record, err error) {
+	t.Helper()
+	err = l.View(func(tx *Tx) error {
+		uid := tx.tx.Bucket(bucketVMs).Get(vmKey(provider, vmID))
+		if uid == nil {
+			return fmt.Errorf("VM %s/%s: %w", provider, vmID, ErrNotFound)
+		}
+		r, err = tx.Get(string(uid))
+		return err
+	})
+	return r, err
+}

@@ -460,20 +460,6 @@ func (l *Ledger) Update(fn func(*Tx) error) error {
 	})
 }
 
-// Batch is Update for many concurrent writers: bbolt may run several fn in
-// one transaction (one fsync), and may run a fn again if another in its
-// batch fails, so fn must be safe to repeat. Every Tx method is.
-func (l *Ledger) Batch(fn func(*Tx) error) error {
-	if l.readOnly {
-		return fmt.Errorf("ledger %s: %w", l.path, ErrReadOnly)
-	}
-	return guard(func() error {
-		return l.db.Batch(func(btx *bolt.Tx) error {
-			return fn(&Tx{tx: btx, l: l, now: l.now().UTC()})
-		})
-	})
-}
-
 func (l *Ledger) view(fn func(*bolt.Tx) error) error {
 	return guard(func() error { return l.db.View(fn) })
 }

@@ -220,7 +220,6 @@ func TestReadOnlyRefusesWrites(t *testing.T) {
 		write func() error
 	}{
 		{"Update", func() error { return ro.Update(func(*Tx) error { return nil }) }},
-		{"Batch", func() error { return ro.Batch(func(*Tx) error { return nil }) }},
 		{"Put", func() error { _, err := ro.Put(stored); return err }},
 		{"Delete", func() error { return ro.Delete("uid-1", stored.Revision) }},
 		{"PruneHistory", func() error { _, err := ro.PruneHistory(time.Now()); return err }},

@@ -31,12 +31,6 @@ func (l *Ledger) Delete(podUID string, revision uint64) error {
 	return l.Update(func(tx *Tx) error { return tx.Delete(podUID, revision) })
 }
 
-// LookupVM returns the record that owns a provider's VM.
-func (l *Ledger) LookupVM(provider, vmID string) (r Record, err error) {
-	err = l.View(func(tx *Tx) error { r, err = tx.LookupVM(provider, vmID); return err })
-	return r, err
-}
-
 // History returns a pod's history, oldest first.
 func (l *Ledger) History(podUID string) (es []Event, err error) {
 	err = l.View(func(tx *Tx) error { es, err = tx.History(podUID); return err })

@@ -164,15 +164,6 @@ func (tx *Tx) Delete(podUID string, revision uint64) error {
 	return tx.appendHistory(ActionDeleted, r)
 }
 
-// LookupVM returns the record that owns a provider's VM, or ErrNotFound.
-func (tx *Tx) LookupVM(provider, vmID string) (Record, error) {
-	uid := tx.tx.Bucket(bucketVMs).Get(vmKey(provider, vmID))
-	if uid == nil {
-		return Record{}, fmt.Errorf("VM %s/%s: %w", provider, vmID, ErrNotFound)
-	}
-	return tx.Get(string(uid))
-}
-
 // History returns a pod's history, oldest first, or ErrNotFound when the
 // ledger has never seen the pod.
 func (tx *Tx) History(podUID string) ([]Event, error) {

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -127,19 +126,19 @@ func TestVMIndex(t *testing.T) {
 	a := mustPut(t, l, withVM(podRecord("uid-a"), "i-1"))
 	b := mustPut(t, l, withVM(podRecord("uid-b"), "i-2"))
 
-	got, err := l.LookupVM("aws", "i-1")
+	got, err := indexedVM(t, l, "aws", "i-1")
 	require.NoError(t, err)
 	assert.Equal(t, a, got)
-	_, err = l.LookupVM("azure", "i-1")
+	_, err = indexedVM(t, l, "azure", "i-1")
 	assert.ErrorIs(t, err, ErrNotFound, "the index is per provider")
 
 	t.Run("moving to a new VM unindexes the old", func(t *testing.T) {
 		moved := a
 		moved.VMID = "i-3"
 		a = mustPut(t, l, moved)
-		_, err := l.LookupVM("aws", "i-1")
+		_, err := indexedVM(t, l, "aws", "i-1")
 		assert.ErrorIs(t, err, ErrNotFound)
-		got, err := l.LookupVM("aws", "i-3")
+		got, err := indexedVM(t, l, "aws", "i-3")
 		require.NoError(t, err)
 		assert.Equal(t, "uid-a", got.PodUID)
 	})
@@ -154,10 +153,10 @@ func TestVMIndex(t *testing.T) {
 		got, err := l.Get("uid-a")
 		require.NoError(t, err)
 		assert.Equal(t, a, got, "the record is unchanged")
-		owner, err := l.LookupVM("aws", "i-3")
+		owner, err := indexedVM(t, l, "aws", "i-3")
 		require.NoError(t, err)
 		assert.Equal(t, "uid-a", owner.PodUID, "the old VM is still indexed")
-		owner, err = l.LookupVM("aws", "i-2")
+		owner, err = indexedVM(t, l, "aws", "i-2")
 		require.NoError(t, err)
 		assert.Equal(t, b, owner)
 		_, err = l.Put(withVM(podRecord("uid-c"), "i-2"))
@@ -171,7 +170,7 @@ func TestVMIndex(t *testing.T) {
 		noVM := a
 		noVM.Provider, noVM.VMID = "", ""
 		a = mustPut(t, l, noVM)
-		_, err := l.LookupVM("aws", "i-3")
+		_, err := indexedVM(t, l, "aws", "i-3")
 		assert.ErrorIs(t, err, ErrNotFound)
 		assertVerifies(t, l)
 	})
@@ -194,7 +193,7 @@ func TestFailedPutInsideUpdateLeavesIndexIntact(t *testing.T) {
 	})
 	require.NoError(t, err)
 
-	owner, err := l.LookupVM("aws", "i-1")
+	owner, err := indexedVM(t, l, "aws", "i-1")
 	require.NoError(t, err, "uid-a's VM must still be indexed after a refused Put")
 	assert.Equal(t, "uid-a", owner.PodUID)
 	assertVerifies(t, l)
@@ -220,7 +219,7 @@ func TestDelete(t *testing.T) {
 	require.NoError(t, l.Delete("uid-1", r.Revision))
 	_, err = l.Get("uid-1")
 	assert.ErrorIs(t, err, ErrNotFound)
-	_, err = l.LookupVM("aws", "i-1")
+	_, err = indexedVM(t, l, "aws", "i-1")
 	assert.ErrorIs(t, err, ErrNotFound)
 
 	hist, err := l.History("uid-1")
@@ -383,70 +382,11 @@ func TestUpdateIsAtomic(t *testing.T) {
 	recs, err := l.List(Filter{})
 	require.NoError(t, err)
 	assert.Empty(t, recs)
-	_, err = l.LookupVM("aws", "i-1")
+	_, err = indexedVM(t, l, "aws", "i-1")
 	assert.ErrorIs(t, err, ErrNotFound)
 	pods, err := historyPods(l)
 	require.NoError(t, err)
 	assert.Empty(t, pods)
-}
-
-func TestBatchConcurrentWriters(t *testing.T) {
-	l, _ := newTestLedger(t)
-	shared := mustPut(t, l, podRecord("uid-shared"))
-	const writers, perWriter = 8, 50
-
-	revs := make(chan uint64, writers*perWriter)
-	var wg sync.WaitGroup
-	for w := range writers {
-		wg.Go(func() {
-			for i := range perWriter {
-				var rev uint64
-				// Read-modify-write inside fn keeps it safe to repeat.
-				err := l.Batch(func(tx *Tx) error {
-					if _, err := tx.Put(podRecord(fmt.Sprintf("uid-%d-%02d", w, i))); err != nil {
-						return err
-					}
-					cur, err := tx.Get("uid-shared")
-					if err != nil {
-						return err
-					}
-					cur.Attempt++
-					stored, err := tx.Put(cur)
-					rev = stored.Revision
-					return err
-				})
-				if !assert.NoError(t, err) {
-					return
-				}
-				revs <- rev
-			}
-		})
-	}
-	wg.Wait()
-	close(revs)
-
-	seen := map[uint64]bool{}
-	for rev := range revs {
-		assert.False(t, seen[rev], "revision %d returned twice", rev)
-		seen[rev] = true
-	}
-	assert.Len(t, seen, writers*perWriter)
-	for rev := shared.Revision + 1; rev <= shared.Revision+writers*perWriter; rev++ {
-		assert.True(t, seen[rev], "revision %d missing", rev)
-	}
-	final, err := l.Get("uid-shared")
-	require.NoError(t, err)
-	assert.Equal(t, uint64(1+writers*perWriter), final.Revision)
-	assert.Equal(t, 1+writers*perWriter, final.Attempt)
-
-	recs, err := l.List(Filter{})
-	require.NoError(t, err)
-	assert.Len(t, recs, 1+writers*perWriter)
-	for _, r := range recs {
-		if r.PodUID != "uid-shared" {
-			assert.Equal(t, uint64(1), r.Revision, r.PodUID)
-		}
-	}
 }
 
 func TestStats(t *testing.T) {
