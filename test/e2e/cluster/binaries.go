@@ -13,6 +13,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -30,6 +31,7 @@ const buildTimeout = 45 * time.Minute
 
 // Binaries are the paths of the binaries the harness runs: the control
 // plane, kubectl (kustomize rendering and dry-runs) and kwok (fake nodes).
+// A path is empty when OnlyEnv left that binary out.
 type Binaries struct {
 	Etcd              string
 	APIServer         string
@@ -99,52 +101,102 @@ func kubeVersionLDFlags(version string) string {
 	return strings.Join(flags, " ")
 }
 
-// ensureMu keeps one process from building twice at once; the file lock in
-// the cache directory does the same across processes.
-var (
-	ensureMu     sync.Mutex
-	ensureResult *Binaries
-)
+// OnlyEnv names the environment variable that limits EnsureBinaries to some
+// of the binaries: a comma-separated list of names (etcd, kube-apiserver,
+// kube-controller-manager, kube-scheduler, kubectl, kwok). Unset or empty
+// means every one, which the tests need. The demo sets it to the two servers
+// it starts, so a first run builds neither the controllers, kubectl nor kwok.
+const OnlyEnv = "CAA_E2E_BINARIES"
 
-// EnsureBinaries returns the binaries for the versions pinned in
-// test/e2e/tools, building whichever is not in the cache yet with `go build`
-// in its wrapper module. Builds are serialised across processes by
-// a lock file in the cache directory. Progress goes to the standard logger: a
-// cold kube-apiserver build takes minutes.
-func EnsureBinaries(ctx context.Context) (Binaries, error) {
-	ensureMu.Lock()
-	defer ensureMu.Unlock()
-	if ensureResult != nil {
-		return *ensureResult, nil
-	}
-	tools, err := toolsDir()
-	if err != nil {
-		return Binaries{}, err
-	}
-	cache, err := cacheDir()
-	if err != nil {
-		return Binaries{}, err
-	}
-	if err := os.MkdirAll(cache, 0o755); err != nil {
-		return Binaries{}, fmt.Errorf("create e2e binary cache: %w", err)
-	}
-	var b Binaries
-	for _, want := range []struct {
-		c    component
-		path *string
-	}{
+// target is one binary and the Binaries field its path goes to.
+type target struct {
+	c    component
+	path *string
+}
+
+// targets lists every binary EnsureBinaries can build, in build order.
+func (b *Binaries) targets() []target {
+	return []target{
 		{etcdComponent, &b.Etcd},
 		{apiserverComponent, &b.APIServer},
 		{kubeComponent("kube-controller-manager"), &b.ControllerManager},
 		{kubeComponent("kube-scheduler"), &b.Scheduler},
 		{kubeComponent("kubectl"), &b.Kubectl},
 		{kwokComponent, &b.Kwok},
-	} {
-		if *want.path, err = want.c.ensure(ctx, cache, tools); err != nil {
+	}
+}
+
+// selected parses an OnlyEnv value into the set of names to build; nil
+// means all of them.
+func selected(only string) (map[string]bool, error) {
+	if strings.TrimSpace(only) == "" {
+		return nil, nil
+	}
+	var known []string
+	for _, t := range (&Binaries{}).targets() {
+		known = append(known, t.c.name)
+	}
+	want := map[string]bool{}
+	for name := range strings.SplitSeq(only, ",") {
+		name = strings.TrimSpace(name)
+		if name == "" {
+			continue
+		}
+		if !slices.Contains(known, name) {
+			return nil, fmt.Errorf("%s=%q: no binary named %q (known: %s)", OnlyEnv, only, name, strings.Join(known, ", "))
+		}
+		want[name] = true
+	}
+	return want, nil
+}
+
+// ensureMu keeps one process from building twice at once; the file lock in
+// the cache directory does the same across processes. ensured remembers
+// each binary found or built, by name.
+var (
+	ensureMu sync.Mutex
+	ensured  = map[string]string{}
+)
+
+// EnsureBinaries returns the binaries for the versions pinned in
+// test/e2e/tools, building whichever is not in the cache yet with `go build`
+// in its wrapper module: all of them, or only those named in $CAA_E2E_BINARIES
+// (OnlyEnv); a binary left out has an empty path. Builds are serialised
+// across processes by a lock file in the cache directory. Progress goes to
+// the standard logger: a cold kube-apiserver build takes minutes.
+func EnsureBinaries(ctx context.Context) (Binaries, error) {
+	want, err := selected(os.Getenv(OnlyEnv))
+	if err != nil {
+		return Binaries{}, err
+	}
+	ensureMu.Lock()
+	defer ensureMu.Unlock()
+	var b Binaries
+	var tools, cache string
+	for _, e := range b.targets() {
+		if want != nil && !want[e.c.name] {
+			continue
+		}
+		if path, ok := ensured[e.c.name]; ok {
+			*e.path = path
+			continue
+		}
+		if tools == "" {
+			if tools, err = toolsDir(); err != nil {
+				return Binaries{}, err
+			}
+			if cache, err = cacheDir(); err != nil {
+				return Binaries{}, err
+			}
+			if err := os.MkdirAll(cache, 0o755); err != nil {
+				return Binaries{}, fmt.Errorf("create e2e binary cache: %w", err)
+			}
+		}
+		if *e.path, err = e.c.ensure(ctx, cache, tools); err != nil {
 			return Binaries{}, err
 		}
+		ensured[e.c.name] = *e.path
 	}
-	ensureResult = &b
 	return b, nil
 }
 

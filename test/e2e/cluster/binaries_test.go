@@ -74,6 +74,41 @@ func TestWrapperPins(t *testing.T) {
 	}
 }
 
+func TestSelectedBinaries(t *testing.T) {
+	for _, tt := range []struct {
+		only    string
+		want    []string // nil: every binary
+		wantErr string
+	}{
+		{"", nil, ""},
+		{"  ", nil, ""},
+		{"etcd,kube-apiserver", []string{"etcd", "kube-apiserver"}, ""},
+		{" kwok , kubectl,", []string{"kubectl", "kwok"}, ""},
+		{"etcd,apiserver", nil, `no binary named "apiserver" (known: etcd, kube-apiserver, kube-controller-manager, kube-scheduler, kubectl, kwok)`},
+	} {
+		got, err := selected(tt.only)
+		if tt.wantErr != "" {
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("selected(%q) error %v, want one containing %q", tt.only, err, tt.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("selected(%q): %v", tt.only, err)
+			continue
+		}
+		var names []string
+		for _, tg := range (&Binaries{}).targets() {
+			if got[tg.c.name] {
+				names = append(names, tg.c.name)
+			}
+		}
+		if (got == nil) != (tt.want == nil) || strings.Join(names, ",") != strings.Join(tt.want, ",") {
+			t.Errorf("selected(%q) = %v, want %v", tt.only, got, tt.want)
+		}
+	}
+}
+
 func TestLockFileExcludesAndHonoursContext(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "lock")
 	unlock, err := lockFile(t.Context(), path, func(string) { t.Error("first lock waited") })
