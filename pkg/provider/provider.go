@@ -43,6 +43,21 @@ type Provider interface {
 }
 
 // State is a VM's lifecycle state, mapped from each cloud's own.
+//
+// Every state falls in at most one of three classes, and each class asks
+// the caller for one thing:
+//
+//   - Alive (Pending, Running): the VM is booting or serving; keep it.
+//   - Dead (Stopped, Failed): the cloud still holds the VM, but it cannot
+//     serve the pod. The pod needs a replacement, and the old VM must be
+//     deleted, or it leaks: a failed Azure or IBM Cloud VM stays listed
+//     (and billed for its disk) until someone deletes it, and so does a
+//     stopped or deallocated one.
+//   - Gone (Terminated): the cloud no longer holds the VM, or shows it
+//     only as terminated; there is nothing left to delete.
+//
+// Stopping and Unknown are in no class: the VM is in flight or its state
+// cannot be read, and the caller waits for a state it can act on.
 type State string
 
 // VM states.
@@ -59,9 +74,14 @@ const (
 // Alive reports whether the VM is booting or running: one a pod can keep.
 func (s State) Alive() bool { return s == StatePending || s == StateRunning }
 
-// Gone reports whether the VM is terminated or failed: positive evidence
-// that the pod needs a new one.
-func (s State) Gone() bool { return s == StateTerminated || s == StateFailed }
+// Dead reports whether the VM is present but unusable (stopped, failed):
+// the pod needs a new VM, and this one must be deleted.
+func (s State) Dead() bool { return s == StateStopped || s == StateFailed }
+
+// Gone reports whether the VM is terminated, i.e. no longer present:
+// positive evidence that the pod needs a new one, with nothing to delete.
+// A failed VM is not gone (see Dead).
+func (s State) Gone() bool { return s == StateTerminated }
 
 // VM is what a provider knows of one instance.
 type VM struct {
