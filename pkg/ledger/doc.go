@@ -18,6 +18,7 @@
 //	 └── <provider>\x00<vm id>  pod uid: the index from a cloud VM to its pod
 //	history
 //	 └── <pod uid>         bucket, one per pod, kept after the record is deleted
+//	      │                until PruneDeleted finds it older than the retention
 //	      └── <seq>        uint64 big-endian -> event value (codec.go); the
 //	                       oldest entries are dropped past the per-pod limit
 //
@@ -25,6 +26,14 @@
 // durable when the call returns (invariant I2 rests on this). Writes to a
 // record are compare-and-set on its revision: a stale writer gets ErrConflict.
 // Helpers take a *Tx so a caller can compose several changes atomically.
+//
+// The file stays bounded on a node that churns pods: each pod keeps at most
+// Options.HistoryLimit entries, and the daemon calls PruneDeleted
+// periodically to remove the history of pods deleted longer ago than its
+// retention, a few pods per write transaction. Reads that cover every pod's
+// history go through HistoryPage, one short read transaction per page: a
+// long read transaction would keep bbolt from remapping a growing file and
+// from reusing the pages that pruning frees.
 //
 // bbolt allows one writing process. A writable open records its pid in a
 // holder file beside the ledger (<path>.holder) so a second opener, which

@@ -1,6 +1,7 @@
 package ledger
 
 import (
+	"context"
 	"encoding/binary"
 	"os"
 	"path/filepath"
@@ -222,7 +223,7 @@ func TestReadOnlyRefusesWrites(t *testing.T) {
 		{"Update", func() error { return ro.Update(func(*Tx) error { return nil }) }},
 		{"Put", func() error { _, err := ro.Put(stored); return err }},
 		{"Delete", func() error { return ro.Delete("uid-1", stored.Revision) }},
-		{"PruneHistory", func() error { _, err := ro.PruneHistory(time.Now()); return err }},
+		{"PruneDeleted", func() error { _, err := ro.PruneDeleted(context.Background(), time.Now(), 0); return err }},
 		{"Tx.Put in View", func() error {
 			return ro.View(func(tx *Tx) error { _, err := tx.Put(stored); return err })
 		}},

@@ -37,12 +37,6 @@ func (l *Ledger) History(podUID string) (es []Event, err error) {
 	return es, err
 }
 
-// PruneHistory drops old histories of deleted pods; see Tx.PruneHistory.
-func (l *Ledger) PruneHistory(before time.Time) (n int, err error) {
-	err = l.Update(func(tx *Tx) error { n, err = tx.PruneHistory(before); return err })
-	return n, err
-}
-
 // Stats summarises a ledger for `caa ledger stats` and the daemon's metrics.
 type Stats struct {
 	Path           string         `json:"path"`

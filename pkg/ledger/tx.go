@@ -193,42 +193,6 @@ func (tx *Tx) HistoryPods() ([]string, error) {
 	return out, err
 }
 
-// PruneHistory drops the history of pods that have no record and whose
-// newest entry is older than before, and returns how many pods it dropped.
-// Without it a node that churns pods grows its ledger without bound.
-func (tx *Tx) PruneHistory(before time.Time) (int, error) {
-	if err := tx.writable(); err != nil {
-		return 0, err
-	}
-	hist := tx.tx.Bucket(bucketHistory)
-	recs := tx.tx.Bucket(bucketRecords)
-	var drop [][]byte
-	err := hist.ForEachBucket(func(k []byte) error {
-		if recs.Get(k) != nil {
-			return nil
-		}
-		_, v := hist.Bucket(k).Cursor().Last()
-		if v == nil {
-			drop = append(drop, bytes.Clone(k))
-			return nil
-		}
-		e, err := decodeEvent(v)
-		if err != nil || e.Time.Before(before) {
-			drop = append(drop, bytes.Clone(k))
-		}
-		return nil
-	})
-	if err != nil {
-		return 0, fmt.Errorf("prune history: %w", err)
-	}
-	for _, k := range drop {
-		if err := hist.DeleteBucket(k); err != nil {
-			return 0, fmt.Errorf("prune history of %s: %w", k, err)
-		}
-	}
-	return len(drop), nil
-}
-
 func (tx *Tx) appendHistory(action Action, r Record) error {
 	b, err := tx.tx.Bucket(bucketHistory).CreateBucketIfNotExists([]byte(r.PodUID))
 	if err != nil {

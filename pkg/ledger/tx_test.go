@@ -335,33 +335,6 @@ func TestHistoryIsBounded(t *testing.T) {
 	assert.ErrorIs(t, err, ErrNotFound)
 }
 
-func TestPruneHistory(t *testing.T) {
-	l, clock := newTestLedger(t)
-	live := mustPut(t, l, podRecord("uid-live"))
-	oldGone := mustPut(t, l, podRecord("uid-old"))
-	require.NoError(t, l.Delete("uid-old", oldGone.Revision))
-	clock.Advance(time.Hour)
-	cutoff := clock.Advance(time.Minute)
-	clock.Advance(time.Minute)
-	newGone := mustPut(t, l, podRecord("uid-new"))
-	require.NoError(t, l.Delete("uid-new", newGone.Revision))
-	// The live pod's history is old too, but it still has a record.
-	require.Equal(t, testEpoch, live.UpdatedAt)
-
-	n, err := l.PruneHistory(cutoff)
-	require.NoError(t, err)
-	assert.Equal(t, 1, n)
-	pods, err := historyPods(l)
-	require.NoError(t, err)
-	assert.Equal(t, []string{"uid-live", "uid-new"}, pods)
-	_, err = l.History("uid-old")
-	assert.ErrorIs(t, err, ErrNotFound)
-
-	n, err = l.PruneHistory(cutoff)
-	require.NoError(t, err)
-	assert.Zero(t, n, "pruning again finds nothing")
-}
-
 func TestUpdateIsAtomic(t *testing.T) {
 	l, _ := newTestLedger(t)
 	errBoom := errors.New("boom")

@@ -2,10 +2,14 @@ package ledgerapi_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"path/filepath"
+	"sync"
 	"testing"
 	"time"
 
@@ -257,4 +261,95 @@ func TestListOverTheWireKeepsGoodRecordsBesideCorruptOnes(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, probs)
 	assert.Contains(t, probs[0].Where, "uid-garbage")
+}
+
+func TestAllHistoryIsReadPageByPage(t *testing.T) {
+	path := shortDir(t)
+	l := openWritable(t, path)
+	const pods = 2*ledger.DefaultHistoryPagePods + 50
+	require.NoError(t, l.Update(func(tx *ledger.Tx) error {
+		for i := range pods {
+			uid := fmt.Sprintf("uid-%04d", i)
+			r, err := tx.Put(ledger.Record{PodUID: uid, Namespace: "default", Name: uid, Phase: ledger.PhaseCreating, Attempt: 1})
+			if err != nil {
+				return err
+			}
+			if i%2 == 0 {
+				if err := tx.Delete(uid, r.Revision); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}))
+
+	// Count what the client asks the daemon for.
+	var mu sync.Mutex
+	var queries []string
+	h := ledgerapi.NewHandler(&ledgerapi.Local{L: l, KeepOpen: true}, nil)
+	sock := ledgerapi.SocketPath(path)
+	ln, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	srv := &http.Server{ReadHeaderTimeout: time.Second, Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v1/history" {
+			mu.Lock()
+			queries = append(queries, r.URL.RawQuery)
+			mu.Unlock()
+		}
+		h.ServeHTTP(w, r)
+	})}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	c := ledgerapi.NewClient(sock, 5*time.Second)
+	t.Cleanup(func() { _ = c.Close() })
+	ctx := context.Background()
+
+	all, err := c.AllHistory(ctx)
+	require.NoError(t, err)
+	assert.Len(t, all, pods+pods/2, "one entry per pod, a second for each deleted one")
+	for i := 1; i < len(all); i++ {
+		assert.False(t, all[i].Time.Before(all[i-1].Time), "events are in time order")
+	}
+	mu.Lock()
+	assert.Equal(t, []string{"pods=100", "after=uid-0099&pods=100", "after=uid-0199&pods=100"}, queries,
+		"three pages of at most 100 pods")
+	mu.Unlock()
+
+	local, err := (&ledgerapi.Local{L: l, KeepOpen: true}).AllHistory(ctx)
+	require.NoError(t, err)
+	assert.Len(t, local, len(all), "the file and the daemon agree")
+
+	t.Run("one page", func(t *testing.T) {
+		p, err := c.HistoryPage(ctx, "uid-0010", 5)
+		require.NoError(t, err)
+		assert.Equal(t, "uid-0015", p.Next)
+		require.NotEmpty(t, p.Events)
+		assert.Equal(t, "uid-0011", p.Events[0].Record.PodUID)
+	})
+	t.Run("a bad page size is refused", func(t *testing.T) {
+		resp, err := httpOverSocket(sock).Get("http://caa/v1/history?pods=many")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		assert.Equal(t, http.StatusBadRequest, resp.StatusCode)
+	})
+	t.Run("a client without pages still gets everything", func(t *testing.T) {
+		resp, err := httpOverSocket(sock).Get("http://caa/v1/history")
+		require.NoError(t, err)
+		defer resp.Body.Close()
+		var body struct {
+			Events []ledger.Event `json:"events"`
+			Next   string         `json:"next"`
+		}
+		require.NoError(t, json.NewDecoder(resp.Body).Decode(&body))
+		assert.Len(t, body.Events, len(all))
+		assert.Empty(t, body.Next)
+	})
+}
+
+func httpOverSocket(sock string) *http.Client {
+	return &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			return (&net.Dialer{}).DialContext(ctx, "unix", sock)
+		},
+	}}
 }

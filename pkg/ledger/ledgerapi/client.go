@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strconv"
 	"time"
 
 	"github.com/caa-project/caa/pkg/ledger"
@@ -83,11 +84,21 @@ func (c *Client) History(ctx context.Context, uid string) ([]ledger.Event, error
 	return body.Events, err
 }
 
-// AllHistory returns every pod's history by time.
+// HistoryPage returns one page of every pod's history.
+func (c *Client) HistoryPage(ctx context.Context, after string, pods int) (ledger.HistoryPage, error) {
+	q := url.Values{"pods": {strconv.Itoa(pods)}}
+	if after != "" {
+		q.Set("after", after)
+	}
+	var p ledger.HistoryPage
+	err := c.get(ctx, "/v1/history?"+q.Encode(), &p)
+	return p, err
+}
+
+// AllHistory returns every pod's history by time, asking for it page by
+// page so that the daemon never reads it all in one transaction.
 func (c *Client) AllHistory(ctx context.Context) ([]ledger.Event, error) {
-	var body eventsBody
-	err := c.get(ctx, "/v1/history", &body)
-	return body.Events, err
+	return allHistory(ctx, c)
 }
 
 // Stats summarises the daemon's ledger.

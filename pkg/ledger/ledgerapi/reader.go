@@ -8,7 +8,14 @@
 //	GET /v1/meta                  -> ledger.Meta
 //	GET /v1/records[?phase=P...]  -> {"records": [Record...], "error": "..."}
 //	GET /v1/records/{uid}         -> Record
+//	GET /v1/history?pods=N[&after=UID]
+//	                              -> {"events": [Event...], "next": "UID"}
+//	                                 the history of at most N pods whose UIDs
+//	                                 follow after (N=0: the default of 100, at
+//	                                 most 1000); next, when set, is the after
+//	                                 of the following page
 //	GET /v1/history               -> {"events": [Event...]} every pod, by time
+//	                                 (for older clients; read page by page)
 //	GET /v1/history/{uid}         -> {"events": [Event...]}
 //	GET /v1/stats                 -> ledger.Stats
 //	GET /v1/verify                -> {"problems": [Problem...]}
@@ -20,6 +27,7 @@ package ledgerapi
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"time"
 
@@ -34,7 +42,11 @@ type Reader interface {
 	List(ctx context.Context, f ledger.Filter) ([]ledger.Record, error)
 	Get(ctx context.Context, podUID string) (ledger.Record, error)
 	History(ctx context.Context, podUID string) ([]ledger.Event, error)
-	// AllHistory is every pod's history (deleted pods too), oldest first.
+	// HistoryPage is the history of at most pods pods (deleted pods too)
+	// whose UIDs follow after; see ledger.Ledger.HistoryPage.
+	HistoryPage(ctx context.Context, after string, pods int) (ledger.HistoryPage, error)
+	// AllHistory is every pod's history (deleted pods too), oldest first,
+	// read page by page.
 	AllHistory(ctx context.Context) ([]ledger.Event, error)
 	Stats(ctx context.Context) (ledger.Stats, error)
 	Verify(ctx context.Context) ([]ledger.Problem, error)
@@ -66,25 +78,40 @@ func (r *Local) History(_ context.Context, uid string) ([]ledger.Event, error) {
 	return r.L.History(uid)
 }
 
-// AllHistory merges every pod's history by time.
-func (r *Local) AllHistory(context.Context) ([]ledger.Event, error) {
+// HistoryPage reads one page of every pod's history.
+func (r *Local) HistoryPage(_ context.Context, after string, pods int) (ledger.HistoryPage, error) {
+	return r.L.HistoryPage(after, pods)
+}
+
+// AllHistory merges every pod's history by time, read page by page.
+func (r *Local) AllHistory(ctx context.Context) ([]ledger.Event, error) {
+	return allHistory(ctx, r)
+}
+
+// allHistory walks every page of r's history, each page one short read on
+// the ledger's side, and sorts the events by time.
+func allHistory(ctx context.Context, r Reader) ([]ledger.Event, error) {
 	var all []ledger.Event
-	err := r.L.View(func(tx *ledger.Tx) error {
-		pods, err := tx.HistoryPods()
+	after := ""
+	for {
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		p, err := r.HistoryPage(ctx, after, ledger.DefaultHistoryPagePods)
 		if err != nil {
-			return err
+			return nil, err
 		}
-		for _, uid := range pods {
-			es, err := tx.History(uid)
-			if err != nil {
-				return err
-			}
-			all = append(all, es...)
+		all = append(all, p.Events...)
+		if p.Next == "" {
+			break
 		}
-		return nil
-	})
+		if p.Next <= after {
+			return nil, fmt.Errorf("history from %s: the page after %q names %q as the next: the cursor went backwards", r.Source(), after, p.Next)
+		}
+		after = p.Next
+	}
 	slices.SortStableFunc(all, func(a, b ledger.Event) int { return a.Time.Compare(b.Time) })
-	return all, err
+	return all, nil
 }
 
 // Stats summarises the ledger.

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"time"
 
 	"github.com/caa-project/caa/pkg/ledger"
@@ -107,9 +108,27 @@ func (h *handler) history(w http.ResponseWriter, req *http.Request) {
 	h.reply(w, eventsBody{Events: es}, err)
 }
 
+// allHistory answers one page when the request names one (pods or after),
+// and else, for clients older than the pages, every page in one reply.
+// Either way the ledger is read in short transactions, one per page.
 func (h *handler) allHistory(w http.ResponseWriter, req *http.Request) {
-	es, err := h.r.AllHistory(req.Context())
-	h.reply(w, eventsBody{Events: es}, err)
+	q := req.URL.Query()
+	if !q.Has("pods") && !q.Has("after") {
+		es, err := h.r.AllHistory(req.Context())
+		h.reply(w, eventsBody{Events: es}, err)
+		return
+	}
+	pods := 0
+	if s := q.Get("pods"); s != "" {
+		n, err := strconv.Atoi(s)
+		if err != nil || n < 0 {
+			h.reply(w, nil, fmt.Errorf("%w: pods=%q: want a count of pods", ledger.ErrInvalid, s))
+			return
+		}
+		pods = n
+	}
+	p, err := h.r.HistoryPage(req.Context(), q.Get("after"), pods)
+	h.reply(w, p, err)
 }
 
 func (h *handler) stats(w http.ResponseWriter, req *http.Request) {
