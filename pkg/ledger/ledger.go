@@ -338,11 +338,27 @@ func (l *Ledger) loadReadOnly(opts Options) error {
 	})
 }
 
+// checkOwner refuses a ledger written for another node or cluster, with
+// advice that fits the mismatch: a node mismatch is a wrong file or node
+// name, a cluster mismatch (same node) a cluster id that changed.
 func checkOwner(path string, m Meta, node, cluster string) error {
-	if (node != "" && m.Node != node) || (cluster != "" && m.Cluster != cluster) {
-		return fmt.Errorf("open ledger %s: %w: it was written for node %q in cluster %q, not node %q in cluster %q; "+
+	nodeDiffers := node != "" && m.Node != node
+	clusterDiffers := cluster != "" && m.Cluster != cluster
+	switch {
+	case nodeDiffers:
+		also := ""
+		if clusterDiffers {
+			also = fmt.Sprintf(" (and for cluster id %q, not %q)", m.Cluster, cluster)
+		}
+		return fmt.Errorf("open ledger %s: %w: it was written for node %q, not node %q%s; "+
 			"a ledger never moves between nodes: check the hostPath and NODE_NAME, or move the file aside",
-			path, ErrWrongLedger, m.Node, m.Cluster, node, cluster)
+			path, ErrWrongLedger, m.Node, node, also)
+	case clusterDiffers:
+		return fmt.Errorf("open ledger %s: %w: it was written on node %q for cluster id %q, and caa now runs with cluster id %q; "+
+			"if this is the same cluster, run caa with --cluster-id %s (env CAA_CLUSTER_ID): without it caa takes the UID of "+
+			"the kube-system namespace, which changes when that namespace or the cluster is recreated; "+
+			"if the file is from another cluster, move it aside",
+			path, ErrWrongLedger, m.Node, m.Cluster, cluster, m.Cluster)
 	}
 	return nil
 }

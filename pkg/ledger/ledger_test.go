@@ -126,17 +126,26 @@ func TestOpenWrongOwner(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, l.Close())
 
+	// A node mismatch is a wrong file or node name; a cluster mismatch on
+	// the right node is a cluster id that changed. Each gets its own advice.
+	nodeAdvice := []string{"never moves between nodes", "hostPath", "NODE_NAME"}
+	clusterAdvice := []string{"--cluster-id " + testCluster, "CAA_CLUSTER_ID", "kube-system namespace"}
 	for _, tc := range []struct {
 		name          string
 		node, cluster string
 		readOnly      bool
-		wantA, wantB  string
+		want, notWant []string
 	}{
-		{"writable node mismatch", "node-b", testCluster, false, testNode, "node-b"},
-		{"writable cluster mismatch", testNode, "cluster-2", false, testCluster, "cluster-2"},
-		{"read-only node mismatch", "node-b", "", true, testNode, "node-b"},
-		{"read-only cluster mismatch", "", "cluster-2", true, testCluster, "cluster-2"},
-		{"read-only both mismatch", "node-b", "cluster-2", true, testNode, "node-b"},
+		{"writable node mismatch", "node-b", testCluster, false,
+			append([]string{`node "node-a", not node "node-b"`}, nodeAdvice...), clusterAdvice},
+		{"writable cluster mismatch", testNode, "cluster-2", false,
+			append([]string{`cluster id "cluster-1", and caa now runs with cluster id "cluster-2"`}, clusterAdvice...), nodeAdvice},
+		{"read-only node mismatch", "node-b", "", true,
+			append([]string{`node "node-a", not node "node-b"`}, nodeAdvice...), clusterAdvice},
+		{"read-only cluster mismatch", "", "cluster-2", true,
+			append([]string{`cluster id "cluster-1", and caa now runs with cluster id "cluster-2"`}, clusterAdvice...), nodeAdvice},
+		{"read-only both mismatch", "node-b", "cluster-2", true,
+			append([]string{`node "node-a", not node "node-b" (and for cluster id "cluster-1", not "cluster-2")`}, nodeAdvice...), clusterAdvice},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			o := opts
@@ -144,9 +153,13 @@ func TestOpenWrongOwner(t *testing.T) {
 			l, err := Open(o)
 			require.ErrorIs(t, err, ErrWrongLedger)
 			assert.Nil(t, l)
-			assert.Contains(t, err.Error(), tc.wantA)
-			assert.Contains(t, err.Error(), tc.wantB)
 			assert.Contains(t, err.Error(), opts.Path)
+			for _, w := range tc.want {
+				assert.Contains(t, err.Error(), w)
+			}
+			for _, w := range tc.notWant {
+				assert.NotContains(t, err.Error(), w)
+			}
 		})
 	}
 
