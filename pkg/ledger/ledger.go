@@ -136,10 +136,19 @@ func Open(opts Options) (l *Ledger, err error) {
 	err = guard(func() error {
 		var oerr error
 		l.db, oerr = bolt.Open(opts.Path, fileMode, &bolt.Options{
+			// Take the lock here, before bbolt asks for it on the same file
+			// (and gets it at once), so that a long wait can be told.
 			OpenFile: func(name string, flag int, perm os.FileMode) (*os.File, error) {
 				f, err := os.OpenFile(name, flag, perm)
+				if err != nil {
+					return nil, err
+				}
+				if err := l.awaitLock(f, opts.ReadOnly, opts.Timeout); err != nil {
+					_ = f.Close()
+					return nil, err
+				}
 				file = f
-				return f, err
+				return f, nil
 			},
 			Timeout:  opts.Timeout,
 			ReadOnly: opts.ReadOnly,
@@ -242,6 +251,54 @@ func syncDir(dir string) error {
 	}
 	defer d.Close()
 	return d.Sync()
+}
+
+// lockNotice is how long an open waits for the file lock before it logs
+// who holds it.
+var lockNotice = time.Second
+
+// lockPoll is how often a waiting open tries the lock again (as bbolt does).
+const lockPoll = 50 * time.Millisecond
+
+// awaitLock takes the file lock bbolt is about to take (exclusive, or
+// shared for a read-only open), trying every lockPoll until timeout. Past
+// lockNotice it logs, once, which process holds the file and how long it
+// will wait: a daemon that starts while another holds its ledger would
+// otherwise say nothing for the whole timeout. It returns bbolt's
+// ErrTimeout when the lock stays held, which openError explains.
+func (l *Ledger) awaitLock(f *os.File, readOnly bool, timeout time.Duration) error {
+	how := syscall.LOCK_EX
+	if readOnly {
+		how = syscall.LOCK_SH
+	}
+	fd := int(f.Fd())
+	start := time.Now()
+	told := false
+	for {
+		err := syscall.Flock(fd, how|syscall.LOCK_NB)
+		if err == nil {
+			if told {
+				l.log.Info("ledger lock acquired", "waited", time.Since(start).Round(time.Millisecond))
+			}
+			return nil
+		}
+		if !errors.Is(err, syscall.EWOULDBLOCK) && !errors.Is(err, syscall.EINTR) {
+			return fmt.Errorf("lock the file: %w", err)
+		}
+		waited := time.Since(start)
+		if waited+lockPoll > timeout {
+			return berrors.ErrTimeout
+		}
+		if !told && waited >= lockNotice {
+			told = true
+			attrs := []any{"holder", describeHolder(l.holderPath()), "waited", waited.Round(time.Millisecond), "timeout", timeout}
+			if h, err := ReadHolder(l.holderPath()); err == nil {
+				attrs = append(attrs, "holderPID", h.PID)
+			}
+			l.log.Warn("ledger is locked by another process; waiting for it, up to the timeout", attrs...)
+		}
+		time.Sleep(lockPoll)
+	}
 }
 
 // openError turns bbolt's open failures into errors that say what to do.

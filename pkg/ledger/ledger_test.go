@@ -1,11 +1,14 @@
 package ledger
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
+	"log/slog"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -354,4 +357,57 @@ func TestOpenOlderSchemaReadOnly(t *testing.T) {
 		require.ErrorIs(t, err, ErrNotLedger, "readOnly=%v", readOnly)
 		assert.Contains(t, err.Error(), opts.Path)
 	}
+}
+
+func TestOpenTellsWhoHoldsTheLockWhileWaiting(t *testing.T) {
+	opts := testOptions(t, newClock())
+	holder := openLedger(t, opts)
+	pid := strconv.Itoa(os.Getpid())
+
+	waiting := func(log string) int { return strings.Count(log, "ledger is locked by another process") }
+	second := func(timeout time.Duration) (*Ledger, string, error) {
+		var buf bytes.Buffer
+		o := opts
+		o.Timeout = timeout
+		o.Logger = slog.New(slog.NewTextHandler(&buf, nil))
+		l, err := Open(o)
+		if l != nil {
+			t.Cleanup(func() { _ = l.Close() })
+		}
+		return l, buf.String(), err
+	}
+
+	t.Run("held for the whole timeout", func(t *testing.T) {
+		start := time.Now()
+		_, log, err := second(1500 * time.Millisecond)
+		require.ErrorIs(t, err, ErrLocked)
+		assert.GreaterOrEqual(t, time.Since(start), time.Second)
+		assert.Equal(t, 1, waiting(log), "told once: %s", log)
+		assert.Contains(t, log, "level=WARN")
+		assert.Contains(t, log, "holderPID="+pid)
+		assert.Contains(t, log, `holder="process `+pid)
+		assert.Contains(t, log, "timeout=1.5s")
+	})
+
+	t.Run("a short wait is not worth a word", func(t *testing.T) {
+		o := opts
+		o.Path = filepath.Join(t.TempDir(), "ledger.db")
+		first := openLedger(t, o)
+		go func() { time.Sleep(200 * time.Millisecond); _ = first.Close() }()
+		var buf bytes.Buffer
+		o.Logger = slog.New(slog.NewTextHandler(&buf, nil))
+		o.Timeout = 5 * time.Second
+		l := openLedger(t, o)
+		assert.NotNil(t, l)
+		assert.Zero(t, waiting(buf.String()), buf.String())
+	})
+
+	t.Run("released after the notice", func(t *testing.T) {
+		go func() { time.Sleep(lockNotice + 300*time.Millisecond); _ = holder.Close() }()
+		l, log, err := second(5 * time.Second)
+		require.NoError(t, err)
+		assert.NotNil(t, l)
+		assert.Equal(t, 1, waiting(log), log)
+		assert.Contains(t, log, "ledger lock acquired")
+	})
 }
