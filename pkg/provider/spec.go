@@ -33,6 +33,11 @@ type SpecConfig struct {
 	// AllowedTypes limits what a pod may ask for. Empty: the names in Types
 	// plus DefaultType.
 	AllowedTypes []string
+	// AllowedImages limits the images a pod may ask for with the image
+	// annotation. The user data, which may hold secrets, goes to every VM,
+	// so only images the operator trusts may boot (invariant I7). Empty:
+	// DefaultImage only.
+	AllowedImages []string
 }
 
 // Selection is the instance type and image chosen for one pod.
@@ -90,6 +95,14 @@ func (c SpecConfig) Select(annotations map[string]string) (Selection, error) {
 			return Selection{}, fmt.Errorf("%w: annotation %s=%q: want an image id with no spaces, at most 1024 bytes",
 				ErrInvalidSpec, AnnotationImage, v)
 		}
+		if allowedImages := c.allowedImages(); !slices.Contains(allowedImages, v) {
+			list := "none: this node allows no image but its default"
+			if len(allowedImages) > 0 {
+				list = strings.Join(allowedImages, ", ")
+			}
+			return Selection{}, fmt.Errorf("%w: annotation %s=%q: image not allowed on this node (allowed: %s); "+
+				"the operator can add it to --allowed-images", ErrInvalidSpec, AnnotationImage, v, list)
+		}
 		sel.Image = v
 	}
 	if sel.Image == "" {
@@ -97,6 +110,16 @@ func (c SpecConfig) Select(annotations map[string]string) (Selection, error) {
 			ErrInvalidSpec, AnnotationImage)
 	}
 	return sel, nil
+}
+
+func (c SpecConfig) allowedImages() []string {
+	if len(c.AllowedImages) > 0 {
+		return c.AllowedImages
+	}
+	if c.DefaultImage != "" {
+		return []string{c.DefaultImage}
+	}
+	return nil
 }
 
 func (c SpecConfig) allowed() []string {

@@ -29,9 +29,18 @@ func TestSelect(t *testing.T) {
 		wantErr []string // substrings of an ErrInvalidSpec message
 	}{
 		{name: "defaults", cfg: testTypes, want: Selection{"m.small", "img-default"}},
-		{name: "explicit type and image", cfg: testTypes,
+		{name: "explicit type and the default image by name", cfg: testTypes,
+			ann:  map[string]string{AnnotationMachineType: "m.large", AnnotationImage: "img-default"},
+			want: Selection{"m.large", "img-default"}},
+		{name: "another image only when the operator allows it", cfg: withImages("img-default", "ami-123"),
 			ann:  map[string]string{AnnotationMachineType: "m.large", AnnotationImage: "ami-123"},
 			want: Selection{"m.large", "ami-123"}},
+		{name: "an image not allowed gets no VM (and no user data)", cfg: testTypes,
+			ann:     map[string]string{AnnotationImage: "ami-attacker"},
+			wantErr: []string{AnnotationImage, `"ami-attacker"`, "not allowed", "allowed: img-default", "--allowed-images"}},
+		{name: "an allow-list without the default still names what it allows", cfg: withImages("ami-1", "ami-2"),
+			ann:     map[string]string{AnnotationImage: "ami-3"},
+			wantErr: []string{"allowed: ami-1, ami-2"}},
 		{name: "explicit type beats sizing", cfg: testTypes,
 			ann:  map[string]string{AnnotationMachineType: "m.small", AnnotationVCPUs: "8"},
 			want: Selection{"m.small", "img-default"}},
@@ -84,6 +93,12 @@ func TestSelect(t *testing.T) {
 			assert.Equal(t, tc.want, got)
 		})
 	}
+}
+
+func withImages(images ...string) SpecConfig {
+	c := testTypes
+	c.AllowedImages = images
+	return c
 }
 
 func TestSelectIgnoresTableOrder(t *testing.T) {

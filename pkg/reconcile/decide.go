@@ -1,10 +1,12 @@
 // Package reconcile decides, for each peer pod, what caa must do about its
-// VM, and (in later work) applies those decisions. The decision is a pure
-// function of what is known (the pod, its ledger record, its VM, the clock
-// and the configuration), so every row of DESIGN.md's loop is a table test.
+// VM, and applies those decisions. The decision is a pure function of what
+// is known (the pod, its ledger record, its VM, the clock and the
+// configuration), so every rule of docs/design.md's loop is a table test.
 package reconcile
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"time"
 
@@ -21,6 +23,10 @@ type Pod struct {
 	Annotations  map[string]string
 	// Terminal: phase Succeeded or Failed; the pod needs no VM any more.
 	Terminal bool
+	// NotPeer: the pod's runtime class is outside the configured set. caa
+	// makes no VM for it, and never deletes one because of that: the set
+	// selects which pods get VMs, not which VMs are deleted (invariant I3).
+	NotPeer bool
 }
 
 // Input is everything known about one pod UID at one moment.
@@ -38,7 +44,10 @@ type Input struct {
 	// CacheSynced: the pod cache has synced since the last (re)connect.
 	// Nothing is deleted on an unsynced cache (invariant I3).
 	CacheSynced bool
-	Now         time.Time
+	// Retries counts the failed cloud calls in a row for this pod before
+	// this decision (0 on the first try): a retry is not a restart.
+	Retries int
+	Now     time.Time
 }
 
 // Config is the policy the decision applies.
@@ -118,36 +127,50 @@ const (
 	ReasonPodTerminal    = "PodTerminal"
 	ReasonCacheNotSynced = "CacheNotSynced"
 	ReasonInSync         = "InSync"
+	ReasonRetryCreate    = "RetryCreate"
+	ReasonCloudRefused   = "CloudRefusedSpec"
+	ReasonNotPeer        = "RuntimeClassNotWatched"
+	ReasonVMUnknown      = "VMUnknown"
+	ReasonBackoff        = "BackingOff"
 )
 
 // Decide returns what to do for one pod UID. It never returns a delete on
-// an unsynced cache, never a recreate on a single NotFound, and never a
-// create while a VM of the pod may still be alive.
+// an unsynced cache or for a pod that still exists and is not terminal,
+// never a recreate on a single NotFound, and never a create while a VM of
+// the pod may still be alive.
 func Decide(in Input, cfg Config) Action {
 	if in.Pod == nil || in.Pod.Terminal {
 		return decideUnwanted(in)
 	}
 	rec, vm := in.Record, in.VM
+	if in.Pod.NotPeer {
+		return decideNotPeer(in)
+	}
 
 	// No record: a first create, or a VM that the ledger lost (I6).
 	if rec == nil {
-		if vm != nil && !vm.State.Gone() {
+		switch {
+		case vm != nil && vm.State.Alive():
 			return Action{Kind: KindAdopt, Reason: ReasonRebuilt,
 				Message: fmt.Sprintf("VM %s carries this pod's tags but the ledger had no record", vm.ID)}
+		case vm != nil && isDead(vm.State):
+			// The next attempt's key: the dead VM's own key would find it again.
+			a := decideCreate(in, cfg, AttemptOf(vm.Owner().Key)+1, ReasonVMDead,
+				fmt.Sprintf("VM %s of this pod is %s and the ledger had no record", vm.ID, vm.State))
+			if a.Kind == KindCreate {
+				a.Recreate, a.OldVMID = true, vm.ID
+			}
+			return a
+		case vm != nil && !isGone(vm.State):
+			return Action{Kind: KindWait, Reason: ReasonVMTransitional, RequeueAfter: transitionalWait(cfg),
+				Message: fmt.Sprintf("VM %s of this pod is %s and the ledger had no record", vm.ID, vm.State)}
 		}
 		return decideCreate(in, cfg, 1, ReasonNewPod, "first VM for this pod")
 	}
 
 	switch rec.Phase {
 	case ledger.PhaseFailed:
-		// Annotations can change; a spec that selects now gets a new attempt.
-		if _, err := cfg.Spec.Select(in.Pod.Annotations); err != nil {
-			return Action{Kind: KindNone, Reason: rec.Reason, Message: rec.Message}
-		}
-		if vm != nil && !vm.State.Gone() {
-			return Action{Kind: KindAdopt, Reason: ReasonAdopted, Message: "a live VM of this pod exists"}
-		}
-		return decideCreate(in, cfg, rec.Attempt+1, ReasonSpecFixed, "the pod's spec is valid now")
+		return decideFailed(in, cfg)
 	case ledger.PhaseDeleting:
 		// The pod is desired again only if it came back under the same UID,
 		// which Kubernetes never does; finish what was started.
@@ -157,9 +180,17 @@ func Decide(in Input, cfg Config) Action {
 	// Creating or Running.
 	if vm == nil {
 		if rec.Phase == ledger.PhaseCreating && rec.VMID == "" {
-			// Crashed between the durable intent and the create's answer:
-			// the same key finds the VM if the cloud made it.
-			return decideCreate(in, cfg, max(rec.Attempt, 1), ReasonResumeCreate, "resume the create recorded before a restart")
+			// Crashed (or failed) between the durable intent and the create's
+			// answer: the same key finds the VM if the cloud made it.
+			reason, msg := ReasonResumeCreate, "resume the create recorded before a restart"
+			if in.Retries > 0 {
+				reason, msg = ReasonRetryCreate, fmt.Sprintf("retry the create (%d failed so far)", in.Retries)
+			}
+			a := decideCreate(in, cfg, max(rec.Attempt, 1), reason, msg)
+			if a.Kind == KindCreate && rec.ReplacesVMID != "" {
+				a.Recreate, a.OldVMID = true, rec.ReplacesVMID
+			}
+			return a
 		}
 		if in.MissingSince.IsZero() || in.Now.Sub(in.MissingSince) < cfg.ConfirmMissing {
 			wait := cfg.ConfirmMissing
@@ -176,24 +207,94 @@ func Decide(in Input, cfg Config) Action {
 	}
 	switch {
 	case vm.State.Alive():
-		if rec.Phase == ledger.PhaseRunning && rec.VMID == vm.ID {
+		if rec.Phase == ledger.PhaseRunning && rec.VMID == vm.ID && rec.ReplacesVMID == "" {
 			return Action{Kind: KindNone, Reason: ReasonInSync}
 		}
-		return Action{Kind: KindAdopt, Reason: ReasonAdopted, Message: fmt.Sprintf("VM %s is %s", vm.ID, vm.State)}
-	case vm.State.Gone():
+		a := Action{Kind: KindAdopt, Reason: ReasonAdopted, Message: fmt.Sprintf("VM %s is %s", vm.ID, vm.State)}
+		if rec.ReplacesVMID != "" && rec.ReplacesVMID != vm.ID {
+			// The replacement exists; the dead VM it replaces still has to go.
+			a.OldVMID = rec.ReplacesVMID
+		}
+		return a
+	case isGone(vm.State):
 		a := decideCreate(in, cfg, rec.Attempt+1, ReasonVMGone, fmt.Sprintf("VM %s is %s", vm.ID, vm.State))
 		a.Recreate = a.Kind == KindCreate
 		return a
-	case vm.State == provider.StateStopped:
-		a := decideCreate(in, cfg, rec.Attempt+1, ReasonVMDead, fmt.Sprintf("VM %s was stopped behind caa's back", vm.ID))
+	case isDead(vm.State):
+		// Stopped or failed, but still there: replace it, and delete it once
+		// the replacement's intent is durable, so it never leaks.
+		a := decideCreate(in, cfg, rec.Attempt+1, ReasonVMDead, fmt.Sprintf("VM %s is %s", vm.ID, vm.State))
 		if a.Kind == KindCreate {
 			a.Recreate, a.OldVMID = true, vm.ID
 		}
 		return a
 	}
 	// Stopping, Unknown: in flight or unreadable; never act on it yet.
-	return Action{Kind: KindWait, Reason: ReasonVMTransitional, RequeueAfter: max(cfg.ConfirmMissing/4, time.Second),
+	reason := ReasonVMTransitional
+	if vm.State == provider.StateUnknown {
+		reason = ReasonVMUnknown
+	}
+	return Action{Kind: KindWait, Reason: reason, RequeueAfter: transitionalWait(cfg),
 		Message: fmt.Sprintf("VM %s is %s", vm.ID, vm.State)}
+}
+
+func transitionalWait(cfg Config) time.Duration { return max(cfg.ConfirmMissing/4, time.Second) }
+
+// isGone: positive evidence that the VM no longer exists.
+func isGone(s provider.State) bool { return s == provider.StateTerminated }
+
+// isDead: the VM still exists but can never serve its pod again.
+func isDead(s provider.State) bool { return s == provider.StateStopped || s == provider.StateFailed }
+
+// decideFailed handles a record whose pod's spec failed: it stands while the
+// pod asks for what failed, and gets a new attempt once it asks otherwise.
+func decideFailed(in Input, cfg Config) Action {
+	rec, vm := in.Record, in.VM
+	sel, err := cfg.Spec.Select(in.Pod.Annotations)
+	if err != nil {
+		return Action{Kind: KindNone, Reason: rec.Reason, Message: rec.Message}
+	}
+	if vm != nil && vm.State.Alive() {
+		return Action{Kind: KindAdopt, Reason: ReasonAdopted, Message: "a live VM of this pod exists"}
+	}
+	if rec.FailedSpec != "" && rec.FailedSpec == SelectionFingerprint(sel) {
+		// The cloud refused exactly this; asking again changes nothing.
+		return Action{Kind: KindNone, Reason: rec.Reason, Message: rec.Message}
+	}
+	what := "the pod's spec is valid now"
+	if rec.FailedSpec != "" {
+		what = fmt.Sprintf("the pod now asks for %s with image %s", sel.InstanceType, sel.Image)
+	}
+	a := decideCreate(in, cfg, rec.Attempt+1, ReasonSpecFixed, what)
+	if a.Kind == KindCreate && vm != nil && isDead(vm.State) {
+		a.Recreate, a.OldVMID = true, vm.ID
+	}
+	return a
+}
+
+// decideNotPeer handles a record whose pod still exists but no longer has a
+// watched runtime class (the class or the flag changed): the VM is kept and
+// reported. Only positive evidence deletes it: the pod gone or terminal.
+func decideNotPeer(in Input) Action {
+	rec := in.Record
+	if rec == nil {
+		return Action{Kind: KindNone}
+	}
+	if rec.Phase == ledger.PhaseDeleting {
+		return decideUnwanted(in)
+	}
+	msg := fmt.Sprintf("runtime class %q is not one caa watches; the VM is kept until the pod is gone or terminal", in.Pod.RuntimeClass)
+	if rec.VMID != "" {
+		msg = fmt.Sprintf("runtime class %q is not one caa watches; VM %s is kept until the pod is gone or terminal", in.Pod.RuntimeClass, rec.VMID)
+	}
+	return Action{Kind: KindNone, Reason: ReasonNotPeer, Message: msg}
+}
+
+// SelectionFingerprint names a selection in the ledger (FailedSpec), short
+// and free of anything secret.
+func SelectionFingerprint(sel provider.Selection) string {
+	sum := sha256.Sum256([]byte(sel.InstanceType + "\x00" + sel.Image))
+	return hex.EncodeToString(sum[:8])
 }
 
 // decideUnwanted handles a record whose pod is gone or terminal.
@@ -210,7 +311,7 @@ func decideUnwanted(in Input) Action {
 		return Action{Kind: KindWait, Reason: ReasonCacheNotSynced, RequeueAfter: time.Second,
 			Message: "the pod cache has not synced: no delete on partial knowledge"}
 	}
-	if rec.VMID == "" && (in.VM == nil || in.VM.State.Gone()) {
+	if rec.VMID == "" && rec.ReplacesVMID == "" && (in.VM == nil || isGone(in.VM.State)) {
 		return Action{Kind: KindForget, Reason: reason, Message: "no VM was recorded or found"}
 	}
 	return Action{Kind: KindDelete, Reason: reason, Message: "the pod no longer needs its VM"}

@@ -27,9 +27,18 @@ func rec(phase ledger.Phase, vmID string, attempt int) *ledger.Record {
 
 func vm(id string, s provider.State) *provider.VM { return &provider.VM{ID: id, State: s} }
 
+func replacing(phase ledger.Phase, vmID string, attempt int, old string) *ledger.Record {
+	r := rec(phase, vmID, attempt)
+	r.ReplacesVMID = old
+	return r
+}
+
 func TestDecide(t *testing.T) {
 	terminal := *pod
 	terminal.Terminal = true
+	notPeer := &Pod{UID: "uid-1", Namespace: "ns", Name: "web", RuntimeClass: "kata-renamed", NotPeer: true}
+	notPeerDone := *notPeer
+	notPeerDone.Terminal = true
 	tests := []struct {
 		name string
 		in   Input
@@ -59,8 +68,8 @@ func TestDecide(t *testing.T) {
 		// DESIGN row 4: confirmed gone or dead -> recreate with attempt+1.
 		{"VM terminated: recreate", Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 1), VM: vm("i-1", provider.StateTerminated)},
 			Action{Kind: KindCreate, Reason: ReasonVMGone, Attempt: 2, Key: "uid-1-a2", Recreate: true}},
-		{"VM failed: recreate", Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 2), VM: vm("i-1", provider.StateFailed)},
-			Action{Kind: KindCreate, Attempt: 3, Recreate: true}},
+		{"VM failed but still there: recreate and delete the failed one", Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 2), VM: vm("i-1", provider.StateFailed)},
+			Action{Kind: KindCreate, Reason: ReasonVMDead, Attempt: 3, Recreate: true, OldVMID: "i-1"}},
 		{"VM stopped behind our back: recreate and delete the old one", Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 1), VM: vm("i-1", provider.StateStopped)},
 			Action{Kind: KindCreate, Reason: ReasonVMDead, Attempt: 2, Recreate: true, OldVMID: "i-1"}},
 		// I3: one NotFound proves nothing.
@@ -74,14 +83,43 @@ func TestDecide(t *testing.T) {
 			Action{Kind: KindFail, Reason: ReasonInvalidSpec}},
 		{"VM stopping: wait", Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 1), VM: vm("i-1", provider.StateStopping)},
 			Action{Kind: KindWait, Reason: ReasonVMTransitional}},
-		{"VM state unknown: wait", Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 1), VM: vm("i-1", provider.StateUnknown)},
+		{"VM state unknown: wait, reported as unknown", Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 1), VM: vm("i-1", provider.StateUnknown)},
+			Action{Kind: KindWait, Reason: ReasonVMUnknown}},
+		{"no record, tagged VM stopped: next attempt, and delete the stopped one",
+			Input{Pod: pod, VM: &provider.VM{ID: "i-1", State: provider.StateStopped, Tags: map[string]string{provider.TagKey: "uid-1-a2"}}},
+			Action{Kind: KindCreate, Reason: ReasonVMDead, Attempt: 3, Recreate: true, OldVMID: "i-1"}},
+		{"no record, tagged VM stopping: wait", Input{Pod: pod, VM: vm("i-1", provider.StateStopping)},
 			Action{Kind: KindWait, Reason: ReasonVMTransitional}},
+
+		// A replacement whose old VM is not deleted yet keeps it in the record.
+		{"resume a recreate: the replaced VM is still to delete", Input{Pod: pod, Record: replacing(ledger.PhaseCreating, "", 2, "i-old")},
+			Action{Kind: KindCreate, Reason: ReasonResumeCreate, Attempt: 2, Recreate: true, OldVMID: "i-old"}},
+		{"retry (not a restart) is named so", Input{Pod: pod, Record: rec(ledger.PhaseCreating, "", 1), Retries: 2},
+			Action{Kind: KindCreate, Reason: ReasonRetryCreate, Attempt: 1}},
+		{"replacement live, replaced VM still recorded: adopt and delete it", Input{Pod: pod, Record: replacing(ledger.PhaseCreating, "", 2, "i-old"), VM: vm("i-2", provider.StateRunning)},
+			Action{Kind: KindAdopt, Reason: ReasonAdopted, OldVMID: "i-old"}},
 
 		// Failed records: terminal while the spec stays bad, retried once fixed.
 		{"failed and still bad: nothing", Input{Pod: badPod, Record: &ledger.Record{PodUID: "uid-1", Phase: ledger.PhaseFailed, Reason: ReasonInvalidSpec, Attempt: 1}},
 			Action{Kind: KindNone, Reason: ReasonInvalidSpec}},
 		{"failed but fixed: next attempt", Input{Pod: pod, Record: &ledger.Record{PodUID: "uid-1", Phase: ledger.PhaseFailed, Attempt: 1}},
 			Action{Kind: KindCreate, Reason: ReasonSpecFixed, Attempt: 2, Key: "uid-1-a2"}},
+		{"cloud refused this very selection: stays failed", Input{Pod: pod, Record: &ledger.Record{PodUID: "uid-1", Phase: ledger.PhaseFailed,
+			Reason: ReasonCloudRefused, Attempt: 4, FailedSpec: SelectionFingerprint(provider.Selection{InstanceType: "small", Image: "img"})}},
+			Action{Kind: KindNone, Reason: ReasonCloudRefused}},
+		{"cloud refused another selection: next attempt", Input{Pod: pod, Record: &ledger.Record{PodUID: "uid-1", Phase: ledger.PhaseFailed,
+			Reason: ReasonCloudRefused, Attempt: 4, FailedSpec: SelectionFingerprint(provider.Selection{InstanceType: "small", Image: "img-missing"})}},
+			Action{Kind: KindCreate, Reason: ReasonSpecFixed, Attempt: 5}},
+
+		// Configuration selects which pods get VMs, never which are deleted (I3).
+		{"record of a pod now outside the runtime classes: kept, reported", Input{Pod: notPeer, Record: rec(ledger.PhaseRunning, "i-1", 1), VM: vm("i-1", provider.StateRunning), CacheSynced: true},
+			Action{Kind: KindNone, Reason: ReasonNotPeer}},
+		{"record of a pod outside the runtime classes, VM gone: still nothing", Input{Pod: notPeer, Record: rec(ledger.PhaseRunning, "i-1", 1), CacheSynced: true},
+			Action{Kind: KindNone, Reason: ReasonNotPeer}},
+		{"pod outside the runtime classes without a record: nothing", Input{Pod: notPeer, CacheSynced: true},
+			Action{Kind: KindNone}},
+		{"pod outside the runtime classes, terminal: delete", Input{Pod: &notPeerDone, Record: rec(ledger.PhaseRunning, "i-1", 1), CacheSynced: true},
+			Action{Kind: KindDelete, Reason: ReasonPodTerminal}},
 
 		// Records whose pod is gone or terminal, from a synced cache only (I3).
 		{"pod gone: delete", Input{Record: rec(ledger.PhaseRunning, "i-1", 1), VM: vm("i-1", provider.StateRunning), CacheSynced: true},

@@ -30,6 +30,7 @@ const (
 	EventVMDeleted    = "VMDeleted"
 	EventCreateFailed = "VMCreateFailed"
 	EventDeleteFailed = "VMDeleteFailed"
+	EventNotWatched   = "RuntimeClassNotWatched"
 )
 
 // Executor applies actions: the ledger's intent first (durable when Put
@@ -44,11 +45,38 @@ type Executor struct {
 	Cluster, Node string
 	// UserData returns the opaque user data for a pod's VM (nil: none).
 	UserData func(*Pod) ([]byte, error)
-	// RetryBase is the backoff after a failed cloud call (default 5s),
-	// with jitter; throttling waits the cloud's Retry-After instead.
+	// RetryBase is the first backoff after a failed cloud call (default
+	// 5s); it doubles per failure in a row up to RetryMax (default 5 min),
+	// with jitter. Quota and capacity start higher; throttling waits at
+	// least the cloud's Retry-After.
 	RetryBase time.Duration
-	Log       *slog.Logger
-	Now       func() time.Time
+	RetryMax  time.Duration
+	// CallTimeout bounds every cloud call (default 5 min: an Azure create
+	// waits for its whole long-running operation), so no call can hang a
+	// pass, the liveness heartbeat or a shutdown.
+	CallTimeout time.Duration
+	// Stop, when done, means no new work: no ledger intent and no cloud call
+	// starts after it (invariant I4). Calls already in flight run on their
+	// own context. Nil: never stops.
+	Stop context.Context
+	Log  *slog.Logger
+	Now  func() time.Time
+}
+
+// ErrStopping: the daemon is shutting down (or handing over); the work was
+// not started and will be picked up by the next process.
+var ErrStopping = errors.New("caa is stopping: no new cloud or ledger work starts")
+
+// stopping reports whether new work is forbidden.
+func (e *Executor) stopping() bool { return e.Stop != nil && e.Stop.Err() != nil }
+
+// call bounds one cloud call by CallTimeout.
+func (e *Executor) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	d := e.CallTimeout
+	if d <= 0 {
+		d = 5 * time.Minute
+	}
+	return context.WithTimeout(ctx, d)
 }
 
 // ErrDaemon marks failures that no pod can get past (bad credentials,
@@ -66,6 +94,9 @@ type Result struct {
 	CloudWrites int
 	// RequeueAfter, when positive, asks for another look then.
 	RequeueAfter time.Duration
+	// CloudErr is the cloud failure this apply ended on, if any: the caller
+	// counts failures in a row per pod for its backoff.
+	CloudErr error
 }
 
 // Apply carries out a for the pod described by in.
@@ -74,11 +105,16 @@ func (e *Executor) Apply(ctx context.Context, in Input, a Action) (Result, error
 	switch a.Kind {
 	case KindNone:
 		return res, nil
+	}
+	if e.stopping() {
+		return res, ErrStopping
+	}
+	switch a.Kind {
 	case KindWait:
 		res.RequeueAfter = a.RequeueAfter
 		return res, nil
 	case KindAdopt:
-		return e.adopt(in, a)
+		return e.adopt(ctx, in, a)
 	case KindFail:
 		return e.fail(in, a.Reason, a.Message)
 	case KindCreate:
@@ -87,7 +123,7 @@ func (e *Executor) Apply(ctx context.Context, in Input, a Action) (Result, error
 		return e.delete(ctx, in, a)
 	case KindForget:
 		if err := e.Ledger.Delete(in.Record.PodUID, in.Record.Revision); err != nil {
-			return res, e.ledgerErr("forget", in.Record.PodUID, err)
+			return res, e.ledgerErr("forget the record", in, err)
 		}
 		return Result{}, nil
 	}
@@ -100,19 +136,34 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 	if r.Key != a.Key {
 		r.VMID, r.VMName, r.IPs, r.Zone, r.LastSeenAt = "", "", nil, "", time.Time{}
 	}
+	if a.OldVMID != "" {
+		// Kept in the record until the cloud has deleted it, so a
+		// replacement whose create keeps failing never strands it.
+		r.ReplacesVMID = a.OldVMID
+	}
 	r.Phase, r.Attempt, r.Key = ledger.PhaseCreating, a.Attempt, a.Key
 	r.InstanceType, r.Image = a.Selection.InstanceType, a.Selection.Image
-	r.Reason, r.Message = a.Reason, a.Message
-	// The intent is durable before the cloud hears of the VM (I2).
-	intent, err := e.Ledger.Put(r)
-	if err != nil {
-		return Result{Record: in.Record}, e.ledgerErr("record create intent", pod.UID, err)
+	r.FailedSpec = ""
+	var intent ledger.Record
+	res := Result{Record: in.Record}
+	if in.Record == nil || !sameIntent(*in.Record, r) {
+		r.Reason, r.Message = a.Reason, a.Message
+		// The intent is durable before the cloud hears of the VM (I2).
+		stored, err := e.Ledger.Put(r)
+		if err != nil {
+			return res, e.ledgerErr("record the create intent", in, err)
+		}
+		intent = stored
+	} else {
+		// Retrying the same intent: it is durable already, and rewriting it
+		// on every retry would only churn the ledger's history.
+		intent = *in.Record
 	}
-	res := Result{Record: &intent}
+	res.Record = &intent
 
 	if a.OldVMID != "" {
 		if err := e.cloudDelete(ctx, a.OldVMID); err != nil {
-			return e.cloudFailure(res, pod, EventDeleteFailed, "delete the dead VM "+a.OldVMID, err)
+			return e.cloudFailure(res, in, EventDeleteFailed, "delete the dead VM "+a.OldVMID, err)
 		}
 		res.CloudWrites++
 	}
@@ -121,6 +172,7 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 		InstanceType: a.Selection.InstanceType, Image: a.Selection.Image,
 	}
 	if e.UserData != nil {
+		var err error
 		if spec.UserData, err = e.UserData(pod); err != nil {
 			return res, fmt.Errorf("user data for pod %s/%s: %w", pod.Namespace, pod.Name, err)
 		}
@@ -128,59 +180,88 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 	if err := e.wait(ctx); err != nil {
 		return res, err
 	}
-	vm, err := e.Provider.Create(ctx, spec)
+	cctx, cancel := e.call(ctx)
+	vm, err := e.Provider.Create(cctx, spec)
+	cancel()
 	res.CloudWrites++
 	if err != nil {
 		if errors.Is(err, provider.ErrInvalidSpec) {
 			in.Record = &intent
-			failed, ferr := e.fail(in, ReasonInvalidSpec, err.Error())
+			failed, ferr := e.failRecord(in, ReasonCloudRefused, err.Error(), SelectionFingerprint(a.Selection))
 			failed.CloudWrites = res.CloudWrites
 			return failed, ferr
 		}
-		return e.cloudFailure(res, pod, EventCreateFailed, "create", err)
+		return e.cloudFailure(res, in, EventCreateFailed, "create", err)
 	}
 	running := e.record(intent, vm, ledger.PhaseRunning)
-	running.Reason, running.Message = a.Reason, ""
+	running.Reason, running.Message, running.ReplacesVMID = a.Reason, "", ""
 	stored, err := e.Ledger.Put(running)
 	if err != nil {
-		return res, e.ledgerErr("record created VM "+vm.ID, pod.UID, err)
+		return res, e.ledgerErr("record the created VM "+vm.ID, in, err)
 	}
 	res.Record, res.VM = &stored, &vm
 	reason := EventVMCreated
+	msg := fmt.Sprintf("VM %s (%s, %s), attempt %d: %s", vm.ID, vm.InstanceType, vm.Zone, a.Attempt, a.Message)
 	if a.Recreate {
 		reason = EventVMRecreated
+		if a.OldVMID != "" {
+			msg += "; replaces VM " + a.OldVMID
+		}
 	}
-	e.event(pod, false, reason, fmt.Sprintf("VM %s (%s, %s), attempt %d: %s", vm.ID, vm.InstanceType, vm.Zone, a.Attempt, a.Message))
+	e.event(pod, false, reason, msg)
 	return res, nil
 }
 
-func (e *Executor) adopt(in Input, a Action) (Result, error) {
+// sameIntent: a record already holds this create's intent.
+func sameIntent(old, next ledger.Record) bool {
+	return old.Phase == ledger.PhaseCreating && old.Key == next.Key && old.Attempt == next.Attempt &&
+		old.InstanceType == next.InstanceType && old.Image == next.Image && old.ReplacesVMID == next.ReplacesVMID &&
+		old.VMID == next.VMID && old.FailedSpec == ""
+}
+
+func (e *Executor) adopt(ctx context.Context, in Input, a Action) (Result, error) {
 	r := e.base(in)
 	if in.Record == nil {
 		owner := in.VM.Owner()
 		r.Key, r.Attempt = owner.Key, AttemptOf(owner.Key)
 	}
+	res := Result{Record: in.Record, VM: in.VM}
+	if a.OldVMID != "" {
+		// The replacement is live; the dead VM it replaces goes now.
+		if err := e.cloudDelete(ctx, a.OldVMID); err != nil {
+			return e.cloudFailure(res, in, EventDeleteFailed, "delete the dead VM "+a.OldVMID, err)
+		}
+		res.CloudWrites++
+	}
 	r = e.record(r, *in.VM, ledger.PhaseRunning)
-	r.Reason, r.Message = a.Reason, ""
+	r.Reason, r.Message, r.ReplacesVMID, r.FailedSpec = a.Reason, "", "", ""
 	stored, err := e.Ledger.Put(r)
 	if err != nil {
-		return Result{Record: in.Record}, e.ledgerErr("record adopted VM "+in.VM.ID, r.PodUID, err)
+		return res, e.ledgerErr("record the adopted VM "+in.VM.ID, in, err)
 	}
 	if in.Record == nil || in.Record.Phase != ledger.PhaseRunning {
 		e.event(in.Pod, false, EventVMAdopted, fmt.Sprintf("VM %s is %s: %s", in.VM.ID, in.VM.State, a.Message))
 	}
-	return Result{Record: &stored, VM: in.VM}, nil
+	res.Record = &stored
+	return res, nil
 }
 
 func (e *Executor) fail(in Input, reason, message string) (Result, error) {
+	return e.failRecord(in, reason, message, "")
+}
+
+// failRecord records a terminal failure of the pod's spec; spec, when set,
+// fingerprints the selection the cloud refused, so it is not asked again
+// until the pod asks for something else.
+func (e *Executor) failRecord(in Input, reason, message, spec string) (Result, error) {
 	r := e.base(in)
-	if r.Phase == ledger.PhaseFailed && r.Reason == reason && r.Message == message {
+	if r.Phase == ledger.PhaseFailed && r.Reason == reason && r.Message == message && r.FailedSpec == spec {
 		return Result{Record: in.Record}, nil
 	}
-	r.Phase, r.Reason, r.Message = ledger.PhaseFailed, reason, message
+	r.Phase, r.Reason, r.Message, r.FailedSpec = ledger.PhaseFailed, reason, message, spec
 	stored, err := e.Ledger.Put(r)
 	if err != nil {
-		return Result{Record: in.Record}, e.ledgerErr("record failure", r.PodUID, err)
+		return Result{Record: in.Record}, e.ledgerErr("record the failure", in, err)
 	}
 	e.event(in.Pod, true, EventCreateFailed, message)
 	return Result{Record: &stored}, nil
@@ -192,23 +273,26 @@ func (e *Executor) delete(ctx context.Context, in Input, a Action) (Result, erro
 		r.Phase, r.Reason, r.Message = ledger.PhaseDeleting, a.Reason, a.Message
 		stored, err := e.Ledger.Put(r)
 		if err != nil {
-			return Result{Record: in.Record}, e.ledgerErr("record delete intent", r.PodUID, err)
+			return Result{Record: in.Record}, e.ledgerErr("record the delete intent", in, err)
 		}
 		r = stored
 	}
 	res := Result{Record: &r}
 	vmID := r.VMID
-	if vmID == "" && in.VM != nil {
+	if vmID == "" && in.VM != nil && !isGone(in.VM.State) {
 		vmID = in.VM.ID
 	}
-	if vmID != "" {
-		if err := e.cloudDelete(ctx, vmID); err != nil {
-			return e.cloudFailure(res, in.Pod, EventDeleteFailed, "delete VM "+vmID, err)
+	for _, id := range []string{r.ReplacesVMID, vmID} {
+		if id == "" {
+			continue
+		}
+		if err := e.cloudDelete(ctx, id); err != nil {
+			return e.cloudFailure(res, in, EventDeleteFailed, "delete VM "+id, err)
 		}
 		res.CloudWrites++
 	}
 	if err := e.Ledger.Delete(r.PodUID, r.Revision); err != nil {
-		return res, e.ledgerErr("remove record", r.PodUID, err)
+		return res, e.ledgerErr("remove the record", in, err)
 	}
 	if in.Pod != nil {
 		e.event(in.Pod, false, EventVMDeleted, fmt.Sprintf("VM %s deleted: %s", vmID, a.Message))
@@ -221,30 +305,64 @@ func (e *Executor) cloudDelete(ctx context.Context, id string) error {
 	if err := e.wait(ctx); err != nil {
 		return err
 	}
-	return e.Provider.Delete(ctx, id)
+	cctx, cancel := e.call(ctx)
+	defer cancel()
+	return e.Provider.Delete(cctx, id)
 }
 
 // cloudFailure turns a failed cloud call into a requeue, or into a daemon
-// error for bad credentials. Throttling waits what the cloud asked and is
-// not an event: it is caa's to absorb, not the pod's to see.
-func (e *Executor) cloudFailure(res Result, pod *Pod, reason, what string, err error) (Result, error) {
+// error for bad credentials. The backoff grows per failure in a row
+// (in.Retries) and by kind: quota and capacity are not fixed by retrying
+// soon. Only the first failure of a streak raises an event on the pod;
+// throttling raises none: it is caa's to absorb, not the pod's to see.
+func (e *Executor) cloudFailure(res Result, in Input, reason, what string, err error) (Result, error) {
+	pod := in.Pod
+	if errors.Is(err, ErrStopping) {
+		return res, err
+	}
+	res.CloudErr = err
 	if errors.Is(err, provider.ErrAuth) {
 		return res, fmt.Errorf("%w: %s: %w", ErrDaemon, what, err)
 	}
-	if d, ok := provider.RetryAfter(err); ok {
-		res.RequeueAfter = jitter(d)
-	} else {
-		res.RequeueAfter = jitter(e.retryBase())
-	}
+	res.RequeueAfter = jitter(e.Backoff(err, in.Retries))
 	if errors.Is(err, provider.ErrThrottled) {
 		e.log().Debug("cloud throttled", "what", what, "pod", podRef(pod), "retryAfter", res.RequeueAfter)
 		return res, nil
 	}
-	e.log().Warn("cloud call failed", "what", what, "pod", podRef(pod), "err", err, "retryIn", res.RequeueAfter)
-	if pod != nil {
-		e.event(pod, true, reason, fmt.Sprintf("%s: %v (retrying)", what, err))
+	e.log().Warn("cloud call failed", "what", what, "pod", podRef(pod), "err", err, "failuresInARow", in.Retries+1, "retryIn", res.RequeueAfter)
+	if pod != nil && in.Retries == 0 {
+		e.event(pod, true, reason, fmt.Sprintf("%s: %v (retrying with backoff)", what, err))
 	}
 	return res, nil
+}
+
+// Backoff is how long to wait after err, the (retries+1)-th failure in a
+// row: exponential from a base that depends on the kind, capped at
+// RetryMax, and never less than the cloud's Retry-After.
+func (e *Executor) Backoff(err error, retries int) time.Duration {
+	base := e.retryBase()
+	switch {
+	case errors.Is(err, provider.ErrQuota):
+		base = max(base, 60*time.Second)
+	case errors.Is(err, provider.ErrCapacity):
+		base = max(base, 30*time.Second)
+	}
+	limit := e.RetryMax
+	if limit <= 0 {
+		limit = 5 * time.Minute
+	}
+	d := base
+	for range min(retries, 20) {
+		d *= 2
+		if d >= limit {
+			break
+		}
+	}
+	d = min(d, limit)
+	if ra, ok := provider.RetryAfter(err); ok && ra > d {
+		d = ra
+	}
+	return d
 }
 
 // base is the record to write for in: the existing one, or a new one for
@@ -273,22 +391,49 @@ func (e *Executor) record(r ledger.Record, vm provider.VM, phase ledger.Phase) l
 	return r
 }
 
+// wait takes a token of the write budget; it gives up at stop, and no
+// write starts once stop is done.
 func (e *Executor) wait(ctx context.Context) error {
-	if e.Writes == nil {
-		return nil
+	if e.stopping() {
+		return ErrStopping
 	}
-	if err := e.Writes.Wait(ctx); err != nil {
-		return fmt.Errorf("wait for the cloud write budget: %w", err)
+	if e.Writes != nil {
+		wctx := ctx
+		if e.Stop != nil {
+			var cancel context.CancelFunc
+			wctx, cancel = context.WithCancel(ctx)
+			defer cancel()
+			stop := context.AfterFunc(e.Stop, cancel)
+			defer stop()
+		}
+		if err := e.Writes.Wait(wctx); err != nil {
+			if e.stopping() {
+				return ErrStopping
+			}
+			return fmt.Errorf("wait for the cloud write budget: %w", err)
+		}
+	}
+	if e.stopping() {
+		return ErrStopping
 	}
 	return nil
 }
 
-func (e *Executor) ledgerErr(what, uid string, err error) error {
-	if errors.Is(err, ledger.ErrConflict) || errors.Is(err, ledger.ErrAlreadyExists) {
-		// Another writer moved the record on: decide again from fresh state.
-		return fmt.Errorf("%s for pod %s: %w", what, uid, err)
+// ledgerErr names the pod (namespace/name and UID) and the step. A
+// conflict means another writer moved the record on: decide again from
+// fresh state. Anything else blocks the daemon.
+func (e *Executor) ledgerErr(what string, in Input, err error) error {
+	ref := "pod"
+	switch {
+	case in.Pod != nil:
+		ref = fmt.Sprintf("pod %s/%s (%s)", in.Pod.Namespace, in.Pod.Name, in.Pod.UID)
+	case in.Record != nil:
+		ref = fmt.Sprintf("pod %s (%s)", in.Record.PodRef(), in.Record.PodUID)
 	}
-	return fmt.Errorf("%w: %s for pod %s: %w", ErrDaemon, what, uid, err)
+	if errors.Is(err, ledger.ErrConflict) || errors.Is(err, ledger.ErrAlreadyExists) {
+		return fmt.Errorf("%s for %s: %w", what, ref, err)
+	}
+	return fmt.Errorf("%w: %s for %s: %w", ErrDaemon, what, ref, err)
 }
 
 func (e *Executor) event(pod *Pod, warning bool, reason, msg string) {

@@ -164,17 +164,44 @@ func TestCreateResumedAfterALostReplyMakesOneVM(t *testing.T) {
 	assert.Equal(t, c.Live()[0].ID, res.Record.VMID)
 }
 
-func TestCloudRefusesTheSpec(t *testing.T) {
+func TestCloudRefusesTheSpecOnceUntilThePodAsksForSomethingElse(t *testing.T) {
 	f := memoryFixture(t)
 	bad := cfg
-	bad.Spec.DefaultImage = "img-unknown"
-	in := Input{Pod: pod, CacheSynced: true, Now: t0}
+	bad.Spec.AllowedImages = []string{"img", "img-unknown"}
+	missing := &Pod{UID: "uid-1", Namespace: "ns", Name: "web", Annotations: map[string]string{provider.AnnotationImage: "img-unknown"}}
+	in := Input{Pod: missing, CacheSynced: true, Now: t0}
 	res, err := f.ex.Apply(f.ctx, in, Decide(in, bad))
 	require.NoError(t, err)
 	assert.Equal(t, ledger.PhaseFailed, res.Record.Phase)
-	assert.Equal(t, ReasonInvalidSpec, res.Record.Reason)
+	assert.Equal(t, ReasonCloudRefused, res.Record.Reason)
 	assert.Empty(t, f.cloud.Live())
 	assert.Equal(t, []string{EventCreateFailed}, f.events.reasons())
+	revision := res.Record.Revision
+
+	// Pass after pass, the same ask is not sent again and the ledger is
+	// left alone.
+	for range 5 {
+		in := Input{Pod: missing, Record: res.Record, CacheSynced: true, Now: t0}
+		a := Decide(in, bad)
+		require.Equal(t, KindNone, a.Kind, "%s: %s", a.Reason, a.Message)
+		res, err = f.ex.Apply(f.ctx, in, a)
+		require.NoError(t, err)
+	}
+	assert.Equal(t, int64(1), f.cloud.Counters()[cloud.OpCreate], "one create call in all")
+	got, err := f.ledger.Get(pod.UID)
+	require.NoError(t, err)
+	assert.Equal(t, revision, got.Revision, "no ledger churn")
+
+	// The pod's owner fixes the image: a new attempt, named as such.
+	fixed := &Pod{UID: "uid-1", Namespace: "ns", Name: "web", Annotations: map[string]string{provider.AnnotationImage: "img"}}
+	in = Input{Pod: fixed, Record: &got, CacheSynced: true, Now: t0}
+	a := Decide(in, bad)
+	require.Equal(t, KindCreate, a.Kind)
+	assert.Equal(t, ReasonSpecFixed, a.Reason)
+	res, err = f.ex.Apply(f.ctx, in, a)
+	require.NoError(t, err)
+	assert.Equal(t, ledger.PhaseRunning, res.Record.Phase)
+	assert.Empty(t, res.Record.FailedSpec)
 }
 
 func TestThrottlingWaitsAndRaisesNoEvent(t *testing.T) {

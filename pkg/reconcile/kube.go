@@ -24,9 +24,12 @@ import (
 	"k8s.io/client-go/tools/record"
 )
 
-// PodSource is the desired set: an informer on this node's pods only
-// (field selector spec.nodeName, never a cluster-wide cache), filtered by
-// runtime class. Every change pokes Changes, so the loop reacts at once.
+// PodSource is the node's view of pods: an informer on this node's pods
+// only (field selector spec.nodeName, never a cluster-wide cache). The
+// runtime classes pick the peer pods, which get VMs; every pod of the node
+// is still reported, so that a record whose pod merely changed class (or
+// whose class was dropped from the flag) is never taken for a gone pod.
+// Every change that matters pokes Changes, so the loop reacts at once.
 type PodSource struct {
 	informer       cache.SharedIndexInformer
 	runtimeClasses []string
@@ -52,21 +55,21 @@ func NewPodSource(client kubernetes.Interface, node string, runtimeClasses []str
 		changes:        make(chan struct{}, 1),
 	}
 	// The field selector also brings the node's other pods (caa's own
-	// among them); their changes must not start a pass: caa's own pod
-	// being deleted would otherwise start one just as it is told to stop.
-	poke := func(obj any) {
-		if isPeer(runtimeClasses, obj) {
-			s.poke()
-		}
-	}
+	// among them); their changes start no pass, except a delete or a move
+	// to a terminal phase, which may free a VM recorded before a
+	// configuration change. A pass never starts new work after a stop.
 	if _, err := s.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
-		AddFunc: poke,
-		UpdateFunc: func(oldObj, newObj any) {
-			if isPeer(runtimeClasses, newObj) && changed(oldObj, newObj) {
+		AddFunc: func(obj any) {
+			if isPeer(runtimeClasses, obj) {
 				s.poke()
 			}
 		},
-		DeleteFunc: poke,
+		UpdateFunc: func(oldObj, newObj any) {
+			if isPeer(runtimeClasses, newObj) && changed(oldObj, newObj) || becameTerminal(oldObj, newObj) {
+				s.poke()
+			}
+		},
+		DeleteFunc: func(any) { s.poke() },
 	}); err != nil {
 		return nil, fmt.Errorf("pod source: %w", err)
 	}
@@ -86,11 +89,6 @@ func (s *PodSource) Run(ctx context.Context) {
 		}
 	}()
 	s.informer.Run(ctx.Done())
-}
-
-// WaitForSync waits until the first list has arrived or ctx is done.
-func (s *PodSource) WaitForSync(ctx context.Context) bool {
-	return cache.WaitForCacheSync(ctx.Done(), s.informer.HasSynced)
 }
 
 // Synced reports whether the cache holds a complete view. It turns true
@@ -120,6 +118,14 @@ func isPeer(runtimeClasses []string, obj any) bool {
 	return p.Spec.RuntimeClassName != nil && slices.Contains(runtimeClasses, *p.Spec.RuntimeClassName)
 }
 
+// becameTerminal reports an update that moved a pod to Succeeded or Failed.
+func becameTerminal(oldObj, newObj any) bool {
+	o, ok1 := oldObj.(*corev1.Pod)
+	n, ok2 := newObj.(*corev1.Pod)
+	return ok1 && ok2 && o.Status.Phase != n.Status.Phase &&
+		(n.Status.Phase == corev1.PodSucceeded || n.Status.Phase == corev1.PodFailed)
+}
+
 // changed reports whether an update matters to caa: the kubelet rewrites
 // pod status often, and only a phase, the annotations, the runtime class
 // or a deletion change what caa decides.
@@ -135,27 +141,20 @@ func changed(oldObj, newObj any) bool {
 		!o.DeletionTimestamp.Equal(n.DeletionTimestamp)
 }
 
-// Pods returns the peer pods in the cache, terminal ones included.
+// Pods returns every pod of the node in the cache, terminal ones included;
+// those whose runtime class is not watched are marked NotPeer.
 func (s *PodSource) Pods() []*Pod {
 	var out []*Pod
 	for _, obj := range s.informer.GetStore().List() {
 		p, ok := obj.(*corev1.Pod)
-		if !ok || p.Spec.RuntimeClassName == nil || !slices.Contains(s.runtimeClasses, *p.Spec.RuntimeClassName) {
+		if !ok {
 			continue
 		}
-		out = append(out, PodFromKube(p))
+		pod := PodFromKube(p)
+		pod.NotPeer = p.Spec.RuntimeClassName == nil || !slices.Contains(s.runtimeClasses, *p.Spec.RuntimeClassName)
+		out = append(out, pod)
 	}
 	return out
-}
-
-// Object returns the cached Kubernetes pod of a UID, for events.
-func (s *PodSource) Object(uid string) *corev1.Pod {
-	for _, obj := range s.informer.GetStore().List() {
-		if p, ok := obj.(*corev1.Pod); ok && string(p.UID) == uid {
-			return p
-		}
-	}
-	return nil
 }
 
 // PodFromKube converts a pod. A pod being deleted keeps its VM until it is

@@ -27,7 +27,7 @@ func kubePod(uid, name, rc string, phase corev1.PodPhase) *corev1.Pod {
 	return p
 }
 
-func TestPodSourceKeepsPeerPodsOnly(t *testing.T) {
+func TestPodSourceMarksThePodsItDoesNotWatch(t *testing.T) {
 	client := fake.NewClientset(
 		kubePod("u1", "peer", "kata-remote", corev1.PodRunning),
 		kubePod("u2", "done", "kata-remote", corev1.PodSucceeded),
@@ -40,19 +40,22 @@ func TestPodSourceKeepsPeerPodsOnly(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go src.Run(ctx)
-	require.True(t, src.WaitForSync(ctx))
-	assert.True(t, src.Synced())
+	require.True(t, cache.WaitForCacheSync(ctx.Done(), src.Synced))
 
 	byName := map[string]*Pod{}
 	for _, p := range src.Pods() {
 		byName[p.Name] = p
 	}
-	require.Len(t, byName, 3)
+	// Every pod of the node is there: a record whose pod is outside the
+	// runtime classes must still find its pod (never a delete for that).
+	require.Len(t, byName, 5)
+	for name, notPeer := range map[string]bool{"peer": false, "done": false, "second-rc": false, "plain": true, "other-rc": true} {
+		assert.Equal(t, notPeer, byName[name].NotPeer, name)
+	}
 	assert.False(t, byName["peer"].Terminal)
 	assert.True(t, byName["done"].Terminal)
 	assert.Equal(t, "kata-remote-tdx", byName["second-rc"].RuntimeClass)
 	assert.Equal(t, "small", byName["peer"].Annotations["io.katacontainers.config.hypervisor.machine_type"])
-	assert.NotNil(t, src.Object("u1"))
 
 	// A change pokes the loop.
 	select {
@@ -66,7 +69,7 @@ func TestPodSourceKeepsPeerPodsOnly(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no change delivered for a new pod")
 	}
-	require.Eventually(t, func() bool { return len(src.Pods()) == 4 }, 10*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool { return len(src.Pods()) == 6 }, 10*time.Second, 10*time.Millisecond)
 }
 
 // TestPodSourceSignalsItsSync: on a node with no peer pod no handler ever
@@ -85,7 +88,8 @@ func TestPodSourceSignalsItsSync(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("no change delivered when the cache synced")
 	}
-	assert.Empty(t, src.Pods())
+	require.Len(t, src.Pods(), 1)
+	assert.True(t, src.Pods()[0].NotPeer)
 }
 
 func TestPodSourceNeedsNodeAndRuntimeClass(t *testing.T) {
@@ -215,7 +219,7 @@ func TestLoopStartsNoPassAfterStop(t *testing.T) {
 	srcCtx, stopSrc := context.WithCancel(context.Background())
 	defer stopSrc()
 	go src.Run(srcCtx)
-	require.True(t, src.WaitForSync(srcCtx))
+	require.True(t, cache.WaitForCacheSync(srcCtx.Done(), src.Synced))
 	for range 50 {
 		src.poke()
 		ctx, cancel := context.WithCancel(context.Background())

@@ -42,30 +42,50 @@ func TestOrphans(t *testing.T) {
 	assert.Equal(t, []string{"i-superseded", "i-gone-pod"}, ids(Orphans(vms, records, desired)))
 }
 
-func TestOrphanTrackerNeedsTwoSightingsAGraceApartAndAge(t *testing.T) {
+func TestOrphanTrackerCountsTheGraceFromItsOwnFirstSighting(t *testing.T) {
 	grace := 5 * time.Minute
 	tr := NewOrphanTracker(grace)
-	young := tagged("i-young", "p", "k", provider.StateRunning, t0.Add(time.Minute))
+	// The cloud's creation time plays no part: one VM dated a year ahead,
+	// one an hour back, one with no date at all.
+	future := tagged("i-future", "p", "k", provider.StateRunning, t0.AddDate(1, 0, 0))
 	old := tagged("i-old", "q", "k", provider.StateRunning, t0.Add(-time.Hour))
+	undated := tagged("i-undated", "r", "k", provider.StateRunning, time.Time{})
+	all := []provider.VM{future, old, undated}
 
-	assert.Empty(t, tr.Observe([]provider.VM{young, old}, t0), "first sighting never deletes")
-	assert.Empty(t, tr.Observe([]provider.VM{young, old}, t0.Add(grace-time.Second)), "second sighting too soon")
-	assert.Equal(t, []string{"i-old"}, ids(tr.Observe([]provider.VM{young, old}, t0.Add(grace))))
-	assert.Equal(t, []string{"i-young", "i-old"}, ids(tr.Observe([]provider.VM{young, old}, t0.Add(grace+time.Minute))),
-		"the young one once it is older than the grace period too")
+	assert.Empty(t, tr.Observe(all, t0), "first sighting never deletes, however old the cloud says it is")
+	assert.Empty(t, tr.Observe(all, t0.Add(grace-time.Second)), "second sighting too soon")
+	assert.Equal(t, []string{"i-future", "i-old", "i-undated"}, ids(tr.Observe(all, t0.Add(grace))),
+		"a grace after caa first saw them, whatever their cloud dates")
 
 	// A VM that leaves the orphan set starts over when it comes back.
 	assert.Empty(t, tr.Observe(nil, t0.Add(10*time.Minute)))
-	assert.Equal(t, 0, tr.Pending())
+	assert.Empty(t, tr.Pending())
 	assert.Empty(t, tr.Observe([]provider.VM{old}, t0.Add(11*time.Minute)))
-	assert.Equal(t, 1, tr.Pending())
+	pending := tr.Pending()
+	if assert.Len(t, pending, 1) {
+		assert.Equal(t, PendingOrphan{ID: "i-old", Pod: "ns/p", PodUID: "q", FirstSeen: t0.Add(11 * time.Minute)}, pending[0])
+	}
 	tr.Forget("i-old")
-	assert.Equal(t, 0, tr.Pending())
+	assert.Empty(t, tr.Pending())
 }
 
-func TestOrphanWithoutCreationTimeIsNeverOldEnough(t *testing.T) {
-	tr := NewOrphanTracker(time.Minute)
-	vm := tagged("i-x", "p", "k", provider.StateRunning, time.Time{})
-	tr.Observe([]provider.VM{vm}, t0)
-	assert.Empty(t, tr.Observe([]provider.VM{vm}, t0.Add(time.Hour)))
+func TestOrphansIncludeDeadVMsButNotPodsOfOtherRuntimeClasses(t *testing.T) {
+	old := t0.Add(-time.Hour)
+	records := []ledger.Record{
+		{PodUID: "p-rec", VMID: "i-new", Key: "p-rec-a2", ReplacesVMID: "i-replaced", Phase: ledger.PhaseRunning},
+		{PodUID: "p-two", VMID: "i-two-new", Key: "p-two-a3", Phase: ledger.PhaseRunning},
+	}
+	// p-other exists with a runtime class caa does not watch: alive, so its
+	// VM is never an orphan (a configuration change deletes nothing).
+	alive := map[string]bool{"p-rec": true, "p-two": true, "p-other": true}
+	vms := []provider.VM{
+		tagged("i-new", "p-rec", "p-rec-a2", provider.StateRunning, old),
+		tagged("i-replaced", "p-rec", "p-rec-a1", provider.StateStopped, old),          // its record deletes it
+		tagged("i-two-failed", "p-two", "p-two-a2", provider.StateFailed, old),         // superseded and failed: collected
+		tagged("i-two-stopped", "p-two", "p-two-a1", provider.StateStopped, old),       // superseded and stopped: collected
+		tagged("i-two-terminated", "p-two", "p-two-a0", provider.StateTerminated, old), // the cloud forgets it
+		tagged("i-other", "p-other", "p-other-a1", provider.StateRunning, old),
+		tagged("i-gone-failed", "p-gone", "p-gone-a1", provider.StateFailed, old), // nobody wants it
+	}
+	assert.Equal(t, []string{"i-two-failed", "i-two-stopped", "i-gone-failed"}, ids(Orphans(vms, records, alive)))
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -40,7 +41,18 @@ type Reconciler struct {
 	mu      sync.Mutex
 	missing map[string]missingVM // by pod UID
 	orphans *OrphanTracker
-	booting map[string]bootWatch // by VM id: the VMs seen booting in the last pass
+	booting map[string]bootWatch  // by VM id: the VMs seen booting in the last pass
+	retries map[string]retryState // by pod UID: cloud failures in a row
+	noticed map[string]bool       // by pod UID: records of unwatched pods already reported
+}
+
+// retryState is a pod's streak of failed cloud calls: how many, for which
+// kind of action, and not before when to try that action again.
+type retryState struct {
+	n     int
+	kind  Kind
+	until time.Time
+	err   string
 }
 
 // bootWatch is a booting VM: since when, and whether its overrun was logged.
@@ -81,6 +93,11 @@ type PassResult struct {
 	// Booting counts the pods held Pending only by a VM still booting.
 	Booting        int
 	OrphansDeleted int
+	// NotWatched are records whose pod exists with a runtime class caa no
+	// longer watches: kept, never deleted for that, and reported.
+	NotWatched []PodStatus
+	// Orphans are the orphan VMs waiting out their grace period.
+	Orphans []PendingOrphan
 	// Err is set when the pass could not run or a failure blocks the
 	// daemon (errors.Is(Err, ErrDaemon)); pods not reached are Pending.
 	Err error
@@ -90,43 +107,52 @@ type PassResult struct {
 // failure, and nothing blocks the daemon.
 func (p PassResult) Converged() bool { return p.Err == nil && len(p.Pending) == 0 }
 
-// Pass reconciles every pod once. pods is the cache's view of this node's
-// peer pods (terminal ones included); synced says whether that view is
-// complete. Nothing is deleted from an unsynced view.
+// Pass reconciles every pod once. pods is the cache's view of ALL this
+// node's pods (terminal ones, and those of other runtime classes, marked
+// NotPeer); synced says whether that view is complete. Nothing is deleted
+// from an unsynced view, and nothing for a pod that still exists and is
+// not terminal. Once Exec.Stop is done, no new cloud or ledger work starts.
 func (r *Reconciler) Pass(ctx context.Context, pods []*Pod, synced bool) (out PassResult) {
 	now := r.now()
 	res := PassResult{At: now, Actions: map[Kind]int{}}
 	defer func() { out.Duration = r.now().Sub(now) }()
+	if r.Exec.stopping() {
+		res.Err = ErrStopping
+		return r.report(res, pods, nil, nil, nil)
+	}
 
 	records, err := r.Exec.Ledger.List(ledger.Filter{})
 	if err != nil && !errors.Is(err, ledger.ErrCorrupt) {
 		res.Err = fmt.Errorf("%w: read the ledger: %w", ErrDaemon, err)
-		return r.report(res, pods, nil, nil)
+		return r.report(res, pods, nil, nil, nil)
 	}
 	// Undecodable records are left out; their pods' VMs are still found by
 	// tag and adopted, never duplicated.
 	sel := provider.Selector{Cluster: r.Exec.Cluster, Node: r.Exec.Node}
-	vms, err := r.Exec.Provider.List(ctx, sel)
+	lctx, cancel := r.Exec.call(ctx)
+	vms, err := r.Exec.Provider.List(lctx, sel)
+	cancel()
 	if err != nil {
 		res.Err = fmt.Errorf("list VMs: %w", err)
 		if errors.Is(err, provider.ErrAuth) {
 			res.Err = fmt.Errorf("%w: %w", ErrDaemon, res.Err)
 		}
 		res.RequeueAfter = r.Exec.retryBase()
-		return r.report(res, pods, records, nil)
+		return r.report(res, pods, records, nil, nil)
 	}
 
 	inputs := r.inputs(ctx, pods, records, vms, synced, now)
-	final, booting := r.apply(ctx, inputs, &res)
+	final, booting, waiting := r.apply(ctx, inputs, &res)
 
-	if synced && res.Err == nil {
+	if synced && res.Err == nil && !r.Exec.stopping() {
 		r.collectOrphans(ctx, vms, records, pods, now, &res)
 	}
-	return r.report(res, pods, final, r.stillBooting(booting, now))
+	return r.report(res, pods, final, r.stillBooting(booting, now), waiting)
 }
 
-// inputs assembles one Input per pod UID, confirming with a direct Get any
-// recorded VM the listing did not show (listings lag too).
+// inputs assembles one Input per pod UID that is a watched pod or has a
+// record, confirming with a direct Get any recorded VM the listing did not
+// show (listings lag too).
 func (r *Reconciler) inputs(ctx context.Context, pods []*Pod, records []ledger.Record, vms []provider.VM, synced bool, now time.Time) []Input {
 	byID := make(map[string]*provider.VM, len(vms))
 	byPod := map[string][]*provider.VM{}
@@ -145,7 +171,9 @@ func (r *Reconciler) inputs(ctx context.Context, pods []*Pod, records []ledger.R
 	var uids []string
 	for _, p := range pods {
 		podByUID[p.UID] = p
-		uids = append(uids, p.UID)
+		if !p.NotPeer || recs[p.UID] != nil {
+			uids = append(uids, p.UID)
+		}
 	}
 	for uid := range recs {
 		if podByUID[uid] == nil {
@@ -161,10 +189,10 @@ func (r *Reconciler) inputs(ctx context.Context, pods []*Pod, records []ledger.R
 	}
 	out := make([]Input, 0, len(uids))
 	for _, uid := range uids {
-		in := Input{Pod: podByUID[uid], Record: recs[uid], CacheSynced: synced, Now: now}
+		in := Input{Pod: podByUID[uid], Record: recs[uid], CacheSynced: synced, Now: now, Retries: r.retries[uid].n}
 		if in.Record != nil && in.Record.VMID != "" {
 			in.VM = byID[in.Record.VMID]
-			if in.VM == nil {
+			if in.VM == nil && !r.Exec.stopping() {
 				in.VM = r.confirm(ctx, in.Record.VMID)
 			}
 		}
@@ -181,13 +209,24 @@ func (r *Reconciler) inputs(ctx context.Context, pods []*Pod, records []ledger.R
 		}
 		out = append(out, in)
 	}
+	// Forget what belongs to pods and records no longer known, so a
+	// churning node's memory stays bounded.
+	known := make(map[string]bool, len(uids))
+	for _, uid := range uids {
+		known[uid] = true
+	}
+	maps.DeleteFunc(r.missing, func(uid string, _ missingVM) bool { return !known[uid] })
+	maps.DeleteFunc(r.retries, func(uid string, _ retryState) bool { return !known[uid] })
+	maps.DeleteFunc(r.noticed, func(uid string, _ bool) bool { return !known[uid] })
 	return out
 }
 
 // confirm looks a recorded VM up directly; nil only on a NotFound. Any
 // other failure is reported as an Unknown VM, which Decide waits on.
 func (r *Reconciler) confirm(ctx context.Context, id string) *provider.VM {
-	vm, err := r.Exec.Provider.Get(ctx, id)
+	gctx, cancel := r.Exec.call(ctx)
+	defer cancel()
+	vm, err := r.Exec.Provider.Get(gctx, id)
 	switch {
 	case err == nil:
 		return &vm
@@ -222,9 +261,11 @@ func pickByTag(vms []*provider.VM, rec *ledger.Record) *provider.VM {
 }
 
 // apply decides and applies every input, Concurrency at a time, and
-// returns the records as they stand afterwards, and the recorded VMs that
-// were still booting, by pod UID.
-func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult) ([]ledger.Record, map[string]provider.VM) {
+// returns the records as they stand afterwards, the recorded VMs that were
+// still booting, and the pods left waiting (with why), by pod UID. A pod
+// whose last cloud call failed waits out its backoff before the same kind
+// of action is tried again; once stop is done, nothing more starts.
+func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult) ([]ledger.Record, map[string]provider.VM, map[string]PodStatus) {
 	limit := r.Concurrency
 	if limit <= 0 {
 		limit = 8
@@ -234,16 +275,54 @@ func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult)
 		wg      sync.WaitGroup
 		final   []ledger.Record
 		booting = map[string]provider.VM{}
+		waiting = map[string]PodStatus{}
 	)
+	note := func(in Input, a Action) {
+		if in.Pod == nil || in.Pod.Terminal {
+			return
+		}
+		st := PodStatus{UID: in.Pod.UID, Pod: podRef(in.Pod), Reason: a.Reason, Message: a.Message}
+		switch {
+		case a.Reason == ReasonNotPeer:
+			res.NotWatched = append(res.NotWatched, st)
+			r.mu.Lock()
+			if r.noticed == nil {
+				r.noticed = map[string]bool{}
+			}
+			first := !r.noticed[in.Pod.UID]
+			r.noticed[in.Pod.UID] = true
+			r.mu.Unlock()
+			if first {
+				r.Exec.log().Warn("a recorded pod's runtime class is not watched; its VM is kept", "pod", st.Pod, "uid", st.UID,
+					"runtimeClass", in.Pod.RuntimeClass)
+				r.Exec.event(in.Pod, true, EventNotWatched, a.Message)
+			}
+		case a.Kind == KindWait && a.Reason != ReasonVMMissing:
+			waiting[in.Pod.UID] = st
+		}
+	}
 	sem := make(chan struct{}, limit)
 	for _, in := range inputs {
 		a := Decide(in, r.Config)
+		if held, wait := r.heldBack(in, a); held != nil {
+			res.Actions[KindWait]++
+			if res.RequeueAfter == 0 || wait < res.RequeueAfter {
+				res.RequeueAfter = wait
+			}
+			note(in, *held)
+			continue
+		}
+		note(in, a)
+		if a.Kind != KindNone && r.Exec.stopping() {
+			break // no new work after stop (invariant I4)
+		}
 		wg.Add(1)
 		sem <- struct{}{}
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
 			out, err := r.Exec.Apply(ctx, in, a)
+			r.track(in, a, out)
 			mu.Lock()
 			defer mu.Unlock()
 			res.Actions[a.Kind]++
@@ -251,7 +330,7 @@ func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult)
 			if out.RequeueAfter > 0 && (res.RequeueAfter == 0 || out.RequeueAfter < res.RequeueAfter) {
 				res.RequeueAfter = out.RequeueAfter
 			}
-			if err != nil {
+			if err != nil && !errors.Is(err, ErrStopping) {
 				if errors.Is(err, ErrDaemon) && res.Err == nil {
 					res.Err = err
 				}
@@ -270,19 +349,67 @@ func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult)
 		}()
 	}
 	wg.Wait()
-	return final, booting
+	return final, booting, waiting
+}
+
+// heldBack returns a wait in place of a when the pod's last try of the same
+// kind of action failed and its backoff has not run out.
+func (r *Reconciler) heldBack(in Input, a Action) (*Action, time.Duration) {
+	uid := podUID(in)
+	r.mu.Lock()
+	st, ok := r.retries[uid]
+	r.mu.Unlock()
+	if !ok || st.kind != a.Kind || !in.Now.Before(st.until) {
+		return nil, 0
+	}
+	wait := st.until.Sub(in.Now)
+	return &Action{Kind: KindWait, Reason: ReasonBackoff, RequeueAfter: wait,
+		Message: fmt.Sprintf("%d failed cloud calls in a row, next try in %s: %s", st.n, wait.Round(time.Second), st.err)}, wait
+}
+
+// track counts a pod's cloud failures in a row, and clears the count once
+// an action gets through.
+func (r *Reconciler) track(in Input, a Action, out Result) {
+	uid := podUID(in)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case out.CloudErr != nil:
+		if r.retries == nil {
+			r.retries = map[string]retryState{}
+		}
+		st := r.retries[uid]
+		st.n++
+		st.kind, st.err = a.Kind, out.CloudErr.Error()
+		st.until = in.Now.Add(out.RequeueAfter)
+		r.retries[uid] = st
+	case a.Kind != KindWait && a.Kind != KindNone:
+		delete(r.retries, uid)
+	}
+}
+
+func podUID(in Input) string {
+	if in.Pod != nil {
+		return in.Pod.UID
+	}
+	if in.Record != nil {
+		return in.Record.PodUID
+	}
+	return ""
 }
 
 // collectOrphans deletes the VMs nothing owns once they have been orphans
 // for the grace period (seen in two listings that far apart).
 func (r *Reconciler) collectOrphans(ctx context.Context, vms []provider.VM, records []ledger.Record, pods []*Pod, now time.Time, res *PassResult) {
-	desired := map[string]bool{}
+	// Every pod that exists and is not terminal keeps its VM, whatever its
+	// runtime class: configuration never makes an orphan (invariant I3).
+	alive := map[string]bool{}
 	for _, p := range pods {
 		if !p.Terminal {
-			desired[p.UID] = true
+			alive[p.UID] = true
 		}
 	}
-	orphans := Orphans(vms, records, desired)
+	orphans := Orphans(vms, records, alive)
 	r.mu.Lock()
 	if r.orphans == nil {
 		grace := r.OrphanGrace
@@ -294,7 +421,13 @@ func (r *Reconciler) collectOrphans(ctx context.Context, vms []provider.VM, reco
 	ready := r.orphans.Observe(orphans, now)
 	r.mu.Unlock()
 	for _, vm := range ready {
+		if r.Exec.stopping() {
+			break
+		}
 		if err := r.Exec.cloudDelete(ctx, vm.ID); err != nil {
+			if errors.Is(err, ErrStopping) {
+				break
+			}
 			r.Exec.log().Warn("orphan delete failed", "vm", vm.ID, "err", err)
 			continue
 		}
@@ -305,6 +438,9 @@ func (r *Reconciler) collectOrphans(ctx context.Context, vms []provider.VM, reco
 		res.OrphansDeleted++
 		r.Exec.log().Info("orphan VM deleted", "vm", vm.ID, "pod", vm.Owner().Pod, "podUID", vm.Owner().PodUID)
 	}
+	r.mu.Lock()
+	res.Orphans = r.orphans.Pending()
+	r.mu.Unlock()
 }
 
 // stillBooting drops from booting the VMs that have booted for longer than
@@ -342,7 +478,7 @@ func (r *Reconciler) stillBooting(booting map[string]provider.VM, now time.Time)
 
 // report fills Pending and Failed from the records after the pass; a pod
 // whose recorded VM is in booting is Pending until the VM runs.
-func (r *Reconciler) report(res PassResult, pods []*Pod, records []ledger.Record, booting map[string]provider.VM) PassResult {
+func (r *Reconciler) report(res PassResult, pods []*Pod, records []ledger.Record, booting map[string]provider.VM, waiting map[string]PodStatus) PassResult {
 	recs := make(map[string]ledger.Record, len(records))
 	res.Records = map[ledger.Phase]int{}
 	for _, rec := range records {
@@ -350,11 +486,15 @@ func (r *Reconciler) report(res PassResult, pods []*Pod, records []ledger.Record
 		res.Records[rec.Phase]++
 	}
 	for _, p := range pods {
-		if p.Terminal {
+		if p.Terminal || p.NotPeer {
 			continue
 		}
 		st := PodStatus{UID: p.UID, Pod: p.Namespace + "/" + p.Name}
 		rec, ok := recs[p.UID]
+		if w, held := waiting[p.UID]; held && (!ok || rec.Phase != ledger.PhaseFailed) {
+			res.Pending = append(res.Pending, w)
+			continue
+		}
 		switch {
 		case ok && rec.Phase == ledger.PhaseRunning && rec.VMID != "":
 			r.mu.Lock()
@@ -384,6 +524,7 @@ func (r *Reconciler) report(res PassResult, pods []*Pod, records []ledger.Record
 	byPod := func(a, b PodStatus) int { return strings.Compare(a.Pod, b.Pod) }
 	slices.SortFunc(res.Pending, byPod)
 	slices.SortFunc(res.Failed, byPod)
+	slices.SortFunc(res.NotWatched, byPod)
 	return res
 }
 
