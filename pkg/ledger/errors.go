@@ -28,4 +28,8 @@ var (
 	ErrNotLedger = errors.New("not a caa ledger")
 	// ErrReadOnly: a write on a ledger opened read-only.
 	ErrReadOnly = errors.New("ledger is open read-only")
+	// ErrNoSpace: the file system holding the ledger refused a write for
+	// lack of space or quota (ENOSPC, EDQUOT). The write did not happen;
+	// the message names the file system and what to free.
+	ErrNoSpace = errors.New("no space left for the ledger")
 )

@@ -129,7 +129,7 @@ func Open(opts Options) (l *Ledger, err error) {
 
 	created, err := prepareFiles(opts.Path, opts.ReadOnly)
 	if err != nil {
-		return nil, err
+		return nil, l.noSpace(err)
 	}
 
 	var file *os.File
@@ -314,6 +314,8 @@ func (l *Ledger) openError(err error, timeout time.Duration) error {
 			"keep the file for inspection and move it aside", l.path, ErrCorrupt, err)
 	case errors.Is(err, fs.ErrPermission):
 		return fmt.Errorf("open ledger %s: %w (run as the user that owns it, normally root)", l.path, err)
+	case isNoSpace(err):
+		return fmt.Errorf("open ledger: %w", l.noSpace(err))
 	}
 	return fmt.Errorf("open ledger %s: %w", l.path, err)
 }
@@ -537,8 +539,10 @@ func (l *Ledger) view(fn func(*bolt.Tx) error) error {
 	return guard(func() error { return l.db.View(fn) })
 }
 
+// update runs fn in a write transaction; a commit the file system refuses
+// for lack of space comes back as ErrNoSpace, naming where to make room.
 func (l *Ledger) update(fn func(*bolt.Tx) error) error {
-	return guard(func() error { return l.db.Update(fn) })
+	return l.noSpace(guard(func() error { return l.db.Update(fn) }))
 }
 
 // guard turns a panic or a memory fault inside bbolt (which trusts its
