@@ -45,6 +45,9 @@ type Metrics struct {
 	ready          prometheus.Gauge
 	podsPending    prometheus.Gauge
 	podsFailed     prometheus.Gauge
+	notWatched     prometheus.Gauge
+	orphansPending prometheus.Gauge
+	orphanOldest   prometheus.Gauge
 
 	kinds, ops, results, phases *labelBound
 
@@ -105,6 +108,18 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 			Name: "caa_pods_failed",
 			Help: "Peer pods with a terminal per-pod failure (e.g. invalid spec), as of the last pass.",
 		}),
+		notWatched: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "caa_records_not_watched",
+			Help: "Ledger records whose pod exists with a runtime class caa does not watch (kept, never deleted for that), as of the last pass.",
+		}),
+		orphansPending: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "caa_orphans_pending",
+			Help: "Orphan VMs seen and waiting out the grace period before deletion, as of the last pass.",
+		}),
+		orphanOldest: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "caa_orphan_oldest_seconds",
+			Help: "Seconds since caa first saw the oldest pending orphan VM; 0 when there is none.",
+		}),
 		kinds:      newLabelBound(16),
 		ops:        newLabelBound(16),
 		results:    newLabelBound(16),
@@ -114,6 +129,7 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 	cs := []prometheus.Collector{
 		m.passes, m.passDuration, m.actions, m.cloudCalls, m.cloudDuration, m.records,
 		m.orphansDeleted, m.timeToReady, m.ready, m.podsPending, m.podsFailed,
+		m.notWatched, m.orphansPending, m.orphanOldest,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	}
@@ -194,6 +210,19 @@ func (m *Metrics) setPods(pending, failed int) {
 	}
 	m.podsPending.Set(float64(pending))
 	m.podsFailed.Set(float64(failed))
+}
+
+func (m *Metrics) setWatch(notWatched int, orphans []Orphan, now time.Time) {
+	if m == nil {
+		return
+	}
+	m.notWatched.Set(float64(notWatched))
+	m.orphansPending.Set(float64(len(orphans)))
+	oldest := 0.0
+	for _, o := range orphans {
+		oldest = max(oldest, now.Sub(o.FirstSeen).Seconds())
+	}
+	m.orphanOldest.Set(oldest)
 }
 
 func (m *Metrics) setReady(ready bool) {

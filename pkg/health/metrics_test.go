@@ -49,6 +49,9 @@ func TestMetricsEndpoint(t *testing.T) {
 		"caa_ready":                           dto.MetricType_GAUGE,
 		"caa_pods_pending":                    dto.MetricType_GAUGE,
 		"caa_pods_failed":                     dto.MetricType_GAUGE,
+		"caa_records_not_watched":             dto.MetricType_GAUGE,
+		"caa_orphans_pending":                 dto.MetricType_GAUGE,
+		"caa_orphan_oldest_seconds":           dto.MetricType_GAUGE,
 		"go_goroutines":                       dto.MetricType_GAUGE,
 		"process_start_time_seconds":          dto.MetricType_GAUGE,
 	}
@@ -248,4 +251,28 @@ func TestInstrumentProvider(t *testing.T) {
 		assert.Equal(t, 1.0, testutil.ToFloat64(m.cloudCalls.WithLabelValues(c.op, c.result)), c.op)
 	}
 	assert.Equal(t, 4, testutil.CollectAndCount(m.cloudDuration), "one duration series per op")
+}
+
+func TestUnwatchedRecordsAndPendingOrphansAreVisible(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	require.NoError(t, err)
+	now := time.Date(2026, 11, 30, 12, 0, 0, 0, time.UTC)
+	s := NewStatus(Config{Metrics: m, Now: func() time.Time { return now }})
+	s.PassDone(Pass{
+		At:         now,
+		NotWatched: []PodNote{{Pod: "team/web", Reason: "RuntimeClassNotWatched"}},
+		Orphans: []Orphan{
+			{ID: "i-1", Pod: "team/old", FirstSeen: now.Add(-90 * time.Second)},
+			{ID: "i-2", FirstSeen: now.Add(-10 * time.Second)},
+		},
+	})
+	assert.InDelta(t, 1, testutil.ToFloat64(m.notWatched), 0)
+	assert.InDelta(t, 2, testutil.ToFloat64(m.orphansPending), 0)
+	assert.InDelta(t, 90, testutil.ToFloat64(m.orphanOldest), 0)
+	snap := s.Snapshot()
+	require.Len(t, snap.NotWatched, 1)
+	assert.Equal(t, "team/web", snap.NotWatched[0].Pod)
+	require.Len(t, snap.Orphans, 2)
+	assert.Equal(t, "i-1", snap.Orphans[0].ID)
 }

@@ -89,6 +89,18 @@ type Pass struct {
 	// Records counts the ledger's records by phase after the pass; nil
 	// keeps the previous counts.
 	Records map[ledger.Phase]int
+	// NotWatched: records whose pod exists with a runtime class caa does
+	// not watch. Kept (never deleted for that), listed, never blocking.
+	NotWatched []PodNote
+	// Orphans: orphan VMs waiting out their grace period before deletion.
+	Orphans []Orphan
+}
+
+// Orphan is an orphan VM waiting out its grace period.
+type Orphan struct {
+	ID        string    `json:"id"`
+	Pod       string    `json:"pod,omitempty"`
+	FirstSeen time.Time `json:"firstSeen"`
 }
 
 // Converged reports whether the pass proves the node converged: it ran to
@@ -178,6 +190,7 @@ func (s *Status) PassDone(p Pass) {
 	m := s.cfg.Metrics
 	m.observePass(p)
 	m.setPods(len(p.Pending), len(p.Failed))
+	m.setWatch(len(p.NotWatched), p.Orphans, s.cfg.Now())
 	if p.Records != nil {
 		m.setRecords(p.Records)
 	}
@@ -305,6 +318,10 @@ type Snapshot struct {
 	// Pending and Failed are complete (not bounded like /readyz).
 	Pending []PodNote `json:"pending"`
 	Failed  []PodNote `json:"failed"`
+	// NotWatched are records kept for pods of a runtime class caa does
+	// not watch; Orphans the orphan VMs waiting out their grace.
+	NotWatched []PodNote `json:"notWatched,omitempty"`
+	Orphans    []Orphan  `json:"orphans,omitempty"`
 }
 
 // PassSummary is a pass as the status view shows it.
@@ -322,16 +339,18 @@ func (s *Status) Snapshot() Snapshot {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	snap := Snapshot{
-		Ready:     s.ready(),
-		Reason:    s.notReadyReason(),
-		Blocked:   s.blockedReason(),
-		StartedAt: s.started,
-		LastBeat:  s.lastBeat,
-		ReadyAt:   s.readyAt,
-		Passes:    s.passes,
-		Records:   maps.Clone(s.records),
-		Pending:   listed(s.last.Pending, len(s.last.Pending)),
-		Failed:    listed(s.last.Failed, len(s.last.Failed)),
+		Ready:      s.ready(),
+		Reason:     s.notReadyReason(),
+		Blocked:    s.blockedReason(),
+		StartedAt:  s.started,
+		LastBeat:   s.lastBeat,
+		ReadyAt:    s.readyAt,
+		Passes:     s.passes,
+		Records:    maps.Clone(s.records),
+		Pending:    listed(s.last.Pending, len(s.last.Pending)),
+		Failed:     listed(s.last.Failed, len(s.last.Failed)),
+		NotWatched: listed(s.last.NotWatched, len(s.last.NotWatched)),
+		Orphans:    slices.Clone(s.last.Orphans),
 	}
 	if !s.readyAt.IsZero() {
 		snap.TimeToReady = Duration(s.readyAt.Sub(s.started))
