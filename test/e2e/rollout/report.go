@@ -19,6 +19,12 @@ type NodeRow struct {
 	PeerPods, Adopted, Recreated int
 	// CaaTimeToReady is the new caa's own start-to-ready time (/status).
 	CaaTimeToReady time.Duration
+	// Reported: the new caa answered /status and /metrics at its first
+	// readiness. Converged: what it answered showed a startup pass that
+	// ran to its end, a converged pass counted, and PendingAtReady pods
+	// pending (which must be none).
+	Reported, Converged bool
+	PendingAtReady      int
 }
 
 // WithoutReadyCaa is how long the node had no ready caa.
@@ -36,7 +42,8 @@ type Report struct {
 	// Start is time zero of the report (the image change).
 	Start time.Time
 	Rows  []NodeRow
-	// Facts are the checked results, one line each.
+	// Facts are the checked results, one line each, as Facts computes
+	// them from the timeline and the outcome.
 	Facts []string
 	// Picture is the SVG's file name, linked from the report.
 	Picture string
@@ -49,7 +56,7 @@ func (r Report) Markdown() string {
 	if r.Scenario != "" {
 		fmt.Fprintf(&b, "%s\n\n", strings.TrimSpace(r.Scenario))
 	}
-	b.WriteString("Times are seconds after the image change (T0), in the order the DaemonSet controller updated the nodes.\n\n")
+	b.WriteString("Times are seconds after the image change (T0); nodes in the order their old caa was told to stop.\n\n")
 	b.WriteString("| node | old caa pod | stop requested | old pod gone | new caa pod | new pod ready | node without a ready caa | peer pods | VMs adopted | VMs recreated | caa time to ready |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, row := range r.Rows {
@@ -58,7 +65,7 @@ func (r Report) Markdown() string {
 			seconds(row.WithoutReadyCaa()), row.PeerPods, row.Adopted, row.Recreated, seconds(row.CaaTimeToReady))
 	}
 	if len(r.Facts) > 0 {
-		b.WriteString("\nChecked:\n\n")
+		b.WriteString("\nWhat the recording shows:\n\n")
 		for _, f := range r.Facts {
 			fmt.Fprintf(&b, "- %s\n", f)
 		}

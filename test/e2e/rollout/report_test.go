@@ -2,7 +2,9 @@ package rollout
 
 import (
 	"encoding/xml"
+	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -94,6 +96,120 @@ func TestReportMarkdown(t *testing.T) {
 	assert.Contains(t, md, "- at most 1 node without a ready caa\n")
 	assert.Contains(t, md, "](rollout-timeline.svg)")
 	assert.Equal(t, "-2.0s", Report{Start: at(9)}.at(at(7)))
+}
+
+// goodOutcome fits synthetic(): 10 peer pods per node, 3 VMs of node-b
+// killed at +13s and recreated at +17s, before node-b's new caa turned
+// ready at +19s.
+func goodOutcome() (Outcome, []NodeRow) {
+	o := Outcome{Start: at(9), End: at(20), Allowed: 1, Creates: 23}
+	for _, node := range []string{"node-a", "node-b"} {
+		for i := range 10 {
+			p := PeerPod{Name: fmt.Sprintf("%s-pod-%02d", node, i), Node: node,
+				VMBefore: fmt.Sprintf("i-%s-%d", node, i), VMAfter: fmt.Sprintf("i-%s-%d", node, i)}
+			if node == "node-b" && i < 3 {
+				p.Killed, p.VMAfter, p.NewVMs = true, p.VMAfter+"-new", []time.Time{at(17)}
+			}
+			o.PeerPods = append(o.PeerPods, p)
+		}
+	}
+	rows := []NodeRow{
+		{Node: "node-a", OldStopAt: at(10), NewReadyAt: at(14), PeerPods: 10, Adopted: 10, Reported: true, Converged: true},
+		{Node: "node-b", OldStopAt: at(15), NewReadyAt: at(19), PeerPods: 10, Adopted: 7, Recreated: 3, Reported: true, Converged: true},
+	}
+	return o, rows
+}
+
+func TestFactsOfAGoodRollout(t *testing.T) {
+	o, rows := goodOutcome()
+	assert.Equal(t, []string{
+		"at most 1 node without a ready caa at any moment of the rollout (the update strategy allows 1)",
+		"the longest a node went without a ready caa: 4.00s (node-a)",
+		"cloud deletes: 0; cloud creates: 23, as many as peer pods (20) plus killed VMs (3)",
+		"17 of 20 peer pods kept the same VM (every one whose VM was not killed); " +
+			"the 3 whose VM was killed each got exactly one new VM before their node's new caa turned ready",
+		"each of the 2 new caa processes reported a converged startup pass with nothing pending (/status, /metrics) at its first readiness",
+		"no caa process exited, restarted or failed to start",
+	}, Facts(synthetic(), o, rows))
+}
+
+// TestFactsSayWhatWasViolated feeds the report generator recordings that
+// break each expectation: the sentence must say so, never the fixed text
+// of a good run.
+func TestFactsSayWhatWasViolated(t *testing.T) {
+	tests := []struct {
+		name   string
+		change func(tl *Timeline, o *Outcome, rows []NodeRow)
+		fact   int
+		want   string
+	}{{
+		name: "two nodes without a ready caa at once",
+		change: func(tl *Timeline, _ *Outcome, _ []NodeRow) {
+			tl.Pods = append(tl.Pods, PodSample{At: at(13), Pod: "b1", UID: "b1", Node: "node-b", Tag: "v1", Ready: true, Deleting: true})
+		},
+		fact: 0,
+		want: "VIOLATED: 2 nodes were without a ready caa at once (node-a, node-b, first at +4.0s), more than the 1 the update strategy allows",
+	}, {
+		name: "a node without a ready caa twice, and one never again",
+		change: func(tl *Timeline, _ *Outcome, _ []NodeRow) {
+			tl.Pods = slices.DeleteFunc(tl.Pods, func(s PodSample) bool { return s.UID == "b2" && s.Ready })
+			tl.Pods = append(tl.Pods,
+				PodSample{At: at(16), Pod: "a2", UID: "a2", Node: "node-a", Tag: "v2"},
+				PodSample{At: at(16.5), Pod: "a2", UID: "a2", Node: "node-a", Tag: "v2", Ready: true})
+		},
+		fact: 1,
+		want: "the longest a node went without a ready caa: 5.00s (node-b); UNEXPECTED: without one more than once: node-a 2 times; " +
+			"VIOLATED: still without a ready caa when the rollout was seen complete: node-b",
+	}, {
+		name: "no update at all",
+		change: func(tl *Timeline, _ *Outcome, _ []NodeRow) {
+			tl.Pods = slices.DeleteFunc(tl.Pods, func(s PodSample) bool { return s.At.After(at(9)) })
+		},
+		fact: 1,
+		want: "no node was ever without a ready caa during the rollout",
+	}, {
+		name:   "a delete and too many creates",
+		change: func(_ *Timeline, o *Outcome, _ []NodeRow) { o.Deletes, o.Creates = 1, 25 },
+		fact:   2,
+		want: "VIOLATED: cloud deletes: 1 (caa must not delete a VM here); " +
+			"VIOLATED: cloud creates: 25, not one per peer pod (20) plus one per killed VM (3) = 23",
+	}, {
+		name: "a pod lost its VM, a killed one got two, another one too late",
+		change: func(_ *Timeline, o *Outcome, _ []NodeRow) {
+			o.PeerPods[4].VMAfter = "i-other"
+			o.PeerPods[10].NewVMs = append(o.PeerPods[10].NewVMs, at(17.5))
+			o.PeerPods[11].NewVMs = []time.Time{at(19.25)}
+		},
+		fact: 3,
+		want: "VIOLATED: 16 of the 17 peer pods whose VM was not killed kept it; not: node-a-pod-04 (VM i-node-a-4, then i-other); " +
+			"VIOLATED: of the 3 whose VM was killed, node-b-pod-00 got 2 new VMs, node-b-pod-01 got its new VM 250ms after node-b's new caa turned ready",
+	}, {
+		name: "a new caa ready before its startup pass converged, another never ready",
+		change: func(_ *Timeline, _ *Outcome, rows []NodeRow) {
+			rows[0].Converged, rows[0].PendingAtReady = false, 2
+			rows[1].NewReadyAt = time.Time{}
+		},
+		fact: 4,
+		want: "VIOLATED: no report of a ready new caa from node-b (no new caa turned ready); " +
+			"VIOLATED: ready before a converged startup pass: node-a (2 pods pending)",
+	}, {
+		name:   "a caa process restarted",
+		change: func(_ *Timeline, o *Outcome, _ []NodeRow) { o.Trouble = []string{"caa-x Restarted on node-a (v2)"} },
+		fact:   5,
+		want:   "VIOLATED: 1 caa process event(s) of trouble: caa-x Restarted on node-a (v2)",
+	}}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			tl := synthetic()
+			o, rows := goodOutcome()
+			tt.change(&tl, &o, rows)
+			facts := Facts(tl, o, rows)
+			assert.Equal(t, tt.want, facts[tt.fact])
+
+			r := Report{Title: "t", Start: o.Start, Rows: rows, Facts: facts}
+			assert.Contains(t, r.Markdown(), "- "+tt.want+"\n", "the report prints the computed sentence")
+		})
+	}
 }
 
 func TestSVGIsWellFormedAndDrawsEveryLane(t *testing.T) {

@@ -14,7 +14,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/util/intstr"
 
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/mocks/cloud"
@@ -97,7 +99,7 @@ func runRollout(t *testing.T, nodeCount, podsPerNode, kills int, suffix string) 
 	assert.Zero(t, counters[cloud.OpDelete], "no cloud delete during the whole test")
 	assert.Equal(t, int64(total+kills), counters[cloud.OpCreate], "creates: one per peer pod, plus one per killed VM")
 	after := e.liveVMs()
-	require.Len(t, after, total, "every peer pod has a live VM after the rollout")
+	assert.Len(t, after, total, "every peer pod has a live VM after the rollout")
 	created := e.createdSince(t0)
 	for uid, id := range before {
 		if _, wasKilled := killed[uid]; wasKilled {
@@ -119,7 +121,61 @@ func runRollout(t *testing.T, nodeCount, podsPerNode, kills int, suffix string) 
 	dipped := slices.ContainsFunc(vms, func(s Step) bool { return s.At.After(t0) && s.Value == podsPerNode-kills })
 	assert.True(t, dipped, "the VM sampler saw the kill on %s", victim)
 
-	e.writeReport(tl, t0, rows, worst, killed, suffix)
+	e.writeReport(ctx, tl, e.outcome(ctx, t0, end, before, after, killed), rows, suffix)
+}
+
+// outcome gathers what the report's facts are computed from besides the
+// timeline: the allowed unavailability, every peer pod's VMs, the cloud's
+// writes and the processes that failed.
+func (e *env) outcome(ctx context.Context, t0, end time.Time, before, after, killed map[string]string) Outcome {
+	_, allowed := e.strategy(ctx)
+	counters := e.core.Counters()
+	o := Outcome{Start: t0, End: end, Allowed: allowed, Creates: counters[cloud.OpCreate], Deletes: counters[cloud.OpDelete]}
+	created := e.createdSince(t0)
+	for uid, pod := range e.pods {
+		p := PeerPod{Name: pod.Name, Node: pod.Spec.NodeName, VMBefore: before[uid], VMAfter: after[uid]}
+		_, p.Killed = killed[uid]
+		for _, in := range created[uid] {
+			p.NewVMs = append(p.NewVMs, in.CreatedAt)
+		}
+		o.PeerPods = append(o.PeerPods, p)
+	}
+	sort.Slice(o.PeerPods, func(i, j int) bool { return o.PeerPods[i].Name < o.PeerPods[j].Name })
+	e.rec.mu.Lock()
+	for _, ob := range e.rec.trouble {
+		line := fmt.Sprintf("%s %s on %s (%s)", ob.Pod.Name, ob.Kind, ob.Node, ob.Tag)
+		if ob.Err != nil {
+			line += ": " + ob.Err.Error()
+		}
+		o.Trouble = append(o.Trouble, line)
+	}
+	e.rec.mu.Unlock()
+	for _, err := range e.agent.Errors() {
+		o.Trouble = append(o.Trouble, "node agent: "+err.Error())
+	}
+	return o
+}
+
+// strategy reads the DaemonSet's update strategy as deployed: its text
+// for the report, and maxUnavailable scaled to the node count.
+func (e *env) strategy(ctx context.Context) (string, int) {
+	d, err := e.c.Client().AppsV1().DaemonSets(namespace).Get(ctx, "caa", metav1.GetOptions{})
+	if err != nil {
+		return fmt.Sprintf("update strategy unknown: %v", err), 0
+	}
+	ru := d.Spec.UpdateStrategy.RollingUpdate
+	if ru == nil {
+		return string(d.Spec.UpdateStrategy.Type), 0
+	}
+	allowed, err := intstr.GetScaledValueFromIntOrPercent(ru.MaxUnavailable, len(e.nodes), true)
+	if err != nil {
+		return fmt.Sprintf("maxUnavailable unreadable: %v", err), 0
+	}
+	text := fmt.Sprintf("%s, maxUnavailable %s", d.Spec.UpdateStrategy.Type, ru.MaxUnavailable)
+	if ru.MaxSurge != nil {
+		text += ", maxSurge " + ru.MaxSurge.String()
+	}
+	return text, allowed
 }
 
 // waitRolledOut polls the DaemonSet until every node runs a ready,
@@ -198,15 +254,20 @@ func (e *env) checkNewPods(tl Timeline, t0 time.Time, victim string, killed map[
 		if gone, ok := tl.FirstPod(func(s PodSample) bool { return s.Node == node && s.Tag == "v1" && s.Gone }); ok {
 			row.OldGoneAt = gone.At
 		}
+		// Every node gets a row, also one whose checks fail here: the
+		// report's facts then say what is missing.
 		newReady, ok := tl.FirstPod(func(s PodSample) bool { return s.Node == node && s.Tag == "v2" && s.Ready })
 		if !assert.True(t, ok, "a v2 pod turned Ready on %s", node) {
+			rows = append(rows, row)
 			continue
 		}
 		row.NewPod, row.NewReadyAt = newReady.Pod, newReady.At
 		fr, ok := ready[newReady.UID]
 		if !assert.True(t, ok, "the agent saw the v2 pod on %s turn ready", node) || !assert.NoError(t, fr.Err) {
+			rows = append(rows, row)
 			continue
 		}
+		row.Reported = true
 
 		// Ready only after its startup pass: what caa said at that moment.
 		st := fr.Status
@@ -217,6 +278,9 @@ func (e *env) checkNewPods(tl Timeline, t0 time.Time, victim string, killed map[
 		}
 		assert.Empty(t, st.Pending, "%s: nothing pending at readiness", node)
 		assert.GreaterOrEqual(t, metric(fr.Metrics, `caa_reconcile_passes_total{result="converged"}`), 1.0, "%s: a converged pass", node)
+		row.PendingAtReady = len(st.Pending)
+		row.Converged = st.Ready && st.LastPass != nil && st.LastPass.Error == "" &&
+			metric(fr.Metrics, `caa_reconcile_passes_total{result="converged"}`) >= 1
 		assert.False(t, row.OldStopAt.IsZero() || st.StartedAt.Before(row.OldStopAt), "%s: v2 started after v1 was told to stop", node)
 		row.CaaTimeToReady = time.Duration(st.TimeToReady)
 
@@ -242,13 +306,19 @@ func (e *env) checkNewPods(tl Timeline, t0 time.Time, victim string, killed map[
 		row.Adopted = podsPerNode - row.Recreated
 		rows = append(rows, row)
 	}
-	sort.Slice(rows, func(i, j int) bool { return rows[i].OldStopAt.Before(rows[j].OldStopAt) })
+	// In the order the old caas were told to stop; a node never stopped last.
+	sort.SliceStable(rows, func(i, j int) bool {
+		a, b := rows[i].OldStopAt, rows[j].OldStopAt
+		return !a.IsZero() && (b.IsZero() || a.Before(b))
+	})
 	return rows
 }
 
 // writeReport writes the markdown report and the SVG into
-// $CAA_ROLLOUT_REPORT_DIR, or a temporary directory.
-func (e *env) writeReport(tl Timeline, t0 time.Time, rows []NodeRow, worst Unavailability, killed map[string]string, suffix string) {
+// $CAA_ROLLOUT_REPORT_DIR, or a temporary directory. Its facts are computed
+// from the timeline and the outcome, so the report of a failed run says
+// what failed.
+func (e *env) writeReport(ctx context.Context, tl Timeline, o Outcome, rows []NodeRow, suffix string) {
 	t := e.t
 	dir := os.Getenv("CAA_ROLLOUT_REPORT_DIR")
 	if dir == "" {
@@ -256,40 +326,58 @@ func (e *env) writeReport(tl Timeline, t0 time.Time, rows []NodeRow, worst Unava
 	}
 	require.NoError(t, os.MkdirAll(dir, 0o755))
 	picture := "rollout-timeline" + suffix + ".svg"
-	total := len(e.nodes) * rows[0].PeerPods
-	var slowest time.Duration
-	for _, r := range rows {
-		slowest = max(slowest, r.WithoutReadyCaa())
+	strategy, _ := e.strategy(ctx)
+	killed, victims := 0, map[string]bool{}
+	for _, p := range o.PeerPods {
+		if p.Killed {
+			killed++
+			victims[p.Node] = true
+		}
 	}
 	r := Report{
-		Title: fmt.Sprintf("caa rolling update v1 → v2: %d node(s), %d peer pods", len(e.nodes), total),
+		Title: fmt.Sprintf("caa rolling update v1 → v2: %d node(s), %d peer pods", len(e.nodes), len(o.PeerPods)),
 		Scenario: fmt.Sprintf("Recorded by `%s` (test/e2e/rollout) on %s: etcd, kube-apiserver, kube-controller-manager "+
 			"(the real DaemonSet controller) and kube-scheduler, kwok for the nodes and the peer pods, the test node agent "+
 			"running the real caa binaries for the DaemonSet's pods under the deploy/ ServiceAccount's token, and the fake EC2. "+
-			"caa was deployed with `kubectl apply -k` over deploy/overlays/aws (probe periods 1s), then its image changed from v1 to v2 "+
-			"(maxUnavailable 1, maxSurge 0); %d VMs were killed behind caa's back on %s when the rollout began.",
-			t.Name(), time.Now().UTC().Format("2006-01-02"), len(killed), victimOf(e, killed)),
-		Start: t0, Rows: rows, Picture: picture,
-		Facts: []string{
-			fmt.Sprintf("at most %d node(s) without a ready caa at any moment of the rollout", worst.Max),
-			fmt.Sprintf("cloud deletes: %d; cloud creates: %d (one per peer pod at the v1 deploy, plus one per killed VM)",
-				e.core.Counters()[cloud.OpDelete], e.core.Counters()[cloud.OpCreate]),
-			fmt.Sprintf("%d of %d peer pods kept the same VM; the %d killed ones each got one new VM before their node's new caa turned ready",
-				total-len(killed), total, len(killed)),
-			"each new caa reported a converged startup pass (/status, /metrics) at its first readiness",
-			fmt.Sprintf("the longest a node went without a ready caa: %s", seconds(slowest)),
-		},
+			"caa was deployed with `kubectl apply -k` over deploy/overlays/aws (probe periods: %s), then its image changed from v1 to v2 "+
+			"(%s); %d VMs were killed behind caa's back on %s when the rollout began.",
+			t.Name(), time.Now().UTC().Format("2006-01-02"), e.probePeriods(ctx), strategy, killed, joinKeys(victims)),
+		Start: o.Start, Rows: rows, Picture: picture,
+		Facts: Facts(tl, o, rows),
 	}
 	md := filepath.Join(dir, "rollout-report"+suffix+".md")
 	require.NoError(t, os.WriteFile(md, []byte(r.Markdown()), 0o644))
-	svg := SVG(tl, r.Title, t0)
+	svg := SVG(tl, r.Title, o.Start)
 	require.NoError(t, os.WriteFile(filepath.Join(dir, picture), []byte(svg), 0o644))
 	t.Logf("rollout report: %s (picture %s)\n%s", md, filepath.Join(dir, picture), strings.TrimSpace(r.Markdown()))
 }
 
-func victimOf(e *env, killed map[string]string) string {
-	for uid := range killed {
-		return e.pods[uid].Spec.NodeName
+// probePeriods reads the caa container's startup and readiness probe
+// periods from the DaemonSet as deployed.
+func (e *env) probePeriods(ctx context.Context) string {
+	d, err := e.c.Client().AppsV1().DaemonSets(namespace).Get(ctx, "caa", metav1.GetOptions{})
+	if err != nil || len(d.Spec.Template.Spec.Containers) == 0 {
+		return fmt.Sprintf("unknown: %v", err)
 	}
-	return "no node"
+	c := d.Spec.Template.Spec.Containers[0]
+	period := func(p *corev1.Probe) string {
+		if p == nil {
+			return "none"
+		}
+		return fmt.Sprintf("%ds", p.PeriodSeconds)
+	}
+	return fmt.Sprintf("startup %s, readiness %s", period(c.StartupProbe), period(c.ReadinessProbe))
+}
+
+// joinKeys lists a set's members in order.
+func joinKeys(m map[string]bool) string {
+	if len(m) == 0 {
+		return "no node"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return strings.Join(keys, ", ")
 }
