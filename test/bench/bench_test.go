@@ -43,12 +43,33 @@ func TestRowJudgesTheMedian(t *testing.T) {
 	assert.Equal(t, "MISS", zero.Result())
 	assert.Equal(t, "<= 0 ", zero.Target())
 
+	every := Row{Runs: []float64{0, 0, 1}, HasLimit: true, AtMost: true, EveryRun: true, Unit: "pods"}
+	assert.Equal(t, "MISS", every.Result(), "one bad run of a correctness count is a miss")
+	assert.Equal(t, "<= 0 pods in every run", every.Target())
+	every = Row{Runs: []float64{3, 9, 0}, HasLimit: true, Limit: 1, EveryRun: true}
+	assert.Equal(t, "MISS", every.Result(), "the smallest run must reach an at-least limit")
+	every.Runs = []float64{3, 9, 1}
+	assert.Equal(t, "pass", every.Result())
+
 	atLeast := Row{Runs: []float64{4000}, HasLimit: true, Limit: 5000, Unit: "records/s"}
 	assert.Equal(t, "MISS", atLeast.Result())
 	assert.Equal(t, "measured", Row{Runs: []float64{1}}.Result())
 	assert.Equal(t, "not run", Row{}.Result())
 	lo, med, hi := Stats([]float64{4, 1, 3, 2})
 	assert.Equal(t, []float64{1, 2.5, 4}, []float64{lo, med, hi})
+}
+
+func TestS2AbsorbedSaysWhatTheRunsShow(t *testing.T) {
+	got := s2Absorbed([]float64{40, 52, 47}, []float64{140, 152, 147}, []float64{100, 100, 100}, []float64{0, 0, 0}, []float64{0, 0, 0}, 100, 1000)
+	assert.Equal(t, "the fake cloud throttled caa in every run: 40 to 52 throttled responses (median 47) out of 140 to 152 create calls; "+
+		"every run created exactly 100 VMs, one per killed VM, and ended with one live VM for each of the 1000 pods; "+
+		"no pod got a warning event for it", got)
+
+	got = s2Absorbed([]float64{0, 0}, []float64{100, 100}, []float64{100, 101}, []float64{0, 1}, []float64{0, 2}, 100, 1000)
+	assert.Contains(t, got, "throttled no call in any run, so this run shows nothing about absorbing throttling")
+	assert.Contains(t, got, "NOT one VM per pod: run 2 created 101 VMs with 1 pod(s) holding more than one")
+	assert.Contains(t, got, "throttling reached the pods' events (up to 2 warnings in a run)")
+	assert.NotContains(t, got, "every run created exactly")
 }
 
 func TestScenarioMarkdown(t *testing.T) {

@@ -22,10 +22,13 @@ type Row struct {
 	BoundNote string  `json:"boundNote,omitempty"`
 	// MaxRatio > 0: the median must be <= MaxRatio x Bound.
 	MaxRatio float64 `json:"maxRatio,omitempty"`
-	// HasLimit: the median must be <= Limit (AtMost) or >= Limit.
+	// HasLimit: the median must be <= Limit (AtMost) or >= Limit; with
+	// EveryRun, every run must (a correctness count, where one bad run is
+	// a failure that the median would hide).
 	HasLimit bool    `json:"hasLimit,omitempty"`
 	Limit    float64 `json:"limit,omitempty"`
 	AtMost   bool    `json:"atMost,omitempty"`
+	EveryRun bool    `json:"everyRun,omitempty"`
 }
 
 // Stats returns the smallest, median and largest run.
@@ -62,7 +65,7 @@ func (r Row) Result() string {
 	if len(r.Runs) == 0 {
 		return "not run"
 	}
-	med := Median(r.Runs)
+	lo, med, hi := Stats(r.Runs)
 	ok, judged := true, false
 	if r.MaxRatio > 0 && r.Bound > 0 {
 		judged = true
@@ -70,6 +73,12 @@ func (r Row) Result() string {
 	}
 	if r.HasLimit {
 		judged = true
+		if r.EveryRun {
+			med = hi // the worst run is judged
+			if !r.AtMost {
+				med = lo
+			}
+		}
 		if r.AtMost {
 			ok = ok && med <= r.Limit
 		} else {
@@ -96,7 +105,11 @@ func (r Row) Target() string {
 		if r.AtMost {
 			op = "<="
 		}
-		parts = append(parts, op+" "+Num(r.Limit)+" "+r.Unit)
+		limit := op + " " + Num(r.Limit) + " " + r.Unit
+		if r.EveryRun {
+			limit += " in every run"
+		}
+		parts = append(parts, limit)
 	}
 	if len(parts) == 0 {
 		return "-"
