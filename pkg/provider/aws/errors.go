@@ -3,8 +3,6 @@ package aws
 import (
 	"errors"
 	"fmt"
-	"net/http"
-	"strconv"
 	"time"
 
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
@@ -16,10 +14,6 @@ import (
 // codeNotInResponse is caa's own code for a DescribeInstances by id that
 // succeeded without the instance in it.
 const codeNotInResponse = "InstanceNotInResponse"
-
-// maxRetryAfterSeconds bounds what a reply can ask for (a day), so that a
-// wild header cannot overflow a Duration.
-const maxRetryAfterSeconds = 24 * 60 * 60
 
 // codeKinds classifies EC2's error codes. A code missing here is transient:
 // the SDK may retry it (5xx, network) and the caller retries with backoff.
@@ -75,23 +69,7 @@ func classify(op string, err error) error {
 	var respErr *awshttp.ResponseError
 	if errors.As(err, &respErr) && respErr.Response != nil && respErr.Response.Response != nil {
 		e.Status = respErr.HTTPStatusCode()
-		e.RetryAfter = retryAfter(respErr.Response.Header, time.Now())
+		e.RetryAfter = provider.ParseRetryAfter(respErr.Response.Header, time.Now())
 	}
 	return e
-}
-
-// retryAfter reads a Retry-After header, in seconds or as an HTTP date; 0
-// when absent, malformed or in the past.
-func retryAfter(h http.Header, now time.Time) time.Duration {
-	v := h.Get("Retry-After")
-	if v == "" {
-		return 0
-	}
-	if secs, err := strconv.Atoi(v); err == nil {
-		return time.Duration(min(max(secs, 0), maxRetryAfterSeconds)) * time.Second
-	}
-	if at, err := http.ParseTime(v); err == nil {
-		return max(at.Sub(now), 0)
-	}
-	return 0
 }

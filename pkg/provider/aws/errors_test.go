@@ -101,30 +101,6 @@ func TestRetryAfterReachesTheError(t *testing.T) {
 	assert.Contains(t, err.Error(), "retry after 7s")
 }
 
-func TestRetryAfterHeader(t *testing.T) {
-	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	tests := []struct {
-		value string
-		want  time.Duration
-	}{
-		{"", 0},
-		{"0", 0},
-		{"12", 12 * time.Second},
-		{"-5", 0},
-		{"99999999999999", 24 * time.Hour},
-		{now.Add(90 * time.Second).Format(http.TimeFormat), 90 * time.Second},
-		{now.Add(-time.Minute).Format(http.TimeFormat), 0},
-		{"soon", 0},
-	}
-	for _, tc := range tests {
-		h := http.Header{}
-		if tc.value != "" {
-			h.Set("Retry-After", tc.value)
-		}
-		assert.Equal(t, tc.want, retryAfter(h, now), "Retry-After: %q", tc.value)
-	}
-}
-
 func TestRetryerRetriesOnlyTransientErrors(t *testing.T) {
 	r := newRetryer(3, time.Second)
 	assert.Equal(t, 3, r.MaxAttempts())

@@ -8,7 +8,6 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
-	"strings"
 	"time"
 
 	"github.com/IBM/go-sdk-core/v5/core"
@@ -75,7 +74,7 @@ func readFailure(resp *core.DetailedResponse, now time.Time) failure {
 	if resp == nil {
 		return failure{}
 	}
-	f := failure{status: resp.StatusCode, retryAfter: parseRetryAfter(resp.Headers.Get("Retry-After"), now)}
+	f := failure{status: resp.StatusCode, retryAfter: provider.ParseRetryAfter(resp.Headers, now)}
 	body, _ := resp.Result.(map[string]any)
 	if errs, ok := body["errors"].([]any); ok && len(errs) > 0 {
 		first, _ := errs[0].(map[string]any)
@@ -90,21 +89,6 @@ func readFailure(resp *core.DetailedResponse, now time.Time) failure {
 		f.message = http.StatusText(f.status)
 	}
 	return f
-}
-
-// parseRetryAfter reads either form of the header: delay seconds or an
-// HTTP date.
-func parseRetryAfter(v string, now time.Time) time.Duration {
-	if v == "" {
-		return 0
-	}
-	if s, err := strconv.Atoi(strings.TrimSpace(v)); err == nil && s > 0 {
-		return time.Duration(s) * time.Second
-	}
-	if t, err := http.ParseTime(v); err == nil && t.After(now) {
-		return t.Sub(now)
-	}
-	return 0
 }
 
 // kindOf decides the caller's kind of error for a failure of op; nil is
