@@ -73,8 +73,14 @@ func testConfig(endpoint string) azure.Config {
 // tests in this package do not run in parallel.
 func newHarness(t testing.TB, opts cloud.Options, cred azcore.TokenCredential, wraps ...func(http.Handler) http.Handler) (conformance.Harness, string) {
 	t.Helper()
+	return newHarnessOn(t, opts, cred, nil, wraps...)
+}
+
+// newHarnessOn is newHarness with options for the fake ARM.
+func newHarnessOn(t testing.TB, opts cloud.Options, cred azcore.TokenCredential, fakeOpts []armfake.Option, wraps ...func(http.Handler) http.Handler) (conformance.Harness, string) {
+	t.Helper()
 	c := cloud.New(opts)
-	h := armfake.NewServer(c, armfake.WithBearerToken(testToken))
+	h := armfake.NewServer(c, append([]armfake.Option{armfake.WithBearerToken(testToken)}, fakeOpts...)...)
 	for _, wrap := range wraps {
 		h = wrap(h)
 	}

@@ -22,11 +22,15 @@
 // one call per page of the group (not of this node), plus one listing of
 // the group's NICs for the IPs; give caa a resource group of its own.
 //
-// State. Get reads the instance view ($expand=instanceView) and maps the
-// provisioning state and PowerState (see stateOf). ARM refuses the instance
-// view on a group listing, so List sees provisioning states only: a
-// provisioned VM lists as Running, and only Get sees one stopped behind
-// caa's back.
+// State. Get and List both read the instance view ($expand=instanceView,
+// which the group listing serves in the same pages, at no extra call) and
+// map the provisioning state and PowerState (see stateOf): a VM stopped or
+// deallocated behind caa's back lists as Stopped, and a VM whose
+// provisioning failed as Failed; both stay in the group, and so in List,
+// until they are deleted. The REST reference says the listing's expansion
+// needs a $filter; should ARM ever refuse it, List falls back for good to the
+// plain listing, where a provisioned VM reads as Running and only Get sees
+// the power state.
 //
 // Long-running operations. Create and Delete wait for their operations
 // (Azure-AsyncOperation), polling every Config.PollInterval, so a refused

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"strconv"
 	"strings"
 	"time"
 
@@ -120,7 +119,7 @@ func classify(op string, err error) error {
 	}
 	e.Kind = kindOf(op, re.StatusCode, code, body.Message)
 	if e.Kind == provider.ErrThrottled && re.RawResponse != nil {
-		e.RetryAfter = retryAfter(re.RawResponse.Header, time.Now())
+		e.RetryAfter = provider.ParseRetryAfter(re.RawResponse.Header, time.Now())
 	}
 	return e
 }
@@ -150,6 +149,22 @@ func errorBody(resp *http.Response) armError {
 	return body.Error
 }
 
+// refusesExpand reports whether err is ARM refusing a request's $expand
+// option as an invalid parameter.
+func refusesExpand(err error) bool {
+	var re *azcore.ResponseError
+	if !errors.As(err, &re) || re.StatusCode != http.StatusBadRequest {
+		return false
+	}
+	body := errorBody(re.RawResponse)
+	code := re.ErrorCode
+	if code == "" {
+		code = body.Code
+	}
+	return strings.EqualFold(code, "InvalidParameter") &&
+		(strings.EqualFold(body.Target, "$expand") || strings.Contains(strings.ToLower(body.Message), "$expand"))
+}
+
 // missing reports whether err is ARM's answer for a resource that is not
 // there.
 func missing(err error) bool {
@@ -162,24 +177,6 @@ func missing(err error) bool {
 		code = strings.ToLower(errorBody(re.RawResponse).Code)
 	}
 	return code == "" || code == "resourcenotfound" || code == "notfound"
-}
-
-// retryAfter reads the wait a throttled reply asks for: Azure's
-// millisecond headers first, then Retry-After in seconds or as a date.
-func retryAfter(h http.Header, now time.Time) time.Duration {
-	for _, k := range []string{"retry-after-ms", "x-ms-retry-after-ms"} {
-		if ms, err := strconv.Atoi(h.Get(k)); err == nil && ms > 0 {
-			return time.Duration(ms) * time.Millisecond
-		}
-	}
-	v := h.Get("Retry-After")
-	if secs, err := strconv.Atoi(v); err == nil && secs > 0 {
-		return time.Duration(secs) * time.Second
-	}
-	if t, err := http.ParseTime(v); err == nil && t.After(now) {
-		return t.Sub(now)
-	}
-	return 0
 }
 
 // credential marks the errors of the credential it wraps, so that a

@@ -129,23 +129,3 @@ func TestMissing(t *testing.T) {
 	assert.False(t, missing(responseError(500, "", nil)))
 	assert.False(t, missing(errors.New("connection refused")))
 }
-
-func TestRetryAfter(t *testing.T) {
-	now := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	tests := []struct {
-		header http.Header
-		want   time.Duration
-	}{
-		{http.Header{"Retry-After": {"7"}}, 7 * time.Second},
-		{http.Header{"Retry-After": {now.Add(90 * time.Second).Format(http.TimeFormat)}}, 90 * time.Second},
-		{http.Header{"Retry-After": {now.Add(-time.Second).Format(http.TimeFormat)}}, 0},
-		{http.Header{"Retry-After-Ms": {"250"}, "Retry-After": {"7"}}, 250 * time.Millisecond},
-		{http.Header{"X-Ms-Retry-After-Ms": {"1200"}}, 1200 * time.Millisecond},
-		{http.Header{"Retry-After": {"soon"}}, 0},
-		{http.Header{"Retry-After": {"-3"}}, 0},
-		{http.Header{}, 0},
-	}
-	for _, tc := range tests {
-		assert.Equal(t, tc.want, retryAfter(tc.header, now), "%v", tc.header)
-	}
-}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
@@ -41,6 +42,9 @@ type Provider struct {
 	vms  vmAPI
 	nics nicAPI
 	log  *slog.Logger
+	// plainList is set once ARM refused the VM listing with instance views;
+	// List then lists without them (see listVMs).
+	plainList atomic.Bool
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -318,21 +322,14 @@ func (p *Provider) List(ctx context.Context, sel provider.Selector) ([]provider.
 
 	var out []provider.VM
 	var nics [][]string
-	pager := p.vms.NewListPager(p.cfg.ResourceGroup, nil)
-	for pager.More() {
-		page, err := pager.NextPage(ctx)
-		if err != nil {
-			return nil, classify(opList, err)
+	err := p.listVMs(ctx, func(vm armcompute.VirtualMachine) {
+		if v := toVM(vm, nil); sel.Matches(v.Tags) {
+			out = append(out, v)
+			nics = append(nics, nicIDs(vm))
 		}
-		for _, vm := range page.Value {
-			if vm == nil {
-				continue
-			}
-			if v := toVM(*vm, nil); sel.Matches(v.Tags) {
-				out = append(out, v)
-				nics = append(nics, nicIDs(*vm))
-			}
-		}
+	})
+	if err != nil {
+		return nil, err
 	}
 	if len(out) == 0 {
 		return out, nil
@@ -348,6 +345,41 @@ func (p *Provider) List(ctx context.Context, sel provider.Selector) ([]provider.
 		}
 	}
 	return out, nil
+}
+
+// listVMs pages through the resource group's VMs with their instance views
+// ($expand=instanceView), so that each carries its power state in the same
+// calls: a stopped or deallocated VM lists as Stopped, not Running. The REST
+// reference says that expansion wants a $filter on this listing; the API
+// serves it without one (the SDK offers the option for exactly this call),
+// but should ARM refuse it, List falls back to the plain listing, in which a
+// provisioned VM reads as Running, and remembers not to ask again.
+func (p *Provider) listVMs(ctx context.Context, yield func(armcompute.VirtualMachine)) error {
+	var opts *armcompute.VirtualMachinesClientListOptions
+	if !p.plainList.Load() {
+		opts = &armcompute.VirtualMachinesClientListOptions{Expand: new(armcompute.ExpandTypeForListVMsInstanceView)}
+	}
+	pager := p.vms.NewListPager(p.cfg.ResourceGroup, opts)
+	first := true
+	for pager.More() {
+		page, err := pager.NextPage(ctx)
+		if err != nil {
+			if first && opts != nil && refusesExpand(err) {
+				p.plainList.Store(true)
+				p.log.WarnContext(ctx, "azure: the VM listing refused $expand=instanceView; listing without power states, so a stopped VM shows only to Get",
+					"err", classify(opList, err))
+				return p.listVMs(ctx, yield)
+			}
+			return classify(opList, err)
+		}
+		first = false
+		for _, vm := range page.Value {
+			if vm != nil {
+				yield(*vm)
+			}
+		}
+	}
+	return nil
 }
 
 // listNICAddresses maps every NIC of the resource group (lower-cased id)

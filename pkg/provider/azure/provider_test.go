@@ -270,6 +270,59 @@ func TestListJoinsIPsFromOneNICListing(t *testing.T) {
 	assert.LessOrEqual(t, e.Cloud.Counters()[armfake.OpNICList], int64(1), "one NIC listing at most, even when no VM matched")
 }
 
+func TestListReadsPowerStatesInTheSameCalls(t *testing.T) {
+	e := newEnv(t)
+	var ids []string
+	for i := range 3 {
+		vm, err := e.Provider.Create(e.ctx, conformance.Spec(20+i, "node-a"))
+		require.NoError(t, err)
+		ids = append(ids, vm.ID)
+	}
+	live := e.Cloud.Live()
+	require.NoError(t, e.Cloud.Stop(live[1].ID))
+	require.NoError(t, e.Cloud.Deallocate(live[2].ID))
+	e.Cloud.ResetCounters()
+
+	vms, err := e.Provider.List(e.ctx, provider.Selector{Cluster: conformance.Cluster, Node: "node-a"})
+	require.NoError(t, err)
+	got := map[string]provider.State{}
+	for _, vm := range vms {
+		got[vm.ID] = vm.State
+	}
+	assert.Equal(t, map[string]provider.State{ids[0]: provider.StateRunning, ids[1]: provider.StateStopped, ids[2]: provider.StateStopped}, got)
+	c := e.Cloud.Counters()
+	assert.Equal(t, int64(1), c[cloud.OpList], "one page of VMs, instance views included")
+	assert.Equal(t, int64(1), c[armfake.OpNICList])
+	assert.Zero(t, c[cloud.OpGet], "no call per VM")
+	assert.Equal(t, int64(2), c["total"])
+}
+
+func TestListFallsBackWhenTheExpandedListingIsRefused(t *testing.T) {
+	opts := conformance.Options(&conformance.Clock{})
+	h, _ := newHarnessOn(t, opts, staticToken(testToken), []armfake.Option{armfake.WithoutListInstanceView()})
+	ctx := context.Background()
+	for i := range 2 {
+		_, err := h.Provider.Create(ctx, conformance.Spec(30+i, "node-a"))
+		require.NoError(t, err)
+	}
+	require.NoError(t, h.Cloud.Stop(h.Cloud.Live()[1].ID))
+	sel := provider.Selector{Cluster: conformance.Cluster, Node: "node-a"}
+	h.Cloud.ResetCounters()
+
+	vms, err := h.Provider.List(ctx, sel)
+	require.NoError(t, err, "a refused expansion is not a failed List")
+	require.Len(t, vms, 2)
+	for _, vm := range vms {
+		assert.Equal(t, provider.StateRunning, vm.State, "without instance views, a provisioned VM lists as Running")
+	}
+	assert.Equal(t, int64(2), h.Cloud.Counters()[cloud.OpList], "the refused listing and the plain one")
+
+	h.Cloud.ResetCounters()
+	_, err = h.Provider.List(ctx, sel)
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), h.Cloud.Counters()[cloud.OpList], "the refusal is remembered")
+}
+
 func TestEventuallyConsistentCreateReturnsTheAcceptedVM(t *testing.T) {
 	e := newEnv(t)
 	e.Cloud.SetFaults(cloud.Faults{InvisibleFor: time.Hour})

@@ -427,8 +427,9 @@ func TestListsPageWithNextLink(t *testing.T) {
 	assert.Equal(t, 3, pages)
 	assert.Equal(t, int64(3), f.cloud.Counters()[cloud.OpList])
 
-	r := f.do(http.MethodGet, vms+"?api-version="+apiVersion+"&$expand=instanceView", nil)
-	assert.Equal(t, 400, r.status, "ARM wants a $filter with $expand on a list")
+	r := f.do(http.MethodGet, vms+"?api-version="+apiVersion+"&$expand=userData", nil)
+	assert.Equal(t, 400, r.status, "a list expands the instance view only")
+	assert.Equal(t, "$expand", r.target())
 	r = f.do(http.MethodGet, vms+"?api-version="+apiVersion+"&$skiptoken=zz", nil)
 	assert.Equal(t, 400, r.status)
 	assert.Equal(t, "$skiptoken", r.target())
@@ -451,4 +452,76 @@ func TestControlsAreMounted(t *testing.T) {
 	require.NoError(t, err)
 	defer resp.Body.Close()
 	assert.Equal(t, 200, resp.StatusCode)
+}
+
+func TestPowerStatesShowInTheInstanceView(t *testing.T) {
+	f := newFake(t)
+	made := map[string]func(string) error{
+		"running": nil, "stopped": f.cloud.Stop, "deallocated": f.cloud.Deallocate, "failed": f.cloud.Fail,
+	}
+	for _, n := range []string{"running", "stopped", "deallocated", "failed"} {
+		in, err := f.cloud.Create(cloud.CreateRequest{Name: n, Image: platform, InstanceType: size})
+		require.NoError(t, err)
+		if do := made[n]; do != nil {
+			require.NoError(t, do(in.ID))
+		}
+	}
+	// provisioning state, then the status codes of the instance view.
+	want := map[string][]string{
+		"running":     {"Succeeded", "ProvisioningState/succeeded", "PowerState/running"},
+		"stopped":     {"Succeeded", "ProvisioningState/succeeded", "PowerState/stopped"},
+		"deallocated": {"Succeeded", "ProvisioningState/succeeded", "PowerState/deallocated"},
+		"failed":      {"Failed", "ProvisioningState/failed/InternalOperationError", ""},
+	}
+	check := func(vm map[string]any, view bool) {
+		name := str(vm, "name")
+		w := want[name]
+		require.NotNil(t, w, "unexpected VM %q", name)
+		assert.Equal(t, w[0], str(vm, "properties", "provisioningState"), name)
+		if !view {
+			assert.Empty(t, str(vm, "properties", "instanceView", "statuses", 0, "code"), "%s: no instance view unless asked", name)
+			return
+		}
+		assert.Equal(t, w[1], str(vm, "properties", "instanceView", "statuses", 0, "code"), name)
+		assert.Equal(t, w[2], str(vm, "properties", "instanceView", "statuses", 1, "code"), name)
+	}
+	for name := range want {
+		r := f.do(http.MethodGet, vms+"/"+name+"?api-version="+apiVersion+"&$expand=instanceView", nil)
+		require.Equal(t, 200, r.status, r.raw)
+		check(r.body, true)
+		r = f.do(http.MethodGet, vms+"/"+name, nil)
+		check(r.body, false)
+	}
+	assert.Equal(t, "Error", str(f.do(http.MethodGet, vms+"/failed?api-version="+apiVersion+"&$expand=instanceView", nil).body,
+		"properties", "instanceView", "statuses", 0, "level"))
+
+	// The group listing expands the instance view too, on every page: the
+	// nextLink keeps the $expand.
+	seen := 0
+	for next := vms + "?api-version=" + apiVersion + "&$expand=instanceView"; next != ""; {
+		r := f.do(http.MethodGet, next, nil)
+		require.Equal(t, 200, r.status, r.raw)
+		for i := 0; str(r.body, "value", i, "name") != ""; i++ {
+			vm, _ := r.body["value"].([]any)[i].(map[string]any)
+			check(vm, true)
+			seen++
+		}
+		next = str(r.body, "nextLink")
+	}
+	assert.Equal(t, 4, seen)
+	r := f.do(http.MethodGet, vms, nil)
+	vm, _ := r.body["value"].([]any)[0].(map[string]any)
+	check(vm, false)
+}
+
+func TestAFakeCanRefuseTheExpandedListing(t *testing.T) {
+	c := cloud.New(cloud.Options{})
+	srv := httptest.NewServer(armfake.NewServer(c, armfake.WithBearerToken(token), armfake.WithoutListInstanceView()))
+	t.Cleanup(srv.Close)
+	f := &fake{t: t, cloud: c, url: srv.URL}
+	r := f.do(http.MethodGet, vms+"?api-version="+apiVersion+"&$expand=instanceView", nil)
+	assert.Equal(t, 400, r.status)
+	assert.Equal(t, "InvalidParameter", r.code())
+	assert.Equal(t, "$expand", r.target())
+	assert.Equal(t, 200, f.do(http.MethodGet, vms, nil).status)
 }

@@ -14,6 +14,13 @@
 // state. Only allocation failures are reported asynchronously, through a
 // failed operation, as Azure reports them.
 //
+// States beyond the lifecycle come from the core's controls: a stopped VM
+// shows PowerState/stopped, a deallocated one PowerState/deallocated (both
+// with provisioning Succeeded), and a failed one provisioning Failed with a
+// ProvisioningState/failed/<code> status at level Error; each stays listed
+// until it is deleted. The instance view (statuses) is shown by a GET with
+// $expand=instanceView and by the group listing with the same expansion.
+//
 // Every request is counted by the core's Admit: the four provider calls under
 // cloud.OpCreate, OpGet, OpList and OpDelete, the rest under the Op*
 // constants below. The test controls are mounted at cloud.ControlPrefix.
@@ -58,6 +65,8 @@ type options struct {
 	resourceGroup string
 	location      string
 	token         string
+	// noListView makes the group listing refuse $expand=instanceView.
+	noListView bool
 }
 
 // WithSubscription sets the subscription id the fake serves.
@@ -68,6 +77,14 @@ func WithResourceGroup(name string) Option { return func(o *options) { o.resourc
 
 // WithLocation sets the region every resource must be created in.
 func WithLocation(loc string) Option { return func(o *options) { o.location = loc } }
+
+// WithoutListInstanceView makes the resource group's VM listing refuse
+// $expand=instanceView, as the REST reference describes it (the expansion
+// "can only be specified if a valid $filter option is specified"). By
+// default the fake serves the expansion without a $filter, as current API
+// versions do; this option tests a client's answer to a region that does
+// not.
+func WithoutListInstanceView() Option { return func(o *options) { o.noListView = true } }
 
 // WithBearerToken makes the fake accept only this bearer token (by default
 // any non-empty one).

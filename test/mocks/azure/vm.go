@@ -320,15 +320,20 @@ func (s *server) deleteVM(w http.ResponseWriter, r *http.Request) {
 }
 
 // listVMs lists the resource group's VMs, one core page per ARM page. Like
-// ARM, it has no tag filter, and refuses $expand=instanceView without a
-// $filter.
+// ARM, it has no tag filter. $expand=instanceView adds each VM's instance
+// view (its power state), unless the fake was made to refuse it.
 func (s *server) listVMs(w http.ResponseWriter, r *http.Request) {
 	q := r.URL.Query()
 	if q.Get("$filter") != "" {
 		writeError(w, *invalidParameter("$filter", "This fake supports no $filter on a resource group list."))
 		return
 	}
-	if q.Get("$expand") != "" {
+	expand := q.Get("$expand")
+	switch {
+	case expand != "" && expand != "instanceView":
+		writeError(w, *invalidParameter("$expand", "The value '%s' of $expand is not supported on a list: use instanceView.", expand))
+		return
+	case expand != "" && s.opts.noListView:
 		writeError(w, *invalidParameter("$expand", "The $expand=instanceView option can only be specified with a valid $filter option."))
 		return
 	}
@@ -339,17 +344,23 @@ func (s *server) listVMs(w http.ResponseWriter, r *http.Request) {
 	}
 	out := vmList{Value: []vmWire{}}
 	for _, in := range page {
-		out.Value = append(out.Value, s.renderVM(in, s.metaOf(in.ID), "", false))
+		out.Value = append(out.Value, s.renderVM(in, s.metaOf(in.ID), "", expand != ""))
 	}
 	if next != "" {
-		out.NextLink = nextLink(r, next)
+		out.NextLink = nextLink(r, next, "$expand")
 	}
 	writeJSON(w, http.StatusOK, out)
 }
 
-// nextLink is the request's own URL with the continuation token set.
-func nextLink(r *http.Request, token string) string {
+// nextLink is the request's own URL with the continuation token set,
+// keeping the api-version and the named query options the request had.
+func nextLink(r *http.Request, token string, keep ...string) string {
 	q := url.Values{"api-version": {r.URL.Query().Get("api-version")}, "$skiptoken": {token}}
+	for _, k := range keep {
+		if v := r.URL.Query().Get(k); v != "" {
+			q.Set(k, v)
+		}
+	}
 	return baseURL(r) + r.URL.Path + "?" + q.Encode()
 }
 
@@ -389,11 +400,14 @@ func (s *server) metaOf(id string) *vmMeta {
 	return nil
 }
 
-// armStates shows a core state as ARM does: a provisioning state and a
-// power state. Provisioning completes at once in this fake; booting shows
-// in the power state.
-func armStates(st provider.State) (provisioning, power string) {
-	switch st {
+// failedCode is the error code a failed VM's provisioning status carries.
+const failedCode = "InternalOperationError"
+
+// armStates shows a core instance's state as ARM does: a provisioning
+// state and a power state. Provisioning completes at once in this fake;
+// booting shows in the power state. A failed VM has no power state here.
+func armStates(in cloud.Instance) (provisioning, power string) {
+	switch in.State {
 	case provider.StatePending:
 		return "Succeeded", "starting"
 	case provider.StateRunning:
@@ -401,6 +415,9 @@ func armStates(st provider.State) (provisioning, power string) {
 	case provider.StateStopping:
 		return "Succeeded", "stopping"
 	case provider.StateStopped:
+		if in.Deallocated {
+			return "Succeeded", "deallocated"
+		}
 		return "Succeeded", "stopped"
 	case provider.StateTerminated:
 		return "Deleting", "deallocating"
@@ -413,7 +430,7 @@ func armStates(st provider.State) (provisioning, power string) {
 // renderVM shows an instance as ARM does; provisioning overrides the
 // state-derived provisioning state when set.
 func (s *server) renderVM(in cloud.Instance, m *vmMeta, provisioning string, withView bool) vmWire {
-	prov, power := armStates(in.State)
+	prov, power := armStates(in)
 	if provisioning != "" {
 		prov = provisioning
 	}
@@ -436,9 +453,11 @@ func (s *server) renderVM(in cloud.Instance, m *vmMeta, provisioning string, wit
 		vm.Properties.NetworkProfile = &networkProfile{NetworkInterfaces: m.nics}
 	}
 	if withView {
-		view := &instanceView{Statuses: []instanceStatus{{
-			Code: "ProvisioningState/" + strings.ToLower(prov), Level: "Info", DisplayStatus: "Provisioning " + strings.ToLower(prov),
-		}}}
+		status := instanceStatus{Code: "ProvisioningState/" + strings.ToLower(prov), Level: "Info", DisplayStatus: "Provisioning " + strings.ToLower(prov)}
+		if prov == "Failed" {
+			status = instanceStatus{Code: "ProvisioningState/failed/" + failedCode, Level: "Error", DisplayStatus: "Provisioning failed"}
+		}
+		view := &instanceView{Statuses: []instanceStatus{status}}
 		if power != "" {
 			view.Statuses = append(view.Statuses, instanceStatus{Code: "PowerState/" + power, Level: "Info", DisplayStatus: "VM " + power})
 		}

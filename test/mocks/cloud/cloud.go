@@ -117,6 +117,10 @@ type Instance struct {
 	IPs          []string          `json:"ips,omitempty"`
 	Token        string            `json:"token,omitempty"`
 	UserDataLen  int               `json:"userDataBytes"`
+	// Deallocated marks a Stopped instance whose compute was released
+	// (Azure's PowerState/deallocated, as against PowerState/stopped);
+	// clouds without the distinction show both as stopped.
+	Deallocated bool `json:"deallocated,omitempty"`
 	// Resources are side resources that live and die with the instance
 	// unless the front end deletes them apart (e.g. Azure NICs).
 	Resources  []string  `json:"resources,omitempty"`
@@ -495,15 +499,29 @@ func (c *Cloud) Kill(id string) error {
 	return nil
 }
 
-// Stop stops a running instance behind the daemon's back.
-func (c *Cloud) Stop(id string) error {
+// Stop stops an instance behind the daemon's back. It stays listed, as
+// Stopped, until it is deleted or killed.
+func (c *Cloud) Stop(id string) error { return c.setDead(id, provider.StateStopped, false) }
+
+// Deallocate stops an instance and releases its compute behind the
+// daemon's back, as Azure's deallocate does: Stopped, and shown as
+// deallocated where the cloud tells the two apart.
+func (c *Cloud) Deallocate(id string) error { return c.setDead(id, provider.StateStopped, true) }
+
+// Fail puts an instance in the Failed state behind the daemon's back, as a
+// cloud does when provisioning or the host fails: it stays listed, with its
+// side resources, until it is deleted. Nothing but a delete (or Kill) takes
+// it out of that state.
+func (c *Cloud) Fail(id string) error { return c.setDead(id, provider.StateFailed, false) }
+
+func (c *Cloud) setDead(id string, st provider.State, deallocated bool) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	in, ok := c.instances[id]
 	if !ok || in.State == provider.StateTerminated {
 		return fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
-	in.State = provider.StateStopped
+	in.State, in.Deallocated = st, deallocated
 	return nil
 }
 

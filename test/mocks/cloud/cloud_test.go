@@ -2,6 +2,7 @@ package cloud
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -219,4 +220,55 @@ func TestControlEndpoint(t *testing.T) {
 	assert.Equal(t, 404, do("POST", "kill?id=nope", ""))
 	assert.Equal(t, 200, do("GET", "counters", ""))
 	assert.Equal(t, 200, do("GET", "instances", ""))
+}
+
+func TestDeadInstancesStayListedUntilDeleted(t *testing.T) {
+	c, clk := newTestCloud(Options{KeepTerminated: time.Minute})
+	c.SetFaults(Faults{BootDelay: time.Minute})
+	srv := httptest.NewServer(ControlHandler(c))
+	t.Cleanup(srv.Close)
+	post := func(path string) int {
+		resp, err := http.Post(srv.URL+ControlPrefix+path, "", nil)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	var ids []string
+	for i := range 3 {
+		c.PutResource(Resource{ID: fmt.Sprintf("disk-%d", i), Kind: "disk"})
+		in, err := c.Create(CreateRequest{InstanceType: "t", Image: "i",
+			Resources: []string{fmt.Sprintf("disk-%d", i)}, DeleteWith: []string{fmt.Sprintf("disk-%d", i)}})
+		require.NoError(t, err)
+		ids = append(ids, in.ID)
+	}
+	require.NoError(t, c.Fail(ids[0]), "a pending instance can fail")
+	assert.Equal(t, 200, post("stop?id="+ids[1]))
+	assert.Equal(t, 200, post("deallocate?id="+ids[2]))
+	assert.Equal(t, 404, post("fail?id=nope"))
+
+	clk.Advance(time.Hour) // past boot and any retention
+	want := []struct {
+		state       provider.State
+		deallocated bool
+	}{{provider.StateFailed, false}, {provider.StateStopped, false}, {provider.StateStopped, true}}
+	page, _, err := c.List(nil, "", 0)
+	require.NoError(t, err)
+	require.Len(t, page, 3, "dead instances stay listed")
+	for i, in := range page {
+		assert.Equal(t, want[i].state, in.State, in.ID)
+		assert.Equal(t, want[i].deallocated, in.Deallocated, in.ID)
+		got, err := c.Get(in.ID)
+		require.NoError(t, err)
+		assert.Equal(t, want[i].state, got.State, "the clock moves no dead instance")
+	}
+	assert.Len(t, c.Live(), 3)
+	assert.Len(t, c.Resources(""), 3, "their disks are still there")
+
+	for _, id := range ids {
+		require.NoError(t, c.Delete(id))
+	}
+	assert.Empty(t, c.Live())
+	assert.Empty(t, c.Resources(""), "deleting a dead instance deletes what goes with it")
+	assert.Equal(t, int64(3), c.Counters()["deleted"])
+	assert.ErrorIs(t, c.Fail(ids[0]), ErrNotFound, "a terminated instance cannot fail")
 }

@@ -71,6 +71,8 @@ func fromWire(w faultsWire) (Faults, error) {
 //	PUT  faults            set the knobs named in the body; others keep their value
 //	POST kill?id=ID        terminate an instance behind the daemon's back
 //	POST stop?id=ID        stop an instance behind the daemon's back
+//	POST deallocate?id=ID  stop it and release its compute (Azure: PowerState/deallocated)
+//	POST fail?id=ID        put it in the Failed state; it stays listed until deleted
 //	GET  counters          calls by operation, throttled, serverErrors, created, deleted
 //	POST counters/reset    zero the counters
 //	GET  instances         every instance, terminated and invisible ones too
@@ -113,6 +115,8 @@ func ControlHandler(c *Cloud) http.Handler {
 	}
 	mux.HandleFunc("POST "+p+"kill", instanceOp(c.Kill))
 	mux.HandleFunc("POST "+p+"stop", instanceOp(c.Stop))
+	mux.HandleFunc("POST "+p+"deallocate", instanceOp(c.Deallocate))
+	mux.HandleFunc("POST "+p+"fail", instanceOp(c.Fail))
 	mux.HandleFunc("GET "+p+"counters", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, c.Counters())
 	})
