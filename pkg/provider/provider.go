@@ -159,6 +159,16 @@ func (s Spec) Validate() error {
 	if missing != "" {
 		return fmt.Errorf("%w: spec for pod %s/%s has no %s", ErrInvalidSpec, s.PodNamespace, s.PodName, missing)
 	}
+	// These go to tags whole: matching needs them exact, so they cannot be
+	// shortened the way the pod's name is.
+	for _, f := range []struct{ name, value string }{
+		{"Key", s.Key}, {"Cluster", s.Cluster}, {"Node", s.Node}, {"PodUID", s.PodUID},
+	} {
+		if len(f.value) > MaxTagValue {
+			return fmt.Errorf("%w: spec for pod %s: %s is %d bytes, more than a tag value takes (%d)",
+				ErrInvalidSpec, PodTag(s.PodNamespace, s.PodName), f.name, len(f.value), MaxTagValue)
+		}
+	}
 	return nil
 }
 
@@ -177,14 +187,16 @@ const (
 	TagCluster     = "caa-cluster"
 	TagNode        = "caa-node"
 	TagPodUID      = "caa-pod-uid"
-	TagPod         = "caa-pod" // namespace/name, for people
+	TagPod         = "caa-pod" // namespace/name, for people (see PodTag)
 	TagKey         = "caa-key"
 	TagManagedBy   = "caa-managed-by"
 	ManagedByValue = "caa"
 )
 
 // Tags returns the tags for the VM of spec: extra tags first, identity tags
-// over them.
+// over them. Every identity tag value fits every cloud (see names.go): the
+// pod's namespace/name, which can be longer, is shortened by PodTag; the
+// others are bounded by Validate.
 func (s Spec) Tags() map[string]string {
 	t := make(map[string]string, len(s.ExtraTags)+6)
 	for k, v := range s.ExtraTags {
@@ -193,7 +205,7 @@ func (s Spec) Tags() map[string]string {
 	t[TagCluster] = s.Cluster
 	t[TagNode] = s.Node
 	t[TagPodUID] = s.PodUID
-	t[TagPod] = s.PodNamespace + "/" + s.PodName
+	t[TagPod] = PodTag(s.PodNamespace, s.PodName)
 	t[TagKey] = s.Key
 	t[TagManagedBy] = ManagedByValue
 	return t

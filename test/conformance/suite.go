@@ -14,6 +14,7 @@ import (
 	"sync"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -131,6 +132,8 @@ func Run(t *testing.T, factory Factory) {
 		{"ListFollowsPagination", testListFollowsPagination},
 		{"ListIsScopedByClusterAndNode", testListIsScoped},
 		{"DeleteIsIdempotentAndComplete", testDeleteIsIdempotentAndComplete},
+		{"DeadVMsStayVisibleUntilDeleted", testDeadVMsStayVisibleUntilDeleted},
+		{"LongPodNamesGetDistinctVMsWithinLimits", testLongPodNames},
 		{"ErrorKinds", testErrorKinds},
 		{"ThrottlingCarriesRetryAfterAndIsNotRetriedForever", testThrottling},
 		{"EventualConsistencyIsVisibleAsNotFound", testEventualConsistency},
@@ -281,6 +284,118 @@ func testDeleteIsIdempotentAndComplete(t *testing.T, e env) {
 	for _, v := range vms {
 		assert.True(t, v.State.Gone(), "a listed deleted VM shows as gone")
 	}
+}
+
+// testDeadVMsStayVisibleUntilDeleted: a VM that failed, or was stopped or
+// deallocated behind caa's back, is still in the cloud. Get and List show it
+// as Failed or Stopped (Dead, never Gone), so the caller replaces it and
+// deletes it; Delete then removes it with its disk and network interface.
+func testDeadVMsStayVisibleUntilDeleted(t *testing.T, e env) {
+	cases := []struct {
+		name  string
+		kill  func(id string) error
+		state provider.State
+	}{
+		{"failed", e.Cloud.Fail, provider.StateFailed},
+		{"stopped", e.Cloud.Stop, provider.StateStopped},
+		{"deallocated", e.Cloud.Deallocate, provider.StateStopped},
+	}
+	want := map[string]provider.State{}
+	for i, c := range cases {
+		vm, err := e.Provider.Create(e.ctx, Spec(70+i, "node-a"))
+		require.NoError(t, err)
+		require.NoError(t, c.kill(coreID(t, e, vm.Name)), c.name)
+		want[vm.ID] = c.state
+	}
+	e.clock.Advance(2 * time.Hour) // past any boot delay or retention
+
+	for id, state := range want {
+		got, err := e.Provider.Get(e.ctx, id)
+		require.NoError(t, err, "a dead VM is still there")
+		assert.Equal(t, state, got.State, "get %s", id)
+		assert.True(t, got.State.Dead() && !got.State.Gone() && !got.State.Alive(), "get %s: %s is dead, not gone", id, got.State)
+	}
+	vms, err := e.Provider.List(e.ctx, provider.Selector{Cluster: Cluster, Node: "node-a"})
+	require.NoError(t, err)
+	listed := map[string]provider.State{}
+	for _, vm := range vms {
+		listed[vm.ID] = vm.State
+	}
+	assert.Equal(t, want, listed, "List shows each dead VM with its state")
+
+	for id := range want {
+		require.NoError(t, e.Provider.Delete(e.ctx, id))
+		got, err := e.Provider.Get(e.ctx, id)
+		if err == nil {
+			assert.True(t, got.State.Gone() || got.State == provider.StateStopping, "after delete %s is going or gone, got %s", id, got.State)
+		} else {
+			assert.ErrorIs(t, err, provider.ErrNotFound)
+		}
+	}
+	assert.Empty(t, e.Cloud.Live(), "no dead VM left")
+	assert.Empty(t, e.Cloud.Resources(""), "no disk, NIC or volume of a dead VM left")
+}
+
+// testLongPodNames: the longest names Kubernetes allows (a 63-character
+// namespace, 253-character pod names) that differ only after their first
+// 240 characters. Each pod gets its VM (the fakes refuse, as the clouds do,
+// any tag or name over the cloud's limits), the two VMs' names and pod tags
+// differ, every tag value fits the strictest cloud, and List finds each VM
+// by its pod UID.
+func testLongPodNames(t *testing.T, e env) {
+	ns := "n" + strings.Repeat("s", 61) + "1"
+	prefix := strings.Repeat("web-frontend.", 18) + strings.Repeat("x", 6)
+	require.Len(t, ns, 63)
+	require.Len(t, prefix, 240)
+	var specs []provider.Spec
+	byUID := map[string]provider.VM{}
+	for i, suffix := range []string{"-aaaaaaaaaaa1", "-bbbbbbbbbbb2"} {
+		spec := Spec(80+i, "node-a")
+		spec.PodNamespace, spec.PodName = ns, prefix+suffix
+		require.Len(t, spec.PodName, 253)
+		vm, err := e.Provider.Create(e.ctx, spec)
+		require.NoError(t, err, "a pod with a long name gets its VM")
+		specs = append(specs, spec)
+		byUID[spec.PodUID] = vm
+	}
+	a, b := byUID[specs[0].PodUID], byUID[specs[1].PodUID]
+	assert.NotEqual(t, a.ID, b.ID)
+	assert.NotEqual(t, a.Name, b.Name, "the VMs' names differ")
+	assert.NotEqual(t, a.Tags[provider.TagPod], b.Tags[provider.TagPod], "so do their pod tags")
+	for i, vm := range []provider.VM{a, b} {
+		for k, v := range vm.Tags {
+			assert.LessOrEqual(t, utf8.RuneCountInString(v), provider.MaxTagValue, "VM %s: tag %s", vm.ID, k)
+		}
+		assert.Equal(t, specs[i].Tags()[provider.TagPod], vm.Tags[provider.TagPod])
+		assert.True(t, strings.HasPrefix(vm.Tags[provider.TagPod], ns+"/web-frontend."), "readable: %s", vm.Tags[provider.TagPod])
+		assert.LessOrEqual(t, len(vm.Tags[provider.TagPod]), provider.MaxPodTag)
+	}
+
+	vms, err := e.Provider.List(e.ctx, provider.Selector{Cluster: Cluster, Node: "node-a"})
+	require.NoError(t, err)
+	listed := map[string]string{}
+	for _, vm := range vms {
+		listed[vm.Owner().PodUID] = vm.ID
+	}
+	assert.Equal(t, map[string]string{specs[0].PodUID: a.ID, specs[1].PodUID: b.ID}, listed, "List finds each VM by its pod UID")
+	for _, spec := range specs {
+		again, err := e.Provider.Create(e.ctx, spec)
+		require.NoError(t, err)
+		assert.Equal(t, byUID[spec.PodUID].ID, again.ID, "and Create by its key")
+	}
+	assert.Len(t, e.Cloud.Live(), 2)
+}
+
+// coreID is the fake cloud's id of the instance the provider calls name.
+func coreID(t *testing.T, e env, name string) string {
+	t.Helper()
+	for _, in := range e.Cloud.Live() {
+		if in.Name == name {
+			return in.ID
+		}
+	}
+	t.Fatalf("no instance named %q in the fake cloud", name)
+	return ""
 }
 
 // missingID is the id of a VM the provider made and deleted, past any

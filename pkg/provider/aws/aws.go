@@ -12,9 +12,10 @@
 //     launches with one token get the same instance from EC2 itself.
 //   - Tags and names: the instance and its root volume carry spec.Tags()
 //     (identity tags over the extra tags of the spec, over those of the
-//     configuration) and Name = caa-<namespace>-<pod>. Values are cut to
-//     EC2's 256 characters, which caa-pod and Name pass for long pod
-//     names. List
+//     configuration) and Name = caa-<namespace>-<pod>. Long pod names are
+//     shortened with a hash of the whole (provider.PodTag and
+//     provider.Spec.DisplayName), so both fit EC2's 256 characters and
+//     two pods never share them; nothing is cut silently. List
 //     selects by tag:caa-cluster, tag:caa-node and tag:caa-managed-by and
 //     follows NextToken to the end, so it needs no ledger.
 //   - Deletion: TerminateInstances; the primary network interface and the
@@ -111,11 +112,15 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM,
 	if err := spec.Validate(); err != nil {
 		return provider.VM{}, fmt.Errorf("%s %s: %w", Name, opCreate, err)
 	}
+	tags := instanceTags(p.cfg.ExtraTags, spec)
+	if err := checkTags(tags); err != nil {
+		return provider.VM{}, fmt.Errorf("%s %s: %w", Name, opCreate, err)
+	}
 	token := clientToken(spec.Key)
 	if vm, ok, err := p.findByToken(ctx, token, spec.Key); err != nil || ok {
 		return vm, err
 	}
-	out, err := p.api.RunInstances(ctx, p.runInput(spec, token))
+	out, err := p.api.RunInstances(ctx, p.runInput(spec, token, tags))
 	if err != nil {
 		return provider.VM{}, classify(opCreate, err)
 	}
@@ -125,8 +130,8 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM,
 	return toVM(out.Instances[0]), nil
 }
 
-func (p *Provider) runInput(spec provider.Spec, token string) *ec2.RunInstancesInput {
-	tags := ec2Tags(instanceTags(p.cfg.ExtraTags, spec))
+func (p *Provider) runInput(spec provider.Spec, token string, instanceTags map[string]string) *ec2.RunInstancesInput {
+	tags := ec2Tags(instanceTags)
 	in := &ec2.RunInstancesInput{
 		ImageId:      awssdk.String(spec.Image),
 		InstanceType: types.InstanceType(spec.InstanceType),

@@ -3,8 +3,10 @@ package aws
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"fmt"
 	"maps"
 	"slices"
+	"unicode/utf8"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2/types"
@@ -27,37 +29,33 @@ func clientToken(key string) string {
 	return "caa-" + hex.EncodeToString(sum[:20])
 }
 
-// instanceName is the Name tag: caa-<namespace>-<pod>.
-func instanceName(spec provider.Spec) string {
-	return "caa-" + spec.PodNamespace + "-" + spec.PodName
-}
-
 // instanceTags layers, lowest first: the configuration's extra tags, the
-// spec's, the Name tag, and the identity tags of spec.Tags(). Values are
-// cut to EC2's limit.
+// spec's, the Name tag (caa-<namespace>-<pod>, shortened to fit like every
+// identity tag, see provider.Spec.DisplayName), and the identity tags of
+// spec.Tags(). Nothing is cut here: caa's own tags fit EC2's limits by
+// construction, and Create refuses others that do not (checkTags).
 func instanceTags(configured map[string]string, spec provider.Spec) map[string]string {
 	extra := make(map[string]string, len(configured)+len(spec.ExtraTags)+1)
 	maps.Copy(extra, configured)
 	maps.Copy(extra, spec.ExtraTags)
-	extra[tagName] = instanceName(spec)
+	extra[tagName] = spec.DisplayName(maxTagValue)
 	spec.ExtraTags = extra
-	tags := spec.Tags()
-	for k, v := range tags {
-		tags[k] = truncate(v, maxTagValue)
-	}
-	return tags
+	return spec.Tags()
 }
 
-// truncate keeps the first n characters of s.
-func truncate(s string, n int) string {
-	i := 0
-	for at := range s {
-		if i == n {
-			return s[:at]
+// checkTags applies EC2's limits on tag keys and values (in characters),
+// as ErrInvalidSpec naming the tag, rather than letting EC2 refuse the
+// launch or cutting a value silently.
+func checkTags(tags map[string]string) error {
+	for _, k := range slices.Sorted(maps.Keys(tags)) {
+		switch {
+		case utf8.RuneCountInString(k) > maxTagKey:
+			return fmt.Errorf("%w: tag key %.40q... is longer than EC2's %d characters", provider.ErrInvalidSpec, k, maxTagKey)
+		case utf8.RuneCountInString(tags[k]) > maxTagValue:
+			return fmt.Errorf("%w: the value of tag %q is longer than EC2's %d characters", provider.ErrInvalidSpec, k, maxTagValue)
 		}
-		i++
 	}
-	return s
+	return nil
 }
 
 // ec2Tags sorts tags by key, so that requests are the same every time.

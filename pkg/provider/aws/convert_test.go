@@ -94,19 +94,31 @@ func TestInstanceTagsAndName(t *testing.T) {
 	}, tags, "config < spec < Name < identity")
 	assert.Equal(t, map[string]string{"team": "spec", provider.TagNode: "spoofed", "Name": "mine"}, spec.ExtraTags, "the caller's map is untouched")
 
-	long := spec
-	long.PodNamespace, long.PodName = strings.Repeat("n", 63), strings.Repeat("p", 253)
-	tags = instanceTags(nil, long)
-	assert.Equal(t, maxTagValue, utf8.RuneCountInString(tags[provider.TagPod]), "cut to EC2's limit")
-	assert.Equal(t, maxTagValue, utf8.RuneCountInString(tags["Name"]))
-	assert.True(t, strings.HasPrefix(tags[provider.TagPod], long.PodNamespace+"/"))
+	// Two long pods that differ only at the end: nothing is cut silently,
+	// and their tags and names stay apart.
+	a, b := spec, spec
+	a.PodNamespace, a.PodName = strings.Repeat("n", 63), strings.Repeat("p", 240)+"-aaaaaaaaaaa1"
+	b.PodNamespace, b.PodName = a.PodNamespace, strings.Repeat("p", 240)+"-bbbbbbbbbbb2"
+	ta, tb := instanceTags(nil, a), instanceTags(nil, b)
+	assert.NotEqual(t, ta[provider.TagPod], tb[provider.TagPod])
+	assert.NotEqual(t, ta["Name"], tb["Name"])
+	for _, tags := range []map[string]string{ta, tb} {
+		for k, v := range tags {
+			assert.LessOrEqual(t, utf8.RuneCountInString(v), maxTagValue, "tag %s", k)
+		}
+		assert.True(t, strings.HasPrefix(tags[provider.TagPod], a.PodNamespace+"/ppp"), tags[provider.TagPod])
+		assert.True(t, strings.HasPrefix(tags["Name"], "caa-"+a.PodNamespace+"-ppp"), tags["Name"])
+	}
+	assert.Equal(t, provider.PodTag(a.PodNamespace, a.PodName), ta[provider.TagPod])
+	assert.Equal(t, a.DisplayName(maxTagValue), ta["Name"])
 }
 
-func TestTruncateCountsCharacters(t *testing.T) {
-	assert.Equal(t, "abc", truncate("abc", 5))
-	assert.Equal(t, "ab", truncate("abc", 2))
-	assert.Equal(t, "üü", truncate("üüü", 2))
-	assert.Equal(t, "", truncate("abc", 0))
+func TestTagsOverEC2LimitsAreRefused(t *testing.T) {
+	assert.NoError(t, checkTags(map[string]string{"k": strings.Repeat("ü", maxTagValue)}))
+	err := checkTags(map[string]string{"k": strings.Repeat("v", maxTagValue+1)})
+	assert.ErrorIs(t, err, provider.ErrInvalidSpec)
+	assert.Contains(t, err.Error(), `tag "k"`)
+	assert.ErrorIs(t, checkTags(map[string]string{strings.Repeat("k", maxTagKey+1): "v"}), provider.ErrInvalidSpec)
 }
 
 func TestEC2TagsAreSorted(t *testing.T) {

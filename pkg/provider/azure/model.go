@@ -3,7 +3,6 @@ package azure
 import (
 	"crypto/sha256"
 	"encoding/base64"
-	"encoding/hex"
 	"fmt"
 	"maps"
 	"slices"
@@ -31,32 +30,17 @@ var reservedTags = []string{provider.TagCluster, provider.TagNode, provider.TagP
 
 // vmName is the VM name for an idempotency key: "caa-", the key's letters
 // and digits (lower case, other runs as one '-') cut to fit, '-', and 12 hex
-// digits of the key's SHA-256. The hash keeps two keys apart even when
-// their readable parts are cut or folded to the same text; the readable
-// part lets an operator see which pod a VM is for. Lower case, because
-// Azure names are case-insensitive; at most 63 characters, because the
-// name is also the guest's hostname, a DNS label. Nothing depends on the
-// readable part: discovery goes by tags.
+// digits of the key's SHA-256 (provider.DNSLabel). The hash keeps two keys
+// apart even when their readable parts are cut or folded to the same text;
+// the readable part lets an operator see which pod a VM is for. Lower case,
+// because Azure names are case-insensitive; at most 63 characters, because
+// the name is also the guest's hostname, a DNS label (and Azure takes 64
+// for a Linux VM). Nothing depends on the readable part: discovery goes by
+// tags. The result must never change for a key: it is how a retried create
+// finds the VM an earlier one (or an earlier version) made.
 func vmName(key string) string {
 	sum := sha256.Sum256([]byte(key))
-	hash := hex.EncodeToString(sum[:])[:hashLen]
-	var b strings.Builder
-	for _, r := range strings.ToLower(key) {
-		switch {
-		case r >= 'a' && r <= 'z', r >= '0' && r <= '9':
-			b.WriteRune(r)
-		case b.Len() > 0 && !strings.HasSuffix(b.String(), "-"):
-			b.WriteByte('-')
-		}
-	}
-	readable := b.String()
-	if room := maxHostnameLen - len("caa-") - len("-") - hashLen; len(readable) > room {
-		readable = readable[:room]
-	}
-	if readable = strings.TrimRight(readable, "-"); readable == "" {
-		return "caa-" + hash
-	}
-	return "caa-" + readable + "-" + hash
+	return provider.DNSLabel("caa-", key, sum[:], hashLen, maxHostnameLen)
 }
 
 // nicName and diskName derive from the VM name, so Delete finds them with

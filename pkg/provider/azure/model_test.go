@@ -107,10 +107,13 @@ func TestVMTags(t *testing.T) {
 	assert.Equal(t, "n", *tags[provider.TagNode], "identity tags over both")
 	assert.Equal(t, "ns/pod", *tags[provider.TagPod])
 
+	// A pod name longer than a tag value takes: the pod tag is shortened,
+	// so the pod still gets its VM.
 	spec.PodNamespace, spec.PodName = "team", strings.Repeat("p", 253)
-	_, err = p.vmTags(spec)
-	require.ErrorIs(t, err, provider.ErrInvalidSpec)
-	assert.Contains(t, err.Error(), provider.TagPod)
+	tags, err = p.vmTags(spec)
+	require.NoError(t, err)
+	assert.Equal(t, provider.PodTag(spec.PodNamespace, spec.PodName), *tags[provider.TagPod])
+	assert.LessOrEqual(t, len(*tags[provider.TagPod]), maxTagValue)
 
 	spec.PodName = "pod"
 	spec.ExtraTags = map[string]string{"a/b": "x"}
@@ -173,4 +176,22 @@ func TestToVM(t *testing.T) {
 	}, got)
 	assert.Equal(t, []string{"/primary", "/second"}, nicIDs(vm), "primary NIC first")
 	assert.Equal(t, provider.StateUnknown, toVM(armcompute.VirtualMachine{}, nil).State)
+}
+
+// TestVMNamesNeverChange pins names made by earlier versions: the name is
+// the idempotency key, so a create retried after an upgrade must find the
+// VM the old version made under the same key.
+func TestVMNamesNeverChange(t *testing.T) {
+	for key, want := range map[string]string{
+		"uid-0001-a1": "caa-uid-0001-a1-2cc3b93a1306",
+		"0f8e2c4a-1b2c-4d5e-8f90-a1b2c3d4e5f6-a1": "caa-0f8e2c4a-1b2c-4d5e-8f90-a1b2c3d4e5f6-a1-04fd0a582771",
+		"Pod_UID/Attempt:2":                       "caa-pod-uid-attempt-2-93380efb7ac9",
+		"__--__":                                  "caa-d20c33b431bc",
+		strings.Repeat("a", 45) + "/b":            "caa-" + strings.Repeat("a", 45) + "-7c2f416ba0d7",
+		strings.Repeat("a", 46) + "/b":            "caa-" + strings.Repeat("a", 46) + "-4f3485d7c827",
+		strings.Repeat("x", 75):                   "caa-" + strings.Repeat("x", 46) + "-81d23bf0aae0",
+		"":                                        "caa-e3b0c44298fc",
+	} {
+		assert.Equal(t, want, vmName(key), "key %q", key)
+	}
 }

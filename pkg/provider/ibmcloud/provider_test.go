@@ -111,7 +111,8 @@ func TestLongIdentityRoundTrips(t *testing.T) {
 	got, err := f.p.Get(f.ctx, vm.ID)
 	require.NoError(t, err)
 	assert.Equal(t, spec.Tags(), got.Tags)
-	assert.Equal(t, spec.PodNamespace+"/"+spec.PodName, got.Owner().Pod)
+	assert.Equal(t, provider.PodTag(spec.PodNamespace, spec.PodName), got.Owner().Pod)
+	assert.True(t, strings.HasPrefix(got.Owner().Pod, spec.PodNamespace+"/deployment-"), got.Owner().Pod)
 
 	vms, err := f.p.List(f.ctx, provider.Selector{Cluster: conformance.Cluster, Node: node})
 	require.NoError(t, err)

@@ -2,7 +2,6 @@ package ibmcloud
 
 import (
 	"crypto/sha256"
-	"encoding/hex"
 	"fmt"
 	"maps"
 	"slices"
@@ -28,47 +27,21 @@ const (
 	// bits, so that names of distinct keys collide with odds around 1e-12
 	// even at a million VMs.
 	nameHashLen = 20
-	// fragLen caps the readable part of the instance name, keeping names
-	// within 40 characters: VPC derives the guest's hostname from the name,
-	// and some images take no longer hostname.
-	fragLen = 15
+	// maxInstanceName keeps names within 40 characters (VPC allows 63):
+	// VPC derives the guest's hostname from the name, and some images take
+	// no longer hostname. It leaves 15 characters of the key readable.
+	maxInstanceName = 40
 )
 
 // instanceName is the VM's name, deterministic in (cluster, key) and in
 // nothing else, so that a retried Create finds the VM an earlier one made.
 // The readable part, from the key, lets people match a VM to its ledger
-// record; uniqueness comes from the hash. The result follows VPC's name
-// rule ([a-z0-9-], starting with a letter, ending with a letter or digit)
-// in at most 40 characters.
+// record; uniqueness comes from the hash. provider.DNSLabel makes it follow
+// VPC's name rule ([a-z0-9-], starting with a letter, ending with a letter
+// or digit) in at most 40 characters. It must never change for a key.
 func instanceName(spec provider.Spec) string {
 	sum := sha256.Sum256(fmt.Appendf(nil, "%d:%s%d:%s", len(spec.Cluster), spec.Cluster, len(spec.Key), spec.Key))
-	hash := hex.EncodeToString(sum[:])[:nameHashLen]
-	if frag := nameFragment(spec.Key); frag != "" {
-		return "caa-" + frag + "-" + hash
-	}
-	return "caa-" + hash
-}
-
-// nameFragment keeps the letters and digits of s, lower case, with single
-// hyphens for everything else, at most fragLen long.
-func nameFragment(s string) string {
-	var b strings.Builder
-	dash := false
-	for _, r := range strings.ToLower(s) {
-		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') {
-			if dash && b.Len() > 0 {
-				b.WriteByte('-')
-			}
-			b.WriteRune(r)
-			dash = false
-		} else {
-			dash = true
-		}
-		if b.Len() >= fragLen {
-			break
-		}
-	}
-	return strings.TrimRight(b.String()[:min(b.Len(), fragLen)], "-")
+	return provider.DNSLabel("caa-", spec.Key, sum[:], nameHashLen, maxInstanceName)
 }
 
 // nodeFilterTag is the tag List asks VPC to filter volumes on: the node

@@ -155,3 +155,21 @@ func FuzzTagsRoundTrip(f *testing.F) {
 		require.Equal(t, map[string]string{k: v}, decodeUserTags(user))
 	})
 }
+
+// TestInstanceNamesNeverChange pins names made by earlier versions: the
+// name is the idempotency key, so a create retried after an upgrade must
+// find the instance the old version made under the same key.
+func TestInstanceNamesNeverChange(t *testing.T) {
+	for key, want := range map[string]string{
+		"uid-0001-a1": "caa-uid-0001-a1-f431d29e99f02ef73e5d",
+		"0f8e2c4a-1b2c-4d5e-8f90-a1b2c3d4e5f6-a1": "caa-0f8e2c4a-1b2c-4-6bb9e6f15c074e77bc58",
+		"Pod_UID/Attempt:2":                       "caa-pod-uid-attempt-f8e24542ce92f986a568",
+		"__--__":                                  "caa-9f5043ba3aacd81f6dba",
+		"abcdefghijklmn-op":                       "caa-abcdefghijklmn-6fe24dc6f47ad4ec1718",
+		"abcdefghijklmno-p":                       "caa-abcdefghijklmno-f0f386b8fbe03d7207ae",
+		"ABCDEFGHIJKLMNO_":                        "caa-abcdefghijklmno-219796dc58800ef96f8c",
+		"":                                        "caa-5b8d9a8dc2ce545c2e8c",
+	} {
+		assert.Equal(t, want, instanceName(provider.Spec{Cluster: "cluster-7f3a", Key: key}), "key %q", key)
+	}
+}
