@@ -73,11 +73,13 @@ func testConfig(endpoint string) azure.Config {
 // tests in this package do not run in parallel.
 func newHarness(t testing.TB, opts cloud.Options, cred azcore.TokenCredential, wraps ...func(http.Handler) http.Handler) (conformance.Harness, string) {
 	t.Helper()
-	return newHarnessOn(t, opts, cred, nil, wraps...)
+	return newHarnessOn(t, opts, cred, nil, nil, wraps...)
 }
 
-// newHarnessOn is newHarness with options for the fake ARM.
-func newHarnessOn(t testing.TB, opts cloud.Options, cred azcore.TokenCredential, fakeOpts []armfake.Option, wraps ...func(http.Handler) http.Handler) (conformance.Harness, string) {
+// newHarnessOn is newHarness with options for the fake ARM and an edit of
+// the provider's configuration (both may be nil).
+func newHarnessOn(t testing.TB, opts cloud.Options, cred azcore.TokenCredential, fakeOpts []armfake.Option, edit func(*azure.Config),
+	wraps ...func(http.Handler) http.Handler) (conformance.Harness, string) {
 	t.Helper()
 	c := cloud.New(opts)
 	h := armfake.NewServer(c, append([]armfake.Option{armfake.WithBearerToken(testToken)}, fakeOpts...)...)
@@ -93,7 +95,11 @@ func newHarnessOn(t testing.TB, opts cloud.Options, cred azcore.TokenCredential,
 		t.Cleanup(func() { azlog.SetListener(nil) })
 	}
 	logger := slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	p, err := azure.New(context.Background(), testConfig(srv.URL), azure.WithCredential(cred), azure.WithLogger(logger))
+	cfg := testConfig(srv.URL)
+	if edit != nil {
+		edit(&cfg)
+	}
+	p, err := azure.New(context.Background(), cfg, azure.WithCredential(cred), azure.WithLogger(logger))
 	require.NoError(t, err)
 	return conformance.Harness{Provider: p, Cloud: c, Logs: logs.String, Secrets: []string{testToken}}, srv.URL
 }

@@ -2,7 +2,6 @@ package azure
 
 import (
 	"context"
-	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/runtime"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
@@ -35,27 +34,3 @@ var (
 	_ vmAPI  = (*armcompute.VirtualMachinesClient)(nil)
 	_ nicAPI = (*armnetwork.InterfacesClient)(nil)
 )
-
-// pollUntilDone polls a long-running operation until it is terminal, once
-// at once and then every interval. It is the SDK's PollUntilDone without
-// its one-second floor, so tests against the fake need not wait; the
-// caller's context bounds it. Errors are the polls' own; the operation's
-// outcome comes from the poller's Result.
-func pollUntilDone[T any](ctx context.Context, p *runtime.Poller[T], every time.Duration) error {
-	for !p.Done() {
-		if _, err := p.Poll(ctx); err != nil {
-			return err
-		}
-		if p.Done() {
-			return nil
-		}
-		t := time.NewTimer(every)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
-	}
-	return nil
-}

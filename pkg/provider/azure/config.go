@@ -58,8 +58,10 @@ type Config struct {
 	Cloud string
 	// Endpoint overrides the Resource Manager URL (private endpoints, fakes).
 	Endpoint string
-	// PollInterval is the wait between polls of a long-running operation.
-	// Zero means DefaultPollInterval.
+	// PollInterval is the wait between polls of a long-running operation
+	// when ARM's reply asks for none (its Retry-After wins). Zero means
+	// DefaultPollInterval; under a second polls every second, the SDK's
+	// floor.
 	PollInterval time.Duration
 	// MaxRetries is how often the SDK retries a call that failed with a 5xx
 	// or a network error; zero means DefaultMaxRetries, negative none.

@@ -33,7 +33,9 @@
 // the power state.
 //
 // Long-running operations. Create and Delete wait for their operations
-// (Azure-AsyncOperation), polling every Config.PollInterval, so a refused
+// (Azure-AsyncOperation) with the SDK's Poller.PollUntilDone, which waits
+// what ARM asks between polls (Retry-After) and Config.PollInterval when it
+// asks nothing (at least a second, the SDK's floor), so a refused
 // allocation surfaces as ErrCapacity from Create and Delete returns once
 // the VM, its OS disk and its NIC are gone (both carry deleteOption
 // Delete). Get never retries a NotFound: a VM just created may be

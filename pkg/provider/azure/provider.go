@@ -198,14 +198,20 @@ func (p *Provider) putNIC(ctx context.Context, vm string, tags map[string]*strin
 	if err != nil {
 		return armnetwork.Interface{}, classify(opCreate, err)
 	}
-	if err := pollUntilDone(ctx, poller, p.cfg.PollInterval); err != nil {
-		return armnetwork.Interface{}, classify(opCreate, err)
-	}
-	res, err := poller.Result(ctx)
+	res, err := poller.PollUntilDone(ctx, p.pollOptions())
 	if err != nil {
 		return armnetwork.Interface{}, classify(opCreate, err)
 	}
 	return res.Interface, nil
+}
+
+// pollOptions has the SDK's PollUntilDone poll a long-running operation
+// every PollInterval, or after the wait ARM asks for (Retry-After and its
+// millisecond forms) when it asks. Outside tests the SDK refuses intervals
+// under a second, so a shorter PollInterval polls every second; the
+// operation's first poll is never delayed.
+func (p *Provider) pollOptions() *runtime.PollUntilDoneOptions {
+	return &runtime.PollUntilDoneOptions{Frequency: max(p.cfg.PollInterval, time.Second)}
 }
 
 // putVM creates the VM and waits for the operation. accepted reports
@@ -217,14 +223,11 @@ func (p *Provider) putVM(ctx context.Context, name, nicID string, spec provider.
 	if err != nil {
 		return vm, false, classify(opCreate, err)
 	}
-	if err := pollUntilDone(ctx, poller, p.cfg.PollInterval); err != nil {
-		return vm, true, classify(opCreate, err)
-	}
-	res, err := poller.Result(ctx)
+	res, err := poller.PollUntilDone(ctx, p.pollOptions())
 	if err == nil {
 		return res.VirtualMachine, true, nil
 	}
-	if missing(err) && initial != nil {
+	if poller.Done() && missing(err) && initial != nil {
 		// The operation succeeded but the VM cannot be read back yet (ARM
 		// reads are eventually consistent): the accepted PUT's reply
 		// describes it.
@@ -417,21 +420,19 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 
 func (p *Provider) deleteVM(ctx context.Context, op, name string) error {
 	poller, err := p.vms.BeginDelete(ctx, p.cfg.ResourceGroup, name, nil)
-	return finishDelete(ctx, op, poller, err, p.cfg.PollInterval)
+	return finishDelete(ctx, op, poller, err, p.pollOptions())
 }
 
 func (p *Provider) deleteNIC(ctx context.Context, op, vm string) error {
 	poller, err := p.nics.BeginDelete(ctx, p.cfg.ResourceGroup, nicName(vm), nil)
-	return finishDelete(ctx, op, poller, err, p.cfg.PollInterval)
+	return finishDelete(ctx, op, poller, err, p.pollOptions())
 }
 
 // finishDelete waits out a delete that BeginDelete started (or failed to
 // start, with err); a resource already gone is success.
-func finishDelete[T any](ctx context.Context, op string, poller *runtime.Poller[T], err error, every time.Duration) error {
+func finishDelete[T any](ctx context.Context, op string, poller *runtime.Poller[T], err error, opts *runtime.PollUntilDoneOptions) error {
 	if err == nil {
-		if err = pollUntilDone(ctx, poller, every); err == nil {
-			_, err = poller.Result(ctx)
-		}
+		_, err = poller.PollUntilDone(ctx, opts)
 	}
 	if err != nil && !missing(err) {
 		return classify(op, err)

@@ -299,7 +299,7 @@ func TestListReadsPowerStatesInTheSameCalls(t *testing.T) {
 
 func TestListFallsBackWhenTheExpandedListingIsRefused(t *testing.T) {
 	opts := conformance.Options(&conformance.Clock{})
-	h, _ := newHarnessOn(t, opts, staticToken(testToken), []armfake.Option{armfake.WithoutListInstanceView()})
+	h, _ := newHarnessOn(t, opts, staticToken(testToken), []armfake.Option{armfake.WithoutListInstanceView()}, nil)
 	ctx := context.Background()
 	for i := range 2 {
 		_, err := h.Provider.Create(ctx, conformance.Spec(30+i, "node-a"))
@@ -321,6 +321,27 @@ func TestListFallsBackWhenTheExpandedListingIsRefused(t *testing.T) {
 	_, err = h.Provider.List(ctx, sel)
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), h.Cloud.Counters()[cloud.OpList], "the refusal is remembered")
+}
+
+func TestLongRunningOperationsWaitWhatARMAsks(t *testing.T) {
+	// Every operation runs for three polls and asks for 20ms between them;
+	// the configured interval, an hour, applies only when ARM asks nothing.
+	h, _ := newHarnessOn(t, conformance.Options(&conformance.Clock{}), staticToken(testToken),
+		[]armfake.Option{armfake.WithSlowOperations(3, 20*time.Millisecond)},
+		func(c *azure.Config) { c.PollInterval = time.Hour })
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	start := time.Now()
+	vm, err := h.Provider.Create(ctx, conformance.Spec(40, "node-a"))
+	require.NoError(t, err)
+	require.NoError(t, h.Provider.Delete(ctx, vm.ID))
+	assert.Empty(t, h.Cloud.Live())
+	assert.Empty(t, h.Cloud.Resources(""))
+	// At least the VM's PUT and DELETE ran to their end, four polls each
+	// (the NIC's PUT reply already shows it provisioned, and the NIC went
+	// with the VM).
+	assert.GreaterOrEqual(t, h.Cloud.Counters()[armfake.OpOperation], int64(2*4))
+	assert.Less(t, time.Since(start), 10*time.Second, "the waits were ARM's Retry-After, not the poll interval")
 }
 
 func TestEventuallyConsistentCreateReturnsTheAcceptedVM(t *testing.T) {

@@ -525,3 +525,22 @@ func TestAFakeCanRefuseTheExpandedListing(t *testing.T) {
 	assert.Equal(t, "$expand", r.target())
 	assert.Equal(t, 200, f.do(http.MethodGet, vms, nil).status)
 }
+
+func TestSlowOperationsRunForSomePollsAndAskForAWait(t *testing.T) {
+	c := cloud.New(cloud.Options{Images: []string{image}, Types: []string{size}})
+	srv := httptest.NewServer(armfake.NewServer(c, armfake.WithBearerToken(token), armfake.WithSlowOperations(2, 30*time.Millisecond)))
+	t.Cleanup(srv.Close)
+	f := &fake{t: t, cloud: c, url: srv.URL}
+	r := f.do(http.MethodPut, nics+"/vm1-nic", nicBody())
+	require.Equal(t, 201, r.status, r.raw)
+	assert.Equal(t, "30", r.header.Get("Retry-After-Ms"), "the accepted reply asks for a wait too")
+	for range 2 {
+		p := f.poll(r)
+		assert.Equal(t, "InProgress", str(p.body, "status"))
+		assert.Equal(t, "30", p.header.Get("Retry-After-Ms"))
+	}
+	p := f.poll(r)
+	assert.Equal(t, "Succeeded", str(p.body, "status"))
+	assert.Empty(t, p.header.Get("Retry-After-Ms"), "a finished operation asks for nothing")
+	assert.Equal(t, "Succeeded", str(f.poll(r).body, "status"), "and stays finished")
+}

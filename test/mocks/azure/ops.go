@@ -4,27 +4,41 @@ import (
 	"fmt"
 	"net/http"
 	"net/url"
+	"strconv"
 	"time"
 )
 
 // operation is a long-running operation as its Azure-AsyncOperation URL
-// reports it. The fake's operations are terminal from the start: Succeeded,
-// or Failed with the error ARM would report once the work was tried. They
-// are kept for the fake's lifetime, so a retried poll finds them.
+// reports it. The fake's operations are terminal from the start (Succeeded,
+// or Failed with the error ARM would report once the work was tried), unless
+// the fake was made WithSlowOperations: then each reports InProgress for its
+// first polls, and the replies carry the wait ARM asks for. They are kept
+// for the fake's lifetime, so a retried poll finds them.
 type operation struct {
 	status  string
 	err     *apiError
 	started time.Time
+	// pending is how many more polls report InProgress.
+	pending int
+}
+
+// askToWait sets the header with which a reply of a slow operation asks the
+// client to wait before its next poll.
+func (s *server) askToWait(w http.ResponseWriter) {
+	if s.opts.slowPolls > 0 {
+		w.Header().Set("Retry-After-Ms", strconv.FormatInt(s.opts.slowWait.Milliseconds(), 10))
+	}
 }
 
 // accepted answers a PUT or DELETE that started a long-running operation:
 // the status code, an Azure-AsyncOperation header to poll, and the body
 // (nil for none). fail, when set, is how the operation ends.
 func (s *server) accepted(w http.ResponseWriter, r *http.Request, status int, namespace string, body any, fail *apiError) {
-	op := operation{status: "Succeeded", started: time.Now()}
+	op := operation{status: "Succeeded", started: time.Now(), pending: s.opts.slowPolls}
 	if fail != nil {
 		op.status, op.err = "Failed", fail
 	}
+	s.askToWait(w)
 	s.mu.Lock()
 	s.opSeq++
 	id := fmt.Sprintf("%08x-0000-4000-8000-%012x", s.opSeq, s.opSeq)
@@ -45,9 +59,19 @@ func (s *server) getOperation(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
 	s.mu.Lock()
 	op, ok := s.ops[id]
+	inProgress := ok && op.pending > 0
+	if inProgress {
+		op.pending--
+		s.ops[id] = op
+	}
 	s.mu.Unlock()
 	if !ok {
 		writeError(w, apiError{http.StatusNotFound, "NotFound", fmt.Sprintf("The operation '%s' was not found.", id), ""})
+		return
+	}
+	if inProgress {
+		s.askToWait(w)
+		writeJSON(w, http.StatusOK, operationStatus{ID: r.URL.Path, Name: id, Status: "InProgress", StartTime: op.started})
 		return
 	}
 	writeJSON(w, http.StatusOK, operationStatus{

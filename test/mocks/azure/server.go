@@ -67,6 +67,9 @@ type options struct {
 	token         string
 	// noListView makes the group listing refuse $expand=instanceView.
 	noListView bool
+	// slowPolls and slowWait make operations slow (WithSlowOperations).
+	slowPolls int
+	slowWait  time.Duration
 }
 
 // WithSubscription sets the subscription id the fake serves.
@@ -85,6 +88,15 @@ func WithLocation(loc string) Option { return func(o *options) { o.location = lo
 // versions do; this option tests a client's answer to a region that does
 // not.
 func WithoutListInstanceView() Option { return func(o *options) { o.noListView = true } }
+
+// WithSlowOperations makes every long-running operation report InProgress
+// for its first polls polls before its outcome, and makes the accepted
+// reply and each InProgress poll ask the client to wait (Retry-After-Ms,
+// one of the headers ARM uses) before polling again. The resource changes
+// at once, as before; only the operation's reports are slow.
+func WithSlowOperations(polls int, wait time.Duration) Option {
+	return func(o *options) { o.slowPolls, o.slowWait = polls, wait }
+}
 
 // WithBearerToken makes the fake accept only this bearer token (by default
 // any non-empty one).
