@@ -1,6 +1,7 @@
 // Package ibmcloud is caa's provider for IBM Cloud VPC virtual server
 // instances, built on the official VPC Go SDK (vpcv1) and IBM's Go SDK
-// core, narrowed to the six calls it makes.
+// core, narrowed to the calls it makes (vpcAPI), with the SDK's own pagers
+// (NewInstancesPager, NewVolumesPager) for its two listings.
 //
 // Where the tags live. VPC instances carry no tags, but volumes carry user
 // tags, and the boot volume is created by the same POST /instances that

@@ -127,11 +127,26 @@ func kindOf(op string, f failure) error {
 	return nil
 }
 
+// responseOf is the cloud's reply that err carries, if any: the SDK keeps
+// it in the HTTPProblem of its error chain (the pagers return no response
+// of their own).
+func responseOf(err error) *core.DetailedResponse {
+	var hp *core.HTTPProblem
+	if errors.As(err, &hp) {
+		return hp.Response
+	}
+	return nil
+}
+
 // classify turns an SDK error into a *provider.Error. It never reads the
-// request, so user data and credentials cannot reach the error.
+// request, so user data and credentials cannot reach the error. resp is the
+// reply the call returned, or nil to look for one in err.
 func classify(op string, resp *core.DetailedResponse, err error) error {
 	if err == nil {
 		return nil
+	}
+	if resp == nil {
+		resp = responseOf(err)
 	}
 	f := readFailure(resp, time.Now())
 	e := &provider.Error{

@@ -29,7 +29,9 @@ type vpcAPI interface {
 	ListInstancesWithContext(context.Context, *vpcv1.ListInstancesOptions) (*vpcv1.InstanceCollection, *core.DetailedResponse, error)
 	DeleteInstanceWithContext(context.Context, *vpcv1.DeleteInstanceOptions) (*core.DetailedResponse, error)
 	GetVolumeWithContext(context.Context, *vpcv1.GetVolumeOptions) (*vpcv1.Volume, *core.DetailedResponse, error)
-	ListVolumesWithContext(context.Context, *vpcv1.ListVolumesOptions) (*vpcv1.VolumeCollection, *core.DetailedResponse, error)
+	// The SDK's pagers, which follow the collections' next links.
+	NewInstancesPager(*vpcv1.ListInstancesOptions) (*vpcv1.InstancesPager, error)
+	NewVolumesPager(*vpcv1.ListVolumesOptions) (*vpcv1.VolumesPager, error)
 }
 
 // Provider is provider.Provider on IBM Cloud VPC.
@@ -236,74 +238,71 @@ func (p *Provider) List(ctx context.Context, sel provider.Selector) ([]provider.
 // taggedInstances maps instance id to tags for every boot volume tagged
 // for sel.
 func (p *Provider) taggedInstances(ctx context.Context, sel provider.Selector) (map[string]map[string]string, error) {
+	pager, err := p.api.NewVolumesPager(&vpcv1.ListVolumesOptions{Tag: ptr(nodeFilterTag(sel.Node)), Limit: ptr(int64(pageLimit))})
+	if err != nil {
+		return nil, classify(opList, nil, err)
+	}
 	out := map[string]map[string]string{}
-	tag := nodeFilterTag(sel.Node)
-	err := paginate(ctx, func(start *string) (*string, *core.DetailedResponse, error) {
-		opts := &vpcv1.ListVolumesOptions{Tag: ptr(tag), Limit: ptr(int64(pageLimit)), Start: start}
-		coll, resp, err := p.api.ListVolumesWithContext(ctx, opts)
-		if err != nil {
-			return nil, resp, err
-		}
-		for _, v := range coll.Volumes {
-			tags := decodeUserTags(v.UserTags)
-			if !sel.Matches(tags) {
-				continue
-			}
+	err = pages(ctx, pager.HasNext, pager.GetNextWithContext, func(v vpcv1.Volume) string {
+		tags := decodeUserTags(v.UserTags)
+		if sel.Matches(tags) {
 			for _, a := range v.VolumeAttachments {
 				if str(a.Type) == "boot" && a.Instance != nil {
 					out[str(a.Instance.ID)] = tags
 				}
 			}
 		}
-		next, err := coll.GetNextStart()
-		return next, resp, err
+		return str(v.ID)
 	})
 	return out, err
 }
 
 // instances lists every instance in the configured VPC and resource group.
 func (p *Provider) instances(ctx context.Context) ([]vpcv1.Instance, error) {
+	opts := &vpcv1.ListInstancesOptions{Limit: ptr(int64(pageLimit))}
+	if p.cfg.VPCID != "" {
+		opts.VPCID = ptr(p.cfg.VPCID)
+	}
+	if p.cfg.ResourceGroupID != "" {
+		opts.ResourceGroupID = ptr(p.cfg.ResourceGroupID)
+	}
+	pager, err := p.api.NewInstancesPager(opts)
+	if err != nil {
+		return nil, classify(opList, nil, err)
+	}
 	var out []vpcv1.Instance
-	err := paginate(ctx, func(start *string) (*string, *core.DetailedResponse, error) {
-		opts := &vpcv1.ListInstancesOptions{Limit: ptr(int64(pageLimit)), Start: start}
-		if p.cfg.VPCID != "" {
-			opts.VPCID = ptr(p.cfg.VPCID)
-		}
-		if p.cfg.ResourceGroupID != "" {
-			opts.ResourceGroupID = ptr(p.cfg.ResourceGroupID)
-		}
-		coll, resp, err := p.api.ListInstancesWithContext(ctx, opts)
-		if err != nil {
-			return nil, resp, err
-		}
-		out = append(out, coll.Instances...)
-		next, err := coll.GetNextStart()
-		return next, resp, err
+	err = pages(ctx, pager.HasNext, pager.GetNextWithContext, func(in vpcv1.Instance) string {
+		out = append(out, in)
+		return str(in.ID)
 	})
 	return out, err
 }
 
-// paginate calls page from the first page to the last, each page with the
-// transient-failure retry, and stops if the cloud hands back a token it
-// already gave (which would loop forever).
-func paginate(ctx context.Context, page func(start *string) (*string, *core.DetailedResponse, error)) error {
-	var start *string
+// pages drives one of the SDK's pagers to the last page: each page with the
+// transient-failure retry (a failed page leaves the pager where it was, so
+// the retry asks for the same page), and each item handed to take, which
+// returns its id. An id seen twice means the cloud handed back a page it
+// already gave, which would loop forever: that is an error.
+func pages[T any](ctx context.Context, hasNext func() bool, next func(context.Context) ([]T, error), take func(T) string) error {
 	seen := map[string]bool{}
-	for {
-		next, resp, err := retry(ctx, func() (*string, *core.DetailedResponse, error) { return page(start) })
+	for hasNext() {
+		page, resp, err := retry(ctx, func() ([]T, *core.DetailedResponse, error) {
+			page, err := next(ctx)
+			return page, responseOf(err), err
+		})
 		if err != nil {
 			return classify(opList, resp, err)
 		}
-		if next == nil {
-			return nil
+		for _, item := range page {
+			id := take(item)
+			if seen[id] {
+				return &provider.Error{Provider: providerName, Op: opList, Code: "pagination_loop",
+					Message: fmt.Sprintf("%s came back on a later page", id)}
+			}
+			seen[id] = true
 		}
-		if seen[*next] {
-			return &provider.Error{Provider: providerName, Op: opList, Code: "pagination_loop",
-				Message: fmt.Sprintf("the start token %q came back twice", *next)}
-		}
-		seen[*next] = true
-		start = next
 	}
+	return nil
 }
 
 // Delete deletes the instance; its boot volume and network interface go
