@@ -46,7 +46,10 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
-	fmt.Fprintf(stderr, "caa: %v\n", err)
+	var le loggedError
+	if !errors.As(err, &le) { // the daemon logged it already, in its format
+		fmt.Fprintf(stderr, "caa: %v\n", err)
+	}
 	var ue usageError
 	var ee exitError
 	switch {

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -16,6 +17,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
 	"golang.org/x/time/rate"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -50,6 +52,9 @@ type runFlags struct {
 	userDataFile   string
 	instanceTypes  string
 	allowedTypes   []string
+	allowedImages  []string
+	retention      time.Duration
+	cloudTimeout   time.Duration
 
 	// clouds are the providers built into this binary, with their settings.
 	clouds []*cloud
@@ -121,6 +126,13 @@ func addRunFlags(cmd *cobra.Command, f *runFlags) {
 		"instance types for vCPU/memory requests, name:vcpus:memoryMiB,... (env CAA_INSTANCE_TYPES)")
 	fs.StringSliceVar(&f.allowedTypes, "allowed-types", provider.SplitList(os.Getenv("CAA_ALLOWED_TYPES")),
 		"instance types a pod may ask for (env CAA_ALLOWED_TYPES; default: the table and the default type)")
+	fs.StringSliceVar(&f.allowedImages, "allowed-images", provider.SplitList(os.Getenv("CAA_ALLOWED_IMAGES")),
+		"images a pod may ask for with the image annotation; the user data goes to every VM, so only trusted images "+
+			"(env CAA_ALLOWED_IMAGES; default: the cloud's configured image only)")
+	fs.DurationVar(&f.retention, "history-retention", envDuration("CAA_HISTORY_RETENTION", 7*24*time.Hour),
+		"how long the ledger keeps the history of deleted pods (env CAA_HISTORY_RETENTION)")
+	fs.DurationVar(&f.cloudTimeout, "cloud-timeout", envDuration("CAA_CLOUD_TIMEOUT", 5*time.Minute),
+		"deadline of each cloud call, a create's whole long-running operation included (env CAA_CLOUD_TIMEOUT)")
 	for _, c := range f.clouds {
 		c.addFlags(fs)
 	}
@@ -138,8 +150,10 @@ func (f *runFlags) check() error {
 	if len(f.runtimeClasses) == 0 {
 		errs = append(errs, errors.New("--runtime-class: at least one is needed (default kata-remote)"))
 	}
-	if f.resync <= 0 || f.gcGrace <= 0 || f.confirmMissing <= 0 || f.shutdownGrace <= 0 || f.bootTimeout <= 0 {
-		errs = append(errs, errors.New("--resync, --gc-grace, --confirm-missing, --shutdown-grace and --boot-timeout must be positive"))
+	if f.resync <= 0 || f.gcGrace <= 0 || f.confirmMissing <= 0 || f.shutdownGrace <= 0 || f.bootTimeout <= 0 ||
+		f.retention <= 0 || f.cloudTimeout <= 0 {
+		errs = append(errs, errors.New("--resync, --gc-grace, --confirm-missing, --shutdown-grace, --boot-timeout, "+
+			"--history-retention and --cloud-timeout must be positive"))
 	}
 	if f.concurrency <= 0 || f.createRate <= 0 || f.createBurst <= 0 {
 		errs = append(errs, errors.New("--create-concurrency, --create-rate and --create-burst must be positive"))
@@ -150,7 +164,20 @@ func (f *runFlags) check() error {
 	if _, err := newLogger(io.Discard, f.logFormat, f.logLevel); err != nil {
 		errs = append(errs, err)
 	}
-	return errors.Join(errs...)
+	return joinLine(errs)
+}
+
+// joinLine joins errors into one line, so a usage error is one line on
+// stderr like every other failure.
+func joinLine(errs []error) error {
+	if len(errs) == 0 {
+		return nil
+	}
+	msgs := make([]string, len(errs))
+	for i, err := range errs {
+		msgs[i] = err.Error()
+	}
+	return errors.New(strings.Join(msgs, "; "))
 }
 
 // parseTypes reads name:vcpus:memoryMiB,...
@@ -176,7 +203,7 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	if err := lvl.UnmarshalText([]byte(level)); err != nil {
 		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
 	}
-	opts := &slog.HandlerOptions{Level: lvl}
+	opts := &slog.HandlerOptions{Level: lvl, ReplaceAttr: readableDurations}
 	switch format {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, opts)), nil
@@ -186,11 +213,20 @@ func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
 }
 
+// readableDurations writes durations as "1.5s", not integer nanoseconds
+// (what slog's JSON handler does by default).
+func readableDurations(_ []string, a slog.Attr) slog.Attr {
+	if a.Value.Kind() == slog.KindDuration {
+		return slog.String(a.Key, a.Value.Duration().String())
+	}
+	return a
+}
+
 // newProvider builds the chosen cloud's provider and the node's defaults
 // for spec selection.
 func (f *runFlags) newProvider(ctx context.Context, log *slog.Logger) (provider.Provider, provider.SpecConfig, error) {
 	types, _ := parseTypes(f.instanceTypes)
-	spec := provider.SpecConfig{Types: types, AllowedTypes: f.allowedTypes}
+	spec := provider.SpecConfig{Types: types, AllowedTypes: f.allowedTypes, AllowedImages: f.allowedImages}
 	c, err := findCloud(f.clouds, f.providerName)
 	if err != nil {
 		return nil, spec, err
@@ -200,6 +236,10 @@ func (f *runFlags) newProvider(ctx context.Context, log *slog.Logger) (provider.
 		return nil, spec, err
 	}
 	spec.DefaultType, spec.DefaultImage = defaults.instanceType, defaults.image
+	if len(spec.AllowedImages) > 0 && spec.DefaultImage != "" && !slices.Contains(spec.AllowedImages, spec.DefaultImage) {
+		// The configured image is the operator's own choice: always allowed.
+		spec.AllowedImages = append(spec.AllowedImages, spec.DefaultImage)
+	}
 	return p, spec, nil
 }
 
@@ -236,6 +276,13 @@ func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
 	return kubernetes.NewForConfig(cfg)
 }
 
+// loggedError is a failure the daemon has already logged in its own format
+// (--log-format); main prints nothing more, only exits non-zero.
+type loggedError struct{ err error }
+
+func (e loggedError) Error() string { return e.err.Error() }
+func (e loggedError) Unwrap() error { return e.err }
+
 // runDaemon is `caa run`. It returns nil after a clean SIGTERM shutdown,
 // which never deletes a VM (invariant I4).
 func runDaemon(ctx context.Context, f *runFlags, stderr io.Writer) error {
@@ -244,14 +291,27 @@ func runDaemon(ctx context.Context, f *runFlags, stderr io.Writer) error {
 	}
 	log, _ := newLogger(stderr, f.logFormat, f.logLevel)
 	log = log.With("node", f.node)
+	if err := daemon(ctx, f, log); err != nil {
+		log.Error("caa cannot run", "err", err)
+		return loggedError{err}
+	}
+	return nil
+}
+
+// daemon runs caa until ctx is done. Health is served from the first moment
+// (503 with the reason while the apiserver, the ledger or the cloud is not
+// there yet), and the apiserver is retried with a capped backoff rather
+// than crash-looping; no cloud call is made before the Node guard passed
+// and the pod cache synced.
+func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	started := time.Now()
-	// The status exists from the start, so time to ready counts it all.
 	reg := prometheus.NewRegistry()
 	metrics, err := health.NewMetrics(reg)
 	if err != nil {
 		return err
 	}
 	status := health.NewStatus(health.Config{Stale: 3 * f.resync, Metrics: metrics})
+	status.SetBlocked("starting: connecting to the Kubernetes API")
 
 	var userData []byte
 	if f.userDataFile != "" {
@@ -261,35 +321,10 @@ func runDaemon(ctx context.Context, f *runFlags, stderr io.Writer) error {
 		}
 		userData = data
 	}
-
-	client, clusterID, err := f.cluster(ctx)
+	client, err := kubeClient(f.kubeconfig)
 	if err != nil {
 		return err
 	}
-
-	_, statErr := os.Stat(f.ledgerPath)
-	existed := statErr == nil
-	led, err := ledger.Open(ledger.Options{Path: f.ledgerPath, Node: f.node, Cluster: clusterID, Logger: log})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err := led.Close(); err != nil {
-			log.Error("ledger close failed", "err", err)
-		}
-	}()
-	if err := reconcile.CheckNodeLedger(ctx, client, f.node, f.ledgerPath, existed, led.Meta().ID); err != nil {
-		return err
-	}
-	if err := reconcile.RecordNodeLedger(ctx, client, f.node, led.Meta().ID); err != nil {
-		return err
-	}
-
-	cloud, specCfg, err := f.newProvider(ctx, log)
-	if err != nil {
-		return fmt.Errorf("provider %s: %w", f.providerName, err)
-	}
-	cloud = health.InstrumentProvider(cloud, metrics)
 
 	// Everything below stops on stop; cloud calls in flight get the grace.
 	stopCtx, stop := context.WithCancel(ctx)
@@ -297,6 +332,17 @@ func runDaemon(ctx context.Context, f *runFlags, stderr io.Writer) error {
 	callCtx, cancelCalls := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelCalls()
 
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	serve := func(name string, fn func() error) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := fn(); err != nil && stopCtx.Err() == nil {
+				log.Error(name+" stopped", "err", err)
+			}
+		}()
+	}
 	mux := http.NewServeMux()
 	mux.Handle("/", health.Handler(status, reg))
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
@@ -307,24 +353,61 @@ func runDaemon(ctx context.Context, f *runFlags, stderr io.Writer) error {
 	if err != nil {
 		return fmt.Errorf("health endpoint: %w", err)
 	}
-	log.Info("caa starting", "version", version, "provider", f.providerName, "ledger", f.ledgerPath,
-		"ledgerID", led.Meta().ID, "cluster", clusterID, "health", srv.Addr().String())
-
-	var wg sync.WaitGroup
-	serve := func(name string, fn func() error) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			if err := fn(); err != nil && stopCtx.Err() == nil {
-				log.Error(name+" stopped", "err", err)
-			}
-		}()
-	}
 	serve("health server", func() error { return srv.Serve(stopCtx) })
+	log.Info("caa starting", "version", version, "provider", f.providerName, "ledger", f.ledgerPath, "health", srv.Addr().String())
+
+	// The cluster id and the Node's ledger id, read before the ledger file
+	// is opened (a refusal must not leave a new, empty file behind).
+	var clusterID, nodeLedger string
+	err = retryAPI(stopCtx, log, status, func(ctx context.Context) error {
+		if clusterID = f.clusterID; clusterID == "" {
+			if clusterID, err = reconcile.ClusterID(ctx, client); err != nil {
+				return err
+			}
+		}
+		nodeLedger, err = reconcile.NodeLedgerID(ctx, client, f.node)
+		return err
+	})
+	if err != nil {
+		return shutdownErr(ctx, err)
+	}
+	_, statErr := os.Stat(f.ledgerPath)
+	existed := statErr == nil
+	if err := reconcile.CompareNodeLedger(f.node, nodeLedger, f.ledgerPath, existed, ""); err != nil {
+		return err
+	}
+
+	status.SetBlocked("starting: opening the ledger " + f.ledgerPath)
+	led, err := ledger.Open(ledger.Options{Path: f.ledgerPath, Node: f.node, Cluster: clusterID, Logger: log})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		if err := led.Close(); err != nil {
+			log.Error("ledger close failed", "err", err)
+		}
+	}()
+	if err := reconcile.CompareNodeLedger(f.node, nodeLedger, f.ledgerPath, existed, led.Meta().ID); err != nil {
+		return err
+	}
+	if nodeLedger != led.Meta().ID {
+		if err := retryAPI(stopCtx, log, status, func(ctx context.Context) error {
+			return reconcile.RecordNodeLedger(ctx, client, f.node, led.Meta().ID)
+		}); err != nil {
+			return shutdownErr(ctx, err)
+		}
+	}
+
+	prov, specCfg, err := f.newProvider(ctx, log)
+	if err != nil {
+		return fmt.Errorf("provider %s: %w", f.providerName, err)
+	}
+	prov = health.InstrumentProvider(prov, metrics)
+	log.Info("ledger open", "ledgerID", led.Meta().ID, "cluster", clusterID)
+
 	serve("ledger socket", func() error {
 		return ledgerapi.Serve(stopCtx, ledgerapi.SocketPath(f.ledgerPath), &ledgerapi.Local{L: led, KeepOpen: true}, log)
 	})
-
 	events := reconcile.NewKubeEvents(client, f.node)
 	defer events.Shutdown()
 	pods, err := reconcile.NewPodSource(client, f.node, f.runtimeClasses, 0)
@@ -332,10 +415,12 @@ func runDaemon(ctx context.Context, f *runFlags, stderr io.Writer) error {
 		return err
 	}
 	serve("pod informer", func() error { pods.Run(stopCtx); return nil })
+	serve("history pruning", func() error { pruneHistory(stopCtx, led, f.retention, log); return nil })
 
 	exec := &reconcile.Executor{
-		Ledger: led, Provider: cloud, Events: events, Cluster: clusterID, Node: f.node,
+		Ledger: led, Provider: prov, Events: events, Cluster: clusterID, Node: f.node,
 		Writes: rate.NewLimiter(rate.Limit(f.createRate), f.createBurst), Log: log,
+		CallTimeout: f.cloudTimeout, Stop: stopCtx,
 	}
 	if userData != nil {
 		exec.UserData = func(*reconcile.Pod) ([]byte, error) { return userData, nil }
@@ -345,23 +430,38 @@ func runDaemon(ctx context.Context, f *runFlags, stderr io.Writer) error {
 		Concurrency: f.concurrency, OrphanGrace: f.gcGrace, BootTimeout: f.bootTimeout,
 		Progress: func() { status.Beat(time.Now()) },
 	}
+	status.SetBlocked("")
 	var readyOnce sync.Once
+	lastBlocked := ""
 	loop := &reconcile.Loop{
 		Reconciler: rec, Pods: pods, Resync: f.resync, Calls: callCtx,
+		Beat: func() { status.Beat(time.Now()) }, MaxPass: 3 * f.cloudTimeout,
 		Report: func(res reconcile.PassResult, converged bool) {
-			status.PassDone(toHealthPass(res))
+			hp := toHealthPass(res)
+			status.PassDone(hp)
 			if converged {
 				readyOnce.Do(func() { log.Info("ready", "timeToReady", time.Since(started).Round(time.Millisecond)) })
 			}
-			log.Info("pass", "duration", res.Duration.Round(time.Millisecond), "actions", res.Actions,
-				"cloudWrites", res.CloudWrites, "pending", len(res.Pending), "failed", len(res.Failed), "err", res.Err)
+			level := slog.LevelInfo
+			if errors.Is(res.Err, reconcile.ErrDaemon) {
+				level = slog.LevelError
+			}
+			log.Log(stopCtx, level, "pass", "duration", res.Duration.Round(time.Millisecond), "actions", res.Actions,
+				"cloudWrites", res.CloudWrites, "pending", len(res.Pending), "failed", len(res.Failed),
+				"notWatched", len(res.NotWatched), "orphansPending", len(res.Orphans), "err", res.Err)
+			// A failure that blocks the whole node (credentials, the
+			// ledger) is an event on the Node, once per distinct reason.
+			if errors.Is(res.Err, reconcile.ErrDaemon) && hp.Blocked != lastBlocked {
+				events.NodeEvent(f.node, true, "CaaBlocked", hp.Blocked)
+			}
+			lastBlocked = hp.Blocked
 		},
 	}
 	loopDone := make(chan struct{})
 	go func() { defer close(loopDone); loop.Run(stopCtx) }()
 
 	<-ctx.Done()
-	log.Info("shutting down: no new work; VMs are left as they are", "grace", f.shutdownGrace)
+	log.Info("shutting down: no new work starts; VMs are left as they are", "grace", f.shutdownGrace)
 	stop()
 	select {
 	case <-loopDone:
@@ -374,6 +474,71 @@ func runDaemon(ctx context.Context, f *runFlags, stderr io.Writer) error {
 	wg.Wait()
 	log.Info("caa stopped")
 	return nil
+}
+
+// shutdownErr is nil when err only says that the daemon was told to stop.
+func shutdownErr(ctx context.Context, err error) error {
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// retryAPI runs fn until it succeeds or ctx is done, backing off from 1s
+// to 30s, keeping /readyz at 503 with the reason and /healthz alive: the
+// apiserver being away is not a reason to crash-loop (which would delay
+// recovery by the kubelet's own back-off once it returns).
+func retryAPI(ctx context.Context, log *slog.Logger, status *health.Status, fn func(context.Context) error) error {
+	backoff := time.Second
+	for attempt := 1; ; attempt++ {
+		status.Beat(time.Now())
+		callCtx, cancel := context.WithTimeout(ctx, 15*time.Second)
+		err := fn(callCtx)
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		reason := "waiting for the Kubernetes API: " + err.Error()
+		status.SetBlocked(reason)
+		level := slog.LevelWarn
+		if apierrors.IsForbidden(err) || apierrors.IsUnauthorized(err) {
+			level = slog.LevelError
+		}
+		log.Log(ctx, level, "Kubernetes API not usable yet; retrying", "attempt", attempt, "retryIn", backoff, "err", err)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+// pruneHistory drops the history of pods deleted longer than retention
+// ago, at start and then every hour, so a churning node's ledger stays
+// bounded.
+func pruneHistory(ctx context.Context, led *ledger.Ledger, retention time.Duration, log *slog.Logger) {
+	tick := time.NewTicker(time.Hour)
+	defer tick.Stop()
+	for {
+		n, err := led.PruneDeleted(ctx, time.Now().Add(-retention), 0)
+		switch {
+		case err != nil && ctx.Err() == nil:
+			log.Warn("history pruning failed", "err", err)
+		case n.Pods > 0:
+			log.Info("history of deleted pods pruned", "pods", n.Pods, "entries", n.Entries, "retention", retention)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
 }
 
 // toHealthPass adapts a pass result for the health status.
@@ -390,6 +555,15 @@ func toHealthPass(res reconcile.PassResult) health.Pass {
 	}
 	for _, ps := range res.Failed {
 		p.Failed = append(p.Failed, health.PodNote(ps))
+	}
+	for _, ps := range res.NotWatched {
+		p.NotWatched = append(p.NotWatched, health.PodNote(ps))
+	}
+	for _, o := range res.Orphans {
+		p.Orphans = append(p.Orphans, health.Orphan{ID: o.ID, Pod: o.Pod, FirstSeen: o.FirstSeen})
+	}
+	if errors.Is(res.Err, reconcile.ErrStopping) {
+		p.Blocked = "stopping: no new work"
 	}
 	if errors.Is(res.Err, reconcile.ErrDaemon) {
 		p.Blocked = res.Err.Error()

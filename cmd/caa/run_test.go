@@ -16,7 +16,8 @@ import (
 func TestRunFlagsCheck(t *testing.T) {
 	good := runFlags{clouds: compiledClouds(), node: "n", providerName: "aws", runtimeClasses: []string{"kata-remote"}, resync: time.Minute,
 		gcGrace: time.Minute, confirmMissing: time.Second, shutdownGrace: time.Second, bootTimeout: time.Minute, concurrency: 1, createRate: 1,
-		createBurst: 1, logFormat: "json", logLevel: "info", instanceTypes: "small:2:4096, large:8:32768"}
+		createBurst: 1, logFormat: "json", logLevel: "info", instanceTypes: "small:2:4096, large:8:32768",
+		retention: time.Hour, cloudTimeout: time.Minute}
 	require.NoError(t, good.check())
 
 	tests := []struct {
@@ -29,6 +30,8 @@ func TestRunFlagsCheck(t *testing.T) {
 		{"no runtime class", func(f *runFlags) { f.runtimeClasses = nil }, "--runtime-class"},
 		{"zero resync", func(f *runFlags) { f.resync = 0 }, "--resync"},
 		{"zero boot timeout", func(f *runFlags) { f.bootTimeout = 0 }, "--boot-timeout"},
+		{"zero retention", func(f *runFlags) { f.retention = 0 }, "--history-retention"},
+		{"zero cloud timeout", func(f *runFlags) { f.cloudTimeout = 0 }, "--cloud-timeout"},
 		{"zero rate", func(f *runFlags) { f.createRate = 0 }, "--create-rate"},
 		{"bad types", func(f *runFlags) { f.instanceTypes = "small:two:4096" }, `"small:two:4096"`},
 		{"bad log format", func(f *runFlags) { f.logFormat = "xml" }, "--log-format"},

@@ -198,6 +198,18 @@ func (k *KubeEvents) Event(pod *Pod, warning bool, reason, message string) {
 	k.recorder.Event(ref, typ, reason, message)
 }
 
+// NodeEvent raises an event on the Node itself, for what concerns the
+// whole node rather than one pod (credentials refused, a broken ledger).
+func (k *KubeEvents) NodeEvent(node string, warning bool, reason, message string) {
+	// The kubelet names its Node events the same way: the UID is the name.
+	ref := &corev1.ObjectReference{Kind: "Node", APIVersion: "v1", Name: node, UID: types.UID(node)}
+	typ := corev1.EventTypeNormal
+	if warning {
+		typ = corev1.EventTypeWarning
+	}
+	k.recorder.Event(ref, typ, reason, message)
+}
+
 // Shutdown flushes and stops the broadcaster.
 func (k *KubeEvents) Shutdown() { k.broadcaster.Shutdown() }
 
@@ -223,13 +235,29 @@ var ErrLedgerReplaced = errors.New("the ledger on this node is not the one the N
 // be used. existed says whether the file was there before this start;
 // ledgerID is the id of the file as opened (empty if none).
 func CheckNodeLedger(ctx context.Context, client kubernetes.Interface, node, ledgerPath string, existed bool, ledgerID string) error {
+	want, err := NodeLedgerID(ctx, client, node)
+	if err != nil {
+		return err
+	}
+	return CompareNodeLedger(node, want, ledgerPath, existed, ledgerID)
+}
+
+// NodeLedgerID reads the ledger id the Node names ("" for none).
+func NodeLedgerID(ctx context.Context, client kubernetes.Interface, node string) (string, error) {
 	n, err := client.CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	if err != nil {
-		return fmt.Errorf("read node %s: %w", node, err)
+		return "", fmt.Errorf("read node %s: %w", node, err)
 	}
-	want := n.Annotations[LedgerAnnotation]
+	return n.Annotations[LedgerAnnotation], nil
+}
+
+// CompareNodeLedger is CheckNodeLedger's decision: want is the Node's
+// annotation. Called before the file is created (ledgerID ""), it refuses
+// a missing file the Node says existed, so a failed start never leaves an
+// empty ledger behind to confuse the next one.
+func CompareNodeLedger(node, want, ledgerPath string, existed bool, ledgerID string) error {
 	switch {
-	case want == "" || want == ledgerID:
+	case want == "" || want == ledgerID || (existed && ledgerID == ""):
 		return nil
 	case !existed:
 		return fmt.Errorf("%w: node %s says ledger %s existed, but %s is missing; the likely cause is the ledger "+
@@ -276,6 +304,12 @@ type Loop struct {
 	// only for VMs to boot (default 1s): readiness should follow the last
 	// boot closely, and each repeat costs one cloud listing.
 	BootPoll time.Duration
+	// Beat, when set, is the liveness heartbeat. The loop beats on every
+	// turn, and every second while a pass runs, for at most MaxPass of
+	// that pass: a slow cloud call is not a dead loop, but a pass stuck
+	// past every call's deadline is.
+	Beat    func()
+	MaxPass time.Duration
 }
 
 // Run blocks until ctx is done.
@@ -314,6 +348,7 @@ func (l *Loop) Run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
+		l.beat()
 		if !l.Pods.Synced() {
 			resetTimer(timer, time.Second)
 			continue
@@ -322,7 +357,9 @@ func (l *Loop) Run(ctx context.Context) {
 		if calls == nil {
 			calls = ctx
 		}
+		stopBeats := l.beatDuring()
 		res := l.Reconciler.Pass(calls, l.Pods.Pods(), l.Pods.Synced())
+		stopBeats()
 		if ctx.Err() != nil {
 			return
 		}
@@ -343,6 +380,42 @@ func (l *Loop) Run(ctx context.Context) {
 		earliest = time.Now().Add(gap)
 		resetTimer(timer, next)
 	}
+}
+
+func (l *Loop) beat() {
+	if l.Beat != nil {
+		l.Beat()
+	}
+}
+
+// beatDuring beats every second until the returned stop is called, or
+// until MaxPass (default 15 min) has passed.
+func (l *Loop) beatDuring() (stop func()) {
+	if l.Beat == nil {
+		return func() {}
+	}
+	limit := l.MaxPass
+	if limit <= 0 {
+		limit = 15 * time.Minute
+	}
+	done := make(chan struct{})
+	go func() {
+		tick := time.NewTicker(time.Second)
+		defer tick.Stop()
+		deadline := time.NewTimer(limit)
+		defer deadline.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-deadline.C:
+				return
+			case <-tick.C:
+				l.Beat()
+			}
+		}
+	}()
+	return func() { close(done) }
 }
 
 // resetTimer moves t to fire after d, draining a pending fire.
