@@ -7,8 +7,9 @@
 // startup pass under throttling is not mistaken for a hung loop),
 // [Status.PassDone] after every full pass over the desired set (with
 // [Pass.Blocked] set when the pass hit something no pod can get past, such
-// as rejected credentials), and [Status.SetBlocked] for such reasons found
-// outside a pass (the ledger would not open). Cloud calls are counted by
+// as rejected credentials), and [Status.SetBlocked] for reasons found
+// outside a pass: the daemon sets it while it waits for the Kubernetes API
+// or the ledger's lock at start, and clears it once its loop runs. Cloud calls are counted by
 // [Metrics.ObserveCloudCall], or by wrapping the provider with
 // [InstrumentProvider]. This package never imports pkg/reconcile: it sees
 // passes only through [Pass], so it stays below the reconciler.

@@ -60,10 +60,9 @@ func (p PodNote) String() string {
 	return s
 }
 
-// Pass is what the reconciler reports after one full pass over the desired
-// set (the startup pass, or a resync). Per-pod reconciles triggered by
-// watch events are not passes: they see only one pod, so they can prove
-// nothing about convergence.
+// Pass is what the reconciler reports after one full pass over the node's
+// pods, records and VMs (the startup pass, or any later one). Only a full
+// pass can prove convergence: it is the only view of every pod at once.
 type Pass struct {
 	// At is when the pass started, Duration how long it took.
 	At       time.Time

@@ -321,10 +321,10 @@ func (e *Executor) cloudFailure(res Result, in Input, reason, what string, err e
 		return res, err
 	}
 	res.CloudErr = err
+	res.RequeueAfter = jitter(e.Backoff(err, in.Retries))
 	if errors.Is(err, provider.ErrAuth) {
 		return res, fmt.Errorf("%w: %s: %w", ErrDaemon, what, err)
 	}
-	res.RequeueAfter = jitter(e.Backoff(err, in.Retries))
 	if errors.Is(err, provider.ErrThrottled) {
 		e.log().Debug("cloud throttled", "what", what, "pod", podRef(pod), "retryAfter", res.RequeueAfter)
 		return res, nil

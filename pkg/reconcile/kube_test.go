@@ -2,6 +2,7 @@ package reconcile
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -12,6 +13,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/client-go/kubernetes/fake"
 	"k8s.io/client-go/tools/cache"
+
+	"github.com/caa-project/caa/pkg/provider"
 )
 
 func kubePod(uid, name, rc string, phase corev1.PodPhase) *corev1.Pod {
@@ -230,4 +233,58 @@ func TestLoopStartsNoPassAfterStop(t *testing.T) {
 		require.Zero(t, passes, "a pass ran after the stop")
 	}
 	assert.Empty(t, f.cloud.Live(), "no VM created by a stopped loop")
+}
+
+// slowList holds every listing for a while, like a cloud that takes its
+// time under throttling.
+type slowList struct {
+	provider.Provider
+	d time.Duration
+}
+
+func (s slowList) List(ctx context.Context, sel provider.Selector) ([]provider.VM, error) {
+	select {
+	case <-time.After(s.d):
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+	return s.Provider.List(ctx, sel)
+}
+
+// TestTheHeartbeatOutlivesASlowPass: a pass that takes seconds still beats
+// every second, so /healthz does not fail a long startup.
+func TestTheHeartbeatOutlivesASlowPass(t *testing.T) {
+	f := newPassFixture(t, time.Hour)
+	f.rec.Exec.Provider = slowList{Provider: f.rec.Exec.Provider, d: 3500 * time.Millisecond}
+	client := fake.NewClientset(kubePod("u1", "a", "kata-remote", corev1.PodRunning))
+	src, err := NewPodSource(client, "n", []string{"kata-remote"}, 0)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go src.Run(ctx)
+	require.True(t, cache.WaitForCacheSync(ctx.Done(), src.Synced))
+
+	var mu sync.Mutex
+	var beats []time.Time
+	passDone := make(chan struct{}, 1)
+	loop := &Loop{Reconciler: f.rec, Pods: src, Resync: time.Hour,
+		Beat: func() { mu.Lock(); beats = append(beats, time.Now()); mu.Unlock() },
+		Report: func(PassResult, bool) {
+			select {
+			case passDone <- struct{}{}:
+			default:
+			}
+		}}
+	go loop.Run(ctx)
+	select {
+	case <-passDone:
+	case <-time.After(30 * time.Second):
+		t.Fatal("no pass")
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	assert.GreaterOrEqual(t, len(beats), 3, "beats during a 3.5s pass")
+	for i := 1; i < len(beats); i++ {
+		assert.Less(t, beats[i].Sub(beats[i-1]), 2*time.Second, "no gap of 2s between beats")
+	}
 }
