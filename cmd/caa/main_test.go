@@ -365,3 +365,59 @@ func TestLedgerHeldByADaemon(t *testing.T) {
 		assert.Contains(t, r.stdout, "gamma")
 	})
 }
+
+// A pod deleted and created again under the same name, and a pod whose VM
+// died and was replaced: what `caa ledger history` and `get` show of them.
+func TestLedgerHistoryOfRecreatedPods(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	path := shortPath(t)
+	l, err := ledger.Open(ledger.Options{Path: path, Node: "worker-1", Cluster: "cluster-x", Timeout: time.Second})
+	require.NoError(t, err)
+	put := func(r ledger.Record) ledger.Record {
+		stored, err := l.Put(r)
+		require.NoError(t, err)
+		return stored
+	}
+	oldUID, newUID := "7c9e6679-0001-4000-8000-00000000000a", "7c9e6679-0002-4000-8000-00000000000b"
+	old := put(ledger.Record{PodUID: oldUID, Namespace: "team", Name: "web", Provider: "aws", VMID: "i-0w1",
+		Phase: ledger.PhaseRunning, Attempt: 1})
+	// The new pod of the same name is recorded before the old one's record goes.
+	put(ledger.Record{PodUID: newUID, Namespace: "team", Name: "web", Phase: ledger.PhaseCreating, Attempt: 1})
+	old.Phase = ledger.PhaseDeleting
+	old = put(old)
+	require.NoError(t, l.Delete(oldUID, old.Revision))
+
+	db := put(ledger.Record{PodUID: "uid-db", Namespace: "team", Name: "db", Provider: "aws", VMID: "i-0dead",
+		Phase: ledger.PhaseRunning, Attempt: 1})
+	db.Phase, db.VMID, db.ReplacesVMID, db.Attempt = ledger.PhaseCreating, "", "i-0dead", 2
+	db = put(db)
+	db.Phase, db.VMID = ledger.PhaseRunning, "i-0live"
+	put(db)
+	require.NoError(t, l.Close())
+
+	r := caa(t, "ledger", "history", "--ledger", path)
+	require.Equal(t, 0, r.code, r.stderr)
+	t.Log("\n" + r.stdout)
+	assert.Regexp(t, `(?m)^TIME\s+POD\s+UID\s+ACTION\s+PHASE\s+VM\s+ATTEMPT\s+REV\s+REASON$`, r.stdout)
+	assert.Regexp(t, `(?m)team/web\s+7c9e6679-0001\s+created\s+Running\s+i-0w1\s`, r.stdout)
+	assert.Regexp(t, `(?m)team/web\s+7c9e6679-0002\s+created\s+Creating\s+-\s`, r.stdout)
+	assert.Regexp(t, `(?m)team/web\s+7c9e6679-0001\s+deleted\s+Deleting\s+i-0w1\s`, r.stdout)
+	assert.Regexp(t, `(?m)team/db\s+uid-db\s+updated\s+Creating\s+- \(replaces i-0dead\)\s+2\s`, r.stdout)
+	assert.Regexp(t, `(?m)team/db\s+uid-db\s+updated\s+Running\s+i-0live \(replaces i-0dead\)\s+2\s`, r.stdout)
+
+	r = caa(t, "ledger", "get", "team/db", "--ledger", path)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Regexp(t, `VM:\s+i-0live\n`, r.stdout)
+	assert.Regexp(t, `Replaces VM:\s+i-0dead \(dead; named here until the cloud has deleted it\)`, r.stdout)
+	assert.Regexp(t, `updated\s+Running\s+i-0live \(replaces i-0dead\)`, r.stdout)
+
+	// The name now means the new pod; the old one is reached by its UID.
+	r = caa(t, "ledger", "get", "team/web", "--ledger", path)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Regexp(t, `Pod UID:\s+`+newUID, r.stdout)
+	r = caa(t, "ledger", "get", oldUID, "--ledger", path)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "(deleted; history below)")
+}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"slices"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -86,6 +87,7 @@ func writeRecordDetail(w io.Writer, output string, rec *ledger.Record, hist []le
 			{"Runtime class", dash(rec.RuntimeClass)}, {"Phase", string(rec.Phase)},
 			{"Reason", dash(rec.Reason)}, {"Message", dash(rec.Message)},
 			{"Provider", dash(rec.Provider)}, {"VM", dash(rec.VMID)}, {"VM name", dash(rec.VMName)},
+			{"Replaces VM", replacesCell(rec.ReplacesVMID)}, {"Failed spec", dash(rec.FailedSpec)},
 			{"Idempotency key", dash(rec.Key)}, {"Instance type", dash(rec.InstanceType)},
 			{"Image", dash(rec.Image)}, {"Zone", dash(rec.Zone)}, {"IPs", dash(strings.Join(rec.IPs, ", "))},
 			{"Attempt", fmt.Sprint(rec.Attempt)}, {"Revision", fmt.Sprint(rec.Revision)},
@@ -110,23 +112,79 @@ func writeEvents(w io.Writer, output string, hist []ledger.Event, withPod bool) 
 	return writeEventTable(w, hist, withPod)
 }
 
+// writeEventTable draws history rows. With withPod (every pod's history)
+// each row names its pod and a short form of its UID, so a pod deleted and
+// created again under the same name is told apart from its predecessor.
 func writeEventTable(w io.Writer, hist []ledger.Event, withPod bool) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	header := "TIME\tACTION\tPHASE\tVM\tATTEMPT\tREV\tREASON"
+	var short map[string]string
 	if withPod {
-		header = "TIME\tPOD\tACTION\tPHASE\tVM\tATTEMPT\tREV\tREASON"
+		header = "TIME\tPOD\tUID\tACTION\tPHASE\tVM\tATTEMPT\tREV\tREASON"
+		uids := make([]string, 0, len(hist))
+		for _, e := range hist {
+			uids = append(uids, e.Record.PodUID)
+		}
+		short = shortUIDs(uids)
 	}
 	fmt.Fprintln(tw, header)
 	for _, e := range hist {
 		r := e.Record
 		pod := ""
 		if withPod {
-			pod = r.PodRef() + "\t"
+			pod = r.PodRef() + "\t" + short[r.PodUID] + "\t"
 		}
 		fmt.Fprintf(tw, "%s\t%s%s\t%s\t%s\t%d\t%d\t%s\n", e.Time.Format(time.RFC3339), pod, e.Action, r.Phase,
-			dash(r.VMID), r.Attempt, r.Revision, dash(r.Reason))
+			vmCell(r), r.Attempt, r.Revision, dash(r.Reason))
 	}
 	return tw.Flush()
+}
+
+// vmCell is a history row's VM: the record's VM, and the dead VM its
+// attempt replaces while that one is not deleted yet.
+func vmCell(r ledger.Record) string {
+	if r.ReplacesVMID == "" {
+		return dash(r.VMID)
+	}
+	return dash(r.VMID) + " (replaces " + r.ReplacesVMID + ")"
+}
+
+func replacesCell(vmID string) string {
+	if vmID == "" {
+		return "-"
+	}
+	return vmID + " (dead; named here until the cloud has deleted it)"
+}
+
+// minShortUID is the shortest UID prefix shown: 8 characters of a UUID.
+const minShortUID = 8
+
+// shortUIDs maps each UID to its shortest prefix, of at least minShortUID
+// characters, that no other UID in uids starts with (the whole UID when it
+// is short or a prefix of another).
+func shortUIDs(uids []string) map[string]string {
+	sorted := slices.Clone(uids)
+	slices.Sort(sorted)
+	sorted = slices.Compact(sorted)
+	common := func(a, b string) int {
+		n := 0
+		for n < len(a) && n < len(b) && a[n] == b[n] {
+			n++
+		}
+		return n
+	}
+	out := make(map[string]string, len(sorted))
+	for i, u := range sorted {
+		n := minShortUID
+		if i > 0 {
+			n = max(n, common(u, sorted[i-1])+1)
+		}
+		if i+1 < len(sorted) {
+			n = max(n, common(u, sorted[i+1])+1)
+		}
+		out[u] = u[:min(n, len(u))]
+	}
+	return out
 }
 
 func writeProblems(w io.Writer, output string, probs []ledger.Problem) error {
