@@ -1,12 +1,16 @@
 package ledger
 
 import (
+	"bytes"
 	"os"
 	"time"
+
+	bolt "go.etcd.io/bbolt"
 )
 
-// The methods below each run one transaction; use View or Update with the
-// Tx methods of the same names to compose several.
+// The methods below each run one transaction (Stats reads the history in
+// several); use View or Update with the Tx methods of the same names to
+// compose several.
 
 // Get returns the record of a pod, or ErrNotFound.
 func (l *Ledger) Get(podUID string) (r Record, err error) {
@@ -85,16 +89,39 @@ func (l *Ledger) Stats() (Stats, error) {
 			}
 		}
 		s.IndexedVMs = tx.tx.Bucket(bucketVMs).Stats().KeyN
-		hist := tx.tx.Bucket(bucketHistory)
-		return hist.ForEachBucket(func(k []byte) error {
-			s.HistoryPods++
-			if b := hist.Bucket(k); b != nil {
-				s.HistoryEntries += b.Stats().KeyN
+		return nil
+	})
+	if err != nil {
+		return s, err
+	}
+	// The history, deleted pods included, can be much larger than the
+	// records: count it a page of pods per read transaction.
+	var after []byte
+	for end := false; !end; {
+		err := l.view(func(btx *bolt.Tx) error {
+			hist := btx.Bucket(bucketHistory)
+			c := hist.Cursor()
+			n := 0
+			for k, v := seekAfter(c, after); k != nil; k, v = c.Next() {
+				if v != nil {
+					continue
+				}
+				if n == MaxHistoryPagePods {
+					return nil
+				}
+				s.HistoryPods++
+				s.HistoryEntries += hist.Bucket(k).Stats().KeyN
+				after = bytes.Clone(k)
+				n++
 			}
+			end = true
 			return nil
 		})
-	})
-	return s, err
+		if err != nil {
+			return s, err
+		}
+	}
+	return s, nil
 }
 
 func countUndecodable(tx *Tx) int {

@@ -290,3 +290,29 @@ func fileSize(t testing.TB, path string) int {
 	require.NoError(t, err)
 	return int(info.Size())
 }
+
+func TestStatsCountsTheHistoryPageByPage(t *testing.T) {
+	l, _ := newTestLedger(t)
+	const pods = 2*MaxHistoryPagePods + 10
+	require.NoError(t, l.Update(func(tx *Tx) error {
+		for i := range pods {
+			r, err := tx.Put(podRecord(fmt.Sprintf("uid-%05d", i)))
+			if err != nil {
+				return err
+			}
+			if i%2 == 0 {
+				if err := tx.Delete(r.PodUID, r.Revision); err != nil {
+					return err
+				}
+			}
+		}
+		return nil
+	}))
+	reads := l.db.Stats().TxN
+	s, err := l.Stats()
+	require.NoError(t, err)
+	assert.Equal(t, pods/2, s.Records)
+	assert.Equal(t, pods, s.HistoryPods)
+	assert.Equal(t, pods+pods/2, s.HistoryEntries)
+	assert.Equal(t, 1+3, l.db.Stats().TxN-reads, "the records in one read, the history in three pages")
+}
