@@ -55,6 +55,9 @@ type runFlags struct {
 	allowedImages  []string
 	retention      time.Duration
 	cloudTimeout   time.Duration
+	audit          time.Duration
+	readRate       float64
+	readBurst      int
 
 	// clouds are the providers built into this binary, with their settings.
 	clouds []*cloud
@@ -70,6 +73,13 @@ func envOr(key, def string) string {
 func envDuration(key string, def time.Duration) time.Duration {
 	if d, err := time.ParseDuration(os.Getenv(key)); err == nil {
 		return d
+	}
+	return def
+}
+
+func envFloat(key string, def float64) float64 {
+	if n, err := strconv.ParseFloat(os.Getenv(key), 64); err == nil {
+		return n
 	}
 	return def
 }
@@ -106,7 +116,12 @@ func addRunFlags(cmd *cobra.Command, f *runFlags) {
 		"runtime class of peer pods, repeatable (env CAA_RUNTIME_CLASSES, comma-separated)")
 	fs.StringVar(&f.ledgerPath, "ledger", envOr("CAA_LEDGER", ledger.DefaultPath), "ledger file (env CAA_LEDGER)")
 	fs.StringVar(&f.healthAddr, "health-addr", envOr("CAA_HEALTH_ADDR", ":8000"), "address of /healthz, /readyz, /metrics, /status (env CAA_HEALTH_ADDR)")
-	fs.DurationVar(&f.resync, "resync", envDuration("CAA_RESYNC", time.Minute), "period of the full pass (env CAA_RESYNC)")
+	fs.DurationVar(&f.resync, "resync", envDuration("CAA_RESYNC", time.Minute),
+		"period of the check of the pod cache against the ledger; it makes no cloud call (env CAA_RESYNC)")
+	fs.DurationVar(&f.audit, "audit-interval", envDuration("CAA_AUDIT_INTERVAL", 10*time.Minute),
+		"mean period of the full pass that lists this node's VMs, jittered by ±50%; 0: at startup only (env CAA_AUDIT_INTERVAL)")
+	fs.Float64Var(&f.readRate, "read-rate", envFloat("CAA_READ_RATE", 5), "cloud reads (listings, gets) per second (env CAA_READ_RATE)")
+	fs.IntVar(&f.readBurst, "read-burst", envInt("CAA_READ_BURST", 20), "burst of cloud reads (env CAA_READ_BURST)")
 	fs.DurationVar(&f.gcGrace, "gc-grace", envDuration("CAA_GC_GRACE", 5*time.Minute), "how long an orphan VM is known before it is deleted (env CAA_GC_GRACE)")
 	fs.DurationVar(&f.bootTimeout, "boot-timeout", envDuration("CAA_BOOT_TIMEOUT", 10*time.Minute),
 		"how long a new VM may boot and still hold back readiness; past it, the pod is reported but no longer waited for (env CAA_BOOT_TIMEOUT)")
@@ -155,8 +170,11 @@ func (f *runFlags) check() error {
 		errs = append(errs, errors.New("--resync, --gc-grace, --confirm-missing, --shutdown-grace, --boot-timeout, "+
 			"--history-retention and --cloud-timeout must be positive"))
 	}
-	if f.concurrency <= 0 || f.createRate <= 0 || f.createBurst <= 0 {
-		errs = append(errs, errors.New("--create-concurrency, --create-rate and --create-burst must be positive"))
+	if f.concurrency <= 0 || f.createRate <= 0 || f.createBurst <= 0 || f.readRate <= 0 || f.readBurst <= 0 {
+		errs = append(errs, errors.New("--create-concurrency, --create-rate, --create-burst, --read-rate and --read-burst must be positive"))
+	}
+	if f.audit < 0 {
+		errs = append(errs, errors.New("--audit-interval must be 0 (startup only) or positive"))
 	}
 	if _, err := parseTypes(f.instanceTypes); err != nil {
 		errs = append(errs, err)
@@ -420,6 +438,7 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	exec := &reconcile.Executor{
 		Ledger: led, Provider: prov, Events: events, Cluster: clusterID, Node: f.node,
 		Writes: rate.NewLimiter(rate.Limit(f.createRate), f.createBurst), Log: log,
+		Reads:       rate.NewLimiter(rate.Limit(f.readRate), f.readBurst),
 		CallTimeout: f.cloudTimeout, Stop: stopCtx,
 	}
 	if userData != nil {
@@ -434,7 +453,7 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	var readyOnce sync.Once
 	lastBlocked := ""
 	loop := &reconcile.Loop{
-		Reconciler: rec, Pods: pods, Resync: f.resync, Calls: callCtx,
+		Reconciler: rec, Pods: pods, Resync: f.resync, Audit: f.audit, Calls: callCtx,
 		Beat: func() { status.Beat(time.Now()) }, MaxPass: 3 * f.cloudTimeout,
 		Report: func(res reconcile.PassResult, converged bool) {
 			hp := toHealthPass(res)

@@ -17,7 +17,7 @@ func TestRunFlagsCheck(t *testing.T) {
 	good := runFlags{clouds: compiledClouds(), node: "n", providerName: "aws", runtimeClasses: []string{"kata-remote"}, resync: time.Minute,
 		gcGrace: time.Minute, confirmMissing: time.Second, shutdownGrace: time.Second, bootTimeout: time.Minute, concurrency: 1, createRate: 1,
 		createBurst: 1, logFormat: "json", logLevel: "info", instanceTypes: "small:2:4096, large:8:32768",
-		retention: time.Hour, cloudTimeout: time.Minute}
+		retention: time.Hour, cloudTimeout: time.Minute, readRate: 1, readBurst: 1}
 	require.NoError(t, good.check())
 
 	tests := []struct {
@@ -31,6 +31,8 @@ func TestRunFlagsCheck(t *testing.T) {
 		{"zero resync", func(f *runFlags) { f.resync = 0 }, "--resync"},
 		{"zero boot timeout", func(f *runFlags) { f.bootTimeout = 0 }, "--boot-timeout"},
 		{"zero retention", func(f *runFlags) { f.retention = 0 }, "--history-retention"},
+		{"negative audit", func(f *runFlags) { f.audit = -time.Second }, "--audit-interval"},
+		{"zero read rate", func(f *runFlags) { f.readRate = 0 }, "--read-rate"},
 		{"zero cloud timeout", func(f *runFlags) { f.cloudTimeout = 0 }, "--cloud-timeout"},
 		{"zero rate", func(f *runFlags) { f.createRate = 0 }, "--create-rate"},
 		{"bad types", func(f *runFlags) { f.instanceTypes = "small:two:4096" }, `"small:two:4096"`},

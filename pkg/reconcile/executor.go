@@ -39,8 +39,10 @@ type Executor struct {
 	Ledger   *ledger.Ledger
 	Provider provider.Provider
 	Events   EventSink
-	// Writes meters cloud creates and deletes (nil: unmetered).
+	// Writes meters cloud creates and deletes, Reads listings and Gets
+	// (nil: unmetered). A call waits for its token; it does not fail.
 	Writes *rate.Limiter
+	Reads  *rate.Limiter
 	// Cluster and Node go into every VM's tags.
 	Cluster, Node string
 	// UserData returns the opaque user data for a pod's VM (nil: none).
@@ -393,11 +395,16 @@ func (e *Executor) record(r ledger.Record, vm provider.VM, phase ledger.Phase) l
 
 // wait takes a token of the write budget; it gives up at stop, and no
 // write starts once stop is done.
-func (e *Executor) wait(ctx context.Context) error {
+func (e *Executor) wait(ctx context.Context) error { return e.take(ctx, e.Writes) }
+
+// read takes a token of the read budget, as wait does for writes.
+func (e *Executor) read(ctx context.Context) error { return e.take(ctx, e.Reads) }
+
+func (e *Executor) take(ctx context.Context, budget *rate.Limiter) error {
 	if e.stopping() {
 		return ErrStopping
 	}
-	if e.Writes != nil {
+	if budget != nil {
 		wctx := ctx
 		if e.Stop != nil {
 			var cancel context.CancelFunc
@@ -406,11 +413,11 @@ func (e *Executor) wait(ctx context.Context) error {
 			stop := context.AfterFunc(e.Stop, cancel)
 			defer stop()
 		}
-		if err := e.Writes.Wait(wctx); err != nil {
+		if err := budget.Wait(wctx); err != nil {
 			if e.stopping() {
 				return ErrStopping
 			}
-			return fmt.Errorf("wait for the cloud write budget: %w", err)
+			return fmt.Errorf("wait for the cloud call budget: %w", err)
 		}
 	}
 	if e.stopping() {

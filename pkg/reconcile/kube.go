@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"reflect"
 	"slices"
+	"sync"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -22,6 +24,7 @@ import (
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/workqueue"
 )
 
 // PodSource is the node's view of pods: an informer on this node's pods
@@ -34,7 +37,13 @@ type PodSource struct {
 	informer       cache.SharedIndexInformer
 	runtimeClasses []string
 	changes        chan struct{}
+
+	mu     sync.Mutex
+	notify func(uid string) // per-pod changes, once a controller listens
 }
+
+// byUID indexes the cache by pod UID, the key of caa's work.
+const byUID = "uid"
 
 // NewPodSource watches the pods bound to node whose runtime class is one
 // of runtimeClasses.
@@ -58,18 +67,26 @@ func NewPodSource(client kubernetes.Interface, node string, runtimeClasses []str
 	// among them); their changes start no pass, except a delete or a move
 	// to a terminal phase, which may free a VM recorded before a
 	// configuration change. A pass never starts new work after a stop.
+	if err := s.informer.AddIndexers(cache.Indexers{byUID: func(obj any) ([]string, error) {
+		if p, ok := obj.(*corev1.Pod); ok {
+			return []string{string(p.UID)}, nil
+		}
+		return nil, nil
+	}}); err != nil {
+		return nil, fmt.Errorf("pod source: %w", err)
+	}
 	if _, err := s.informer.AddEventHandler(cache.ResourceEventHandlerFuncs{
 		AddFunc: func(obj any) {
 			if isPeer(runtimeClasses, obj) {
-				s.poke()
+				s.changed(obj)
 			}
 		},
 		UpdateFunc: func(oldObj, newObj any) {
 			if isPeer(runtimeClasses, newObj) && changed(oldObj, newObj) || becameTerminal(oldObj, newObj) {
-				s.poke()
+				s.changed(newObj)
 			}
 		},
-		DeleteFunc: func(any) { s.poke() },
+		DeleteFunc: func(obj any) { s.changed(obj) },
 	}); err != nil {
 		return nil, fmt.Errorf("pod source: %w", err)
 	}
@@ -99,6 +116,51 @@ func (s *PodSource) Synced() bool { return s.informer.HasSynced() }
 
 // Changes delivers a token after any pod change (coalesced).
 func (s *PodSource) Changes() <-chan struct{} { return s.changes }
+
+// Notify makes every later pod change also call fn with the pod's UID
+// (a controller's queue). Handlers only enqueue; they never call out.
+func (s *PodSource) Notify(fn func(uid string)) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.notify = fn
+}
+
+// changed pokes the loop and notifies the pod's UID.
+func (s *PodSource) changed(obj any) {
+	s.poke()
+	if d, ok := obj.(cache.DeletedFinalStateUnknown); ok {
+		obj = d.Obj
+	}
+	p, ok := obj.(*corev1.Pod)
+	if !ok {
+		return
+	}
+	s.mu.Lock()
+	fn := s.notify
+	s.mu.Unlock()
+	if fn != nil {
+		fn(string(p.UID))
+	}
+}
+
+// Pod returns the cached pod of a UID (NotPeer set as in Pods), or nil.
+func (s *PodSource) Pod(uid string) *Pod {
+	objs, err := s.informer.GetIndexer().ByIndex(byUID, uid)
+	if err != nil || len(objs) == 0 {
+		return nil
+	}
+	p, ok := objs[0].(*corev1.Pod)
+	if !ok {
+		return nil
+	}
+	return s.pod(p)
+}
+
+func (s *PodSource) pod(p *corev1.Pod) *Pod {
+	pod := PodFromKube(p)
+	pod.NotPeer = p.Spec.RuntimeClassName == nil || !slices.Contains(s.runtimeClasses, *p.Spec.RuntimeClassName)
+	return pod
+}
 
 func (s *PodSource) poke() {
 	select {
@@ -146,13 +208,9 @@ func changed(oldObj, newObj any) bool {
 func (s *PodSource) Pods() []*Pod {
 	var out []*Pod
 	for _, obj := range s.informer.GetStore().List() {
-		p, ok := obj.(*corev1.Pod)
-		if !ok {
-			continue
+		if p, ok := obj.(*corev1.Pod); ok {
+			out = append(out, s.pod(p))
 		}
-		pod := PodFromKube(p)
-		pod.NotPeer = p.Spec.RuntimeClassName == nil || !slices.Contains(s.runtimeClasses, *p.Spec.RuntimeClassName)
-		out = append(out, pod)
 	}
 	return out
 }
@@ -284,25 +342,35 @@ func RecordNodeLedger(ctx context.Context, client kubernetes.Interface, node, le
 	return nil
 }
 
-// Loop runs the reconciler: a startup pass until it converges, then a pass
-// on every pod change, on each requeue and at every resync. It reports each
-// pass to report. It returns when ctx is done, after the pass in flight.
+// Loop runs the reconciler in two stages. Startup: full passes (the cloud
+// listing, every pod and record) until one converges, which is what
+// readiness waits for (I5). Steady state, the way Kubernetes controllers
+// work: every pod change puts the pod's UID on a rate-limited, deduplicated
+// work queue, and workers reconcile one pod at a time with that pod's VM
+// only (ReconcilePod: no listing per pod change); a full pass, the audit,
+// runs only every Audit (jittered by ±50% so a fleet does not synchronise),
+// and a cheap resync every Resync reads only the pod cache and the ledger
+// to re-enqueue what still needs work. It returns when ctx is done.
 type Loop struct {
 	Reconciler *Reconciler
 	Pods       *PodSource
-	Resync     time.Duration
-	Report     func(PassResult, bool) // (result, startup pass converged)
-	// Calls, when set, is the context of the cloud and ledger calls of a
-	// pass, so that a shutdown can stop new passes (Run's ctx) while the
-	// calls in flight get a bounded time to finish (Calls cancelled later).
+	// Resync is the period of the cache-and-ledger check (default 1 min);
+	// it makes no cloud call.
+	Resync time.Duration
+	// Audit is the mean period of the full pass after startup (0: startup
+	// only). The audit lists the node's VMs: it finds VMs killed behind
+	// caa's back, orphans and lost records.
+	Audit  time.Duration
+	Report func(PassResult, bool) // (result, startup pass converged)
+	// Calls, when set, is the context of the cloud and ledger calls, so a
+	// shutdown can stop new work (Run's ctx) while the calls in flight get
+	// a bounded time to finish (Calls cancelled later).
 	Calls context.Context
-	// MinGap is the least time between two passes started by pod changes
-	// (default 1s), so a burst of changes costs one cloud listing, not one
-	// each.
+	// MinGap is the least time between two startup passes started by pod
+	// changes (default 1s), so a burst of changes costs one listing.
 	MinGap time.Duration
 	// BootPoll is how soon the startup pass is repeated while it waits
-	// only for VMs to boot (default 1s): readiness should follow the last
-	// boot closely, and each repeat costs one cloud listing.
+	// only for VMs to boot (default 1s).
 	BootPoll time.Duration
 	// Beat, when set, is the liveness heartbeat. The loop beats on every
 	// turn, and every second while a pass runs, for at most MaxPass of
@@ -310,14 +378,39 @@ type Loop struct {
 	// past every call's deadline is.
 	Beat    func()
 	MaxPass time.Duration
+	// Workers reconcile pods at once in the steady state (default the
+	// reconciler's Concurrency): a slow create never holds up a delete.
+	Workers int
 }
 
 // Run blocks until ctx is done.
 func (l *Loop) Run(ctx context.Context) {
-	resync := l.Resync
-	if resync <= 0 {
-		resync = time.Minute
+	queue := workqueue.NewTypedRateLimitingQueueWithConfig(
+		workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 5*time.Minute),
+		workqueue.TypedRateLimitingQueueConfig[string]{Name: "caa-pods"})
+	defer queue.ShutDown()
+	// Changes from the start go on the queue; those the startup passes
+	// already handled cost a look at the ledger, no cloud call.
+	l.Pods.Notify(func(uid string) { queue.Add(uid) })
+	defer l.Pods.Notify(nil)
+
+	last, ok := l.startup(ctx)
+	if !ok {
+		return
 	}
+	l.requeue(queue, last)
+	l.steady(ctx, queue)
+}
+
+func (l *Loop) calls(ctx context.Context) context.Context {
+	if l.Calls != nil {
+		return l.Calls
+	}
+	return ctx
+}
+
+// startup runs full passes until one converges; false when ctx ended first.
+func (l *Loop) startup(ctx context.Context) (PassResult, bool) {
 	gap := l.MinGap
 	if gap <= 0 {
 		gap = time.Second
@@ -329,11 +422,10 @@ func (l *Loop) Run(ctx context.Context) {
 	timer := time.NewTimer(0)
 	defer timer.Stop()
 	var earliest time.Time
-	converged := false // latches at the first converged pass
 	for {
 		select {
 		case <-ctx.Done():
-			return
+			return PassResult{}, false
 		case <-timer.C:
 		case <-l.Pods.Changes():
 			if wait := time.Until(earliest); wait > 0 {
@@ -346,40 +438,143 @@ func (l *Loop) Run(ctx context.Context) {
 		// select picks at random among ready cases: a change or a timer
 		// ready together with the stop must not start a pass after it.
 		if ctx.Err() != nil {
-			return
+			return PassResult{}, false
 		}
 		l.beat()
 		if !l.Pods.Synced() {
 			resetTimer(timer, time.Second)
 			continue
 		}
-		calls := l.Calls
-		if calls == nil {
-			calls = ctx
-		}
-		stopBeats := l.beatDuring()
-		res := l.Reconciler.Pass(calls, l.Pods.Pods(), l.Pods.Synced())
-		stopBeats()
+		res := l.pass(ctx)
 		if ctx.Err() != nil {
-			return
+			return PassResult{}, false
 		}
-		converged = converged || res.Converged()
 		if l.Report != nil {
-			l.Report(res, converged)
+			l.Report(res, res.Converged())
 		}
-		next := resync
+		if res.Converged() {
+			return res, true
+		}
+		next := 5 * time.Second
 		if res.RequeueAfter > 0 && res.RequeueAfter < next {
 			next = res.RequeueAfter
 		}
-		if !converged && next > 5*time.Second {
-			next = 5 * time.Second
-		}
-		if !converged && res.Booting > 0 && next > bootPoll {
+		if res.Booting > 0 && next > bootPoll {
 			next = bootPoll
 		}
 		earliest = time.Now().Add(gap)
 		resetTimer(timer, next)
 	}
+}
+
+func (l *Loop) pass(ctx context.Context) PassResult {
+	stopBeats := l.beatDuring()
+	defer stopBeats()
+	return l.Reconciler.Pass(l.calls(ctx), l.Pods.Pods(), l.Pods.Synced())
+}
+
+// steady runs the workers, the audit and the resync until ctx is done.
+func (l *Loop) steady(ctx context.Context, queue workqueue.TypedRateLimitingInterface[string]) {
+	workers := l.Workers
+	if workers <= 0 {
+		workers = max(l.Reconciler.Concurrency, 8)
+	}
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	defer queue.ShutDown() // before the wait: it ends the workers
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for l.work(ctx, queue) {
+			}
+		}()
+	}
+	resync := l.Resync
+	if resync <= 0 {
+		resync = time.Minute
+	}
+	tick := time.NewTicker(resync)
+	defer tick.Stop()
+	// A nil channel never fires: with no audit, startup was the only pass.
+	var audit <-chan time.Time
+	var auditTimer *time.Timer
+	if l.Audit > 0 {
+		auditTimer = time.NewTimer(AuditJitter(l.Audit, rand.Float64()))
+		defer auditTimer.Stop()
+		audit = auditTimer.C
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+			l.resync(queue)
+		case <-audit:
+			if ctx.Err() != nil {
+				return
+			}
+			res := l.pass(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			if l.Report != nil {
+				l.Report(res, true)
+			}
+			l.requeue(queue, res)
+			auditTimer.Reset(AuditJitter(l.Audit, rand.Float64()))
+		}
+	}
+}
+
+// work reconciles one pod from the queue; false once the queue shut down.
+func (l *Loop) work(ctx context.Context, queue workqueue.TypedRateLimitingInterface[string]) bool {
+	uid, quit := queue.Get()
+	if quit {
+		return false
+	}
+	defer queue.Done(uid)
+	if ctx.Err() != nil {
+		return false
+	}
+	res := l.Reconciler.ReconcilePod(l.calls(ctx), uid, l.Pods.Pod(uid), l.Pods.Synced())
+	l.beat()
+	// The reconciler's own backoff (by error kind, Retry-After) sets the
+	// delay; the queue only dedups and delays.
+	queue.Forget(uid)
+	if res.RequeueAfter > 0 && ctx.Err() == nil {
+		queue.AddAfter(uid, res.RequeueAfter)
+	}
+	return true
+}
+
+// resync enqueues what the cache and the ledger say still needs work.
+func (l *Loop) resync(queue workqueue.TypedRateLimitingInterface[string]) {
+	l.beat()
+	if !l.Pods.Synced() {
+		return
+	}
+	uids, err := l.Reconciler.Stale(l.Pods.Pods())
+	if err != nil {
+		l.Reconciler.Exec.log().Warn("resync: cannot read the ledger", "err", err)
+		return
+	}
+	for _, uid := range uids {
+		queue.Add(uid)
+	}
+}
+
+// requeue puts the pods a pass wants to see again on the queue.
+func (l *Loop) requeue(queue workqueue.TypedRateLimitingInterface[string], res PassResult) {
+	for uid, after := range res.Requeue {
+		queue.AddAfter(uid, after)
+	}
+}
+
+// AuditJitter spreads an audit period over [0.5, 1.5) of itself, from a
+// uniform u in [0, 1), so the caa pods of a fleet do not list in step.
+func AuditJitter(period time.Duration, u float64) time.Duration {
+	return time.Duration(float64(period) * (0.5 + u))
 }
 
 func (l *Loop) beat() {

@@ -15,6 +15,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 
 	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/test/mocks/cloud"
 )
 
 func kubePod(uid, name, rc string, phase corev1.PodPhase) *corev1.Pod {
@@ -131,8 +132,12 @@ func TestClusterIDIsTheKubeSystemUID(t *testing.T) {
 	assert.ErrorContains(t, err, "--cluster-id")
 }
 
-func TestLoopConvergesThenFollowsPodChanges(t *testing.T) {
+// TestLoopConvergesThenFollowsPodChangesWithoutListing: after the startup
+// pass, a pod change costs only its own VM's calls: a create and one read
+// to see it boot, a delete and no read. No listing per pod change.
+func TestLoopConvergesThenFollowsPodChangesWithoutListing(t *testing.T) {
 	f := newPassFixture(t, time.Hour)
+	f.rec.BootCheck = 100 * time.Millisecond
 	client := fake.NewClientset(kubePod("u1", "a", "kata-remote", corev1.PodRunning), kubePod("u2", "b", "kata-remote", corev1.PodRunning))
 	src, err := NewPodSource(client, "n", []string{"kata-remote"}, 0)
 	require.NoError(t, err)
@@ -140,46 +145,82 @@ func TestLoopConvergesThenFollowsPodChanges(t *testing.T) {
 	defer cancel()
 	go src.Run(ctx)
 
-	type report struct {
-		res       PassResult
-		converged bool
-	}
-	reports := make(chan report, 100)
-	loop := &Loop{Reconciler: f.rec, Pods: src, Resync: time.Hour,
-		Report: func(r PassResult, c bool) { reports <- report{r, c} }}
+	converged := make(chan struct{})
+	var once sync.Once
+	loop := &Loop{Reconciler: f.rec, Pods: src, Resync: time.Hour, Audit: time.Hour,
+		Report: func(r PassResult, c bool) {
+			if c {
+				once.Do(func() { close(converged) })
+			}
+		}}
 	done := make(chan struct{})
 	go func() { loop.Run(ctx); close(done) }()
-
-	waitFor := func(what string, ok func(report) bool) {
-		t.Helper()
-		deadline := time.After(20 * time.Second)
-		for {
-			select {
-			case r := <-reports:
-				if ok(r) {
-					return
-				}
-			case <-deadline:
-				t.Fatalf("no pass reported %s", what)
-			}
-		}
+	select {
+	case <-converged:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the startup pass never converged")
 	}
-	waitFor("convergence", func(r report) bool { return r.converged })
 	assert.Len(t, f.cloud.Live(), 2)
+	f.cloud.ResetCounters()
+	f.cloud.SetFaults(cloud.Faults{BootDelay: time.Hour}) // new VMs answer the create as booting
 
 	_, err = client.CoreV1().Pods("ns").Create(ctx, kubePod("u3", "c", "kata-remote", corev1.PodPending), metav1.CreateOptions{})
 	require.NoError(t, err)
-	waitFor("the new pod's VM", func(report) bool { return len(f.cloud.Live()) == 3 })
+	require.Eventually(t, func() bool { return len(f.cloud.Live()) == 3 }, 20*time.Second, 10*time.Millisecond, "the new pod's VM")
+	require.Eventually(t, func() bool { return f.cloud.Counters()[cloud.OpGet] == 1 }, 20*time.Second, 10*time.Millisecond,
+		"one read to see the new VM boot")
 
 	require.NoError(t, client.CoreV1().Pods("ns").Delete(ctx, "a", metav1.DeleteOptions{}))
-	waitFor("the deleted pod's VM gone", func(report) bool { return len(f.cloud.Live()) == 2 })
+	require.Eventually(t, func() bool { return len(f.cloud.Live()) == 2 }, 20*time.Second, 10*time.Millisecond, "the deleted pod's VM gone")
 
+	// A status-only update and an unrelated pod cost nothing.
+	_, err = client.CoreV1().Pods("ns").Create(ctx, kubePod("u9", "plain", "", corev1.PodRunning), metav1.CreateOptions{})
+	require.NoError(t, err)
 	cancel()
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
 		t.Fatal("loop did not stop on cancel")
 	}
+	c := f.cloud.Counters()
+	assert.Zero(t, c[cloud.OpList], "no listing per pod change")
+	assert.EqualValues(t, 1, c[cloud.OpCreate])
+	assert.EqualValues(t, 1, c[cloud.OpDelete])
+	assert.EqualValues(t, 1, c[cloud.OpGet], "the delete read nothing")
+}
+
+func TestAuditJitterStaysWithinHalfAPeriod(t *testing.T) {
+	p := 10 * time.Minute
+	assert.Equal(t, 5*time.Minute, AuditJitter(p, 0))
+	assert.Equal(t, 10*time.Minute, AuditJitter(p, 0.5))
+	for _, u := range []float64{0, 0.1, 0.5, 0.9, 0.999999} {
+		d := AuditJitter(p, u)
+		assert.GreaterOrEqual(t, d, p/2)
+		assert.Less(t, d, 3*p/2)
+	}
+}
+
+// TestTheAuditFindsAVMKilledBehindCaasBack: between audits nothing reads
+// the cloud; the audit lists the node's VMs once and the pod gets a new VM.
+func TestTheAuditFindsAVMKilledBehindCaasBack(t *testing.T) {
+	f := newPassFixture(t, time.Hour)
+	client := fake.NewClientset(kubePod("u1", "a", "kata-remote", corev1.PodRunning))
+	src, err := NewPodSource(client, "n", []string{"kata-remote"}, 0)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go src.Run(ctx)
+	passes := make(chan PassResult, 100)
+	loop := &Loop{Reconciler: f.rec, Pods: src, Resync: time.Hour, Audit: 400 * time.Millisecond,
+		Report: func(r PassResult, _ bool) { passes <- r }}
+	go loop.Run(ctx)
+	require.Eventually(t, func() bool { return len(f.cloud.Live()) == 1 }, 20*time.Second, 10*time.Millisecond)
+	first := f.cloud.Live()[0].ID
+	require.NoError(t, f.cloud.Kill(first))
+	require.Eventually(t, func() bool {
+		live := f.cloud.Live()
+		return len(live) == 1 && live[0].ID != first
+	}, 20*time.Second, 10*time.Millisecond, "recreated at an audit")
 }
 
 func TestOnlyRelevantUpdatesPokeTheLoop(t *testing.T) {

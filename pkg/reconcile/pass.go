@@ -38,6 +38,13 @@ type Reconciler struct {
 	// problem to report, and the node's other pods must not wait on it.
 	BootTimeout time.Duration
 
+	// BootCheck is how long after a create between full passes the VM is
+	// read once to see it run (default 30s).
+	BootCheck time.Duration
+
+	// work orders full passes against per-pod work: a pass holds it
+	// exclusively, ReconcilePod shared, so both never act on one pod.
+	work    sync.RWMutex
 	mu      sync.Mutex
 	missing map[string]missingVM // by pod UID
 	orphans *OrphanTracker
@@ -98,6 +105,9 @@ type PassResult struct {
 	NotWatched []PodStatus
 	// Orphans are the orphan VMs waiting out their grace period.
 	Orphans []PendingOrphan
+	// Requeue asks for another look at these pods (by UID) after the given
+	// time: a VM missing but not yet confirmed, a backoff, a VM in flight.
+	Requeue map[string]time.Duration
 	// Err is set when the pass could not run or a failure blocks the
 	// daemon (errors.Is(Err, ErrDaemon)); pods not reached are Pending.
 	Err error
@@ -116,6 +126,8 @@ func (r *Reconciler) Pass(ctx context.Context, pods []*Pod, synced bool) (out Pa
 	now := r.now()
 	res := PassResult{At: now, Actions: map[Kind]int{}}
 	defer func() { out.Duration = r.now().Sub(now) }()
+	r.work.Lock()
+	defer r.work.Unlock()
 	if r.Exec.stopping() {
 		res.Err = ErrStopping
 		return r.report(res, pods, nil, nil, nil)
@@ -129,6 +141,10 @@ func (r *Reconciler) Pass(ctx context.Context, pods []*Pod, synced bool) (out Pa
 	// Undecodable records are left out; their pods' VMs are still found by
 	// tag and adopted, never duplicated.
 	sel := provider.Selector{Cluster: r.Exec.Cluster, Node: r.Exec.Node}
+	if err := r.Exec.read(ctx); err != nil {
+		res.Err = err
+		return r.report(res, pods, records, nil, nil)
+	}
 	lctx, cancel := r.Exec.call(ctx)
 	vms, err := r.Exec.Provider.List(lctx, sel)
 	cancel()
@@ -192,7 +208,7 @@ func (r *Reconciler) inputs(ctx context.Context, pods []*Pod, records []ledger.R
 		in := Input{Pod: podByUID[uid], Record: recs[uid], CacheSynced: synced, Now: now, Retries: r.retries[uid].n}
 		if in.Record != nil && in.Record.VMID != "" {
 			in.VM = byID[in.Record.VMID]
-			if in.VM == nil && !r.Exec.stopping() {
+			if in.VM == nil && r.Exec.read(ctx) == nil {
 				in.VM = r.confirm(ctx, in.Record.VMID)
 			}
 		}
@@ -309,6 +325,10 @@ func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult)
 			if res.RequeueAfter == 0 || wait < res.RequeueAfter {
 				res.RequeueAfter = wait
 			}
+			if res.Requeue == nil {
+				res.Requeue = map[string]time.Duration{}
+			}
+			res.Requeue[podUID(in)] = wait
 			note(in, *held)
 			continue
 		}
@@ -329,6 +349,12 @@ func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult)
 			res.CloudWrites += out.CloudWrites
 			if out.RequeueAfter > 0 && (res.RequeueAfter == 0 || out.RequeueAfter < res.RequeueAfter) {
 				res.RequeueAfter = out.RequeueAfter
+			}
+			if wait := max(out.RequeueAfter, a.RequeueAfter); wait > 0 {
+				if res.Requeue == nil {
+					res.Requeue = map[string]time.Duration{}
+				}
+				res.Requeue[podUID(in)] = wait
 			}
 			if err != nil && !errors.Is(err, ErrStopping) {
 				if errors.Is(err, ErrDaemon) && res.Err == nil {

@@ -90,7 +90,7 @@ func launchCaa(t *testing.T, c *cluster.Cluster, node, ledgerPath, label string,
 	require.NoError(t, err)
 	logs := &cluster.SyncBuffer{}
 	common := []string{"run", "--node-name", node, "--kubeconfig", c.Kubeconfig(), "--ledger", ledgerPath,
-		"--health-addr", "127.0.0.1:" + strconv.Itoa(port), "--resync", "2s", "--confirm-missing", "2s", "--log-format", "json"}
+		"--health-addr", "127.0.0.1:" + strconv.Itoa(port), "--resync", "2s", "--audit-interval", "2s", "--confirm-missing", "2s", "--log-format", "json"}
 	cmd := exec.Command(caaBin, append(common, args...)...)
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = logs, logs

@@ -150,7 +150,7 @@ func TestRestartWithAnotherRuntimeClassDeletesNothing(t *testing.T) {
 	d.stop(t)
 
 	aws.core.ResetCounters()
-	d = startCaa(t, c, aws, node, ledgerPath, "typo", "--runtime-class", "kata-remtoe", "--gc-grace", "1s", "--resync", "1s")
+	d = startCaa(t, c, aws, node, ledgerPath, "typo", "--runtime-class", "kata-remtoe", "--gc-grace", "1s", "--resync", "1s", "--audit-interval", "1s")
 	d.waitReady(t, func() {})
 	d.waitPasses(t, 4) // several passes, each past the orphan grace
 	assert.Equal(t, before, liveVMs(aws.core), "every VM kept")

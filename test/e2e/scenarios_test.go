@@ -258,7 +258,7 @@ func TestOrphanVMCollectedAfterGrace(t *testing.T) {
 	}
 	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
 	started := time.Now() // caa cannot see the orphan before this
-	d := startCaa(t, c, aws, node, ledgerPath, "orphan", "--gc-grace", grace.String(), "--resync", "1s")
+	d := startCaa(t, c, aws, node, ledgerPath, "orphan", "--gc-grace", grace.String(), "--resync", "1s", "--audit-interval", "1s")
 	d.waitReady(t, func() {})
 
 	isLive := func(id string) bool {
@@ -319,7 +319,7 @@ func TestCrashSafetyUnderRandomKills(t *testing.T) {
 	aws.core.SetFaults(cloud.Faults{Latency: 15 * time.Millisecond})
 	// A slow write budget keeps creates going across many lives: each start
 	// may spend a burst of 2, then 5 a second.
-	flags := []string{"--gc-grace", "3s", "--resync", "1s", "--create-rate", "5", "--create-burst", "2"}
+	flags := []string{"--gc-grace", "3s", "--resync", "1s", "--audit-interval", "1s", "--create-rate", "5", "--create-burst", "2"}
 
 	begin := time.Now()
 	whileCreating := 0
@@ -412,7 +412,7 @@ func TestConvergesThroughCloudFaults(t *testing.T) {
 	})
 
 	d := startCaa(t, c, aws, node, ledgerPath, "faults",
-		"--confirm-missing", "10s", "--resync", "1s", "--create-rate", "50", "--create-burst", "20")
+		"--confirm-missing", "10s", "--resync", "1s", "--audit-interval", "1s", "--create-rate", "50", "--create-burst", "20")
 	d.waitReady(t, func() {})
 	requireOneEach(t, aws.core, uids, time.Minute)
 	// More passes with the faults still on: a VM a listing or a Get misses
@@ -450,7 +450,7 @@ func TestRecreateUnderEventualConsistency(t *testing.T) {
 	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
 	aws.core.SetFaults(cloud.Faults{Latency: 10 * time.Millisecond, InvisibleFor: invisible})
 
-	d := startCaa(t, c, aws, node, ledgerPath, "recreate", "--confirm-missing", "10s", "--resync", "1s")
+	d := startCaa(t, c, aws, node, ledgerPath, "recreate", "--confirm-missing", "10s", "--resync", "1s", "--audit-interval", "1s")
 	d.waitReady(t, func() {})
 	requireOneEach(t, aws.core, uids, time.Minute)
 
