@@ -177,3 +177,48 @@ func TestRestartWithAnotherRuntimeClassDeletesNothing(t *testing.T) {
 	requireOneEach(t, aws.core, uids, time.Minute)
 	d.stop(t)
 }
+
+// TestPodChurnCostsNoListing: with the default audit interval, pod creates
+// and deletes after the startup cost only their own VMs' calls, counted at
+// the fake EC2: one RunInstances and at most two reads per create, one
+// TerminateInstances and at most one read per delete, and no listing.
+func TestPodChurnCostsNoListing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	aws := newAWSCloud(t)
+	const node = "worker-1"
+	_, err := c.CreateNode(ctx, node)
+	require.NoError(t, err)
+	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
+	first := createPods(ctx, t, c, "team", "first", node, 6)
+
+	d := startCaa(t, c, aws, node, ledgerPath, "churn", "--audit-interval", "10m", "--resync", "2s")
+	d.waitReady(t, func() {})
+	aws.core.ResetCounters()
+
+	const creates, deletes = 10, 4
+	fresh := createPods(ctx, t, c, "team", "fresh", node, creates)
+	want := map[string]string{}
+	i := 0
+	for uid, name := range first {
+		if i < deletes {
+			require.NoError(t, c.Client().CoreV1().Pods("team").Delete(ctx, name[len("team/"):], metav1.DeleteOptions{GracePeriodSeconds: new(int64)}))
+		} else {
+			want[uid] = name
+		}
+		i++
+	}
+	for uid, name := range fresh {
+		want[uid] = name
+	}
+	requireOneEach(t, aws.core, want, 2*time.Minute)
+	d.waitPasses(t, 0)
+	n := aws.core.Counters()
+	t.Logf("cloud calls for %d creates and %d deletes: %v", creates, deletes, n)
+	assert.Zero(t, n[cloud.OpList], "no listing per pod change")
+	assert.EqualValues(t, creates, n[cloud.OpCreate])
+	assert.EqualValues(t, deletes, n[cloud.OpDelete])
+	assert.LessOrEqual(t, n[cloud.OpGet], int64(2*creates+deletes), "reads per pod change stay within the budget")
+	d.stop(t)
+}
