@@ -581,3 +581,36 @@ func Bench(b *testing.B, factory Factory, latency time.Duration) {
 		b.ReportMetric(float64(h.Cloud.Counters()["total"])/float64(b.N), "calls/op")
 	})
 }
+
+// Deadlines checks that every call of a provider configured with short
+// per-call timeouts (read and write both well under bound) ends on its own
+// deadline when the cloud stops answering, even though the caller's context
+// has none: each returns context.DeadlineExceeded in its chain within bound,
+// and not as one of the kinds (it is not the cloud's answer).
+func Deadlines(t *testing.T, h Harness, bound time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	vm, err := h.Provider.Create(ctx, Spec(90, "node-a"))
+	require.NoError(t, err)
+	h.Cloud.SetFaults(cloud.Faults{Latency: time.Hour})
+	defer h.Cloud.SetFaults(cloud.Faults{})
+
+	calls := []struct {
+		name string
+		call func() error
+	}{
+		{"get", func() error { _, err := h.Provider.Get(ctx, vm.ID); return err }},
+		{"list", func() error { _, err := h.Provider.List(ctx, provider.Selector{Cluster: Cluster, Node: "node-a"}); return err }},
+		{"create", func() error { _, err := h.Provider.Create(ctx, Spec(91, "node-a")); return err }},
+		{"delete", func() error { return h.Provider.Delete(ctx, vm.ID) }},
+	}
+	for _, c := range calls {
+		start := time.Now()
+		err := c.call()
+		took := time.Since(start)
+		require.Error(t, err, c.name)
+		assert.ErrorIs(t, err, context.DeadlineExceeded, "%s ends on its own deadline: %v", c.name, err)
+		assert.Less(t, took, bound, "%s took %s", c.name, took)
+		assert.False(t, provider.Terminal(err), "%s: a timeout is transient", c.name)
+	}
+}

@@ -29,6 +29,11 @@
 //     Retry-After the cloud sent, and the client-side retry quota is off so
 //     it never masks the cloud's answer. RunInstances is safe to retry
 //     because of its ClientToken. Get never retries NotFound.
+//   - Deadlines: every EC2 call runs under its own deadline, its SDK
+//     retries included: Config.ReadTimeout for each DescribeInstances page
+//     (30s by default), Config.WriteTimeout for RunInstances and
+//     TerminateInstances (2m), so a cloud that stops answering costs a
+//     transient context.DeadlineExceeded, never a hung reconcile.
 //   - Credentials: only the SDK's default chain (environment, shared files,
 //     web identity for IRSA, container and instance metadata). The provider
 //     never holds, logs or echoes them; user data is base64-encoded into
@@ -96,6 +101,15 @@ func New(ctx context.Context, cfg Config) (*Provider, error) {
 	return &Provider{cfg: cfg, api: client}, nil
 }
 
+// readCtx and writeCtx bound one EC2 call (see Config.ReadTimeout).
+func (p *Provider) readCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return provider.CallContext(ctx, p.cfg.ReadTimeout, provider.DefaultReadTimeout)
+}
+
+func (p *Provider) writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return provider.CallContext(ctx, p.cfg.WriteTimeout, provider.DefaultWriteTimeout)
+}
+
 // Name is "aws".
 func (p *Provider) Name() string { return Name }
 
@@ -120,7 +134,9 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM,
 	if vm, ok, err := p.findByToken(ctx, token, spec.Key); err != nil || ok {
 		return vm, err
 	}
-	out, err := p.api.RunInstances(ctx, p.runInput(spec, token, tags))
+	wctx, cancel := p.writeCtx(ctx)
+	defer cancel()
+	out, err := p.api.RunInstances(wctx, p.runInput(spec, token, tags))
 	if err != nil {
 		return provider.VM{}, classify(opCreate, err)
 	}
@@ -178,6 +194,8 @@ func (p *Provider) findByToken(ctx context.Context, token, key string) (provider
 // Get describes one instance. EC2 answers InvalidInstanceID.NotFound for an
 // id it does not know, including one it has not made visible yet.
 func (p *Provider) Get(ctx context.Context, id string) (provider.VM, error) {
+	ctx, cancel := p.readCtx(ctx)
+	defer cancel()
 	out, err := p.api.DescribeInstances(ctx, &ec2.DescribeInstancesInput{InstanceIds: []string{id}})
 	if err != nil {
 		return provider.VM{}, classify(opGet, err)
@@ -223,7 +241,9 @@ func (p *Provider) describe(ctx context.Context, op string, filters []types.Filt
 		Filters: filters, MaxResults: awssdk.Int32(pageSize),
 	})
 	for pages.HasMorePages() {
-		page, err := pages.NextPage(ctx)
+		pctx, cancel := p.readCtx(ctx)
+		page, err := pages.NextPage(pctx)
+		cancel()
 		if err != nil {
 			return classify(op, err)
 		}
@@ -240,6 +260,8 @@ func (p *Provider) describe(ctx context.Context, op string, filters []types.Filt
 
 // Delete terminates the instance; nil when EC2 no longer knows it.
 func (p *Provider) Delete(ctx context.Context, id string) error {
+	ctx, cancel := p.writeCtx(ctx)
+	defer cancel()
 	_, err := p.api.TerminateInstances(ctx, &ec2.TerminateInstancesInput{InstanceIds: []string{id}})
 	if err == nil {
 		return nil

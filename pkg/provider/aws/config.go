@@ -55,6 +55,13 @@ type Config struct {
 	// errors (0: 3). MaxBackoff caps the wait between them (0: 5s).
 	MaxAttempts int
 	MaxBackoff  time.Duration
+	// ReadTimeout bounds each read call (one DescribeInstances page, its
+	// retries included); 0: provider.DefaultReadTimeout (30s).
+	// WriteTimeout bounds each RunInstances or TerminateInstances call;
+	// 0: provider.DefaultWriteTimeout (2m). A call past its timeout fails
+	// with context.DeadlineExceeded, transient.
+	ReadTimeout  time.Duration
+	WriteTimeout time.Duration
 	// Logger receives the SDK's retry notices at debug level; nil: none.
 	Logger *slog.Logger
 
@@ -81,6 +88,8 @@ const (
 	setEndpoint     setting = "endpoint"
 	setMaxAttempts  setting = "max-attempts"
 	setMaxBackoff   setting = "max-backoff"
+	setReadTimeout  setting = "read-timeout"
+	setWriteTimeout setting = "write-timeout"
 )
 
 // AddFlags registers the --aws-* flags on fs, each defaulting to its
@@ -103,6 +112,10 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 		"attempts per EC2 call for 5xx and network errors; throttling is never retried (env "+setMaxAttempts.env()+")")
 	fs.DurationVar(&c.MaxBackoff, setMaxBackoff.flag(), c.envDuration(setMaxBackoff, defaultMaxBackoff),
 		"longest wait between attempts (env "+setMaxBackoff.env()+")")
+	fs.DurationVar(&c.ReadTimeout, setReadTimeout.flag(), c.envDuration(setReadTimeout, provider.DefaultReadTimeout),
+		"deadline of each read call to EC2, its retries included (env "+setReadTimeout.env()+")")
+	fs.DurationVar(&c.WriteTimeout, setWriteTimeout.flag(), c.envDuration(setWriteTimeout, provider.DefaultWriteTimeout),
+		"deadline of each launch or terminate call to EC2, its retries included (env "+setWriteTimeout.env()+")")
 }
 
 func (c *Config) envTags() map[string]string {
@@ -167,8 +180,13 @@ func (c Config) Validate() error {
 	if c.MaxAttempts < 0 || c.MaxAttempts > maxMaxAttempts {
 		bad("%s: %d is not between 1 and %d (0 for the default, %d)", setMaxAttempts.both(), c.MaxAttempts, maxMaxAttempts, defaultMaxAttempts)
 	}
-	if c.MaxBackoff < 0 {
-		bad("%s: %s is negative", setMaxBackoff.both(), c.MaxBackoff)
+	for _, d := range []struct {
+		s setting
+		v time.Duration
+	}{{setMaxBackoff, c.MaxBackoff}, {setReadTimeout, c.ReadTimeout}, {setWriteTimeout, c.WriteTimeout}} {
+		if d.v < 0 {
+			bad("%s: %s is negative", d.s.both(), d.v)
+		}
 	}
 	if len(c.ExtraTags) > maxExtraTags {
 		bad("%s: %d tags, at most %d", setExtraTags.both(), len(c.ExtraTags), maxExtraTags)

@@ -14,6 +14,7 @@ import (
 var settingEnvs = []string{
 	"CAA_AWS_REGION", "AWS_REGION", "CAA_AWS_SUBNET_ID", "CAA_AWS_SECURITY_GROUP_IDS", "CAA_AWS_IMAGE",
 	"CAA_AWS_INSTANCE_TYPE", "CAA_AWS_TAGS", "CAA_AWS_ENDPOINT", "CAA_AWS_MAX_ATTEMPTS", "CAA_AWS_MAX_BACKOFF",
+	"CAA_AWS_READ_TIMEOUT", "CAA_AWS_WRITE_TIMEOUT",
 }
 
 // parseFlags clears the settings' environment, applies env, and parses args.
@@ -35,6 +36,7 @@ func TestFlagsDefaultFromTheEnvironment(t *testing.T) {
 		"CAA_AWS_SECURITY_GROUP_IDS": "sg-0a1b2c3d, sg-1a2b3c4d", "CAA_AWS_IMAGE": "ami-0123456789abcdef0",
 		"CAA_AWS_INSTANCE_TYPE": "t3.small", "CAA_AWS_TAGS": "team=platform, env=prod",
 		"CAA_AWS_ENDPOINT": "https://ec2.internal.example", "CAA_AWS_MAX_ATTEMPTS": "5", "CAA_AWS_MAX_BACKOFF": "2s",
+		"CAA_AWS_READ_TIMEOUT": "10s",
 	})
 	require.NoError(t, cfg.Validate())
 	cfg.envErrs = nil
@@ -42,7 +44,7 @@ func TestFlagsDefaultFromTheEnvironment(t *testing.T) {
 		Region: "eu-west-1", SubnetID: testSubnet, SecurityGroupIDs: []string{"sg-0a1b2c3d", "sg-1a2b3c4d"},
 		Image: "ami-0123456789abcdef0", InstanceType: "t3.small",
 		ExtraTags: map[string]string{"team": "platform", "env": "prod"}, Endpoint: "https://ec2.internal.example",
-		MaxAttempts: 5, MaxBackoff: 2 * time.Second,
+		MaxAttempts: 5, MaxBackoff: 2 * time.Second, ReadTimeout: 10 * time.Second, WriteTimeout: 2 * time.Minute,
 	}, cfg)
 }
 
@@ -93,6 +95,8 @@ func TestValidateNamesTheFlagAndTheVariable(t *testing.T) {
 		{"bad endpoint", func(c *Config) { c.Endpoint = "ec2.local:8080" }, []string{"--aws-endpoint", "CAA_AWS_ENDPOINT"}},
 		{"too many attempts", func(c *Config) { c.MaxAttempts = 50 }, []string{"--aws-max-attempts", "CAA_AWS_MAX_ATTEMPTS"}},
 		{"negative backoff", func(c *Config) { c.MaxBackoff = -time.Second }, []string{"--aws-max-backoff", "CAA_AWS_MAX_BACKOFF"}},
+		{"negative read timeout", func(c *Config) { c.ReadTimeout = -time.Second }, []string{"--aws-read-timeout", "CAA_AWS_READ_TIMEOUT"}},
+		{"negative write timeout", func(c *Config) { c.WriteTimeout = -time.Second }, []string{"--aws-write-timeout", "CAA_AWS_WRITE_TIMEOUT"}},
 		{"reserved tag", func(c *Config) { c.ExtraTags = map[string]string{"aws:cloudformation": "x"} }, []string{"--aws-tags", "aws:"}},
 		{"caa's own tag", func(c *Config) { c.ExtraTags = map[string]string{"caa-node": "x"} }, []string{"set by caa"}},
 		{"Name tag", func(c *Config) { c.ExtraTags = map[string]string{"Name": "x"} }, []string{"set by caa"}},

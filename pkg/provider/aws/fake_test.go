@@ -188,3 +188,8 @@ func TestLargePagesCostOneCallEach(t *testing.T) {
 	assert.Equal(t, int64(lists*10), f.cloud.Counters()[cloud.OpList], "ten pages a listing, no call sent twice")
 	assert.NotContains(t, f.logs.String(), "retrying")
 }
+
+func TestEveryCallHasADeadline(t *testing.T) {
+	f := newFakeEC2(t, suiteOptions(), func(c *Config) { c.ReadTimeout, c.WriteTimeout = 100*time.Millisecond, 200*time.Millisecond })
+	conformance.Deadlines(t, conformance.Harness{Provider: f.provider, Cloud: f.cloud}, 5*time.Second)
+}

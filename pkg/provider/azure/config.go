@@ -70,6 +70,14 @@ type Config struct {
 	// RetryDelay is the first backoff of those retries (it doubles, capped
 	// at 8s). Zero means DefaultRetryDelay.
 	RetryDelay time.Duration
+	// ReadTimeout bounds each read call (a GET, one page of a listing,
+	// retries included); zero means provider.DefaultReadTimeout (30s).
+	// WriteTimeout bounds each PUT or DELETE together with the wait for its
+	// long-running operation; zero means provider.DefaultWriteTimeout (2m).
+	// A call past its timeout fails with context.DeadlineExceeded,
+	// transient; a create cut short is found again by its name.
+	ReadTimeout  time.Duration
+	WriteTimeout time.Duration
 
 	// envErrs are environment defaults AddFlags could not parse.
 	envErrs []error
@@ -120,6 +128,9 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	}
 	dur(&c.PollInterval, "poll-interval", DefaultPollInterval, "CAA_AZURE_POLL_INTERVAL", "wait between polls of a long-running operation")
 	dur(&c.RetryDelay, "retry-delay", DefaultRetryDelay, "CAA_AZURE_RETRY_DELAY", "first backoff of a retried 5xx or network error")
+	dur(&c.ReadTimeout, "read-timeout", provider.DefaultReadTimeout, "CAA_AZURE_READ_TIMEOUT", "deadline of each read call, its retries included")
+	dur(&c.WriteTimeout, "write-timeout", provider.DefaultWriteTimeout, "CAA_AZURE_WRITE_TIMEOUT",
+		"deadline of each create or delete call, with the wait for its operation")
 
 	retries := DefaultMaxRetries
 	if v := os.Getenv("CAA_AZURE_MAX_RETRIES"); v != "" {
@@ -210,6 +221,12 @@ func (c Config) Validate() error {
 	if c.RetryDelay < 0 {
 		bad("retry-delay", "CAA_AZURE_RETRY_DELAY", "negative")
 	}
+	if c.ReadTimeout < 0 {
+		bad("read-timeout", "CAA_AZURE_READ_TIMEOUT", "negative")
+	}
+	if c.WriteTimeout < 0 {
+		bad("write-timeout", "CAA_AZURE_WRITE_TIMEOUT", "negative")
+	}
 	if c.MaxRetries > 10 {
 		bad("max-retries", "CAA_AZURE_MAX_RETRIES", "%d is more than 10", c.MaxRetries)
 	}
@@ -242,6 +259,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.Cloud == "" {
 		c.Cloud = DefaultCloud
+	}
+	if c.ReadTimeout == 0 {
+		c.ReadTimeout = provider.DefaultReadTimeout
+	}
+	if c.WriteTimeout == 0 {
+		c.WriteTimeout = provider.DefaultWriteTimeout
 	}
 	return c
 }

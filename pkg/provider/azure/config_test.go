@@ -54,6 +54,8 @@ func TestValidate(t *testing.T) {
 		{"endpoint not a URL", func(c *Config) { c.Endpoint = "management.azure.com" }, []string{"--azure-endpoint (CAA_AZURE_ENDPOINT)"}},
 		{"plain http off loopback", func(c *Config) { c.Endpoint = "http://arm.example.com" }, []string{"--azure-endpoint", "loopback"}},
 		{"negative poll interval", func(c *Config) { c.PollInterval = -time.Second }, []string{"--azure-poll-interval"}},
+		{"negative read timeout", func(c *Config) { c.ReadTimeout = -time.Second }, []string{"--azure-read-timeout", "CAA_AZURE_READ_TIMEOUT"}},
+		{"negative write timeout", func(c *Config) { c.WriteTimeout = -time.Second }, []string{"--azure-write-timeout", "CAA_AZURE_WRITE_TIMEOUT"}},
 		{"too many retries", func(c *Config) { c.MaxRetries = 50 }, []string{"--azure-max-retries"}},
 	}
 	for _, tc := range tests {

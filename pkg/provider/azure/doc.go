@@ -43,6 +43,12 @@
 // after a successful create is NotFound, Create returns the VM as the
 // accepted PUT described it.
 //
+// Deadlines. Every call runs under its own deadline, the SDK's retries
+// included: Config.ReadTimeout (30s by default) for a GET or one page of a
+// listing, Config.WriteTimeout (2m) for a PUT or DELETE with the wait for
+// its operation. A call past it fails with context.DeadlineExceeded,
+// transient; a create cut short finds its VM by name on the next try.
+//
 // Retries. The SDK retries 408 and 5xx replies and network errors
 // Config.MaxRetries times (default 2) with exponential backoff from
 // Config.RetryDelay, each try bounded by a minute. It never retries 429:

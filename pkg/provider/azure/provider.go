@@ -124,6 +124,23 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Provider, error) {
 }
 
 // Name is "azure".
+
+// readCtx bounds one read call, writeCtx one PUT or DELETE with the wait
+// for its operation (see Config.ReadTimeout).
+func (p *Provider) readCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return provider.CallContext(ctx, p.cfg.ReadTimeout, provider.DefaultReadTimeout)
+}
+
+func (p *Provider) writeCtx(ctx context.Context) (context.Context, context.CancelFunc) {
+	return provider.CallContext(ctx, p.cfg.WriteTimeout, provider.DefaultWriteTimeout)
+}
+
+// getVM reads one VM with its instance view, under a read deadline.
+func (p *Provider) getVM(ctx context.Context, name string) (armcompute.VirtualMachinesClientGetResponse, error) {
+	ctx, cancel := p.readCtx(ctx)
+	defer cancel()
+	return p.vms.Get(ctx, p.cfg.ResourceGroup, name, expandInstanceView)
+}
 func (p *Provider) Name() string { return ProviderName }
 
 var expandInstanceView = &armcompute.VirtualMachinesClientGetOptions{Expand: new(armcompute.InstanceViewTypesInstanceView)}
@@ -145,7 +162,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM,
 	}
 	name := vmName(spec.Key)
 
-	got, err := p.vms.Get(ctx, p.cfg.ResourceGroup, name, expandInstanceView)
+	got, err := p.getVM(ctx, name)
 	switch {
 	case err == nil:
 		return p.existing(ctx, spec, got.VirtualMachine)
@@ -194,6 +211,8 @@ func (p *Provider) existing(ctx context.Context, spec provider.Spec, vm armcompu
 }
 
 func (p *Provider) putNIC(ctx context.Context, vm string, tags map[string]*string) (armnetwork.Interface, error) {
+	ctx, cancel := p.writeCtx(ctx)
+	defer cancel()
 	poller, err := p.nics.BeginCreateOrUpdate(ctx, p.cfg.ResourceGroup, nicName(vm), p.nicModel(tags), nil)
 	if err != nil {
 		return armnetwork.Interface{}, classify(opCreate, err)
@@ -217,6 +236,8 @@ func (p *Provider) pollOptions() *runtime.PollUntilDoneOptions {
 // putVM creates the VM and waits for the operation. accepted reports
 // whether ARM took the request, i.e. whether a VM may exist after a failure.
 func (p *Provider) putVM(ctx context.Context, name, nicID string, spec provider.Spec, tags map[string]*string) (vm armcompute.VirtualMachine, accepted bool, err error) {
+	ctx, cancel := p.writeCtx(ctx)
+	defer cancel()
 	var initial *http.Response
 	poller, err := p.vms.BeginCreateOrUpdate(policy.WithCaptureResponse(ctx, &initial), p.cfg.ResourceGroup, name,
 		p.vmModel(name, nicID, spec, tags), &armcompute.VirtualMachinesClientBeginCreateOrUpdateOptions{IfNoneMatch: new("*")})
@@ -243,7 +264,7 @@ func (p *Provider) putVM(ctx context.Context, name, nicID string, spec provider.
 // logged, and a later Create with the same key reuses the NIC anyway.
 func (p *Provider) cleanup(ctx context.Context, name string, accepted bool) {
 	if accepted {
-		got, err := p.vms.Get(ctx, p.cfg.ResourceGroup, name, nil)
+		got, err := p.getVM(ctx, name)
 		switch {
 		case err == nil && toVM(got.VirtualMachine, nil).State == provider.StateFailed:
 			if err := p.deleteVM(ctx, opCreate, name); err != nil {
@@ -265,7 +286,7 @@ func (p *Provider) Get(ctx context.Context, id string) (provider.VM, error) {
 	if err != nil {
 		return provider.VM{}, err
 	}
-	got, err := p.vms.Get(ctx, p.cfg.ResourceGroup, name, expandInstanceView)
+	got, err := p.getVM(ctx, name)
 	if err != nil {
 		return provider.VM{}, classify(opGet, err)
 	}
@@ -287,7 +308,9 @@ func (p *Provider) ipsOf(ctx context.Context, op string, vm armcompute.VirtualMa
 	if err != nil {
 		return nil, nil
 	}
-	nic, err := p.nics.Get(ctx, rid.ResourceGroupName, rid.Name, nil)
+	rctx, cancel := p.readCtx(ctx)
+	defer cancel()
+	nic, err := p.nics.Get(rctx, rid.ResourceGroupName, rid.Name, nil)
 	switch {
 	case missing(err):
 		return nil, nil
@@ -365,7 +388,9 @@ func (p *Provider) listVMs(ctx context.Context, yield func(armcompute.VirtualMac
 	pager := p.vms.NewListPager(p.cfg.ResourceGroup, opts)
 	first := true
 	for pager.More() {
-		page, err := pager.NextPage(ctx)
+		pctx, cancel := p.readCtx(ctx)
+		page, err := pager.NextPage(pctx)
+		cancel()
 		if err != nil {
 			if first && opts != nil && refusesExpand(err) {
 				p.plainList.Store(true)
@@ -391,7 +416,9 @@ func (p *Provider) listNICAddresses(ctx context.Context) (map[string][]string, e
 	ips := map[string][]string{}
 	pager := p.nics.NewListPager(p.cfg.ResourceGroup, nil)
 	for pager.More() {
-		page, err := pager.NextPage(ctx)
+		pctx, cancel := p.readCtx(ctx)
+		page, err := pager.NextPage(pctx)
+		cancel()
 		if err != nil {
 			return nil, classify(opList, err)
 		}
@@ -419,11 +446,15 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 }
 
 func (p *Provider) deleteVM(ctx context.Context, op, name string) error {
+	ctx, cancel := p.writeCtx(ctx)
+	defer cancel()
 	poller, err := p.vms.BeginDelete(ctx, p.cfg.ResourceGroup, name, nil)
 	return finishDelete(ctx, op, poller, err, p.pollOptions())
 }
 
 func (p *Provider) deleteNIC(ctx context.Context, op, vm string) error {
+	ctx, cancel := p.writeCtx(ctx)
+	defer cancel()
 	poller, err := p.nics.BeginDelete(ctx, p.cfg.ResourceGroup, nicName(vm), nil)
 	return finishDelete(ctx, op, poller, err, p.pollOptions())
 }

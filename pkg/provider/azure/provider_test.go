@@ -421,3 +421,9 @@ func TestCancelledCallsAreNotClassified(t *testing.T) {
 	var pe *provider.Error
 	assert.False(t, errors.As(err, &pe), "not the cloud's answer: %v", err)
 }
+
+func TestEveryCallHasADeadline(t *testing.T) {
+	h, _ := newHarnessOn(t, conformance.Options(&conformance.Clock{}), staticToken(testToken), nil,
+		func(c *azure.Config) { c.ReadTimeout, c.WriteTimeout = 100*time.Millisecond, 200*time.Millisecond })
+	conformance.Deadlines(t, h, 5*time.Second)
+}

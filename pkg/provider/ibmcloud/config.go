@@ -6,6 +6,7 @@ import (
 	"net/url"
 	"os"
 	"strings"
+	"time"
 
 	"github.com/IBM/go-sdk-core/v5/core"
 	"github.com/IBM/vpc-go-sdk/vpcv1"
@@ -57,6 +58,14 @@ type Config struct {
 	IAMEndpoint string
 	// APIKeyFile is a file holding the API key (a mounted secret).
 	APIKeyFile string
+	// ReadTimeout bounds each read call (a GET, one page of a listing, its
+	// retries and the IAM token exchange included); zero means
+	// provider.DefaultReadTimeout (30s). WriteTimeout bounds each create or
+	// delete call the same way; zero means provider.DefaultWriteTimeout
+	// (2m). A call past its timeout fails with context.DeadlineExceeded,
+	// transient.
+	ReadTimeout  time.Duration
+	WriteTimeout time.Duration
 
 	// envErr is a malformed environment default met by AddFlags.
 	envErr error
@@ -81,7 +90,24 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringToStringVar(&c.Tags, "ibmcloud-tags", tags, "extra tags on every VM, k=v,k2=v2 (env CAA_IBMCLOUD_TAGS)")
 	fs.StringVar(&c.Endpoint, "ibmcloud-endpoint", provider.FirstEnv("CAA_IBMCLOUD_ENDPOINT"), "VPC API URL, overriding the region's (env CAA_IBMCLOUD_ENDPOINT)")
 	fs.StringVar(&c.IAMEndpoint, "ibmcloud-iam-endpoint", provider.FirstEnv("CAA_IBMCLOUD_IAM_ENDPOINT"), "IAM token service URL (env CAA_IBMCLOUD_IAM_ENDPOINT)")
+	c.durationFlag(fs, &c.ReadTimeout, "read-timeout", provider.DefaultReadTimeout, "deadline of each read call, its retries included")
+	c.durationFlag(fs, &c.WriteTimeout, "write-timeout", provider.DefaultWriteTimeout, "deadline of each create or delete call, its retries included")
 	fs.StringVar(&c.APIKeyFile, "ibmcloud-api-key-file", provider.FirstEnv("CAA_IBMCLOUD_API_KEY_FILE"), "file holding the API key; else "+EnvAPIKey+", else the IBM SDK's VPC_* settings (env CAA_IBMCLOUD_API_KEY_FILE)")
+}
+
+// durationFlag registers --ibmcloud-<name>, defaulting to
+// CAA_IBMCLOUD_<NAME> when that parses, else to def.
+func (c *Config) durationFlag(fs *pflag.FlagSet, p *time.Duration, name string, def time.Duration, usage string) {
+	env := "CAA_IBMCLOUD_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+	if v := os.Getenv(env); v != "" {
+		d, err := time.ParseDuration(v)
+		if err != nil && c.envErr == nil {
+			c.envErr = fmt.Errorf("%s=%q: not a duration like 30s", env, v)
+		} else if err == nil {
+			def = d
+		}
+	}
+	fs.DurationVar(p, "ibmcloud-"+name, def, usage+" (env "+env+")")
 }
 
 // Validate checks the configuration, naming the flag and variable to fix.
@@ -121,6 +147,9 @@ func (c Config) Validate() error {
 		if k == "" {
 			return errors.New("ibmcloud: --ibmcloud-tags has an empty key")
 		}
+	}
+	if c.ReadTimeout < 0 || c.WriteTimeout < 0 {
+		return fmt.Errorf("ibmcloud: --ibmcloud-read-timeout (%s) and --ibmcloud-write-timeout (%s) must not be negative", c.ReadTimeout, c.WriteTimeout)
 	}
 	return nil
 }

@@ -4,6 +4,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"time"
 
 	"github.com/IBM/go-sdk-core/v5/core"
 	"github.com/spf13/pflag"
@@ -59,6 +60,8 @@ func TestAddFlags(t *testing.T) {
 	t.Setenv("CAA_IBMCLOUD_SECURITY_GROUP_IDS", "sg-1, sg-2,")
 	t.Setenv("CAA_IBMCLOUD_TAGS", "team=infra, cost-center=cc-42")
 	t.Setenv("CAA_IBMCLOUD_INSTANCE_TYPE", "")
+	t.Setenv("CAA_IBMCLOUD_READ_TIMEOUT", "10s")
+	t.Setenv("CAA_IBMCLOUD_WRITE_TIMEOUT", "")
 	var c Config
 	fs := pflag.NewFlagSet("caa", pflag.ContinueOnError)
 	c.AddFlags(fs)
@@ -66,6 +69,7 @@ func TestAddFlags(t *testing.T) {
 	assert.Equal(t, Config{
 		Region: "eu-de", Zone: "eu-de-2", VPCID: "r010-vpc", SubnetID: "02b7-subnet", SecurityGroupIDs: []string{"sg-1", "sg-2"},
 		InstanceType: "bx2-2x8", BootVolumeProfile: "general-purpose", Tags: map[string]string{"team": "infra", "cost-center": "cc-42"},
+		ReadTimeout: 10 * time.Second, WriteTimeout: 2 * time.Minute,
 	}, c)
 	require.NoError(t, c.Validate())
 
@@ -88,6 +92,16 @@ func TestAddFlags(t *testing.T) {
 	err := bad.Validate()
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "CAA_IBMCLOUD_TAGS")
+
+	t.Setenv("CAA_IBMCLOUD_TAGS", "")
+	t.Setenv("CAA_IBMCLOUD_WRITE_TIMEOUT", "soon")
+	var badTimeout Config
+	badTimeout.AddFlags(pflag.NewFlagSet("caa", pflag.ContinueOnError))
+	err = badTimeout.Validate()
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "CAA_IBMCLOUD_WRITE_TIMEOUT")
+	d.ReadTimeout = -time.Second
+	assert.ErrorContains(t, d.Validate(), "--ibmcloud-read-timeout")
 }
 
 // isolateCredentials clears every source of the credential chain: caa's,

@@ -43,6 +43,11 @@
 // and the virtual network interface of its network attachment (auto_delete)
 // go with it, so nothing Create made is left. A 404 is success.
 //
+// Deadlines. Every call runs under its own deadline, its retries and the
+// IAM token exchange included: Config.ReadTimeout (30s by default) for a
+// GET or one page of a listing, Config.WriteTimeout (2m) for a create or a
+// delete. A call past it fails with context.DeadlineExceeded, transient.
+//
 // Retries. The SDK's retrying client stays off, because it retries 429 too.
 // The provider retries only transient failures itself: 5xx (but 501) and
 // requests that got no answer, three attempts in all with jittered

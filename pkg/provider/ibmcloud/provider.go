@@ -7,6 +7,7 @@ import (
 	"maps"
 	"net/http"
 	"sync"
+	"time"
 	"unicode/utf8"
 
 	"github.com/IBM/go-sdk-core/v5/core"
@@ -105,7 +106,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM,
 		return vm, err
 	}
 	opts := &vpcv1.CreateInstanceOptions{InstancePrototype: p.prototype(spec, name, userTags)}
-	in, resp, err := retry(ctx, func() (*vpcv1.Instance, *core.DetailedResponse, error) {
+	in, resp, err := call(ctx, p.cfg.WriteTimeout, provider.DefaultWriteTimeout, func(ctx context.Context) (*vpcv1.Instance, *core.DetailedResponse, error) {
 		return p.api.CreateInstanceWithContext(ctx, opts)
 	})
 	if err != nil {
@@ -125,7 +126,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM,
 // tags carry spec's key and cluster, and its shape is spec's.
 func (p *Provider) adopt(ctx context.Context, name string, spec provider.Spec) (provider.VM, bool, error) {
 	opts := &vpcv1.ListInstancesOptions{Name: ptr(name)}
-	coll, resp, err := retry(ctx, func() (*vpcv1.InstanceCollection, *core.DetailedResponse, error) {
+	coll, resp, err := call(ctx, p.cfg.ReadTimeout, provider.DefaultReadTimeout, func(ctx context.Context) (*vpcv1.InstanceCollection, *core.DetailedResponse, error) {
 		return p.api.ListInstancesWithContext(ctx, opts)
 	})
 	if err != nil {
@@ -160,7 +161,7 @@ func (p *Provider) adopt(ctx context.Context, name string, spec provider.Spec) (
 // already gone (being deleted) comes back without tags.
 func (p *Provider) Get(ctx context.Context, id string) (provider.VM, error) {
 	opts := &vpcv1.GetInstanceOptions{ID: ptr(id)}
-	in, resp, err := retry(ctx, func() (*vpcv1.Instance, *core.DetailedResponse, error) {
+	in, resp, err := call(ctx, p.cfg.ReadTimeout, provider.DefaultReadTimeout, func(ctx context.Context) (*vpcv1.Instance, *core.DetailedResponse, error) {
 		return p.api.GetInstanceWithContext(ctx, opts)
 	})
 	if err != nil {
@@ -181,7 +182,7 @@ func (p *Provider) bootVolumeTags(ctx context.Context, op string, in *vpcv1.Inst
 		return nil, nil
 	}
 	opts := &vpcv1.GetVolumeOptions{ID: ptr(id)}
-	vol, resp, err := retry(ctx, func() (*vpcv1.Volume, *core.DetailedResponse, error) {
+	vol, resp, err := call(ctx, p.cfg.ReadTimeout, provider.DefaultReadTimeout, func(ctx context.Context) (*vpcv1.Volume, *core.DetailedResponse, error) {
 		return p.api.GetVolumeWithContext(ctx, opts)
 	})
 	if err != nil {
@@ -243,7 +244,7 @@ func (p *Provider) taggedInstances(ctx context.Context, sel provider.Selector) (
 		return nil, classify(opList, nil, err)
 	}
 	out := map[string]map[string]string{}
-	err = pages(ctx, pager.HasNext, pager.GetNextWithContext, func(v vpcv1.Volume) string {
+	err = pages(ctx, p.cfg.ReadTimeout, pager.HasNext, pager.GetNextWithContext, func(v vpcv1.Volume) string {
 		tags := decodeUserTags(v.UserTags)
 		if sel.Matches(tags) {
 			for _, a := range v.VolumeAttachments {
@@ -271,22 +272,22 @@ func (p *Provider) instances(ctx context.Context) ([]vpcv1.Instance, error) {
 		return nil, classify(opList, nil, err)
 	}
 	var out []vpcv1.Instance
-	err = pages(ctx, pager.HasNext, pager.GetNextWithContext, func(in vpcv1.Instance) string {
+	err = pages(ctx, p.cfg.ReadTimeout, pager.HasNext, pager.GetNextWithContext, func(in vpcv1.Instance) string {
 		out = append(out, in)
 		return str(in.ID)
 	})
 	return out, err
 }
 
-// pages drives one of the SDK's pagers to the last page: each page with the
-// transient-failure retry (a failed page leaves the pager where it was, so
+// pages drives one of the SDK's pagers to the last page: each page under
+// its own deadline (timeout), with the transient-failure retry (a failed page leaves the pager where it was, so
 // the retry asks for the same page), and each item handed to take, which
 // returns its id. An id seen twice means the cloud handed back a page it
 // already gave, which would loop forever: that is an error.
-func pages[T any](ctx context.Context, hasNext func() bool, next func(context.Context) ([]T, error), take func(T) string) error {
+func pages[T any](ctx context.Context, timeout time.Duration, hasNext func() bool, next func(context.Context) ([]T, error), take func(T) string) error {
 	seen := map[string]bool{}
 	for hasNext() {
-		page, resp, err := retry(ctx, func() ([]T, *core.DetailedResponse, error) {
+		page, resp, err := call(ctx, timeout, provider.DefaultReadTimeout, func(ctx context.Context) ([]T, *core.DetailedResponse, error) {
 			page, err := next(ctx)
 			return page, responseOf(err), err
 		})
@@ -310,7 +311,7 @@ func pages[T any](ctx context.Context, hasNext func() bool, next func(context.Co
 // instance is already gone.
 func (p *Provider) Delete(ctx context.Context, id string) error {
 	opts := &vpcv1.DeleteInstanceOptions{ID: ptr(id)}
-	_, resp, err := retry(ctx, func() (struct{}, *core.DetailedResponse, error) {
+	_, resp, err := call(ctx, p.cfg.WriteTimeout, provider.DefaultWriteTimeout, func(ctx context.Context) (struct{}, *core.DetailedResponse, error) {
 		resp, err := p.api.DeleteInstanceWithContext(ctx, opts)
 		return struct{}{}, resp, err
 	})
@@ -320,6 +321,15 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 		}
 	}
 	return nil
+}
+
+// call runs one cloud call, with its transient-failure retries, under its
+// own deadline: timeout from now, or def when timeout is zero (see
+// Config.ReadTimeout).
+func call[T any](ctx context.Context, timeout, def time.Duration, fn func(context.Context) (T, *core.DetailedResponse, error)) (T, *core.DetailedResponse, error) {
+	ctx, cancel := provider.CallContext(ctx, timeout, def)
+	defer cancel()
+	return retry(ctx, func() (T, *core.DetailedResponse, error) { return fn(ctx) })
 }
 
 func invalidSpec(err error) error {

@@ -277,3 +277,8 @@ func TestNewRefusesDebugLoggingAndBadConfig(t *testing.T) {
 	assert.Contains(t, err.Error(), "--ibmcloud-subnet-id")
 	assert.False(t, errors.Is(err, provider.ErrAuth))
 }
+
+func TestEveryCallHasADeadline(t *testing.T) {
+	f := newFixture(t, func(c *ibmcloud.Config) { c.ReadTimeout, c.WriteTimeout = 100*time.Millisecond, 200*time.Millisecond })
+	conformance.Deadlines(t, conformance.Harness{Provider: f.p, Cloud: f.c}, 5*time.Second)
+}
