@@ -600,7 +600,10 @@ func Deadlines(t *testing.T, h Harness, bound time.Duration) {
 		call func() error
 	}{
 		{"get", func() error { _, err := h.Provider.Get(ctx, vm.ID); return err }},
-		{"list", func() error { _, err := h.Provider.List(ctx, provider.Selector{Cluster: Cluster, Node: "node-a"}); return err }},
+		{"list", func() error {
+			_, err := h.Provider.List(ctx, provider.Selector{Cluster: Cluster, Node: "node-a"})
+			return err
+		}},
 		{"create", func() error { _, err := h.Provider.Create(ctx, Spec(91, "node-a")); return err }},
 		{"delete", func() error { return h.Provider.Delete(ctx, vm.ID) }},
 	}
