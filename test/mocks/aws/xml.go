@@ -118,7 +118,12 @@ type instanceXML struct {
 	Metadata       *metadataOptionsXML `xml:"metadataOptions,omitempty"`
 }
 
-// ec2State is EC2's name and code for a core state.
+// ec2State is EC2's name and code for a core state. EC2 has no "failed but
+// present" state: an instance that failed at launch shows as terminated
+// with a Server.* state reason (see stateReason), which the provider reads
+// as Failed. The core keeps a failed instance listed until it is deleted,
+// where EC2 drops it after about an hour; deleting it is a no-op for EC2
+// and removes its volume here. A deallocated instance is plainly stopped.
 func ec2State(s provider.State) stateXML {
 	switch s {
 	case provider.StateRunning:
