@@ -97,7 +97,10 @@ func toVM(in types.Instance) provider.VM {
 }
 
 // launchFailures are the state reasons of an instance that ended before it
-// ever ran: EC2 shows it as terminated, caa as Failed.
+// ever ran: EC2 shows it as terminated, caa as Failed, so that the cause
+// shows. Failed is Dead (provider.State): the caller replaces the VM and
+// deletes it, which for EC2 is one TerminateInstances that changes nothing,
+// since EC2 has already released the instance and its volume.
 var launchFailures = map[string]bool{
 	"Server.InternalError":                true,
 	"Server.InsufficientInstanceCapacity": true,
