@@ -64,6 +64,8 @@ func TestS2AbsorbedSaysWhatTheRunsShow(t *testing.T) {
 	assert.Equal(t, "the fake cloud throttled caa in every run: 40 to 52 throttled responses (median 47) out of 140 to 152 create calls; "+
 		"every run created exactly 100 VMs, one per killed VM, and ended with one live VM for each of the 1000 pods; "+
 		"no pod got a warning event for it", got)
+	got = s2Absorbed([]float64{60}, []float64{160}, []float64{100}, []float64{0}, []float64{0}, 100, 1000)
+	assert.Contains(t, got, "in every run: 60 throttled responses (median 60) out of 160 create calls;", "one run: no range")
 
 	got = s2Absorbed([]float64{0, 0}, []float64{100, 100}, []float64{100, 101}, []float64{0, 1}, []float64{0, 2}, 100, 1000)
 	assert.Contains(t, got, "throttled no call in any run, so this run shows nothing about absorbing throttling")

@@ -46,7 +46,7 @@ func (b *bench) s2(ctx context.Context) (Scenario, error) {
 			"lets through more than the cloud accepts and throttling has to be absorbed. The fake boots a VM in %s; no latency injected. "+
 			"caa's startup pass holds `/readyz` until the new VMs have booted (reason VMBooting, looked at again every second, bounded by "+
 			"`--boot-timeout`), so both times share one bound.",
-			s2Pods, s2Killed, Num(s2CaaRate), s2CaaBurst, Num(s2CloudRate), s2CloudBurst, s2Boot)}
+			s2Pods, s2Killed, count(s2CaaRate), s2CaaBurst, count(s2CloudRate), s2CloudBurst, s2Boot)}
 	e, err := newEnv(ctx, filepath.Join(b.dir, "s2"), b.logf)
 	if err != nil {
 		return sc, err
@@ -75,7 +75,7 @@ func (b *bench) s2(ctx context.Context) (Scenario, error) {
 	ready := Row{Case: c, Metric: "time to ready", Unit: "s", MaxRatio: 1.2,
 		Bound: (schedule + s2Boot).Seconds(),
 		BoundNote: fmt.Sprintf("the slower of two token buckets in a row: the cloud's (%d at once, %d more at %s/s = %s; caa's alone: %s) + boot %s",
-			s2CloudBurst, s2Killed-s2CloudBurst, Num(s2CloudRate), cloudSchedule, caaSchedule, s2Boot)}
+			s2CloudBurst, s2Killed-s2CloudBurst, count(s2CloudRate), cloudSchedule, caaSchedule, s2Boot)}
 	running := Row{Case: c, Metric: "every VM running", Unit: "s", MaxRatio: 1.2, Bound: ready.Bound, BoundNote: "the same"}
 	throttled := Row{Case: c, Metric: "throttled responses to caa", Unit: "calls", HasLimit: true, Limit: 1, EveryRun: true}
 	calls := Row{Case: c, Metric: "create calls", Unit: "calls"}
@@ -100,7 +100,7 @@ func (b *bench) s2(ctx context.Context) (Scenario, error) {
 		f.core.ResetCounters()
 		since := time.Now()
 		d, err := StartCaa(b.caa, b.caaArgs(f, node, e.kubeconfig, ledgerPath,
-			"--create-rate", Num(s2CaaRate), "--create-burst", strconv.Itoa(s2CaaBurst)),
+			"--create-rate", count(s2CaaRate), "--create-burst", strconv.Itoa(s2CaaBurst)),
 			hermeticEnv(f.env...), b.logPath("s2"))
 		if err != nil {
 			return sc, err
@@ -155,8 +155,8 @@ func s2Absorbed(throttled, calls, created, dups, events []float64, killed, pods 
 	case lo == 0:
 		fmt.Fprintf(&b, "the fake cloud throttled caa in only some runs (median %s, max %s throttled responses)", count(med), count(hi))
 	default:
-		fmt.Fprintf(&b, "the fake cloud throttled caa in every run: %s to %s throttled responses (median %s) out of %s to %s create calls",
-			count(lo), count(hi), count(med), count(slices.Min(calls)), count(slices.Max(calls)))
+		fmt.Fprintf(&b, "the fake cloud throttled caa in every run: %s throttled responses (median %s) out of %s create calls",
+			span(lo, hi), count(med), span(slices.Min(calls), slices.Max(calls)))
 	}
 	var wrong []string
 	for i := range created {
@@ -179,6 +179,14 @@ func s2Absorbed(throttled, calls, created, dups, events []float64, killed, pods 
 
 // count prints a count: no decimals where there are none.
 func count(v float64) string { return strconv.FormatFloat(v, 'f', -1, 64) }
+
+// span prints the range of counts over the runs, one number when they agree.
+func span(lo, hi float64) string {
+	if lo == hi {
+		return count(lo)
+	}
+	return count(lo) + " to " + count(hi)
+}
 
 // waitAllRunning polls the cloud until want VMs are Running, and returns
 // the time since start (negative if ctx ends first).
