@@ -48,11 +48,11 @@ func rebuildLedger(ctx context.Context, f *runFlags, dryRun bool, stdout, stderr
 	if err != nil {
 		return err
 	}
-	cloud, _, err := f.newProvider(ctx, log)
+	prov, _, err := f.newProvider(ctx, log)
 	if err != nil {
 		return fmt.Errorf("provider %s: %w", f.providerName, err)
 	}
-	vms, err := cloud.List(ctx, provider.Selector{Cluster: clusterID, Node: f.node})
+	vms, err := prov.List(ctx, provider.Selector{Cluster: clusterID, Node: f.node})
 	if err != nil {
 		return fmt.Errorf("list VMs of node %s: %w", f.node, err)
 	}
@@ -78,13 +78,18 @@ func rebuildLedger(ctx context.Context, f *runFlags, dryRun bool, stdout, stderr
 		}
 		defer led.Close()
 	}
-	exec := &reconcile.Executor{Ledger: led, Provider: cloud, Cluster: clusterID, Node: f.node, Log: log}
+	exec := &reconcile.Executor{Ledger: led, Provider: prov, Cluster: clusterID, Node: f.node, Log: log}
 	var adopted, kept, orphaned int
 	for _, vm := range vms {
 		owner := vm.Owner()
 		pod := pods[owner.PodUID]
 		switch {
 		case vm.State.Gone():
+			continue
+		case vm.State.Dead():
+			// Never recorded as the pod's VM: the daemon replaces it (or,
+			// beside a live one, collects it) and deletes it.
+			fmt.Fprintf(stdout, "dead     %s  pod %s (%s): %s; the daemon replaces and deletes it\n", vm.ID, owner.Pod, owner.PodUID, vm.State)
 			continue
 		case pod == nil:
 			orphaned++

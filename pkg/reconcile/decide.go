@@ -241,10 +241,10 @@ func Decide(in Input, cfg Config) Action {
 func transitionalWait(cfg Config) time.Duration { return max(cfg.ConfirmMissing/4, time.Second) }
 
 // isGone: positive evidence that the VM no longer exists.
-func isGone(s provider.State) bool { return s == provider.StateTerminated }
+func isGone(s provider.State) bool { return s.Gone() }
 
 // isDead: the VM still exists but can never serve its pod again.
-func isDead(s provider.State) bool { return s == provider.StateStopped || s == provider.StateFailed }
+func isDead(s provider.State) bool { return s.Dead() }
 
 // decideFailed handles a record whose pod's spec failed: it stands while the
 // pod asks for what failed, and gets a new attempt once it asks otherwise.
