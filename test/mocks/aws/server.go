@@ -7,7 +7,9 @@
 // strictly: an unknown parameter, a malformed id or an out-of-range value
 // gets EC2's own validation error. Faults drawn by the core's Admit become
 // EC2's throttling (503 RequestLimitExceeded with a Retry-After header),
-// 500 InternalError and 403 UnauthorizedOperation replies.
+// 500 InternalError and 403 UnauthorizedOperation replies. WithBudget adds
+// EC2's published request limits (budget.go): a call over them gets the
+// same throttling reply.
 package ec2fake
 
 import (
@@ -38,6 +40,13 @@ const (
 const (
 	// OpOther counts requests whose Action the fake does not serve.
 	OpOther = "other"
+	// OpLookup counts a DescribeInstances without instance ids but with a
+	// client-token filter: an idempotency lookup (caa's AWS provider makes
+	// one before each RunInstances) that matches at most the one instance
+	// launched with that token. It costs what any DescribeInstances costs,
+	// but it is no listing of the account's instances, so it is not
+	// counted under cloud.OpList.
+	OpLookup = "lookup"
 )
 
 // CloudOptions fills in what makes the core look like EC2: instance ids of
@@ -70,6 +79,7 @@ type server struct {
 	cloud           *cloud.Cloud
 	accessKeyID     string
 	secretAccessKey string
+	budget          *cloud.Budget // nil: nothing metered
 	seq             atomic.Uint64
 
 	mu       sync.Mutex
@@ -112,6 +122,11 @@ func counterOp(name string, q query) string {
 	case "DescribeInstances":
 		if q.has("InstanceId.") {
 			return cloud.OpGet
+		}
+		for _, n := range q.indexes("Filter") {
+			if q.get("Filter."+n+".Name") == "client-token" {
+				return OpLookup
+			}
 		}
 		return cloud.OpList
 	}
@@ -166,6 +181,15 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	case !known:
 		s.writeError(w, &apiError{http.StatusBadRequest, "InvalidAction", fmt.Sprintf("The action %s is not valid for this web service.", name)})
 		return
+	}
+	if s.budget != nil {
+		if op, cs, ok := charges(name, q); ok {
+			if take := s.budget.Take(op, cs...); !take.OK {
+				w.Header().Set("Retry-After", strconv.Itoa(take.RetryAfterSeconds()))
+				s.writeError(w, faultError(cloud.Fault{Kind: cloud.FaultThrottle}))
+				return
+			}
+		}
 	}
 	switch v := q.get("Version"); v {
 	case "":
