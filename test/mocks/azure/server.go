@@ -70,6 +70,8 @@ type options struct {
 	// slowPolls and slowWait make operations slow (WithSlowOperations).
 	slowPolls int
 	slowWait  time.Duration
+	// budget, when set, meters VM calls (WithBudget).
+	budget *cloud.Budget
 }
 
 // WithSubscription sets the subscription id the fake serves.
@@ -184,6 +186,9 @@ func (s *server) route(op string, write bool, h http.HandlerFunc) http.Handler {
 		}
 		if op == OpUnknown {
 			h(w, r)
+			return
+		}
+		if !s.metered(w, r, op) {
 			return
 		}
 		if sub := r.PathValue("sub"); !strings.EqualFold(sub, s.opts.subscription) {
