@@ -80,6 +80,7 @@ type Server struct {
 	mux        *http.ServeMux
 	apiKey     string
 	fixedToken string
+	budget     *cloud.Budget // nil: nothing metered (WithBudget)
 	seq        atomic.Int64
 
 	mu     sync.Mutex
@@ -117,6 +118,9 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.Serve
 func (s *Server) route(pattern, op string, write bool, h http.HandlerFunc) {
 	s.mux.HandleFunc(pattern, func(w http.ResponseWriter, r *http.Request) {
 		if !s.admit(w, r, op, write, false) {
+			return
+		}
+		if !s.metered(w, op, write) {
 			return
 		}
 		if !s.authorized(r) {

@@ -1,0 +1,72 @@
+package vpcfake
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/caa-project/caa/test/mocks/cloud"
+)
+
+// Bucket classes of the fake's request limits. IBM Cloud publishes no
+// per-account rate figures for the VPC API, so the fake meters it as EC2
+// meters its own (see the EC2 fake's PublishedLimits): reads like
+// DescribeInstances, creates like RunInstances, deletes like
+// TerminateInstances. The figures are EC2's, an assumption, not IBM's.
+const (
+	// ClassRead: instance and volume GETs and listings, 100 tokens, 20
+	// back a second.
+	ClassRead = "read"
+	// ClassCreate: instance creates, 50 tokens, 5 back a second.
+	ClassCreate = "create"
+	// ClassDelete: instance and volume deletes, 50 tokens, 5 back a second.
+	ClassDelete = "delete"
+)
+
+// PublishedLimits are the limits the fake enforces by class; the IAM token
+// endpoint is not metered.
+func PublishedLimits() map[string]cloud.Limit {
+	perSecond := func(burst, refill float64) cloud.Limit {
+		return cloud.Limit{Burst: burst, Refill: refill, Per: time.Second}
+	}
+	return map[string]cloud.Limit{
+		ClassRead:   perSecond(100, 20),
+		ClassCreate: perSecond(50, 5),
+		ClassDelete: perSecond(50, 5),
+	}
+}
+
+// NewBudget returns a budget with PublishedLimits on the clock now
+// (time.Now when nil), for WithBudget.
+func NewBudget(now func() time.Time) *cloud.Budget {
+	return cloud.NewBudget(now, PublishedLimits())
+}
+
+// WithBudget makes the server enforce b: a VPC call over its bucket gets
+// 429 with the VPC error body (code rate_limit_exceeded) and a Retry-After
+// header saying when the bucket has a token again. b counts calls under
+// the operation names the server counts them by (cloud.OpCreate, OpGet,
+// OpList, OpDelete, OpVolume...). Without this option nothing is metered.
+func WithBudget(b *cloud.Budget) Option { return func(s *Server) { s.budget = b } }
+
+// metered charges the budget for a call of op and answers the refusal; it
+// reports whether the call may go on.
+func (s *Server) metered(w http.ResponseWriter, op string, write bool) bool {
+	if s.budget == nil {
+		return true
+	}
+	class := ClassRead
+	switch {
+	case op == cloud.OpCreate:
+		class = ClassCreate
+	case write:
+		class = ClassDelete
+	}
+	take := s.budget.Take(op, cloud.Charge{Class: class})
+	if take.OK {
+		return true
+	}
+	w.Header().Set("Retry-After", strconv.Itoa(take.RetryAfterSeconds()))
+	writeProblem(w, http.StatusTooManyRequests, "rate_limit_exceeded", "Too many requests within a short time.", nil)
+	return false
+}

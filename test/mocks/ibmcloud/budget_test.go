@@ -1,0 +1,125 @@
+package vpcfake_test
+
+import (
+	"context"
+	"net/http"
+	"net/http/httptest"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/pkg/provider/ibmcloud"
+	"github.com/caa-project/caa/test/conformance"
+	"github.com/caa-project/caa/test/mocks/cloud"
+	vpcfake "github.com/caa-project/caa/test/mocks/ibmcloud"
+)
+
+// heldClock stands still unless a test moves it.
+type heldClock struct {
+	mu sync.Mutex
+	t  time.Time
+}
+
+func (c *heldClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.t
+}
+
+func (c *heldClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.t = c.t.Add(d)
+}
+
+// empty takes every token of a class's bucket without a request.
+func empty(b *cloud.Budget, class string) {
+	tokens, _ := b.Tokens(class, "")
+	b.Take("test-drain", cloud.Charge{Class: class, Tokens: tokens})
+}
+
+func TestBudgetRefusalOnTheWire(t *testing.T) {
+	clk := &heldClock{t: time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC)}
+	b := vpcfake.NewBudget(clk.Now)
+	e := newEnv(t)
+	srv := httptest.NewServer(vpcfake.NewServer(e.cloud, vpcfake.WithAPIKey(apiKey), vpcfake.WithBudget(b)))
+	t.Cleanup(srv.Close)
+	e.url = srv.URL
+	status, body := e.iam(map[string][]string{"grant_type": {"urn:ibm:params:oauth:grant-type:apikey"}, "apikey": {apiKey}})
+	require.Equal(t, http.StatusOK, status, "%v", body)
+	e.token = body["access_token"].(string)
+
+	for i := range 100 {
+		status, body, _ := e.call(http.MethodGet, "/v1/instances"+version, nil)
+		require.Equal(t, http.StatusOK, status, "read %d is within the 100: %v", i+1, body)
+	}
+	status, body, h := e.call(http.MethodGet, "/v1/instances"+version, nil)
+	assert.Equal(t, http.StatusTooManyRequests, status)
+	assert.Equal(t, "rate_limit_exceeded", code(body))
+	assert.NotEmpty(t, body["trace"])
+	assert.Equal(t, "1", h.Get("Retry-After"))
+
+	status, _, _ = e.call(http.MethodDelete, "/v1/instances/0717_000000000001"+version, nil)
+	assert.Equal(t, http.StatusNotFound, status, "deletes have a bucket of their own")
+	clk.Advance(50 * time.Millisecond)
+	status, _, _ = e.call(http.MethodGet, "/v1/instances"+version, nil)
+	assert.Equal(t, http.StatusOK, status, "one token back after 1/20 s")
+	assert.Equal(t, cloud.ClassCount{Calls: 102, Throttled: 1}, b.Counts()[cloud.OpList])
+	assert.Equal(t, int64(1), b.Throttled())
+}
+
+// TestProviderReadsBudgetRefusalAsThrottled drives caa's IBM Cloud
+// provider, through the official VPC SDK, into each bucket.
+func TestProviderReadsBudgetRefusalAsThrottled(t *testing.T) {
+	clk := &heldClock{t: time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC)}
+	b := vpcfake.NewBudget(clk.Now)
+	c := cloud.New(conformance.Options(&conformance.Clock{}))
+	srv := httptest.NewServer(vpcfake.NewServer(c, vpcfake.WithAPIKey(apiKey), vpcfake.WithBudget(b)))
+	t.Cleanup(srv.Close)
+	t.Setenv(ibmcloud.EnvAPIKey, apiKey)
+	p, err := ibmcloud.New(context.Background(), ibmcloud.Config{
+		Zone: "us-south-1", VPCID: vpcfake.DefaultVPC, SubnetID: vpcfake.DefaultSubnet,
+		SecurityGroupIDs: []string{"r006-sg-1"}, ResourceGroupID: vpcfake.DefaultResourceGroup,
+		BootVolumeProfile: "general-purpose", Endpoint: srv.URL + "/v1", IAMEndpoint: srv.URL,
+	})
+	require.NoError(t, err)
+	ctx := context.Background()
+	vm, err := p.Create(ctx, conformance.Spec(1, "node-a"))
+	require.NoError(t, err)
+
+	throttled := func(t *testing.T, err error) {
+		t.Helper()
+		require.ErrorIs(t, err, provider.ErrThrottled)
+		d, ok := provider.RetryAfter(err)
+		assert.True(t, ok, "the refusal carries Retry-After: %v", err)
+		assert.Equal(t, time.Second, d)
+		var pe *provider.Error
+		require.ErrorAs(t, err, &pe)
+		assert.Equal(t, http.StatusTooManyRequests, pe.Status)
+		assert.Equal(t, "rate_limit_exceeded", pe.Code)
+	}
+
+	empty(b, vpcfake.ClassRead)
+	_, err = p.Get(ctx, vm.ID)
+	throttled(t, err)
+	_, err = p.List(ctx, provider.Selector{Cluster: conformance.Cluster, Node: "node-a"})
+	throttled(t, err)
+
+	clk.Advance(10 * time.Second) // reads refilled, for any lookup a write makes first
+	empty(b, vpcfake.ClassCreate)
+	_, err = p.Create(ctx, conformance.Spec(2, "node-a"))
+	throttled(t, err)
+	empty(b, vpcfake.ClassDelete)
+	throttled(t, p.Delete(ctx, vm.ID))
+
+	n := b.Counts()
+	assert.EqualValues(t, 1, n[cloud.OpGet].Throttled, "the SDK does not retry a refusal")
+	assert.EqualValues(t, 1, n[cloud.OpList].Throttled)
+	assert.EqualValues(t, 1, n[cloud.OpCreate].Throttled)
+	assert.EqualValues(t, 1, n[cloud.OpDelete].Throttled)
+	assert.Len(t, c.Live(), 1, "the refused calls changed nothing")
+}
