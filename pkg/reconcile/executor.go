@@ -339,19 +339,24 @@ func (e *Executor) cloudFailure(res Result, in Input, reason, what string, err e
 }
 
 // Backoff is how long to wait after err, the (retries+1)-th failure in a
-// row: exponential from a base that depends on the kind, capped at
-// RetryMax, and never less than the cloud's Retry-After.
+// row: exponential from a base that depends on the kind (1s for throttling,
+// capped at 30s there), capped at RetryMax, and never less than the
+// cloud's Retry-After.
 func (e *Executor) Backoff(err error, retries int) time.Duration {
 	base := e.retryBase()
+	limit := e.RetryMax
+	if limit <= 0 {
+		limit = 5 * time.Minute
+	}
 	switch {
 	case errors.Is(err, provider.ErrQuota):
 		base = max(base, 60*time.Second)
 	case errors.Is(err, provider.ErrCapacity):
 		base = max(base, 30*time.Second)
-	}
-	limit := e.RetryMax
-	if limit <= 0 {
-		limit = 5 * time.Minute
+	case errors.Is(err, provider.ErrThrottled):
+		// The cloud says when: follow its Retry-After closely, so its
+		// allowance is not left unused; grow only while it keeps refusing.
+		base, limit = time.Second, min(limit, 30*time.Second)
 	}
 	d := base
 	for range min(retries, 20) {

@@ -294,7 +294,10 @@ func TestBackoffGrowsByKindAndIsCapped(t *testing.T) {
 		{quotaErr(), 3, 5 * time.Minute},
 		{capacity, 0, 30 * time.Second},
 		{throttled, 0, 40 * time.Second},
-		{throttled, 4, 80 * time.Second},
+		{throttled, 4, 40 * time.Second},
+		{&provider.Error{Kind: provider.ErrThrottled, RetryAfter: time.Second}, 0, time.Second},
+		{&provider.Error{Kind: provider.ErrThrottled, RetryAfter: time.Second}, 2, 4 * time.Second},
+		{&provider.Error{Kind: provider.ErrThrottled}, 10, 30 * time.Second},
 	}
 	for _, tc := range tests {
 		t.Run(fmt.Sprintf("%v/%d", tc.err, tc.retries), func(t *testing.T) {
