@@ -329,3 +329,21 @@ func TestTheHeartbeatOutlivesASlowPass(t *testing.T) {
 		assert.Less(t, beats[i].Sub(beats[i-1]), 2*time.Second, "no gap of 2s between beats")
 	}
 }
+
+// TestNodeEventsNameTheNode: a failure of the whole node is an event on the
+// Node object, where `kubectl describe node` shows it.
+func TestNodeEventsNameTheNode(t *testing.T) {
+	client := fake.NewClientset()
+	ev := NewKubeEvents(client, "worker-1")
+	ev.NodeEvent("worker-1", true, "CaaBlocked", "daemon cannot proceed: list VMs: aws list: not authorized")
+	defer ev.Shutdown()
+	require.Eventually(t, func() bool {
+		list, err := client.CoreV1().Events("").List(context.Background(), metav1.ListOptions{})
+		if err != nil || len(list.Items) == 0 {
+			return false
+		}
+		e := list.Items[0]
+		return e.InvolvedObject.Kind == "Node" && e.InvolvedObject.Name == "worker-1" && e.Type == corev1.EventTypeWarning &&
+			e.Reason == "CaaBlocked"
+	}, 10*time.Second, 10*time.Millisecond)
+}
