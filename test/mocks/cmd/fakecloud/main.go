@@ -5,7 +5,8 @@
 //
 // It prints one line with the endpoint and the control URL, then serves
 // until SIGINT or SIGTERM. Faults can be changed at run time through the
-// control endpoint (see test/mocks/cloud.ControlHandler).
+// control endpoint (see test/mocks/cloud.ControlHandler). --published-limits
+// makes the cloud enforce its published per-account request limits.
 package main
 
 import (
@@ -47,6 +48,8 @@ type config struct {
 	types    string
 	seed     uint64
 	faults   cloud.Faults
+	// limits turns on the cloud's published request limits.
+	limits bool
 }
 
 func parse(args []string, out io.Writer) (config, error) {
@@ -67,6 +70,7 @@ func parse(args []string, out io.Writer) (config, error) {
 	fs.IntVar(&c.faults.ThrottleBurst, "throttle-burst", 1, "burst of the throttling token bucket")
 	fs.BoolVar(&c.faults.ThrottleWriteOnly, "throttle-writes-only", false, "meter only creates and deletes")
 	fs.Float64Var(&c.faults.ServerErrorRate, "server-error-rate", 0, "fraction of calls answered with a 5xx")
+	fs.BoolVar(&c.limits, "published-limits", false, "enforce the cloud's published per-account request limits (token buckets by operation class)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
 	}
@@ -95,13 +99,25 @@ func handler(c config) (*cloud.Cloud, http.Handler) {
 	switch c.cloud {
 	case "aws":
 		core = cloud.New(ec2fake.CloudOptions(opts))
-		h = ec2fake.NewServer(core)
+		var o []ec2fake.Option
+		if c.limits {
+			o = append(o, ec2fake.WithBudget(ec2fake.NewBudget(nil)))
+		}
+		h = ec2fake.NewServer(core, o...)
 	case "azure":
 		core = cloud.New(opts)
-		h = armfake.NewServer(core)
+		var o []armfake.Option
+		if c.limits {
+			o = append(o, armfake.WithBudget(armfake.NewBudget(nil)))
+		}
+		h = armfake.NewServer(core, o...)
 	default:
 		core = cloud.New(opts)
-		h = vpcfake.NewServer(core)
+		var o []vpcfake.Option
+		if c.limits {
+			o = append(o, vpcfake.WithBudget(vpcfake.NewBudget(nil)))
+		}
+		h = vpcfake.NewServer(core, o...)
 	}
 	core.SetFaults(c.faults)
 	return core, h

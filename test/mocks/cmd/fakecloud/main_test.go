@@ -6,7 +6,10 @@ import (
 	"encoding/json"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"regexp"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -58,5 +61,33 @@ func TestBadFlags(t *testing.T) {
 	} {
 		err := run(context.Background(), args, io.Discard)
 		assert.Error(t, err, "%v", args)
+	}
+}
+
+func TestPublishedLimitsFlag(t *testing.T) {
+	for _, limits := range []bool{false, true} {
+		c, err := parse([]string{"--cloud", "aws", "--published-limits=" + strconv.FormatBool(limits)}, io.Discard)
+		require.NoError(t, err)
+		_, h := handler(c)
+		srv := httptest.NewServer(h)
+		refused := 0
+		for range 200 { // unfiltered DescribeInstances: a burst of 50, then 10 a second
+			req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("Action=DescribeInstances&Version=2016-11-15"))
+			require.NoError(t, err)
+			req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+			req.Header.Set("Authorization", "AWS4-HMAC-SHA256 Credential=AKIDTEST/20260506/us-east-1/ec2/aws4_request, SignedHeaders=host, Signature=00")
+			resp, err := http.DefaultClient.Do(req)
+			require.NoError(t, err)
+			_ = resp.Body.Close()
+			if resp.StatusCode == http.StatusServiceUnavailable {
+				refused++
+			}
+		}
+		srv.Close()
+		if limits {
+			assert.Positive(t, refused, "calls past the burst are refused")
+		} else {
+			assert.Zero(t, refused, "no limits unless asked")
+		}
 	}
 }
