@@ -75,6 +75,8 @@ type Budget struct {
 	mu      sync.Mutex
 	buckets map[bucketKey]*bucket
 	counts  map[string]ClassCount
+	// low is the fewest tokens any bucket of a class held after a call.
+	low map[string]float64
 }
 
 // NewBudget returns a budget over limits (by class name) on the clock now
@@ -83,7 +85,7 @@ func NewBudget(now func() time.Time, limits map[string]Limit) *Budget {
 	if now == nil {
 		now = time.Now
 	}
-	return &Budget{now: now, limits: maps.Clone(limits), buckets: map[bucketKey]*bucket{}, counts: map[string]ClassCount{}}
+	return &Budget{now: now, limits: maps.Clone(limits), buckets: map[bucketKey]*bucket{}, counts: map[string]ClassCount{}, low: map[string]float64{}}
 }
 
 // Limits returns the limits by class.
@@ -138,6 +140,9 @@ func (b *Budget) Take(class string, charges ...Charge) Take {
 			s.b.tokens -= s.cost
 		}
 		out.Remaining[i] = int64(math.Floor(s.b.tokens))
+		if low, seen := b.low[charges[i].Class]; !seen || s.b.tokens < low {
+			b.low[charges[i].Class] = s.b.tokens
+		}
 	}
 	return out
 }
@@ -192,9 +197,21 @@ func (b *Budget) Throttled() int64 {
 	return n
 }
 
-// ResetCounts zeroes the counts; the buckets keep their tokens.
+// LowWater is, by bucket class, the fewest tokens a bucket of the class
+// held right after a call since the budget was made or its counts reset:
+// how close the calls came to a refusal (0 or less: they reached it).
+// Classes no call charged are absent.
+func (b *Budget) LowWater() map[string]float64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return maps.Clone(b.low)
+}
+
+// ResetCounts zeroes the counts and the low-water marks; the buckets keep
+// their tokens.
 func (b *Budget) ResetCounts() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.counts = map[string]ClassCount{}
+	b.low = map[string]float64{}
 }

@@ -61,13 +61,17 @@ func TestBudgetBurstThenRefillPerSecond(t *testing.T) {
 	require.True(t, ok)
 	assert.InDelta(t, 100, tokens, 1e-9)
 
+	assert.Equal(t, map[string]float64{"read": 0}, b.LowWater(), "the bucket was emptied")
 	c := b.Counts()["read"]
 	assert.Equal(t, ClassCount{Calls: 124, Throttled: 3}, c)
 	assert.Equal(t, int64(3), b.Throttled())
 	b.ResetCounts()
 	assert.Empty(t, b.Counts())
+	assert.Empty(t, b.LowWater())
+	require.True(t, b.Take("read", Charge{Class: "read"}).OK)
+	assert.Equal(t, map[string]float64{"read": 99}, b.LowWater())
 	tokens, _ = b.Tokens("read", "")
-	assert.InDelta(t, 100, tokens, 1e-9, "resetting counts leaves the buckets alone")
+	assert.InDelta(t, 99, tokens, 1e-9, "resetting counts leaves the buckets alone")
 }
 
 func TestBudgetPerMinuteRefillAndRetryAfter(t *testing.T) {
