@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"net/http/httptest"
 	"os"
@@ -22,6 +23,15 @@ import (
 
 // fleetSeed is the churn schedule's seed unless CAA_E2E_SEED names another.
 const fleetSeed = 20261130
+
+// lowWater is the budget's low-water marks, rounded down to whole tokens.
+func lowWater(b *cloud.Budget) map[string]int {
+	out := map[string]int{}
+	for class, v := range b.LowWater() {
+		out[class] = int(math.Floor(v))
+	}
+	return out
+}
 
 // fleetPod is one peer pod the fleet test made and has not deleted.
 type fleetPod struct{ uid, name string }
@@ -80,8 +90,8 @@ func TestFleetChurnStaysWithinPublishedBudgets(t *testing.T) {
 	}
 	requireOneEach(t, core, want, time.Minute)
 	startup := core.Counters()
-	t.Logf("startup of %d nodes x %d pods in %s: cloud calls %v; budget %v", nodes, perNode,
-		time.Since(started).Round(100*time.Millisecond), startup, budget.Counts())
+	t.Logf("startup of %d nodes x %d pods in %s: cloud calls %v; budget %v; fewest tokens left by bucket %v", nodes, perNode,
+		time.Since(started).Round(100*time.Millisecond), startup, budget.Counts(), lowWater(budget))
 	assert.Positive(t, startup[cloud.OpList], "the startup passes listed the account")
 
 	// The churn. Counters start from zero so that everything counted below
@@ -121,7 +131,7 @@ func TestFleetChurnStaysWithinPublishedBudgets(t *testing.T) {
 	n := core.Counters()
 	counts := budget.Counts()
 	t.Logf("cloud calls during the churn: %v", n)
-	t.Logf("budget by class: %v", counts)
+	t.Logf("budget by class: %v; fewest tokens left by bucket (of %v): %v", counts, ec2fake.PublishedLimits(), lowWater(budget))
 	if creates > 0 && deletes > 0 {
 		t.Logf("per pod created: %.2f RunInstances, %.2f token lookups; per pod deleted: %.2f TerminateInstances; "+
 			"reads by instance id: %.2f per pod change; all calls: %.2f per pod change",

@@ -59,7 +59,7 @@ func drain(b *cloud.Budget, class string) {
 }
 
 func TestBudgetRefusalOnTheWire(t *testing.T) {
-	_, b, clk, base := budgetFake(t)
+	c, b, clk, base := budgetFake(t)
 	describe := url.Values{"Action": {"DescribeInstances"}, "Version": {ec2fake.APIVersion}, "Filter.1.Name": {"tag:a"}, "Filter.1.Value.1": {"b"}}
 	post := func() (*http.Response, string) {
 		req, err := http.NewRequest(http.MethodPost, base, strings.NewReader(describe.Encode()))
@@ -94,6 +94,7 @@ func TestBudgetRefusalOnTheWire(t *testing.T) {
 	assert.Equal(t, http.StatusOK, resp.StatusCode, "a token back after 1/20 s")
 	assert.Equal(t, cloud.ClassCount{Calls: 102, Throttled: 1}, b.Counts()[cloud.OpList])
 	assert.Equal(t, int64(1), b.Throttled())
+	assert.Equal(t, int64(1), c.Counters()["throttled"], "the core's counter holds the refusal too")
 }
 
 func TestBudgetIsOffByDefault(t *testing.T) {

@@ -185,6 +185,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if s.budget != nil {
 		if op, cs, ok := charges(name, q); ok {
 			if take := s.budget.Take(op, cs...); !take.OK {
+				s.cloud.CountThrottled()
 				w.Header().Set("Retry-After", strconv.Itoa(take.RetryAfterSeconds()))
 				s.writeError(w, faultError(cloud.Fault{Kind: cloud.FaultThrottle}))
 				return

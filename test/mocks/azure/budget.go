@@ -99,6 +99,7 @@ func (s *server) metered(w http.ResponseWriter, r *http.Request, op string) bool
 	if take.OK {
 		return true
 	}
+	s.cloud.CountThrottled()
 	w.Header().Set("Retry-After", strconv.Itoa(take.RetryAfterSeconds()))
 	writeError(w, apiError{http.StatusTooManyRequests, "TooManyRequests",
 		"The request is being throttled as the limit has been reached for this operation type.", ""})

@@ -78,6 +78,7 @@ func TestBudgetPerVMGetsOnTheWire(t *testing.T) {
 	clk.Advance(5 * time.Second)
 	assert.Equal(t, http.StatusOK, f.do(http.MethodGet, vms+"/vm-a", nil).status)
 	assert.Equal(t, cloud.ClassCount{Calls: 39, Throttled: 1}, b.Counts()[cloud.OpGet])
+	assert.Equal(t, int64(1), f.cloud.Counters()["throttled"], "the core's counter holds the refusal too")
 
 	// The listing has a bucket of its own.
 	r = f.do(http.MethodGet, vms, nil)

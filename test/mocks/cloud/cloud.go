@@ -266,6 +266,15 @@ func (c *Cloud) takeToken(f Faults) bool {
 	return true
 }
 
+// CountThrottled counts, under "throttled", a throttling reply a front end
+// gave for a reason of its own (a Budget's refusal), so that the counter
+// holds every throttling reply the cloud sent.
+func (c *Cloud) CountThrottled() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.counters["throttled"]++
+}
+
 // Counters returns calls by operation, plus "total", "throttled",
 // "serverErrors", "created" and "deleted".
 func (c *Cloud) Counters() map[string]int64 {

@@ -66,6 +66,7 @@ func (s *Server) metered(w http.ResponseWriter, op string, write bool) bool {
 	if take.OK {
 		return true
 	}
+	s.cloud.CountThrottled()
 	w.Header().Set("Retry-After", strconv.Itoa(take.RetryAfterSeconds()))
 	writeProblem(w, http.StatusTooManyRequests, "rate_limit_exceeded", "Too many requests within a short time.", nil)
 	return false

@@ -70,6 +70,7 @@ func TestBudgetRefusalOnTheWire(t *testing.T) {
 	assert.Equal(t, http.StatusOK, status, "one token back after 1/20 s")
 	assert.Equal(t, cloud.ClassCount{Calls: 102, Throttled: 1}, b.Counts()[cloud.OpList])
 	assert.Equal(t, int64(1), b.Throttled())
+	assert.Equal(t, int64(1), e.cloud.Counters()["throttled"], "the core's counter holds the refusal too")
 }
 
 // TestProviderReadsBudgetRefusalAsThrottled drives caa's IBM Cloud
