@@ -94,8 +94,18 @@ func TestFleetChurnStaysWithinPublishedBudgets(t *testing.T) {
 		time.Since(started).Round(100*time.Millisecond), startup, budget.Counts(), lowWater(budget))
 	assert.Positive(t, startup[cloud.OpList], "the startup passes listed the account")
 
-	// The churn. Counters start from zero so that everything counted below
-	// belongs to it and to the convergence after it.
+	// The churn starts on a rested account (every bucket full again, as
+	// after a quiet spell), so that its low-water marks are its own.
+	// Counters start from zero so that everything counted below belongs to
+	// the churn and to the convergence after it.
+	require.Eventually(t, func() bool {
+		for class, lim := range budget.Limits() {
+			if tokens, _ := budget.Tokens(class, ""); tokens < lim.Burst {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 100*time.Millisecond, "the account's buckets fill up again after the startup")
 	core.ResetCounters()
 	budget.ResetCounts()
 	const churnFor, every = time.Minute, 200 * time.Millisecond
