@@ -389,15 +389,17 @@ func (l *Loop) Run(ctx context.Context) {
 		workqueue.NewTypedItemExponentialFailureRateLimiter[string](time.Second, 5*time.Minute),
 		workqueue.TypedRateLimitingQueueConfig[string]{Name: "caa-pods"})
 	defer queue.ShutDown()
-	// Changes from the start go on the queue; those the startup passes
-	// already handled cost a look at the ledger, no cloud call.
-	l.Pods.Notify(func(uid string) { queue.Add(uid) })
-	defer l.Pods.Notify(nil)
-
 	last, ok := l.startup(ctx)
 	if !ok {
 		return
 	}
+	// From here on every change goes on the queue. What changed while the
+	// startup pass ran is found by comparing the cache with the ledger (no
+	// cloud call); re-reading every pod the pass just handled would cost a
+	// read per pod at every restart.
+	l.Pods.Notify(func(uid string) { queue.Add(uid) })
+	defer l.Pods.Notify(nil)
+	l.resync(queue)
 	l.requeue(queue, last)
 	l.steady(ctx, queue)
 }

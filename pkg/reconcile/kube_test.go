@@ -205,14 +205,8 @@ func TestAuditJitterStaysWithinHalfAPeriod(t *testing.T) {
 func TestTheAuditFindsAVMKilledBehindCaasBack(t *testing.T) {
 	f := newPassFixture(t, time.Hour)
 	client := fake.NewClientset(kubePod("u1", "a", "kata-remote", corev1.PodRunning))
-	src, err := NewPodSource(client, "n", []string{"kata-remote"}, 0)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go src.Run(ctx)
-	passes := make(chan PassResult, 100)
-	loop := &Loop{Reconciler: f.rec, Pods: src, Resync: time.Hour, Audit: 400 * time.Millisecond,
-		Report: func(r PassResult, _ bool) { passes <- r }}
+	src, ctx := runSource(t, client)
+	loop := &Loop{Reconciler: f.rec, Pods: src, Resync: time.Hour, Audit: 400 * time.Millisecond}
 	go loop.Run(ctx)
 	require.Eventually(t, func() bool { return len(f.cloud.Live()) == 1 }, 20*time.Second, 10*time.Millisecond)
 	first := f.cloud.Live()[0].ID
@@ -298,12 +292,7 @@ func TestTheHeartbeatOutlivesASlowPass(t *testing.T) {
 	f := newPassFixture(t, time.Hour)
 	f.rec.Exec.Provider = slowList{Provider: f.rec.Exec.Provider, d: 3500 * time.Millisecond}
 	client := fake.NewClientset(kubePod("u1", "a", "kata-remote", corev1.PodRunning))
-	src, err := NewPodSource(client, "n", []string{"kata-remote"}, 0)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go src.Run(ctx)
-	require.True(t, cache.WaitForCacheSync(ctx.Done(), src.Synced))
+	src, ctx := runSource(t, client)
 
 	var mu sync.Mutex
 	var beats []time.Time
@@ -346,4 +335,17 @@ func TestNodeEventsNameTheNode(t *testing.T) {
 		return e.InvolvedObject.Kind == "Node" && e.InvolvedObject.Name == "worker-1" && e.Type == corev1.EventTypeWarning &&
 			e.Reason == "CaaBlocked"
 	}, 10*time.Second, 10*time.Millisecond)
+}
+
+// runSource starts a pod source on node n for kata-remote pods of client,
+// stopped when the test ends, and waits for its first list.
+func runSource(t *testing.T, client *fake.Clientset) (*PodSource, context.Context) {
+	t.Helper()
+	src, err := NewPodSource(client, "n", []string{"kata-remote"}, 0)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go src.Run(ctx)
+	require.True(t, cache.WaitForCacheSync(ctx.Done(), src.Synced))
+	return src, ctx
 }
