@@ -25,13 +25,25 @@ build: ## build bin/caa (CLOUDS=aws for one provider only)
 # The container's binary. The Dockerfile runs this very target, so the image
 # and a local `make static` cannot build caa in two different ways.
 STATIC_OUT ?= bin/caa-static
-IMAGE      ?= caa:$(VERSION)
+# One image per cloud is what the overlays deploy: `make image CLOUDS=aws`
+# tags $(IMAGE_REPO):$(VERSION)-aws, and deploy/overlays/aws asks for that
+# -aws tag (its memory request is measured for the EC2-only build). Without
+# CLOUDS the image holds every cloud and keeps the bare tag.
+IMAGE_REPO   ?= caa
+IMAGE_SUFFIX := $(if $(CLOUDS),-$(subst $(comma),-,$(CLOUDS)))
+IMAGE        ?= $(IMAGE_REPO):$(VERSION)$(IMAGE_SUFFIX)
+# A misspelt cloud would select no build tag, which silently builds every
+# cloud; refuse it instead.
+check-clouds = $(if $(filter-out aws azure ibmcloud,$(subst $(comma), ,$(CLOUDS))),$(error CLOUDS=$(CLOUDS): each name must be aws, azure or ibmcloud))
+# An IMAGE given by hand must still say which build it holds, in the tag's
+# suffix: the overlays and deploy/README.md go by it.
+check-image-tag = $(if $(CLOUDS),$(if $(filter %$(IMAGE_SUFFIX),$(IMAGE)),,$(error IMAGE=$(IMAGE) holds the CLOUDS=$(CLOUDS) build, so its tag must end in $(IMAGE_SUFFIX))),$(if $(filter %-aws %-azure %-ibmcloud,$(IMAGE)),$(error IMAGE=$(IMAGE) has a one-cloud tag, but without CLOUDS the image holds every cloud)))
 
-static: ## the image's binary: static (CGO_ENABLED=0), -trimpath, into $(STATIC_OUT); GOOS/GOARCH cross-build
-	CGO_ENABLED=0 $(GO) build $(GOTAGS) -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(STATIC_OUT) ./cmd/caa
+static: ## the image's binary: static (CGO_ENABLED=0), -trimpath, into $(STATIC_OUT); GOOS/GOARCH cross-build; CLOUDS=aws for one provider
+	$(check-clouds)CGO_ENABLED=0 $(GO) build $(GOTAGS) -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(STATIC_OUT) ./cmd/caa
 
-image: ## container image $(IMAGE) with `docker build` (needs a Docker daemon; this machine has none)
-	docker build --build-arg VERSION=$(VERSION) --build-arg CLOUDS=$(CLOUDS) -t $(IMAGE) .
+image: ## container image with `docker build`: CLOUDS=aws tags $(IMAGE_REPO):<version>-aws, the image deploy/overlays/aws deploys (needs a Docker daemon; this machine has none)
+	$(check-clouds)$(check-image-tag)docker build --build-arg VERSION=$(VERSION) --build-arg CLOUDS=$(CLOUDS) -t $(IMAGE) .
 
 demo: ## the guided demo: etcd, kube-apiserver, a fake cloud (CLOUD=aws|azure|ibmcloud) and caa through a restart
 	$(GO) run ./test/e2e/cmd/demo

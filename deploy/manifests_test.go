@@ -15,7 +15,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
-	"k8s.io/apimachinery/pkg/api/resource"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
@@ -31,9 +30,6 @@ const (
 	// cloud listing, recreating a node's VMs at the default rate, and VM
 	// boot (see the comment on the probe).
 	minStartup = 15 * time.Minute
-	// minMemoryLimit: caa targets 64 MiB RSS for 1,000 pods; the limit must
-	// leave it room for large listings.
-	minMemoryLimit = "128Mi"
 	// graceMargin is what terminationGracePeriodSeconds must leave beyond
 	// CAA_SHUTDOWN_GRACE for closing the ledger after in-flight calls.
 	graceMargin = 10 * time.Second
@@ -134,7 +130,8 @@ func checkPodShape(t *testing.T, ds *appsv1.DaemonSet, cm *corev1.ConfigMap) {
 		"tolerates every taint, so it runs on every node that may host peer pods")
 	assert.Equal(t, "caa", ds.Spec.Template.Labels["app.kubernetes.io/name"])
 	assert.Equal(t, ds.Spec.Selector.MatchLabels, map[string]string{"app.kubernetes.io/name": "caa"})
-	assert.Equal(t, "caa:dev", c.Image, "the image is the kustomize placeholder caa:<tag>")
+	// Which build (the tag's cloud suffix) is memory_test.go's to check.
+	assert.Regexp(t, `^caa:dev(-[a-z]+)?$`, c.Image, "the image is the kustomize placeholder caa:<tag>")
 	assert.Equal(t, []string{"run"}, c.Args)
 
 	env := map[string]corev1.EnvVar{}
@@ -167,7 +164,7 @@ func checkPodShape(t *testing.T, ds *appsv1.DaemonSet, cm *corev1.ConfigMap) {
 		_, lim := c.Resources.Limits[r]
 		assert.True(t, req && lim, "%s has a request and a limit", r)
 	}
-	assert.GreaterOrEqual(t, c.Resources.Limits.Memory().Cmp(resource.MustParse(minMemoryLimit)), 0, "memory limit at least %s", minMemoryLimit)
+	// How much memory: memory_test.go, against the measured peaks.
 }
 
 func checkProbes(t *testing.T, ds *appsv1.DaemonSet) {

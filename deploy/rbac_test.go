@@ -81,7 +81,8 @@ var denied = []access{
 // what the role leaves out.
 func runUnderServiceAccount(ctx context.Context, t *testing.T, c *cluster.Cluster, kubectlBin string) {
 	const node, team, peers = "worker-1", "team", 5
-	caaBin := buildCaa(t, repoRoot(t), t.TempDir(), "v0.0.0-rbac-test")
+	// The overlay's own image: the EC2-only build.
+	caaBin := repoCaa(t, providerOf["overlays/aws"])
 
 	_, err := runKubectl(ctx, kubectlBin, render(t, kubectlBin, "overlays/aws"), "--kubeconfig", c.Kubeconfig(),
 		"apply", "--server-side", "--field-manager=caa-deploy-test", "-f", "-")

@@ -16,6 +16,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
@@ -172,20 +173,63 @@ func renderAll(t *testing.T) map[string]manifests {
 	return out
 }
 
-// buildCaa builds caa with `make static` into dir and returns its path.
-// srcDir is the directory make runs in (the repository, or a copy of the
-// Docker build context).
-func buildCaa(t *testing.T, srcDir, dir, version string) string {
+// buildCaa builds caa with `make static CLOUDS=clouds` into dir and
+// returns its path. srcDir is the directory make runs in (the repository,
+// or a copy of the Docker build context); clouds is "" for every cloud, or
+// the one cloud an overlay's image holds.
+func buildCaa(t *testing.T, srcDir, dir, version, clouds string) string {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), binaryTimeout)
 	defer cancel()
 	bin := filepath.Join(dir, "caa")
-	cmd := exec.CommandContext(ctx, "make", "--no-print-directory", "-C", srcDir, "static", "VERSION="+version, "STATIC_OUT="+bin)
+	cmd := exec.CommandContext(ctx, "make", "--no-print-directory", "-C", srcDir, "static",
+		"VERSION="+version, "STATIC_OUT="+bin, "CLOUDS="+clouds)
 	// GOWORK=off: build the module as the image does, whatever go.work a
 	// developer has above it; -mod=readonly: go.mod and go.sum must already
 	// be complete, as in a clean build context.
 	cmd.Env = append(os.Environ(), "GOWORK=off", "GOFLAGS=-mod=readonly", "GOOS="+runtime.GOOS, "GOARCH="+runtime.GOARCH)
 	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "make static in %s:\n%s", srcDir, out)
+	require.NoError(t, err, "make static CLOUDS=%s in %s:\n%s", clouds, srcDir, out)
 	return bin
+}
+
+// builtCaa holds the repository's builds of caa by CLOUDS, made once for
+// all the tests of the package (a link of caa takes a while on a shared
+// machine); TestMain removes them.
+var builtCaa struct {
+	sync.Mutex
+	dir  string
+	bins map[string]string
+}
+
+// repoCaa returns caa built from the repository with `make static
+// CLOUDS=clouds`, as the image for those clouds holds it.
+func repoCaa(t *testing.T, clouds string) string {
+	t.Helper()
+	builtCaa.Lock()
+	defer builtCaa.Unlock()
+	if bin, ok := builtCaa.bins[clouds]; ok {
+		return bin
+	}
+	if builtCaa.dir == "" {
+		dir, err := os.MkdirTemp("", "caa-deploy-test-")
+		require.NoError(t, err)
+		builtCaa.dir, builtCaa.bins = dir, map[string]string{}
+	}
+	dir := filepath.Join(builtCaa.dir, "clouds-"+clouds)
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	bin := buildCaa(t, repoRoot(t), dir, testVersion, clouds)
+	builtCaa.bins[clouds] = bin
+	return bin
+}
+
+// testVersion is the version stamped into the binaries the tests build.
+const testVersion = "v0.0.0-deploy-test"
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if builtCaa.dir != "" {
+		_ = os.RemoveAll(builtCaa.dir)
+	}
+	os.Exit(code)
 }

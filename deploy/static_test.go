@@ -18,8 +18,9 @@ import (
 )
 
 // TestStaticBuild runs the build the Dockerfile runs (`make static`) from a
-// copy of exactly the files .dockerignore lets into the build context, and
-// checks the result is a static ELF that runs and carries the version.
+// copy of exactly the files .dockerignore lets into the build context, for
+// the image an overlay deploys (CLOUDS=aws), and checks the result is a
+// static ELF that runs, carries the version and holds that cloud only.
 func TestStaticBuild(t *testing.T) {
 	needBinaries(t)
 	root := repoRoot(t)
@@ -30,8 +31,8 @@ func TestStaticBuild(t *testing.T) {
 	require.Contains(t, copied, "go.mod")
 	require.Contains(t, copied, "Makefile")
 
-	const version = "v0.0.0-deploy-test"
-	bin := buildCaa(t, buildContext, t.TempDir(), version)
+	const version = testVersion
+	bin := buildCaa(t, buildContext, t.TempDir(), version, "aws")
 
 	f, err := elf.Open(bin)
 	require.NoError(t, err)
@@ -49,6 +50,13 @@ func TestStaticBuild(t *testing.T) {
 	out, err := exec.CommandContext(ctx, bin, "version").CombinedOutput()
 	require.NoError(t, err, "caa version:\n%s", out)
 	assert.Equal(t, "caa "+version+"\n", string(out), "VERSION reaches the binary")
+
+	// CLOUDS reaches the build: the EC2-only binary knows no Azure.
+	run := exec.CommandContext(ctx, bin, "run", "--provider", "azure", "--node-name", "n")
+	run.Env = []string{} // no CAA_* of the caller's
+	out, err = run.CombinedOutput()
+	require.Error(t, err, "an EC2-only caa started with --provider azure:\n%s", out)
+	assert.Contains(t, string(out), "built without azure", "the EC2-only build says Azure was left out")
 }
 
 // checkDockerfile guards against drift: the builder stage builds with make
@@ -62,6 +70,9 @@ func checkDockerfile(t *testing.T, root string) {
 	assert.Contains(t, text, "COPY --from=build "+build[1]+" /usr/local/bin/caa", "the image takes the binary make static built")
 	assert.Regexp(t, `(?m)^FROM gcr\.io/distroless/static-debian\d+:nonroot$`, text)
 	assert.Regexp(t, `(?m)^ARG VERSION=`, text)
+	// The per-cloud images: the CLOUDS build argument reaches make static.
+	assert.Regexp(t, `(?m)^ARG CLOUDS=`, text)
+	assert.Regexp(t, `CLOUDS="\$CLOUDS" [^\n]*make static `, text, "the builder passes CLOUDS to make static")
 	assert.Regexp(t, `(?m)^USER 65532`, text)
 }
 
@@ -139,20 +150,21 @@ func copyBuildContext(t *testing.T, root, dst string) []string {
 // TestSettingsAreCaaFlags checks that every setting the manifests pass
 // to caa (ConfigMap keys and the container's env) is an environment
 // variable `caa run --help` names, so a misspelt key cannot be silently
-// ignored.
+// ignored. Each overlay is checked against its own cloud's build, the one
+// its image holds (the base against the every-cloud build).
 func TestSettingsAreCaaFlags(t *testing.T) {
 	needBinaries(t)
-	bin := buildCaa(t, repoRoot(t), t.TempDir(), "v0.0.0-deploy-test")
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	help, err := exec.CommandContext(ctx, bin, "run", "--help").CombinedOutput()
-	require.NoError(t, err, "caa run --help:\n%s", help)
-	known := map[string]bool{}
-	for _, name := range regexp.MustCompile(`\b[A-Z][A-Z0-9_]*[A-Z0-9]\b`).FindAllString(string(help), -1) {
-		known[name] = true
-	}
-	require.True(t, known["CAA_PROVIDER"] && known["NODE_NAME"], "the help names the environment variables:\n%s", help)
 	for name, m := range renderAll(t) {
+		bin := repoCaa(t, providerOf[name])
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		help, err := exec.CommandContext(ctx, bin, "run", "--help").CombinedOutput()
+		cancel()
+		require.NoError(t, err, "caa run --help:\n%s", help)
+		known := map[string]bool{}
+		for _, v := range regexp.MustCompile(`\b[A-Z][A-Z0-9_]*[A-Z0-9]\b`).FindAllString(string(help), -1) {
+			known[v] = true
+		}
+		require.True(t, known["CAA_PROVIDER"] && known["NODE_NAME"], "the help names the environment variables:\n%s", help)
 		cm := m.configMap(t)
 		require.NotEmpty(t, cm.Data, name)
 		for k := range cm.Data {
