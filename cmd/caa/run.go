@@ -345,13 +345,15 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	}
 
 	// Everything below stops on stop; cloud calls in flight get the grace.
+	// On an early return the deferred stop runs before the wait for the
+	// servers (defers run last first), so a refusal exits instead of hanging.
+	var wg sync.WaitGroup
+	defer wg.Wait()
 	stopCtx, stop := context.WithCancel(ctx)
 	defer stop()
 	callCtx, cancelCalls := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelCalls()
 
-	var wg sync.WaitGroup
-	defer wg.Wait()
 	serve := func(name string, fn func() error) {
 		wg.Add(1)
 		go func() {
