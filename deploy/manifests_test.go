@@ -36,7 +36,7 @@ const (
 )
 
 // TestRenderedManifests renders the base and every overlay with kubectl
-// kustomize and checks what DESIGN.md and the issue ask of them.
+// kustomize and checks what docs/design.md asks of them.
 func TestRenderedManifests(t *testing.T) {
 	needBinaries(t)
 	for name, m := range renderAll(t) {
