@@ -349,3 +349,40 @@ func runSource(t *testing.T, client *fake.Clientset) (*PodSource, context.Contex
 	require.True(t, cache.WaitForCacheSync(ctx.Done(), src.Synced))
 	return src, ctx
 }
+
+// TestChangesOfARunningPodReadNothing: the kubelet moving a pod to Running,
+// or an annotation change, costs no cloud call once its VM is recorded
+// Running.
+func TestChangesOfARunningPodReadNothing(t *testing.T) {
+	f := newPassFixture(t, time.Hour)
+	client := fake.NewClientset(kubePod("u1", "a", "kata-remote", corev1.PodPending))
+	src, ctx := runSource(t, client)
+	converged := make(chan struct{})
+	var once sync.Once
+	loop := &Loop{Reconciler: f.rec, Pods: src, Resync: time.Hour, Audit: time.Hour, Workers: 1,
+		Report: func(_ PassResult, c bool) {
+			if c {
+				once.Do(func() { close(converged) })
+			}
+		}}
+	go loop.Run(ctx)
+	select {
+	case <-converged:
+	case <-time.After(20 * time.Second):
+		t.Fatal("no convergence")
+	}
+	f.cloud.ResetCounters()
+	p, err := client.CoreV1().Pods("ns").Get(ctx, "a", metav1.GetOptions{})
+	require.NoError(t, err)
+	p.Status.Phase = corev1.PodRunning
+	p.Annotations["team"] = "blue"
+	_, err = client.CoreV1().Pods("ns").Update(ctx, p, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	// A marker pod created after the update: with one worker, once its VM
+	// exists the update before it has been handled too.
+	_, err = client.CoreV1().Pods("ns").Create(ctx, kubePod("u2", "marker", "kata-remote", corev1.PodPending), metav1.CreateOptions{})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return len(f.cloud.Live()) == 2 }, 20*time.Second, 10*time.Millisecond)
+	c := f.cloud.Counters()
+	assert.Zero(t, c[cloud.OpGet]+c[cloud.OpList], "no read for the running pod's change")
+}

@@ -51,6 +51,8 @@ type Reconciler struct {
 	booting map[string]bootWatch  // by VM id: the VMs seen booting in the last pass
 	retries map[string]retryState // by pod UID: cloud failures in a row
 	noticed map[string]bool       // by pod UID: records of unwatched pods already reported
+	// bootChecks are the pods whose next look is the one read after a create.
+	bootChecks map[string]bool
 }
 
 // retryState is a pod's streak of failed cloud calls: how many, for which
@@ -234,6 +236,7 @@ func (r *Reconciler) inputs(ctx context.Context, pods []*Pod, records []ledger.R
 	maps.DeleteFunc(r.missing, func(uid string, _ missingVM) bool { return !known[uid] })
 	maps.DeleteFunc(r.retries, func(uid string, _ retryState) bool { return !known[uid] })
 	maps.DeleteFunc(r.noticed, func(uid string, _ bool) bool { return !known[uid] })
+	maps.DeleteFunc(r.bootChecks, func(uid string, _ bool) bool { return !known[uid] })
 	return out
 }
 

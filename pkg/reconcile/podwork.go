@@ -55,7 +55,16 @@ func (r *Reconciler) ReconcilePod(ctx context.Context, uid string, pod *Pod, syn
 
 	r.mu.Lock()
 	in := Input{Pod: pod, Record: rec, CacheSynced: synced, Now: now, Retries: r.retries[uid].n}
+	_, missing := r.missing[uid]
+	bootCheck := r.bootChecks[uid]
+	delete(r.bootChecks, uid)
 	r.mu.Unlock()
+	if wanted && rec != nil && rec.Phase == ledger.PhaseRunning && rec.VMID != "" && rec.ReplacesVMID == "" && !missing && !bootCheck {
+		// A change of a pod whose VM is recorded Running (its phase moving
+		// to Running, a label) changes nothing caa decides; whether the VM
+		// still runs is the audit's question, not worth a read per event.
+		return PodResult{Action: Action{Kind: KindNone, Reason: ReasonInSync}}
+	}
 	if wanted && rec != nil && rec.VMID != "" {
 		if err := r.Exec.read(ctx); err != nil {
 			return PodResult{Err: err}
@@ -99,6 +108,12 @@ func (r *Reconciler) ReconcilePod(ctx context.Context, uid string, pod *Pod, syn
 		// One look once it should have booted: a VM that failed in boot is
 		// replaced now rather than at the next audit.
 		out.RequeueAfter = r.bootCheck()
+		r.mu.Lock()
+		if r.bootChecks == nil {
+			r.bootChecks = map[string]bool{}
+		}
+		r.bootChecks[uid] = true
+		r.mu.Unlock()
 	}
 	if res.Record == nil {
 		r.forgetIfDone(uid, pod, nil)
@@ -117,6 +132,7 @@ func (r *Reconciler) forgetIfDone(uid string, pod *Pod, rec *ledger.Record) {
 	delete(r.missing, uid)
 	delete(r.retries, uid)
 	delete(r.noticed, uid)
+	delete(r.bootChecks, uid)
 }
 
 func (r *Reconciler) bootCheck() time.Duration {
