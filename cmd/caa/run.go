@@ -447,7 +447,7 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 		exec.UserData = func(*reconcile.Pod) ([]byte, error) { return userData, nil }
 	}
 	rec := &reconcile.Reconciler{
-		Exec: exec, Config: reconcile.Config{Spec: specCfg, ConfirmMissing: f.confirmMissing},
+		Exec: exec, Config: reconcile.Config{Spec: specCfg, ConfirmMissing: f.confirmMissing, Provider: prov.Name()},
 		Concurrency: f.concurrency, OrphanGrace: f.gcGrace, BootTimeout: f.bootTimeout,
 		Progress: func() { status.Beat(time.Now()) },
 	}

@@ -58,6 +58,11 @@ type Config struct {
 	// as gone: clouds are eventually consistent, and one NotFound proves
 	// nothing (invariant I3).
 	ConfirmMissing time.Duration
+	// Provider is the name of the cloud this caa runs against. A record
+	// made on another cloud (caa restarted with another --provider) is
+	// never replaced nor deleted from here: this cloud cannot see its VM,
+	// so a NotFound here proves nothing. Empty: not checked.
+	Provider string
 }
 
 // Kind names what to do.
@@ -132,6 +137,7 @@ const (
 	ReasonNotPeer        = "RuntimeClassNotWatched"
 	ReasonVMUnknown      = "VMUnknown"
 	ReasonBackoff        = "BackingOff"
+	ReasonOtherProvider  = "RecordedOnAnotherProvider"
 )
 
 // Decide returns what to do for one pod UID. It never returns a delete on
@@ -139,6 +145,11 @@ const (
 // never a recreate on a single NotFound, and never a create while a VM of
 // the pod may still be alive.
 func Decide(in Input, cfg Config) Action {
+	if foreign(in.Record, cfg) {
+		return Action{Kind: KindNone, Reason: ReasonOtherProvider,
+			Message: fmt.Sprintf("the record's VM %s is on provider %s, but this caa runs %s: nothing is created, replaced or deleted for it; "+
+				"run caa with --provider %s", in.Record.VMID, in.Record.Provider, cfg.Provider, in.Record.Provider)}
+	}
 	if in.Pod == nil || in.Pod.Terminal {
 		return decideUnwanted(in)
 	}
@@ -236,6 +247,11 @@ func Decide(in Input, cfg Config) Action {
 	}
 	return Action{Kind: KindWait, Reason: reason, RequeueAfter: transitionalWait(cfg),
 		Message: fmt.Sprintf("VM %s is %s", vm.ID, vm.State)}
+}
+
+// foreign: the record was made on another cloud than this caa's.
+func foreign(rec *ledger.Record, cfg Config) bool {
+	return rec != nil && cfg.Provider != "" && rec.Provider != "" && rec.Provider != cfg.Provider
 }
 
 func transitionalWait(cfg Config) time.Duration { return max(cfg.ConfirmMissing/4, time.Second) }

@@ -208,7 +208,7 @@ func (r *Reconciler) inputs(ctx context.Context, pods []*Pod, records []ledger.R
 	out := make([]Input, 0, len(uids))
 	for _, uid := range uids {
 		in := Input{Pod: podByUID[uid], Record: recs[uid], CacheSynced: synced, Now: now, Retries: r.retries[uid].n}
-		if in.Record != nil && in.Record.VMID != "" {
+		if in.Record != nil && in.Record.VMID != "" && !foreign(in.Record, r.Config) {
 			in.VM = byID[in.Record.VMID]
 			if in.VM == nil && r.Exec.read(ctx) == nil {
 				in.VM = r.confirm(ctx, in.Record.VMID)
@@ -317,6 +317,9 @@ func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult)
 				r.Exec.event(in.Pod, true, EventNotWatched, a.Message)
 			}
 		case a.Kind == KindWait && a.Reason != ReasonVMMissing:
+			waiting[in.Pod.UID] = st
+		case a.Reason == ReasonOtherProvider:
+			// A wrong --provider: the node is not whole, and readiness says so.
 			waiting[in.Pod.UID] = st
 		}
 	}
@@ -438,7 +441,17 @@ func (r *Reconciler) collectOrphans(ctx context.Context, vms []provider.VM, reco
 			alive[p.UID] = true
 		}
 	}
-	orphans := Orphans(vms, records, alive)
+	// A record of another cloud says nothing about this cloud's VMs: its
+	// pod counts as alive, so no VM of it here is taken for superseded.
+	own := records[:0:0]
+	for _, rec := range records {
+		if foreign(&rec, r.Config) {
+			alive[rec.PodUID] = true
+			continue
+		}
+		own = append(own, rec)
+	}
+	orphans := Orphans(vms, own, alive)
 	r.mu.Lock()
 	if r.orphans == nil {
 		grace := r.OrphanGrace

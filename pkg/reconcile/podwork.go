@@ -46,6 +46,9 @@ func (r *Reconciler) ReconcilePod(ctx context.Context, uid string, pod *Pod, syn
 	if rec == nil && (pod == nil || pod.NotPeer || pod.Terminal) {
 		return PodResult{} // nothing of caa's
 	}
+	if foreign(rec, r.Config) {
+		return PodResult{Action: Decide(Input{Pod: pod, Record: rec}, r.Config)}
+	}
 	wanted := pod != nil && !pod.Terminal && !pod.NotPeer
 	if !wanted && rec != nil && rec.Phase == ledger.PhaseCreating && rec.VMID == "" && rec.ReplacesVMID == "" {
 		// The create may have made a VM that only its tags name: only a

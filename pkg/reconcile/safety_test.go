@@ -358,3 +358,38 @@ func TestMemoryStaysBoundedOnAChurningNode(t *testing.T) {
 	require.NoError(t, err)
 	assert.Empty(t, recs)
 }
+
+// TestARestartWithAnotherProviderTouchesNothing: records made on another
+// cloud are neither replaced nor deleted by a caa started with the wrong
+// --provider (this cloud cannot see their VMs: its NotFound proves
+// nothing), and the node does not report ready.
+func TestARestartWithAnotherProviderTouchesNothing(t *testing.T) {
+	f := newPassFixture(t, time.Hour)
+	ctx := context.Background()
+	pods := peerPods(3)
+	for _, p := range pods {
+		_, err := f.ledger.Put(ledger.Record{PodUID: p.UID, Namespace: p.Namespace, Name: p.Name, Provider: "aws",
+			VMID: "i-0" + p.UID, Key: Key(p.UID, 1), Attempt: 1, Phase: ledger.PhaseRunning})
+		require.NoError(t, err)
+	}
+	f.rec.Config.Provider = "memory"
+	for range 3 {
+		f.clock.Advance(time.Hour) // past every confirmation and grace
+		res := f.rec.Pass(ctx, pods[1:], true)
+		require.NoError(t, res.Err)
+		assert.False(t, res.Converged(), "a wrong --provider holds readiness")
+		require.Len(t, res.Pending, 2)
+		assert.Equal(t, ReasonOtherProvider, res.Pending[0].Reason)
+		assert.Contains(t, res.Pending[0].Message, "--provider aws")
+	}
+	c := f.cloud.Counters()
+	assert.Zero(t, c[cloud.OpCreate]+c[cloud.OpDelete]+c[cloud.OpGet], "nothing created, deleted or read by id")
+	recs, err := f.ledger.List(ledger.Filter{})
+	require.NoError(t, err)
+	assert.Len(t, recs, 3, "even the gone pod's record stays for the right provider to finish")
+
+	// Between passes too.
+	res := f.rec.ReconcilePod(ctx, pods[0].UID, nil, true)
+	assert.Equal(t, ReasonOtherProvider, res.Action.Reason)
+	assert.Zero(t, res.CloudWrites+res.CloudReads)
+}
