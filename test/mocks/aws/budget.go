@@ -39,16 +39,13 @@ const (
 // them): where that table and these differ, the table wins, and these
 // should follow it.
 func PublishedLimits() map[string]cloud.Limit {
-	perSecond := func(burst, refill float64) cloud.Limit {
-		return cloud.Limit{Burst: burst, Refill: refill, Per: time.Second}
-	}
 	return map[string]cloud.Limit{
-		ClassDescribe:           perSecond(100, 20),
-		ClassDescribeUnfiltered: perSecond(50, 10),
-		ClassRun:                perSecond(50, 5),
-		ClassTerminate:          perSecond(50, 5),
-		ClassRunInstances:       perSecond(1000, 2),
-		ClassTerminateInstances: perSecond(1000, 20),
+		ClassDescribe:           cloud.PerSecond(100, 20),
+		ClassDescribeUnfiltered: cloud.PerSecond(50, 10),
+		ClassRun:                cloud.PerSecond(50, 5),
+		ClassTerminate:          cloud.PerSecond(50, 5),
+		ClassRunInstances:       cloud.PerSecond(1000, 2),
+		ClassTerminateInstances: cloud.PerSecond(1000, 20),
 	}
 }
 

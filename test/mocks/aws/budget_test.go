@@ -9,7 +9,6 @@ import (
 	"net/url"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -23,39 +22,15 @@ import (
 	"github.com/caa-project/caa/test/mocks/cloud"
 )
 
-// frozenClock stands still unless a test moves it.
-type frozenClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *frozenClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *frozenClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 // budgetFake starts a fake EC2 with the published budget on a frozen clock.
-func budgetFake(t *testing.T) (*cloud.Cloud, *cloud.Budget, *frozenClock, string) {
+func budgetFake(t *testing.T) (*cloud.Cloud, *cloud.Budget, *conformance.Clock, string) {
 	t.Helper()
-	clk := &frozenClock{t: time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC)}
+	clk := &conformance.Clock{}
 	c := cloud.New(ec2fake.CloudOptions(conformance.Options(&conformance.Clock{})))
 	b := ec2fake.NewBudget(clk.Now)
 	srv := httptest.NewServer(ec2fake.NewServer(c, ec2fake.WithBudget(b)))
 	t.Cleanup(srv.Close)
 	return c, b, clk, srv.URL
-}
-
-// drain empties a bucket of the budget without a request.
-func drain(b *cloud.Budget, class string) {
-	tokens, _ := b.Tokens(class, "")
-	b.Take("test-drain", cloud.Charge{Class: class, Tokens: tokens})
 }
 
 func TestBudgetRefusalOnTheWire(t *testing.T) {
@@ -140,18 +115,18 @@ func TestProviderReadsBudgetRefusalAsThrottled(t *testing.T) {
 		assert.Equal(t, http.StatusServiceUnavailable, pe.Status)
 	}
 
-	drain(b, ec2fake.ClassDescribe)
+	b.Drain(ec2fake.ClassDescribe)
 	_, err = p.Get(ctx, vm.ID)
 	throttled(t, err)
 	_, err = p.List(ctx, provider.Selector{Cluster: conformance.Cluster, Node: "node-a"})
 	throttled(t, err)
 
 	clk.Advance(10 * time.Second) // DescribeInstances full again: Create's token lookup passes
-	drain(b, ec2fake.ClassRunInstances)
+	b.Drain(ec2fake.ClassRunInstances)
 	_, err = p.Create(ctx, conformance.Spec(2, "node-a"))
 	throttled(t, err)
 
-	drain(b, ec2fake.ClassTerminate)
+	b.Drain(ec2fake.ClassTerminate)
 	throttled(t, p.Delete(ctx, vm.ID))
 
 	n := b.Counts()

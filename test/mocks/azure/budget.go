@@ -43,14 +43,11 @@ var policyNames = map[string]string{
 // metered: the issue quotes no figure for them, and Azure Resource
 // Manager's own subscription-wide limits are not modelled either.
 func PublishedLimits() map[string]cloud.Limit {
-	perMinute := func(burst, refill float64) cloud.Limit {
-		return cloud.Limit{Burst: burst, Refill: refill, Per: time.Minute}
-	}
 	return map[string]cloud.Limit{
-		ClassList:  perMinute(900, 300),
-		ClassGet:   perMinute(24000, 24000),
-		ClassGetVM: perMinute(36, 12),
-		ClassWrite: perMinute(1500, 500),
+		ClassList:  cloud.PerMinute(900, 300),
+		ClassGet:   cloud.PerMinute(24000, 24000),
+		ClassGetVM: cloud.PerMinute(36, 12),
+		ClassWrite: cloud.PerMinute(1500, 500),
 	}
 }
 

@@ -5,7 +5,6 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -21,33 +20,15 @@ import (
 	"github.com/caa-project/caa/test/mocks/cloud"
 )
 
-// stoppedClock stands still unless a test moves it.
-type stoppedClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *stoppedClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *stoppedClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
 type fixedToken string
 
 func (s fixedToken) GetToken(context.Context, policy.TokenRequestOptions) (azcore.AccessToken, error) {
 	return azcore.AccessToken{Token: string(s), ExpiresOn: time.Now().Add(time.Hour)}, nil
 }
 
-func newBudgetFake(t *testing.T) (*fake, *cloud.Budget, *stoppedClock) {
+func newBudgetFake(t *testing.T) (*fake, *cloud.Budget, *conformance.Clock) {
 	t.Helper()
-	clk := &stoppedClock{t: time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC)}
+	clk := &conformance.Clock{}
 	b := armfake.NewBudget(clk.Now)
 	c := cloud.New(cloud.Options{PageSize: 2, Images: []string{image, platform}, Types: []string{size, "Standard_B1s"}})
 	srv := httptest.NewServer(armfake.NewServer(c, armfake.WithBearerToken(token), armfake.WithBudget(b)))

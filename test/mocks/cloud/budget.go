@@ -16,6 +16,16 @@ type Limit struct {
 	Per    time.Duration
 }
 
+// PerSecond is a bucket of burst tokens refilling refill a second.
+func PerSecond(burst, refill float64) Limit {
+	return Limit{Burst: burst, Refill: refill, Per: time.Second}
+}
+
+// PerMinute is a bucket of burst tokens refilling refill a minute.
+func PerMinute(burst, refill float64) Limit {
+	return Limit{Burst: burst, Refill: refill, Per: time.Minute}
+}
+
 // perSecond is the refill rate in tokens per second.
 func (l Limit) perSecond() float64 {
 	if l.Per <= 0 {
@@ -177,6 +187,14 @@ func (b *Budget) Tokens(class, key string) (tokens float64, ok bool) {
 		return lim.Burst, true
 	}
 	return b.refill(k, lim, b.now()).tokens, true
+}
+
+// Drain takes every token of class's account-wide bucket without a
+// request (the take counts under the class "test-drain"), so a test can
+// start from an empty bucket.
+func (b *Budget) Drain(class string) {
+	tokens, _ := b.Tokens(class, "")
+	b.Take("test-drain", Charge{Class: class, Tokens: tokens})
 }
 
 // Counts returns calls and refusals by class.

@@ -9,26 +9,8 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// manualClock is a clock a test moves by hand.
-type manualClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *manualClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *manualClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-func newManualClock() *manualClock {
-	return &manualClock{t: time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)}
+func newManualClock() *testClock {
+	return &testClock{now: time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)}
 }
 
 func TestBudgetBurstThenRefillPerSecond(t *testing.T) {

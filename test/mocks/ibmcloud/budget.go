@@ -26,13 +26,10 @@ const (
 // PublishedLimits are the limits the fake enforces by class; the IAM token
 // endpoint is not metered.
 func PublishedLimits() map[string]cloud.Limit {
-	perSecond := func(burst, refill float64) cloud.Limit {
-		return cloud.Limit{Burst: burst, Refill: refill, Per: time.Second}
-	}
 	return map[string]cloud.Limit{
-		ClassRead:   perSecond(100, 20),
-		ClassCreate: perSecond(50, 5),
-		ClassDelete: perSecond(50, 5),
+		ClassRead:   cloud.PerSecond(100, 20),
+		ClassCreate: cloud.PerSecond(50, 5),
+		ClassDelete: cloud.PerSecond(50, 5),
 	}
 }
 

@@ -4,7 +4,6 @@ import (
 	"context"
 	"net/http"
 	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
@@ -18,32 +17,8 @@ import (
 	vpcfake "github.com/caa-project/caa/test/mocks/ibmcloud"
 )
 
-// heldClock stands still unless a test moves it.
-type heldClock struct {
-	mu sync.Mutex
-	t  time.Time
-}
-
-func (c *heldClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.t
-}
-
-func (c *heldClock) Advance(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.t = c.t.Add(d)
-}
-
-// empty takes every token of a class's bucket without a request.
-func empty(b *cloud.Budget, class string) {
-	tokens, _ := b.Tokens(class, "")
-	b.Take("test-drain", cloud.Charge{Class: class, Tokens: tokens})
-}
-
 func TestBudgetRefusalOnTheWire(t *testing.T) {
-	clk := &heldClock{t: time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC)}
+	clk := &conformance.Clock{}
 	b := vpcfake.NewBudget(clk.Now)
 	e := newEnv(t)
 	srv := httptest.NewServer(vpcfake.NewServer(e.cloud, vpcfake.WithAPIKey(apiKey), vpcfake.WithBudget(b)))
@@ -76,7 +51,7 @@ func TestBudgetRefusalOnTheWire(t *testing.T) {
 // TestProviderReadsBudgetRefusalAsThrottled drives caa's IBM Cloud
 // provider, through the official VPC SDK, into each bucket.
 func TestProviderReadsBudgetRefusalAsThrottled(t *testing.T) {
-	clk := &heldClock{t: time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC)}
+	clk := &conformance.Clock{}
 	b := vpcfake.NewBudget(clk.Now)
 	c := cloud.New(conformance.Options(&conformance.Clock{}))
 	srv := httptest.NewServer(vpcfake.NewServer(c, vpcfake.WithAPIKey(apiKey), vpcfake.WithBudget(b)))
@@ -104,17 +79,17 @@ func TestProviderReadsBudgetRefusalAsThrottled(t *testing.T) {
 		assert.Equal(t, "rate_limit_exceeded", pe.Code)
 	}
 
-	empty(b, vpcfake.ClassRead)
+	b.Drain(vpcfake.ClassRead)
 	_, err = p.Get(ctx, vm.ID)
 	throttled(t, err)
 	_, err = p.List(ctx, provider.Selector{Cluster: conformance.Cluster, Node: "node-a"})
 	throttled(t, err)
 
 	clk.Advance(10 * time.Second) // reads refilled, for any lookup a write makes first
-	empty(b, vpcfake.ClassCreate)
+	b.Drain(vpcfake.ClassCreate)
 	_, err = p.Create(ctx, conformance.Spec(2, "node-a"))
 	throttled(t, err)
-	empty(b, vpcfake.ClassDelete)
+	b.Drain(vpcfake.ClassDelete)
 	throttled(t, p.Delete(ctx, vm.ID))
 
 	n := b.Counts()
