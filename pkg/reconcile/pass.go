@@ -202,9 +202,6 @@ func (r *Reconciler) inputs(ctx context.Context, pods []*Pod, records []ledger.R
 
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if r.missing == nil {
-		r.missing = map[string]missingVM{}
-	}
 	out := make([]Input, 0, len(uids))
 	for _, uid := range uids {
 		in := Input{Pod: podByUID[uid], Record: recs[uid], CacheSynced: synced, Now: now, Retries: r.retries[uid].n}
@@ -217,11 +214,8 @@ func (r *Reconciler) inputs(ctx context.Context, pods []*Pod, records []ledger.R
 		if in.VM == nil {
 			in.VM = pickByTag(byPod[uid], in.Record)
 		}
-		if in.Record != nil && in.Record.VMID != "" && in.VM == nil {
-			if m, ok := r.missing[uid]; !ok || m.vmID != in.Record.VMID {
-				r.missing[uid] = missingVM{vmID: in.Record.VMID, since: now}
-			}
-			in.MissingSince = r.missing[uid].since
+		if in.Record != nil && in.Record.VMID != "" {
+			in.MissingSince = r.seenMissing(uid, in.Record.VMID, in.VM == nil, now)
 		} else {
 			delete(r.missing, uid)
 		}
@@ -238,6 +232,24 @@ func (r *Reconciler) inputs(ctx context.Context, pods []*Pod, records []ledger.R
 	maps.DeleteFunc(r.noticed, func(uid string, _ bool) bool { return !known[uid] })
 	maps.DeleteFunc(r.bootChecks, func(uid string, _ bool) bool { return !known[uid] })
 	return out
+}
+
+// seenMissing records whether a pod's recorded VM was missing from the
+// cloud at now and returns since when it has been (zero when it was found),
+// so a recreate waits for a NotFound that lasted ConfirmMissing. The caller
+// holds mu.
+func (r *Reconciler) seenMissing(uid, vmID string, missing bool, now time.Time) time.Time {
+	if !missing {
+		delete(r.missing, uid)
+		return time.Time{}
+	}
+	if r.missing == nil {
+		r.missing = map[string]missingVM{}
+	}
+	if m, ok := r.missing[uid]; !ok || m.vmID != vmID {
+		r.missing[uid] = missingVM{vmID: vmID, since: now}
+	}
+	return r.missing[uid].since
 }
 
 // confirm looks a recorded VM up directly; nil only on a NotFound. Any

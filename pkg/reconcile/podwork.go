@@ -75,17 +75,7 @@ func (r *Reconciler) ReconcilePod(ctx context.Context, uid string, pod *Pod, syn
 		in.VM = r.confirm(ctx, rec.VMID)
 		out.CloudReads++
 		r.mu.Lock()
-		if r.missing == nil {
-			r.missing = map[string]missingVM{}
-		}
-		if in.VM == nil {
-			if m, ok := r.missing[uid]; !ok || m.vmID != rec.VMID {
-				r.missing[uid] = missingVM{vmID: rec.VMID, since: now}
-			}
-			in.MissingSince = r.missing[uid].since
-		} else {
-			delete(r.missing, uid)
-		}
+		in.MissingSince = r.seenMissing(uid, rec.VMID, in.VM == nil, now)
 		r.mu.Unlock()
 	}
 
