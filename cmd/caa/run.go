@@ -268,11 +268,16 @@ func (f *runFlags) cluster(ctx context.Context) (kubernetes.Interface, string, e
 	if err != nil {
 		return nil, "", err
 	}
-	if f.clusterID != "" {
-		return client, f.clusterID, nil
-	}
-	id, err := reconcile.ClusterID(ctx, client)
+	id, err := f.clusterOf(ctx, client)
 	return client, id, err
+}
+
+// clusterOf is --cluster-id, else the kube-system namespace's UID.
+func (f *runFlags) clusterOf(ctx context.Context, client kubernetes.Interface) (string, error) {
+	if f.clusterID != "" {
+		return f.clusterID, nil
+	}
+	return reconcile.ClusterID(ctx, client)
 }
 
 func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
@@ -380,10 +385,8 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	// is opened (a refusal must not leave a new, empty file behind).
 	var clusterID, nodeLedger string
 	err = retryAPI(stopCtx, log, status, func(ctx context.Context) error {
-		if clusterID = f.clusterID; clusterID == "" {
-			if clusterID, err = reconcile.ClusterID(ctx, client); err != nil {
-				return err
-			}
+		if clusterID, err = f.clusterOf(ctx, client); err != nil {
+			return err
 		}
 		nodeLedger, err = reconcile.NodeLedgerID(ctx, client, f.node)
 		return err
