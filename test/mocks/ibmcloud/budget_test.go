@@ -94,7 +94,10 @@ func TestProviderReadsBudgetRefusalAsThrottled(t *testing.T) {
 
 	n := b.Counts()
 	assert.EqualValues(t, 1, n[cloud.OpGet].Throttled, "the SDK does not retry a refusal")
-	assert.EqualValues(t, 1, n[cloud.OpList].Throttled)
+	// List reads instances and volumes side by side and stops at the
+	// first refusal, so the other read may be cancelled before it lands.
+	assert.GreaterOrEqual(t, n[cloud.OpList].Throttled+n[vpcfake.OpVolumeList].Throttled, int64(1))
+	assert.LessOrEqual(t, n[cloud.OpList].Throttled, int64(1), "the SDK does not retry a refusal")
 	assert.EqualValues(t, 1, n[cloud.OpCreate].Throttled)
 	assert.EqualValues(t, 1, n[cloud.OpDelete].Throttled)
 	assert.Len(t, c.Live(), 1, "the refused calls changed nothing")
