@@ -425,14 +425,19 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("provider %s: %w", f.providerName, err)
 	}
+	events := reconcile.NewKubeEvents(client, f.node)
+	defer events.Shutdown()
+	if err := preflight(stopCtx, log, status, prov, func(reason string) {
+		events.NodeEvent(f.node, true, "CaaPreflightFailed", reason)
+	}); err != nil {
+		return shutdownErr(ctx, err)
+	}
 	prov = health.InstrumentProvider(prov, metrics)
 	log.Info("ledger open", "ledgerID", led.Meta().ID, "cluster", clusterID)
 
 	serve("ledger socket", func() error {
 		return ledgerapi.Serve(stopCtx, ledgerapi.SocketPath(f.ledgerPath), &ledgerapi.Local{L: led, KeepOpen: true}, log)
 	})
-	events := reconcile.NewKubeEvents(client, f.node)
-	defer events.Shutdown()
 	pods, err := reconcile.NewPodSource(client, f.node, f.runtimeClasses, 0)
 	if err != nil {
 		return err
@@ -540,6 +545,50 @@ func retryAPI(ctx context.Context, log *slog.Logger, status *health.Status, fn f
 		case <-t.C:
 		}
 		backoff = min(2*backoff, 30*time.Second)
+	}
+}
+
+// preflight runs the provider's side-effect-free startup checks, when it
+// has them, until they pass or ctx is done. Each distinct failure is one
+// log line at ERROR, one Warning event on the Node (through event), and
+// the readiness reason, so a missing permission or a wrong resource id is
+// named before any pod is touched; the checks are retried from 5s to 5 min
+// apart, since an operator fixes a permission without restarting caa.
+func preflight(ctx context.Context, log *slog.Logger, status *health.Status, p provider.Provider, event func(reason string)) error {
+	pf, ok := p.(provider.Preflighter)
+	if !ok {
+		return nil
+	}
+	status.SetBlocked("starting: checking the cloud's credentials and settings (preflight)")
+	backoff, last := 5*time.Second, ""
+	for {
+		callCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+		err := pf.Preflight(callCtx)
+		cancel()
+		if err == nil {
+			if last != "" {
+				log.Info("cloud preflight passed", "provider", p.Name())
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		reason := "cloud preflight failed: " + err.Error()
+		status.SetBlocked(reason)
+		if reason != last {
+			log.Error("cloud preflight failed; no pod is touched until it passes", "provider", p.Name(), "retryIn", backoff, "err", err)
+			event(reason)
+			last = reason
+		}
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+		backoff = min(2*backoff, 5*time.Minute)
 	}
 }
 

@@ -42,6 +42,20 @@ type Provider interface {
 	Delete(ctx context.Context, id string) error
 }
 
+// Preflighter is implemented by a provider that can check, at startup and
+// without side effects, that its credentials work and the resources it was
+// configured with exist and are usable: EC2's DryRun, reading the Azure
+// resource group and the caller's permissions on it, reading the IBM Cloud
+// subnet, VPC and image. Preflight returns nil when every check passed; on
+// a failure it returns an error wrapping a kind from errors.go (ErrAuth for
+// a missing permission, ErrInvalidSpec for a wrong resource id) whose text
+// names what failed and what to change (the permission or action, the
+// setting). The daemon runs it before it touches any pod and keeps its
+// readiness at 503 with that text until a retry passes.
+type Preflighter interface {
+	Preflight(ctx context.Context) error
+}
+
 // State is a VM's lifecycle state, mapped from each cloud's own.
 //
 // Every state falls in at most one of three classes, and each class asks
