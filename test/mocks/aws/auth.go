@@ -56,35 +56,57 @@ func parseSigV4(header string) (sigV4, bool) {
 	return out, true
 }
 
+// caller is who signed a request, and for which region.
+type caller struct {
+	principal string
+	region    string
+}
+
+// staticPrincipal is the identity of the keys given with WithCredentials.
+const staticPrincipal = "arn:aws:iam::" + ownerID + ":user/caa"
+
 // authenticate checks the request's signature: its shape always, and its
-// value when the server was given credentials. EC2 answers 401 AuthFailure
-// for both, and never says which part was wrong.
-func (s *server) authenticate(r *http.Request, body []byte) *apiError {
+// value when the server was given credentials or a keyring. A key from
+// the keyring must be one it issued and has not expired, and the request
+// must carry that key's session token. EC2 answers 401 AuthFailure for
+// every failure, and never says which part was wrong.
+func (s *server) authenticate(r *http.Request, body []byte) (caller, *apiError) {
 	failure := &apiError{http.StatusUnauthorized, "AuthFailure", "AWS was not able to validate the provided access credentials."}
 	sig, ok := parseSigV4(r.Header.Get("Authorization"))
 	if !ok || sig.service != "ec2" {
-		return failure
+		return caller{}, failure
 	}
-	if s.accessKeyID == "" {
-		return nil
+	who := caller{principal: staticPrincipal, region: sig.region}
+	if s.accessKeyID == "" && s.keyring == nil {
+		return who, nil
 	}
-	if sig.accessKeyID != s.accessKeyID {
-		return failure
+	var secret string
+	switch {
+	case s.accessKeyID != "" && sig.accessKeyID == s.accessKeyID:
+		secret = s.secretAccessKey
+	case s.keyring != nil:
+		creds, ok := s.keyring.valid(sig.accessKeyID)
+		if !ok || !hmac.Equal([]byte(r.Header.Get("X-Amz-Security-Token")), []byte(creds.SessionToken)) {
+			return caller{}, failure
+		}
+		secret, who.principal = creds.SecretAccessKey, creds.Principal
+	default:
+		return caller{}, failure
 	}
 	signedAt, err := time.Parse("20060102T150405Z", r.Header.Get("X-Amz-Date"))
 	if err != nil {
-		return failure
+		return caller{}, failure
 	}
-	want, err := s.expectedSignature(r, body, sig, signedAt)
+	want, err := expectedSignature(r, body, sig, signedAt, aws.Credentials{AccessKeyID: sig.accessKeyID, SecretAccessKey: secret})
 	if err != nil || !hmac.Equal([]byte(want), []byte(sig.signature)) {
-		return failure
+		return caller{}, failure
 	}
-	return nil
+	return who, nil
 }
 
 // expectedSignature signs a copy of the request, holding only the headers
-// the client signed, with the server's secret.
-func (s *server) expectedSignature(r *http.Request, body []byte, sig sigV4, signedAt time.Time) (string, error) {
+// the client signed, with the secret of the key it names.
+func expectedSignature(r *http.Request, body []byte, sig sigV4, signedAt time.Time, creds aws.Credentials) (string, error) {
 	cp, err := http.NewRequestWithContext(r.Context(), r.Method, "http://"+r.Host+r.URL.RequestURI(), bytes.NewReader(body))
 	if err != nil {
 		return "", err
@@ -98,7 +120,6 @@ func (s *server) expectedSignature(r *http.Request, body []byte, sig sigV4, sign
 		}
 	}
 	sum := sha256.Sum256(body)
-	creds := aws.Credentials{AccessKeyID: s.accessKeyID, SecretAccessKey: s.secretAccessKey}
 	if err := v4.NewSigner().SignHTTP(r.Context(), creds, cp, hex.EncodeToString(sum[:]), sig.service, sig.region, signedAt); err != nil {
 		return "", err
 	}

@@ -13,7 +13,7 @@ import (
 	"github.com/caa-project/caa/test/mocks/cloud"
 )
 
-var describeParams = []string{"Filter.#.Name", "Filter.#.Value.#", "InstanceId.#", "MaxResults", "NextToken"}
+var describeParams = []string{"Filter.#.Name", "Filter.#.Value.#", "InstanceId.#", "MaxResults", "NextToken", "DryRun"}
 
 // filter is one Filter.N: the instance matches when the named field equals
 // one of the values. Values match exactly; EC2's * and ? wildcards are not
@@ -107,9 +107,21 @@ func decodeToken(token, key string) (string, *apiError) {
 
 // describeInstances lists instances: those named by InstanceId.N (every one
 // must exist, as EC2 insists), or a page of all of them, each filtered.
-func (s *server) describeInstances(q query) (any, *apiError) {
+// DescribeInstances has no resource-level permissions: it is authorized
+// on "*" alone.
+func (s *server) describeInstances(q query, c caller) (any, *apiError) {
 	if e := q.check(describeParams...); e != nil {
 		return nil, e
+	}
+	dry, e := dryRun(q)
+	if e != nil {
+		return nil, e
+	}
+	if e := s.authorize(c, []check{{"ec2:DescribeInstances", "*", map[string][]string{"aws:RequestedRegion": {c.region}}}}); e != nil {
+		return nil, e
+	}
+	if dry {
+		return nil, dryRunOK
 	}
 	filters, e := parseFilters(q)
 	if e != nil {
@@ -198,12 +210,19 @@ func (s *server) reservations(ins []cloud.Instance) reservationSet {
 	return out
 }
 
-var terminateParams = []string{"InstanceId.#"}
+var terminateParams = []string{"InstanceId.#", "DryRun"}
 
 // terminateInstances terminates every named instance, or none when one of
 // them does not exist. Terminating a terminated instance is not an error.
-func (s *server) terminateInstances(q query) (any, *apiError) {
+// Each instance is authorized with its own tags as aws:ResourceTag/...,
+// once EC2 has found it (an id it does not know is NotFound, DryRun or
+// not, since an unknown instance has no tags to decide on).
+func (s *server) terminateInstances(q query, c caller) (any, *apiError) {
 	if e := q.check(terminateParams...); e != nil {
+		return nil, e
+	}
+	dry, e := dryRun(q)
+	if e != nil {
 		return nil, e
 	}
 	ids, e := q.instanceIDs()
@@ -216,6 +235,18 @@ func (s *server) terminateInstances(q query) (any, *apiError) {
 	before, e := s.getAll(ids)
 	if e != nil {
 		return nil, e
+	}
+	var checks []check
+	for _, in := range before {
+		ctx := tagContext(in.Tags, false)
+		ctx["aws:RequestedRegion"] = []string{c.region}
+		checks = append(checks, check{"ec2:TerminateInstances", c.arn("instance/" + in.ID), ctx})
+	}
+	if e := s.authorize(c, checks); e != nil {
+		return nil, e
+	}
+	if dry {
+		return nil, dryRunOK
 	}
 	resp := terminateInstancesResponse{RequestID: s.requestID()}
 	for _, in := range before {

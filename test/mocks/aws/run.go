@@ -37,18 +37,41 @@ var runParams = []string{
 	"SecurityGroupId.#",
 	"TagSpecification.#.ResourceType", "TagSpecification.#.Tag.#.Key", "TagSpecification.#.Tag.#.Value",
 	"MetadataOptions.HttpTokens", "MetadataOptions.HttpEndpoint", "MetadataOptions.HttpPutResponseHopLimit",
+	"DryRun",
 }
 
 // runInstances launches one instance with its root volume. A replayed
 // ClientToken returns the instance the first call made.
-func (s *server) runInstances(q query) (any, *apiError) {
+//
+// With a policy (WithPolicy) the launch is authorized first, resource by
+// resource (authz.go); with DryRun an allowed launch of a known image and
+// type is answered DryRunOperation and makes nothing.
+func (s *server) runInstances(q query, c caller) (any, *apiError) {
 	if e := q.check(runParams...); e != nil {
 		return nil, e
 	}
-	req, l, volumeTags, e := parseRun(q)
+	dry, e := dryRun(q)
 	if e != nil {
 		return nil, e
 	}
+	req, l, tags, e := parseRun(q)
+	if e != nil {
+		return nil, e
+	}
+	if e := s.authorize(c, runChecks(c, q, tags)); e != nil {
+		return nil, e
+	}
+	if dry {
+		if err := s.cloud.CheckSpec(req.Image, req.InstanceType); err != nil {
+			subject := req.InstanceType
+			if errors.Is(err, cloud.ErrBadImage) {
+				subject = req.Image
+			}
+			return nil, coreError(err, subject)
+		}
+		return nil, dryRunOK
+	}
+	volumeTags := tags["volume"]
 	vol := s.cloud.PutResource(cloud.Resource{
 		ID: fmt.Sprintf("vol-%017x", s.seq.Add(1)), Kind: "volume", Tags: volumeTags,
 		Props: map[string]string{"device": rootDevice, "deleteOnTermination": "true"},
@@ -95,9 +118,10 @@ func (s *server) launchOf(id string) *launch {
 	return s.launches[id]
 }
 
-func parseRun(q query) (cloud.CreateRequest, *launch, map[string]string, *apiError) {
+// parseRun reads a launch; the tags come by resource type.
+func parseRun(q query) (cloud.CreateRequest, *launch, map[string]map[string]string, *apiError) {
 	var req cloud.CreateRequest
-	fail := func(e *apiError) (cloud.CreateRequest, *launch, map[string]string, *apiError) {
+	fail := func(e *apiError) (cloud.CreateRequest, *launch, map[string]map[string]string, *apiError) {
 		return cloud.CreateRequest{}, nil, nil, e
 	}
 	if req.Image = q.get("ImageId"); req.Image == "" {
@@ -151,7 +175,7 @@ func parseRun(q query) (cloud.CreateRequest, *launch, map[string]string, *apiErr
 	}
 	req.Tags = tags["instance"]
 	req.Name = req.Tags["Name"]
-	return req, l, tags["volume"], nil
+	return req, l, tags, nil
 }
 
 func parseMetadataOptions(q query, l *launch) *apiError {

@@ -75,10 +75,33 @@ func WithCredentials(accessKeyID, secretAccessKey string) Option {
 	return func(s *server) { s.accessKeyID, s.secretAccessKey = accessKeyID, secretAccessKey }
 }
 
+// WithKeyring makes the server accept the temporary keys keyring issued
+// (through the fake STS or container credentials endpoint), each with its
+// session token and only until it expires, besides any WithCredentials.
+func WithKeyring(k *Keyring) Option {
+	return func(s *server) { s.keyring = k }
+}
+
+// WithPolicy makes the server authorize every call against policy, as IAM
+// does (policy.go): a call it does not allow, for any resource the call
+// touches, is answered 403 UnauthorizedOperation with an encoded
+// authorization message. Without it every authenticated call is allowed.
+func WithPolicy(p *Policy) Option {
+	return WithPolicyFunc(func() *Policy { return p })
+}
+
+// WithPolicyFunc is WithPolicy with the policy read at every call, so a
+// test can change the permissions while a client runs (nil: allow all).
+func WithPolicyFunc(f func() *Policy) Option {
+	return func(s *server) { s.policy = f }
+}
+
 type server struct {
 	cloud           *cloud.Cloud
 	accessKeyID     string
 	secretAccessKey string
+	keyring         *Keyring
+	policy          func() *Policy // nil, or returning nil: allow all
 	budget          *cloud.Budget // nil: nothing metered
 	seq             atomic.Uint64
 
@@ -100,8 +123,9 @@ func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
 	return mux
 }
 
-// action serves one parsed request and returns the response document.
-type action func(s *server, q query) (any, *apiError)
+// action serves one parsed request from caller and returns the response
+// document.
+type action func(s *server, q query, c caller) (any, *apiError)
 
 var actions = map[string]struct {
 	run   action
@@ -163,7 +187,8 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, &apiError{http.StatusServiceUnavailable, "Unavailable", "The request was cancelled."})
 		return
 	}
-	if e := s.authenticate(r, body); e != nil {
+	who, e := s.authenticate(r, body)
+	if e != nil {
 		s.writeError(w, e)
 		return
 	}
@@ -201,7 +226,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		s.writeError(w, &apiError{http.StatusBadRequest, "NoSuchVersion", fmt.Sprintf("An unknown API version %q was specified.", v)})
 		return
 	}
-	doc, e := act.run(s, q)
+	doc, e := act.run(s, q, who)
 	if e != nil {
 		s.writeError(w, e)
 		return

@@ -123,8 +123,10 @@ type Instance struct {
 	Deallocated bool `json:"deallocated,omitempty"`
 	// Resources are side resources that live and die with the instance
 	// unless the front end deletes them apart (e.g. Azure NICs).
-	Resources  []string  `json:"resources,omitempty"`
-	CreatedAt  time.Time `json:"createdAt"`
+	Resources []string  `json:"resources,omitempty"`
+	CreatedAt time.Time `json:"createdAt"`
+	// EndedAt is when the instance was terminated (zero while it is not).
+	EndedAt    time.Time `json:"endedAt,omitzero"`
 	bootAt     time.Time
 	visibleAt  time.Time
 	endedAt    time.Time
@@ -192,6 +194,9 @@ func New(opts Options) *Cloud {
 		rng:       rand.New(rand.NewPCG(opts.Seed, opts.Seed^0x5eed)),
 	}
 }
+
+// Now is the time on the cloud's clock (Options.Now).
+func (c *Cloud) Now() time.Time { return c.opts.Now() }
 
 // PageSize is the largest page List returns.
 func (c *Cloud) PageSize() int { return c.opts.PageSize }
@@ -290,6 +295,19 @@ func (c *Cloud) ResetCounters() {
 	c.counters = map[string]int64{}
 }
 
+// CheckSpec answers what Create would of image and instanceType alone:
+// ErrBadImage or ErrBadType when the options restrict them and they are not
+// offered, else nil. A front end's dry run uses it.
+func (c *Cloud) CheckSpec(image, instanceType string) error {
+	if len(c.opts.Images) > 0 && !slices.Contains(c.opts.Images, image) {
+		return fmt.Errorf("%w: %s", ErrBadImage, image)
+	}
+	if len(c.opts.Types) > 0 && !slices.Contains(c.opts.Types, instanceType) {
+		return fmt.Errorf("%w: %s", ErrBadType, instanceType)
+	}
+	return nil
+}
+
 // Create makes an instance, or returns the one an earlier call with the same
 // token made.
 func (c *Cloud) Create(req CreateRequest) (Instance, error) {
@@ -384,6 +402,7 @@ func (c *Cloud) view(in *Instance, now time.Time) Instance {
 		in.State = provider.StateRunning
 	}
 	out := *in
+	out.EndedAt = in.endedAt
 	out.Tags = maps.Clone(in.Tags)
 	out.IPs = slices.Clone(in.IPs)
 	out.Resources = slices.Clone(in.Resources)
