@@ -102,7 +102,7 @@ type server struct {
 	secretAccessKey string
 	keyring         *Keyring
 	policy          func() *Policy // nil, or returning nil: allow all
-	budget          *cloud.Budget // nil: nothing metered
+	budget          *cloud.Budget  // nil: nothing metered
 	seq             atomic.Uint64
 
 	mu       sync.Mutex
