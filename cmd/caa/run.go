@@ -16,15 +16,15 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
-	"golang.org/x/time/rate"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/caa-project/caa/pkg/handover"
 	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/pkg/ledger"
-	"github.com/caa-project/caa/pkg/ledger/ledgerapi"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/reconcile"
 )
@@ -58,6 +58,9 @@ type runFlags struct {
 	audit          time.Duration
 	readRate       float64
 	readBurst      int
+	handover       bool
+	handoverReady  time.Duration
+	podName        string
 
 	// clouds are the providers built into this binary, with their settings.
 	clouds []*cloud
@@ -103,6 +106,13 @@ func newRunCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error { return runDaemon(cmd.Context(), f, cmd.ErrOrStderr()) },
 	}
 	addRunFlags(cmd, f)
+	fs := cmd.Flags()
+	fs.BoolVar(&f.handover, "handover", envOr("CAA_HANDOVER", "true") == "true",
+		"ask a caa already running on this ledger to hand it over (a surge update); false: wait for its file lock instead (env CAA_HANDOVER)")
+	fs.DurationVar(&f.handoverReady, "handover-ready-timeout", envDuration("CAA_HANDOVER_READY_TIMEOUT", 3*time.Minute),
+		"how long a new caa may take to turn ready after this one handed it the ledger; past it, this one takes the ledger back (env CAA_HANDOVER_READY_TIMEOUT)")
+	hostname, _ := os.Hostname()
+	fs.StringVar(&f.podName, "pod-name", envOr("POD_NAME", hostname), "this pod's name, for hand-over logs and events (env POD_NAME, from the downward API)")
 	return cmd
 }
 
@@ -356,8 +366,6 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	defer wg.Wait()
 	stopCtx, stop := context.WithCancel(ctx)
 	defer stop()
-	callCtx, cancelCalls := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancelCalls()
 
 	serve := func(name string, fn func() error) {
 		wg.Add(1)
@@ -394,33 +402,11 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	if err != nil {
 		return shutdownErr(ctx, err)
 	}
-	_, statErr := os.Stat(f.ledgerPath)
-	existed := statErr == nil
-	if err := reconcile.CompareNodeLedger(f.node, nodeLedger, f.ledgerPath, existed, ""); err != nil {
-		return err
-	}
 
-	status.SetBlocked("starting: opening the ledger " + f.ledgerPath)
-	led, err := ledger.Open(ledger.Options{Path: f.ledgerPath, Node: f.node, Cluster: clusterID, Logger: log})
-	if err != nil {
-		return err
-	}
-	defer func() {
-		if err := led.Close(); err != nil {
-			log.Error("ledger close failed", "err", err)
-		}
-	}()
-	if err := reconcile.CompareNodeLedger(f.node, nodeLedger, f.ledgerPath, existed, led.Meta().ID); err != nil {
-		return err
-	}
-	if nodeLedger != led.Meta().ID {
-		if err := retryAPI(stopCtx, log, status, func(ctx context.Context) error {
-			return reconcile.RecordNodeLedger(ctx, client, f.node, led.Meta().ID)
-		}); err != nil {
-			return shutdownErr(ctx, err)
-		}
-	}
-
+	// Everything that can fail for this build or its settings (the cloud's
+	// credentials and resource ids, the pod cache) is made ready before the
+	// ledger is asked for: a broken new version fails here, while the caa
+	// beside it still holds the ledger and keeps reconciling.
 	prov, specCfg, err := f.newProvider(ctx, log)
 	if err != nil {
 		return fmt.Errorf("provider %s: %w", f.providerName, err)
@@ -433,76 +419,25 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 		return shutdownErr(ctx, err)
 	}
 	prov = health.InstrumentProvider(prov, metrics)
-	log.Info("ledger open", "ledgerID", led.Meta().ID, "cluster", clusterID)
-
-	serve("ledger socket", func() error {
-		return ledgerapi.Serve(stopCtx, ledgerapi.SocketPath(f.ledgerPath), &ledgerapi.Local{L: led, KeepOpen: true}, log)
-	})
 	pods, err := reconcile.NewPodSource(client, f.node, f.runtimeClasses, 0)
 	if err != nil {
 		return err
 	}
 	serve("pod informer", func() error { pods.Run(stopCtx); return nil })
-	serve("history pruning", func() error { pruneHistory(stopCtx, led, f.retention, log); return nil })
+	status.SetBlocked("starting: reading this node's pods")
+	if !cache.WaitForCacheSync(stopCtx.Done(), pods.Synced) {
+		return shutdownErr(ctx, errors.New("the pod cache did not sync"))
+	}
 
-	exec := &reconcile.Executor{
-		Ledger: led, Provider: prov, Events: events, Cluster: clusterID, Node: f.node,
-		Writes: rate.NewLimiter(rate.Limit(f.createRate), f.createBurst), Log: log,
-		Reads:       rate.NewLimiter(rate.Limit(f.readRate), f.readBurst),
-		CallTimeout: f.cloudTimeout, Stop: stopCtx,
+	n := &nodeDaemon{
+		f: f, log: log, status: status, client: client, events: events, pods: pods,
+		prov: prov, specCfg: specCfg, userData: userData, clusterID: clusterID, nodeLedger: nodeLedger,
+		me: handover.Peer{Pod: f.podName, Version: version, PID: os.Getpid()}, started: started,
+		serve: serve,
 	}
-	if userData != nil {
-		exec.UserData = func(*reconcile.Pod) ([]byte, error) { return userData, nil }
-	}
-	rec := &reconcile.Reconciler{
-		Exec: exec, Config: reconcile.Config{Spec: specCfg, ConfirmMissing: f.confirmMissing, Provider: prov.Name()},
-		Concurrency: f.concurrency, OrphanGrace: f.gcGrace, BootTimeout: f.bootTimeout,
-		Progress: func() { status.Beat(time.Now()) },
-	}
-	status.SetBlocked("")
-	var readyOnce sync.Once
-	lastBlocked := ""
-	loop := &reconcile.Loop{
-		Reconciler: rec, Pods: pods, Resync: f.resync, Audit: f.audit, Calls: callCtx,
-		Beat: func() { status.Beat(time.Now()) }, MaxPass: 3 * f.cloudTimeout,
-		Report: func(res reconcile.PassResult, converged bool) {
-			hp := toHealthPass(res)
-			status.PassDone(hp)
-			if converged {
-				readyOnce.Do(func() { log.Info("ready", "timeToReady", time.Since(started).Round(time.Millisecond)) })
-			}
-			level := slog.LevelInfo
-			if errors.Is(res.Err, reconcile.ErrDaemon) {
-				level = slog.LevelError
-			}
-			log.Log(stopCtx, level, "pass", "duration", res.Duration.Round(time.Millisecond), "actions", res.Actions,
-				"cloudWrites", res.CloudWrites, "pending", len(res.Pending), "failed", len(res.Failed),
-				"notWatched", len(res.NotWatched), "orphansPending", len(res.Orphans), "err", res.Err)
-			// A failure that blocks the whole node (credentials, the
-			// ledger) is an event on the Node, once per distinct reason.
-			if errors.Is(res.Err, reconcile.ErrDaemon) && hp.Blocked != lastBlocked {
-				events.NodeEvent(f.node, true, "CaaBlocked", hp.Blocked)
-			}
-			lastBlocked = hp.Blocked
-		},
-	}
-	loopDone := make(chan struct{})
-	go func() { defer close(loopDone); loop.Run(stopCtx) }()
-
-	<-ctx.Done()
-	log.Info("shutting down: no new work starts; VMs are left as they are", "grace", f.shutdownGrace)
-	stop()
-	select {
-	case <-loopDone:
-	case <-time.After(f.shutdownGrace):
-		log.Warn("abandoning cloud calls still in flight after the grace period")
-		cancelCalls()
-		<-loopDone
-	}
-	cancelCalls()
-	wg.Wait()
+	err = n.run(ctx, stopCtx)
 	log.Info("caa stopped")
-	return nil
+	return err
 }
 
 // shutdownErr is nil when err only says that the daemon was told to stop.

@@ -48,6 +48,9 @@ type Metrics struct {
 	notWatched     prometheus.Gauge
 	orphansPending prometheus.Gauge
 	orphanOldest   prometheus.Gauge
+	handovers      *prometheus.CounterVec
+	handoverTook   prometheus.Gauge
+	handoverGap    prometheus.Gauge
 
 	kinds, ops, results, phases *labelBound
 
@@ -120,6 +123,18 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 			Name: "caa_orphan_oldest_seconds",
 			Help: "Seconds since caa first saw the oldest pending orphan VM; 0 when there is none.",
 		}),
+		handovers: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "caa_handovers_total",
+			Help: "Ledger hand-overs this process took part in, by role (took_over, handed_over) and outcome (done, handed_back, aborted).",
+		}, []string{"role", "outcome"}),
+		handoverTook: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "caa_handover_duration_seconds",
+			Help: "Seconds the last hand-over took, from the new caa's request to its readiness; 0 before any.",
+		}),
+		handoverGap: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "caa_handover_gap_seconds",
+			Help: "Seconds the node had no reconciler during the last hand-over: from the old caa stopping work to the new (or, on a handback, the old) caa being ready to act; 0 before any.",
+		}),
 		kinds:      newLabelBound(16),
 		ops:        newLabelBound(16),
 		results:    newLabelBound(16),
@@ -130,6 +145,7 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 		m.passes, m.passDuration, m.actions, m.cloudCalls, m.cloudDuration, m.records,
 		m.orphansDeleted, m.timeToReady, m.ready, m.podsPending, m.podsFailed,
 		m.notWatched, m.orphansPending, m.orphanOldest,
+		m.handovers, m.handoverTook, m.handoverGap,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	}

@@ -30,6 +30,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		Actions: map[string]int{"Create": 2, "Adopt": 1}, CloudWrites: 3, OrphansDeleted: 1,
 		Records: map[ledger.Phase]int{ledger.PhaseCreating: 2, ledger.PhaseRunning: 1, ledger.PhaseFailed: 1}})
 	r.status.PassDone(converged(r.clock.Add(time.Minute), 3))
+	r.status.SetHandover(Handover{Role: RoleHandedOver, Peer: "caa-new", Outcome: HandoverDone, Took: Duration(2 * time.Second), Gap: Duration(time.Second)})
 
 	code, _, body := r.get(t, "/metrics", "")
 	require.Equal(t, 200, code)
@@ -52,6 +53,9 @@ func TestMetricsEndpoint(t *testing.T) {
 		"caa_records_not_watched":             dto.MetricType_GAUGE,
 		"caa_orphans_pending":                 dto.MetricType_GAUGE,
 		"caa_orphan_oldest_seconds":           dto.MetricType_GAUGE,
+		"caa_handovers_total":                 dto.MetricType_COUNTER,
+		"caa_handover_duration_seconds":       dto.MetricType_GAUGE,
+		"caa_handover_gap_seconds":            dto.MetricType_GAUGE,
 		"go_goroutines":                       dto.MetricType_GAUGE,
 		"process_start_time_seconds":          dto.MetricType_GAUGE,
 	}

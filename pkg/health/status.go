@@ -130,6 +130,7 @@ type Status struct {
 	readyAt   time.Time
 	blocked   string // set by SetBlocked, owned by its caller
 	records   map[ledger.Phase]int
+	handover  *Handover // the last hand-over, if any
 }
 
 // NewStatus returns a Status whose start (for StartGrace and time to
@@ -321,6 +322,8 @@ type Snapshot struct {
 	// not watch; Orphans the orphan VMs waiting out their grace.
 	NotWatched []PodNote `json:"notWatched,omitempty"`
 	Orphans    []Orphan  `json:"orphans,omitempty"`
+	// Handover is the last ledger hand-over this caa took part in.
+	Handover *Handover `json:"handover,omitempty"`
 }
 
 // PassSummary is a pass as the status view shows it.
@@ -350,6 +353,10 @@ func (s *Status) Snapshot() Snapshot {
 		Failed:     listed(s.last.Failed, len(s.last.Failed)),
 		NotWatched: listed(s.last.NotWatched, len(s.last.NotWatched)),
 		Orphans:    slices.Clone(s.last.Orphans),
+	}
+	if s.handover != nil {
+		h := *s.handover
+		snap.Handover = &h
 	}
 	if !s.readyAt.IsZero() {
 		snap.TimeToReady = Duration(s.readyAt.Sub(s.started))

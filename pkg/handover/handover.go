@@ -1,0 +1,462 @@
+// Package handover lets a new caa take a node's ledger over from the caa
+// already running beside it, so that a DaemonSet update with maxSurge 1
+// leaves the node without a reconciler only for the time the new caa needs
+// to open the ledger and run its startup pass.
+//
+// The two processes talk over a unix socket beside the ledger
+// (SocketPath), owner-only, served by whichever caa holds the ledger. The
+// conversation is one connection of newline-delimited JSON messages:
+//
+//	successor                          holder
+//	request {peer}            ->
+//	                                    stops taking work, lets its calls in
+//	                                    flight finish (or abandons them after
+//	                                    a bound: their intents are durable),
+//	                                    closes the ledger
+//	                          <-        released {peer, epoch}
+//	opens the ledger, runs
+//	its startup pass
+//	ready                     ->
+//	                          <-        retired   (the holder is inert now)
+//
+// Anything else ends in a handback, so a broken successor never leaves the
+// node without a reconciler:
+//
+//   - the connection drops before ready (the successor crashed, exited, was
+//     killed): the holder reopens the ledger and resumes;
+//   - no ready within the holder's bound: the holder sends abort; the
+//     successor stops, closes the ledger and answers returned (or dies);
+//     the holder reopens the ledger and resumes.
+//
+// A holder that is busy (a hand-over already under way, or not holding
+// the ledger at all) answers refused {reason}; the successor tries again
+// later. A successor that finds nobody on the socket opens the ledger
+// itself: the holder is gone (a crash, a node reboot) or predates this
+// protocol, and the ledger's file lock decides.
+//
+// The package carries only the conversation; what "stop", "close" and
+// "resume" mean is the daemon's.
+package handover
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+)
+
+// SocketPath is the hand-over socket of the ledger at ledgerPath.
+func SocketPath(ledgerPath string) string { return ledgerPath + ".handover.sock" }
+
+// Peer names one side of a hand-over, for logs, events and /status.
+type Peer struct {
+	Pod     string `json:"pod,omitempty"`
+	Version string `json:"version,omitempty"`
+	PID     int    `json:"pid,omitempty"`
+}
+
+func (p Peer) String() string {
+	name := p.Pod
+	if name == "" {
+		name = "caa"
+	}
+	return fmt.Sprintf("%s (pid %d, version %s)", name, p.PID, p.Version)
+}
+
+// Message types.
+const (
+	msgRequest  = "request"
+	msgReleased = "released"
+	msgRefused  = "refused"
+	msgReady    = "ready"
+	msgRetired  = "retired"
+	msgAbort    = "abort"
+	msgReturned = "returned"
+)
+
+type message struct {
+	Type   string `json:"type"`
+	Peer   *Peer  `json:"peer,omitempty"`
+	Reason string `json:"reason,omitempty"`
+	Epoch  uint64 `json:"epoch,omitempty"`
+	// At is when the holder stopped work (released), for the gap.
+	At time.Time `json:"at,omitzero"`
+}
+
+// Errors a successor sees.
+var (
+	// ErrNoHolder: nobody answers on the socket; open the ledger directly.
+	ErrNoHolder = errors.New("no caa answers on the hand-over socket")
+	// ErrRefused: the holder declined for now (its reason is in the text);
+	// ask again later.
+	ErrRefused = errors.New("hand-over refused")
+	// ErrHolderGone: the holder went away mid-conversation, before it
+	// released the ledger; its file lock went with it, so open directly.
+	ErrHolderGone = errors.New("the running caa went away during the hand-over")
+	// ErrAborted: the holder took the ledger back (the successor was too
+	// slow to turn ready); close the ledger and call Returned.
+	ErrAborted = errors.New("hand-over aborted by the running caa")
+)
+
+// Errors a holder sees.
+var (
+	// ErrSuccessorGone: the successor's connection dropped before it said
+	// ready; it no longer holds the ledger (its process closed the
+	// connection or died), so take the ledger back.
+	ErrSuccessorGone = errors.New("the new caa went away before it turned ready")
+)
+
+// conn is one side of the conversation.
+type conn struct {
+	c   net.Conn
+	r   *bufio.Reader
+	wmu sync.Mutex
+}
+
+func newConn(c net.Conn) *conn { return &conn{c: c, r: bufio.NewReader(c)} }
+
+func (c *conn) send(m message) error {
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_ = c.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	_, err = c.c.Write(append(b, '\n'))
+	return err
+}
+
+// recv reads one message; io.EOF (or any read error) means the peer went.
+func (c *conn) recv() (message, error) {
+	line, err := c.r.ReadBytes('\n')
+	if err != nil {
+		return message{}, err
+	}
+	var m message
+	if err := json.Unmarshal(line, &m); err != nil {
+		return message{}, fmt.Errorf("hand-over: bad message %q: %w", line, err)
+	}
+	return m, nil
+}
+
+// recvCtx reads one message, giving up when ctx ends first; the
+// connection stays usable (a holder that stopped waiting for ready still
+// has to send abort on it).
+func (c *conn) recvCtx(ctx context.Context) (message, error) {
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() {
+		defer close(fired)
+		_ = c.c.SetReadDeadline(time.Now())
+	})
+	m, err := c.recv()
+	if !stop() {
+		<-fired
+		_ = c.c.SetReadDeadline(time.Time{})
+		if err != nil {
+			return message{}, ctx.Err()
+		}
+	}
+	return m, err
+}
+
+// Listener is the holder's end: it accepts hand-over requests on the socket.
+type Listener struct {
+	ln   *net.UnixListener
+	path string
+	ino  uint64
+}
+
+// Listen binds the hand-over socket at path, owner-only. A socket file
+// nobody answers on is stale and replaced; one that answers belongs to a
+// live holder, and Listen refuses to take it.
+func Listen(path string) (*Listener, error) {
+	if _, err := os.Stat(path); err == nil {
+		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+			_ = c.Close()
+			return nil, fmt.Errorf("hand-over socket %s is answered by another process", path)
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("hand-over socket: remove the stale %s: %w", path, err)
+		}
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, fmt.Errorf("hand-over socket %s: %w", path, err)
+	}
+	// Close removes the file only while it is still this listener's: after a
+	// hand-over the path belongs to the successor's listener.
+	ln.SetUnlinkOnClose(false)
+	if err := os.Chmod(path, 0o600); err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("hand-over socket: chmod %s: %w", path, err)
+	}
+	return &Listener{ln: ln, path: path, ino: inode(path)}, nil
+}
+
+func inode(path string) uint64 {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return 0
+	}
+	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
+		return st.Ino
+	}
+	return 0
+}
+
+// Path is the socket's path.
+func (l *Listener) Path() string { return l.path }
+
+// Close stops accepting; it removes the socket file only if the file is
+// still this listener's.
+func (l *Listener) Close() error {
+	err := l.ln.Close()
+	if l.ino != 0 && inode(l.path) == l.ino {
+		_ = os.Remove(l.path)
+	}
+	return err
+}
+
+// Serve accepts requests until ctx ends or the listener closes, and hands
+// each one, read and parsed, to handle on its own goroutine. A connection
+// that sends no request within 5s is dropped.
+func (l *Listener) Serve(ctx context.Context, handle func(*Request)) error {
+	stop := context.AfterFunc(ctx, func() { _ = l.ln.Close() })
+	defer stop()
+	var wg sync.WaitGroup
+	defer wg.Wait()
+	for {
+		c, err := l.ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
+				return nil
+			}
+			return fmt.Errorf("hand-over socket: accept: %w", err)
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cn := newConn(c)
+			_ = c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			m, err := cn.recv()
+			_ = c.SetReadDeadline(time.Time{})
+			if err != nil || m.Type != msgRequest || m.Peer == nil {
+				_ = c.Close()
+				return
+			}
+			handle(&Request{From: *m.Peer, c: cn})
+		}()
+	}
+}
+
+// Request is one successor's request, as the holder sees it. The holder
+// answers with exactly one of Refuse or Release, then (after Release)
+// WaitReady and, if that times out, Abort.
+type Request struct {
+	From Peer
+	c    *conn
+}
+
+// Refuse declines the request with a reason the successor reports.
+func (r *Request) Refuse(reason string) {
+	_ = r.c.send(message{Type: msgRefused, Reason: reason})
+	_ = r.c.c.Close()
+}
+
+// Release tells the successor the ledger is closed and free; epoch is
+// the last epoch the holder opened it under, me names the holder, and
+// stopped is when it stopped taking work.
+func (r *Request) Release(me Peer, epoch uint64, stopped time.Time) error {
+	if err := r.c.send(message{Type: msgReleased, Peer: &me, Epoch: epoch, At: stopped}); err != nil {
+		_ = r.c.c.Close()
+		return fmt.Errorf("%w: %w", ErrSuccessorGone, err)
+	}
+	return nil
+}
+
+// WaitReady waits for the successor to say it is ready and returns nil;
+// the holder then closes its listener (the successor binds the socket
+// next) and calls Retire, and stays inert from then on. WaitReady returns
+// ErrSuccessorGone when the connection drops first, and ctx's error when
+// ctx ends first (the holder then calls Abort).
+func (r *Request) WaitReady(ctx context.Context) error {
+	for {
+		m, err := r.c.recvCtx(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return ctx.Err()
+			}
+			return fmt.Errorf("%w: %w", ErrSuccessorGone, err)
+		}
+		if m.Type == msgReady {
+			return nil
+		}
+	}
+}
+
+// Retire tells a ready successor that the holder is inert, and ends the
+// conversation.
+func (r *Request) Retire() {
+	_ = r.c.send(message{Type: msgRetired})
+	_ = r.c.c.Close()
+}
+
+// Abort takes the ledger back from a successor that did not turn ready in
+// time: it says abort with reason and waits, up to ctx, for the successor
+// to answer returned or to go away. Either way the holder then reopens the
+// ledger (the file lock settles a successor that is merely hung).
+func (r *Request) Abort(ctx context.Context, reason string) error {
+	defer r.c.c.Close()
+	if err := r.c.send(message{Type: msgAbort, Reason: reason}); err != nil {
+		return nil // gone already: nothing holds the ledger on its side
+	}
+	for {
+		m, err := r.c.recvCtx(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return fmt.Errorf("hand-over: the new caa did not give the ledger back: %w", ctx.Err())
+			}
+			return nil
+		}
+		if m.Type == msgReturned {
+			return nil
+		}
+		// A ready that crossed the abort on the wire is void: the abort won.
+	}
+}
+
+// Handover is the successor's side of an accepted hand-over.
+type Handover struct {
+	// From is the holder that released the ledger; Epoch the epoch it had
+	// opened the ledger under.
+	From    Peer
+	Epoch   uint64
+	Stopped time.Time // when the holder stopped work
+
+	c       *conn
+	aborted chan string   // the holder's abort reason, once
+	retired chan struct{} // closed when the holder says retired
+	gone    chan struct{} // closed when the connection ends
+}
+
+// Ask connects to the holder on path and asks it to hand over, waiting up
+// to ctx for the answer. It returns ErrNoHolder when nobody answers on the
+// socket, ErrRefused with the holder's reason, and ErrHolderGone when the
+// holder went away before releasing.
+func Ask(ctx context.Context, path string, me Peer) (*Handover, error) {
+	var d net.Dialer
+	dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+	c, err := d.DialContext(dctx, "unix", path)
+	cancel()
+	if err != nil {
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("%w: %w", ErrNoHolder, err)
+	}
+	cn := newConn(c)
+	if err := cn.send(message{Type: msgRequest, Peer: &me}); err != nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("%w: %w", ErrHolderGone, err)
+	}
+	m, err := cn.recvCtx(ctx)
+	if err != nil {
+		_ = c.Close()
+		if ctx.Err() != nil {
+			return nil, ctx.Err()
+		}
+		return nil, fmt.Errorf("%w: %w", ErrHolderGone, err)
+	}
+	switch m.Type {
+	case msgReleased:
+	case msgRefused:
+		_ = c.Close()
+		return nil, fmt.Errorf("%w: %s", ErrRefused, m.Reason)
+	default:
+		_ = c.Close()
+		return nil, fmt.Errorf("hand-over: unexpected answer %q", m.Type)
+	}
+	h := &Handover{Epoch: m.Epoch, Stopped: m.At, c: cn, aborted: make(chan string, 1), retired: make(chan struct{}), gone: make(chan struct{})}
+	if m.Peer != nil {
+		h.From = *m.Peer
+	}
+	go h.read()
+	return h, nil
+}
+
+func (h *Handover) read() {
+	defer close(h.gone)
+	retired := false
+	for {
+		m, err := h.c.recv()
+		if err != nil {
+			return
+		}
+		switch m.Type {
+		case msgAbort:
+			h.aborted <- m.Reason
+			return
+		case msgRetired:
+			if !retired {
+				retired = true
+				close(h.retired)
+			}
+		}
+	}
+}
+
+// Aborted delivers the holder's reason if it takes the ledger back. The
+// successor must then stop its work, close the ledger and call Returned.
+func (h *Handover) Aborted() <-chan string { return h.aborted }
+
+// Ready tells the holder the successor is ready and waits, up to ctx, for
+// it to retire. It returns nil when the holder retired or went away (it
+// cannot take the ledger back then), and ErrAborted when the holder's
+// abort came first: the successor must give the ledger back.
+func (h *Handover) Ready(ctx context.Context) error {
+	if err := h.c.send(message{Type: msgReady}); err != nil {
+		select {
+		case r := <-h.aborted:
+			h.aborted <- r
+			return fmt.Errorf("%w: %s", ErrAborted, r)
+		default:
+		}
+		return nil // the holder is gone: the ledger is ours
+	}
+	select {
+	case <-h.retired:
+		_ = h.c.c.Close()
+		return nil
+	case r := <-h.aborted:
+		h.aborted <- r
+		return fmt.Errorf("%w: %s", ErrAborted, r)
+	case <-h.gone:
+		select {
+		case r := <-h.aborted:
+			h.aborted <- r
+			return fmt.Errorf("%w: %s", ErrAborted, r)
+		default:
+		}
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// Returned tells the holder the ledger is closed again (after Aborted)
+// and ends the conversation.
+func (h *Handover) Returned() {
+	_ = h.c.send(message{Type: msgReturned})
+	_ = h.c.c.Close()
+}
+
+// Close ends the conversation without a word; the holder reads it as the
+// successor going away.
+func (h *Handover) Close() { _ = h.c.c.Close() }

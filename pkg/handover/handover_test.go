@@ -1,0 +1,208 @@
+package handover
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+var (
+	oldCaa = Peer{Pod: "caa-old", Version: "v1", PID: 10}
+	newCaa = Peer{Pod: "caa-new", Version: "v2", PID: 20}
+)
+
+// holder serves path and passes each request to the returned channel.
+func holder(t *testing.T, path string) (*Listener, <-chan *Request) {
+	t.Helper()
+	ln, err := Listen(path)
+	require.NoError(t, err)
+	reqs := make(chan *Request, 4)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = ln.Serve(ctx, func(r *Request) { reqs <- r }) }()
+	t.Cleanup(func() { cancel(); <-done; _ = ln.Close() })
+	return ln, reqs
+}
+
+func sock(t *testing.T) string { return filepath.Join(t.TempDir(), "ledger.db.handover.sock") }
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func TestAskWithoutAHolder(t *testing.T) {
+	path := sock(t)
+	_, err := Ask(ctxT(t), path, newCaa)
+	require.ErrorIs(t, err, ErrNoHolder, "no socket file")
+
+	require.NoError(t, os.WriteFile(path, nil, 0o600))
+	_, err = Ask(ctxT(t), path, newCaa)
+	require.ErrorIs(t, err, ErrNoHolder, "a file nobody listens on")
+}
+
+func TestListenReplacesAStaleSocketButNotALiveOne(t *testing.T) {
+	path := sock(t)
+	stale, err := Listen(path)
+	require.NoError(t, err)
+	stale.ln.Close() // the process died: the file stays, nobody answers
+	_, err = os.Stat(path)
+	require.NoError(t, err)
+
+	ln, reqs := holder(t, path)
+	fi, err := os.Stat(path)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "owner-only")
+
+	_, err = Listen(path)
+	require.ErrorContains(t, err, "answered by another process")
+	_ = ln
+	_ = reqs
+}
+
+func TestAFullHandOver(t *testing.T) {
+	path := sock(t)
+	_, reqs := holder(t, path)
+	stopped := time.Now().Add(-time.Second).Round(0)
+
+	type asked struct {
+		h   *Handover
+		err error
+	}
+	got := make(chan asked, 1)
+	go func() { h, err := Ask(ctxT(t), path, newCaa); got <- asked{h, err} }()
+	req := <-reqs
+	assert.Equal(t, newCaa, req.From)
+	require.NoError(t, req.Release(oldCaa, 7, stopped))
+	a := <-got
+	require.NoError(t, a.err)
+	assert.Equal(t, oldCaa, a.h.From)
+	assert.EqualValues(t, 7, a.h.Epoch)
+	assert.True(t, a.h.Stopped.Equal(stopped), "the gap starts when the old caa stopped work")
+
+	readyErr := make(chan error, 1)
+	go func() { readyErr <- a.h.Ready(ctxT(t)) }()
+	require.NoError(t, req.WaitReady(ctxT(t)))
+	select {
+	case err := <-readyErr:
+		t.Fatalf("Ready returned (%v) before the old caa retired", err)
+	default:
+	}
+	req.Retire()
+	require.NoError(t, <-readyErr)
+}
+
+func TestRefusalCarriesTheReason(t *testing.T) {
+	path := sock(t)
+	_, reqs := holder(t, path)
+	go func() { (<-reqs).Refuse("this caa is handing the ledger over to caa-x") }()
+	_, err := Ask(ctxT(t), path, newCaa)
+	require.ErrorIs(t, err, ErrRefused)
+	assert.ErrorContains(t, err, "caa-x")
+}
+
+func TestHolderGoingAwayBeforeItReleases(t *testing.T) {
+	path := sock(t)
+	_, reqs := holder(t, path)
+	go func() { r := <-reqs; _ = r.c.c.Close() }()
+	_, err := Ask(ctxT(t), path, newCaa)
+	require.ErrorIs(t, err, ErrHolderGone)
+}
+
+// released runs a hand-over up to the release and returns both ends.
+func released(t *testing.T) (*Request, *Handover) {
+	t.Helper()
+	path := sock(t)
+	_, reqs := holder(t, path)
+	hc := make(chan *Handover, 1)
+	go func() {
+		h, err := Ask(ctxT(t), path, newCaa)
+		assert.NoError(t, err)
+		hc <- h
+	}()
+	req := <-reqs
+	require.NoError(t, req.Release(oldCaa, 1, time.Now()))
+	h := <-hc
+	require.NotNil(t, h)
+	return req, h
+}
+
+func TestSuccessorGoingAwayBeforeReadyIsAHandback(t *testing.T) {
+	req, h := released(t)
+	h.Close() // the new caa crashed
+	err := req.WaitReady(ctxT(t))
+	require.ErrorIs(t, err, ErrSuccessorGone)
+}
+
+func TestASlowSuccessorIsAbortedAndGivesTheLedgerBack(t *testing.T) {
+	req, h := released(t)
+	wctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	require.ErrorIs(t, req.WaitReady(wctx), context.DeadlineExceeded)
+
+	abortDone := make(chan error, 1)
+	go func() { abortDone <- req.Abort(ctxT(t), "not ready within 3m") }()
+	select {
+	case reason := <-h.Aborted():
+		assert.Equal(t, "not ready within 3m", reason)
+	case <-ctxT(t).Done():
+		t.Fatal("the successor never heard the abort")
+	}
+	select {
+	case err := <-abortDone:
+		t.Fatalf("Abort returned (%v) before the successor gave the ledger back", err)
+	default:
+	}
+	h.Returned()
+	require.NoError(t, <-abortDone)
+}
+
+func TestAReadyThatCrossesTheAbortLoses(t *testing.T) {
+	req, h := released(t)
+	abortDone := make(chan error, 1)
+	go func() { abortDone <- req.Abort(ctxT(t), "too slow") }()
+	// The successor turns ready just as the abort goes out: the abort wins.
+	err := h.Ready(ctxT(t))
+	require.ErrorIs(t, err, ErrAborted)
+	assert.ErrorContains(t, err, "too slow")
+	h.Returned()
+	require.NoError(t, <-abortDone)
+}
+
+func TestAbortOfAHungSuccessorIsBounded(t *testing.T) {
+	req, h := released(t)
+	defer h.Close()
+	actx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	// The successor never answers the abort.
+	err := req.Abort(actx, "too slow")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+func TestReadyAfterTheHolderDiedKeepsTheLedger(t *testing.T) {
+	req, h := released(t)
+	_ = req.c.c.Close() // the old caa was killed after it released
+	require.NoError(t, h.Ready(ctxT(t)), "nobody can take the ledger back")
+}
+
+func TestCloseLeavesAReplacedSocketAlone(t *testing.T) {
+	path := sock(t)
+	old, err := Listen(path)
+	require.NoError(t, err)
+	// The new caa binds the path after the old one stopped answering.
+	require.NoError(t, os.Remove(path))
+	ln, err := Listen(path)
+	require.NoError(t, err)
+	require.NoError(t, old.Close())
+	_, err = os.Stat(path)
+	require.NoError(t, err, "the old listener's Close must not remove the new socket")
+	require.NoError(t, ln.Close())
+	_, err = os.Stat(path)
+	assert.ErrorIs(t, err, os.ErrNotExist, "a listener removes its own socket")
+}

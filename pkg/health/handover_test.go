@@ -1,0 +1,47 @@
+package health
+
+import (
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestHandoverIsShownAndCounted(t *testing.T) {
+	r := newRig(t, Config{})
+	at := r.clock.Now()
+	r.status.SetHandover(Handover{Role: RoleHandedOver, Peer: "caa-v2", Outcome: HandoverUnderway, StartedAt: at})
+	snap := r.status.Snapshot()
+	require.NotNil(t, snap.Handover)
+	assert.Equal(t, HandoverUnderway, snap.Handover.Outcome)
+	assert.Zero(t, testutil.ToFloat64(r.m.handovers.WithLabelValues(RoleHandedOver, HandoverUnderway)), "an unfinished hand-over is not counted")
+
+	r.status.SetHandover(Handover{Role: RoleHandedOver, Peer: "caa-v2", Outcome: HandoverHandedBack, Reason: "gone",
+		StartedAt: at, Took: Duration(3 * time.Second)})
+	r.status.SetHandover(Handover{Role: RoleHandedOver, Peer: "caa-v2", Outcome: HandoverDone,
+		StartedAt: at, Took: Duration(2 * time.Second), Gap: Duration(1500 * time.Millisecond)})
+	assert.Equal(t, 1.0, testutil.ToFloat64(r.m.handovers.WithLabelValues(RoleHandedOver, HandoverHandedBack)))
+	assert.Equal(t, 1.0, testutil.ToFloat64(r.m.handovers.WithLabelValues(RoleHandedOver, HandoverDone)))
+	assert.Equal(t, 2.0, testutil.ToFloat64(r.m.handoverTook))
+	assert.Equal(t, 1.5, testutil.ToFloat64(r.m.handoverGap))
+	assert.Equal(t, HandoverDone, r.status.Snapshot().Handover.Outcome)
+}
+
+// TestRestartHoldsReadinessUntilTheNextConvergedPass: a caa that takes its
+// ledger back after a failed hand-over is not ready on the strength of its
+// first startup.
+func TestRestartHoldsReadinessUntilTheNextConvergedPass(t *testing.T) {
+	r := newRig(t, Config{})
+	r.status.PassDone(converged(r.clock.Now(), 3))
+	require.True(t, r.status.Readiness().Ready)
+
+	r.status.Restart()
+	rd := r.status.Readiness()
+	assert.False(t, rd.Ready)
+	assert.Equal(t, "the startup pass has not finished", rd.Reason)
+
+	r.status.PassDone(converged(r.clock.Add(time.Second), 3))
+	assert.True(t, r.status.Readiness().Ready)
+}
