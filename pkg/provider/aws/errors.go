@@ -53,6 +53,24 @@ var codeKinds = map[string]error{
 // kindOf is the provider error kind of an EC2 error code; nil is transient.
 func kindOf(code string) error { return codeKinds[code] }
 
+// PolicyFile is where the exact permissions caa needs are written down,
+// for error messages.
+const PolicyFile = "deploy/overlays/aws/iam-policy.json"
+
+// authHint puts the EC2 action in front of an authorization failure's
+// message, so that the log line, the event and the readiness reason say
+// which permission is missing even when EC2's own message does not (its
+// classic form names no action, only an encoded authorization message).
+func authHint(operation, code, message string) string {
+	switch code {
+	case "UnauthorizedOperation":
+		return fmt.Sprintf("caa's credentials may not call ec2:%s (every permission caa needs: %s): %s", operation, PolicyFile, message)
+	case "AuthFailure":
+		return fmt.Sprintf("EC2 did not accept caa's credentials for ec2:%s (unknown, expired or wrongly signed keys: check the credential route, see deploy/overlays/aws/README.md): %s", operation, message)
+	}
+	return message
+}
+
 // classify turns an SDK error into a *provider.Error carrying EC2's code,
 // message and HTTP status, and the Retry-After the reply asked for. An
 // error with no reply from EC2 behind it (network, cancelled context) is
@@ -65,6 +83,10 @@ func classify(op string, err error) error {
 	e := &provider.Error{
 		Kind: kindOf(apiErr.ErrorCode()), Provider: Name, Op: op,
 		Code: apiErr.ErrorCode(), Message: apiErr.ErrorMessage(), Err: err,
+	}
+	var opErr *smithy.OperationError
+	if errors.As(err, &opErr) && opErr.OperationName != "" {
+		e.Message = authHint(opErr.OperationName, apiErr.ErrorCode(), e.Message)
 	}
 	var respErr *awshttp.ResponseError
 	if errors.As(err, &respErr) && respErr.Response != nil && respErr.Response.Response != nil {

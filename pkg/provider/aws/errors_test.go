@@ -60,7 +60,7 @@ func TestErrorCodesMapToKinds(t *testing.T) {
 			var pe *provider.Error
 			require.ErrorAs(t, err, &pe)
 			assert.Equal(t, &provider.Error{
-				Kind: tc.kind, Provider: "aws", Op: "get", Code: tc.code, Message: "message for " + tc.code,
+				Kind: tc.kind, Provider: "aws", Op: "get", Code: tc.code, Message: authHint("Op", tc.code, "message for "+tc.code),
 				Status: tc.status, Err: sdkErr,
 			}, pe)
 			for _, k := range kinds {
@@ -169,4 +169,24 @@ func TestDetachedBodySurvivesTheSDKClosingItsOwn(t *testing.T) {
 
 	_, err = (&closeFirst{original: &closableBody{r: strings.NewReader(form)}}).Do(req)
 	assert.Error(t, err, "without the copy the read fails: the test can tell")
+}
+
+// TestAuthFailuresNameTheAction: a refusal says which EC2 action the
+// credentials may not call and where the permissions are written down,
+// even when EC2's message names no action; other messages are left alone.
+func TestAuthFailuresNameTheAction(t *testing.T) {
+	err := classify(opDelete, &smithy.OperationError{ServiceID: "EC2", OperationName: "TerminateInstances",
+		Err: &smithy.GenericAPIError{Code: "UnauthorizedOperation", Message: "You are not authorized to perform this operation. Encoded authorization failure message: abc"}})
+	assert.ErrorIs(t, err, provider.ErrAuth)
+	assert.Contains(t, err.Error(), "ec2:TerminateInstances")
+	assert.Contains(t, err.Error(), PolicyFile)
+	assert.Contains(t, err.Error(), "Encoded authorization failure message: abc", "EC2's message stays whole")
+
+	err = classify(opGet, &smithy.OperationError{ServiceID: "EC2", OperationName: "DescribeInstances",
+		Err: &smithy.GenericAPIError{Code: "AuthFailure", Message: "AWS was not able to validate the provided access credentials."}})
+	assert.Contains(t, err.Error(), "ec2:DescribeInstances")
+
+	err = classify(opGet, &smithy.OperationError{ServiceID: "EC2", OperationName: "DescribeInstances",
+		Err: &smithy.GenericAPIError{Code: "InternalError", Message: "boom"}})
+	assert.NotContains(t, err.Error(), "ec2:DescribeInstances")
 }

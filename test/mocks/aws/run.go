@@ -58,6 +58,9 @@ func (s *server) runInstances(q query, c caller) (any, *apiError) {
 	if e != nil {
 		return nil, e
 	}
+	if e := s.knownNetwork(l); e != nil {
+		return nil, e
+	}
 	if e := s.authorize(c, runChecks(c, q, tags)); e != nil {
 		return nil, e
 	}
@@ -98,6 +101,20 @@ func (s *server) runInstances(q query, c caller) (any, *apiError) {
 	}
 	resp.Groups = resp.Instances[0].Groups
 	return resp, nil
+}
+
+// knownNetwork refuses a subnet or security group the server does not
+// know (WithNetwork).
+func (s *server) knownNetwork(l *launch) *apiError {
+	if s.subnets != nil && l.subnetID != "" && !slices.Contains(s.subnets, l.subnetID) {
+		return &apiError{http.StatusBadRequest, "InvalidSubnetID.NotFound", fmt.Sprintf("The subnet ID '%s' does not exist", l.subnetID)}
+	}
+	for _, g := range l.groups {
+		if s.groups != nil && !slices.Contains(s.groups, g) {
+			return &apiError{http.StatusBadRequest, "InvalidGroup.NotFound", fmt.Sprintf("The security group '%s' does not exist", g)}
+		}
+	}
+	return nil
 }
 
 // remember keeps the launch details of an instance's first RunInstances and

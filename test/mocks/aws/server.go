@@ -82,6 +82,14 @@ func WithKeyring(k *Keyring) Option {
 	return func(s *server) { s.keyring = k }
 }
 
+// WithNetwork makes the server know exactly these subnets and security
+// groups: a launch naming another gets EC2's InvalidSubnetID.NotFound or
+// InvalidGroup.NotFound (before it is authorized, since EC2 needs the
+// resource to authorize against it). Without it any well-formed id goes.
+func WithNetwork(subnets, groups []string) Option {
+	return func(s *server) { s.subnets, s.groups = subnets, groups }
+}
+
 // WithPolicy makes the server authorize every call against policy, as IAM
 // does (policy.go): a call it does not allow, for any resource the call
 // touches, is answered 403 UnauthorizedOperation with an encoded
@@ -101,6 +109,7 @@ type server struct {
 	accessKeyID     string
 	secretAccessKey string
 	keyring         *Keyring
+	subnets, groups []string       // nil: any
 	policy          func() *Policy // nil, or returning nil: allow all
 	budget          *cloud.Budget  // nil: nothing metered
 	seq             atomic.Uint64
