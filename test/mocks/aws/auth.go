@@ -101,6 +101,9 @@ func (s *server) authenticate(r *http.Request, body []byte) (caller, *apiError) 
 	if err != nil || !hmac.Equal([]byte(want), []byte(sig.signature)) {
 		return caller{}, failure
 	}
+	if s.keyring != nil {
+		s.keyring.use(sig.accessKeyID)
+	}
 	return who, nil
 }
 

@@ -67,7 +67,7 @@ func (k *Keyring) Issue(principal string, lifetime time.Duration) Credentials {
 }
 
 // valid returns the keys of accessKeyID if they were issued and have not
-// expired (beyond the skew), and counts one use.
+// expired (beyond the skew).
 func (k *Keyring) valid(accessKeyID string) (Credentials, bool) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
@@ -75,8 +75,16 @@ func (k *Keyring) valid(accessKeyID string) (Credentials, bool) {
 	if !ok || k.now().After(ik.creds.Expiration.Add(k.skew)) {
 		return Credentials{}, false
 	}
-	ik.used++
 	return ik.creds, true
+}
+
+// use counts one accepted request signed with accessKeyID.
+func (k *Keyring) use(accessKeyID string) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if ik, ok := k.keys[accessKeyID]; ok {
+		ik.used++
+	}
 }
 
 // Issued returns every credential issued so far, oldest first.
