@@ -42,12 +42,12 @@ type testIDP struct {
 func newTestIDP(t *testing.T) *testIDP {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	require.NoError(t, err)
-	pad := func(b []byte) string {
-		return base64.RawURLEncoding.EncodeToString(append(make([]byte, 32-len(b)), b...))
-	}
+	point, err := key.PublicKey.Bytes() // 0x04, X, Y
+	require.NoError(t, err)
+	b64 := base64.RawURLEncoding.EncodeToString
 	jwks, err := json.Marshal(map[string]any{"keys": []map[string]string{{
 		"kty": "EC", "crv": "P-256", "kid": "k1", "alg": "ES256", "use": "sig",
-		"x": pad(key.PublicKey.X.Bytes()), "y": pad(key.PublicKey.Y.Bytes()),
+		"x": b64(point[1:33]), "y": b64(point[33:]),
 	}}})
 	require.NoError(t, err)
 	return &testIDP{key: key, kid: "k1", jwks: jwks}

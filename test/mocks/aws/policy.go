@@ -111,7 +111,7 @@ func parseStatement(doc json.RawMessage) (Statement, error) {
 		return Statement{}, err
 	}
 	if raw.Effect != "Allow" && raw.Effect != "Deny" {
-		return Statement{}, fmt.Errorf("Effect %q: want Allow or Deny", raw.Effect)
+		return Statement{}, fmt.Errorf("effect %q: want Allow or Deny", raw.Effect)
 	}
 	if len(raw.Action) == 0 || len(raw.Resource) == 0 {
 		return Statement{}, errors.New("a statement needs Action and Resource")
@@ -127,7 +127,7 @@ func parseStatement(doc json.RawMessage) (Statement, error) {
 		st.Condition[op] = map[string][]string{}
 		for k, vs := range keys {
 			if op == "Null" && (len(vs) != 1 || (vs[0] != "true" && vs[0] != "false")) {
-				return Statement{}, fmt.Errorf("Null %s: want \"true\" or \"false\"", k)
+				return Statement{}, fmt.Errorf("the Null condition on %s: want \"true\" or \"false\"", k)
 			}
 			st.Condition[op][k] = vs
 		}

@@ -25,8 +25,6 @@ import (
 // STSAPIVersion is the only STS API version the fake answers.
 const STSAPIVersion = "2011-06-15"
 
-const stsNamespace = "https://sts.amazonaws.com/doc/" + STSAPIVersion + "/"
-
 // ErrTokenExpired marks a web identity token past its exp claim.
 var ErrTokenExpired = errors.New("token expired")
 
@@ -204,11 +202,16 @@ func JWKSVerifier(jwks []byte, iss, aud string, now func() time.Time) (TokenVeri
 			if k.Crv != "P-256" {
 				continue
 			}
-			x, y := b64Int(k.X), b64Int(k.Y)
-			if x == nil || y == nil {
+			x, errX := base64.RawURLEncoding.DecodeString(k.X)
+			y, errY := base64.RawURLEncoding.DecodeString(k.Y)
+			if errX != nil || errY != nil || len(x) != 32 || len(y) != 32 {
 				return nil, fmt.Errorf("jwks: key %s: bad coordinates", k.Kid)
 			}
-			keys[k.Kid] = &ecdsa.PublicKey{Curve: elliptic.P256(), X: x, Y: y}
+			pub, err := ecdsa.ParseUncompressedPublicKey(elliptic.P256(), append(append([]byte{4}, x...), y...))
+			if err != nil {
+				return nil, fmt.Errorf("jwks: key %s: %w", k.Kid, err)
+			}
+			keys[k.Kid] = pub
 		case "RSA":
 			n, e := b64Int(k.N), b64Int(k.E)
 			if n == nil || e == nil {
