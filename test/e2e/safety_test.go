@@ -57,6 +57,9 @@ func (a *arrivals) wrap(next http.Handler) http.Handler {
 func ec2CallKind(body string) string {
 	q, _ := url.ParseQuery(body)
 	action := q.Get("Action")
+	if q.Get("DryRun") == "true" {
+		return action + " (dry run)" // a permission check: it changes nothing
+	}
 	if action != "DescribeInstances" {
 		return action
 	}

@@ -1,0 +1,417 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"maps"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caa-project/caa/pkg/health"
+	"github.com/caa-project/caa/test/e2e/cluster"
+	ec2fake "github.com/caa-project/caa/test/mocks/aws"
+	"github.com/caa-project/caa/test/mocks/cloud"
+)
+
+// front is one caa's own door to a shared fake EC2: it records each call
+// (its kind, when it arrived and when it was answered) and can slow the
+// creates or hang the node listings that pass through it, so a test can
+// tell which caa did what, and when.
+type front struct {
+	url string
+
+	slowCreate atomic.Int64 // nanoseconds each RunInstances waits before the cloud sees it
+	hangList   atomic.Bool  // listings by tag hang until the caller gives up
+	creating   atomic.Int32 // RunInstances calls at the door now
+
+	mu    sync.Mutex
+	calls []call
+}
+
+type call struct {
+	kind           string
+	arrived, ended time.Time
+}
+
+// sharedEC2 is one fake EC2 server over core, for fronts to share (two
+// servers over one core would hand out the same ids).
+func sharedEC2(core *cloud.Cloud) http.Handler { return ec2fake.NewServer(core) }
+
+func newFront(t *testing.T, next http.Handler) *front {
+	t.Helper()
+	f := &front{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		arrived := time.Now()
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		kind := ec2CallKind(string(body))
+		switch {
+		case kind == "list" && f.hangList.Load():
+			<-r.Context().Done()
+			return
+		case kind == "RunInstances":
+			f.creating.Add(1)
+			defer f.creating.Add(-1)
+			// The request is on the wire: it lands even if the caller
+			// stops waiting for the answer, as on a real cloud.
+			time.Sleep(time.Duration(f.slowCreate.Load()))
+		}
+		next.ServeHTTP(w, r)
+		f.mu.Lock()
+		f.calls = append(f.calls, call{kind: kind, arrived: arrived, ended: time.Now()})
+		f.mu.Unlock()
+	}))
+	t.Cleanup(srv.Close)
+	f.url = srv.URL
+	return f
+}
+
+func (f *front) args() []string {
+	return []string{"--provider", "aws", "--aws-endpoint", f.url, "--aws-region", "us-east-1",
+		"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", ec2Image, "--aws-instance-type", "t3.small"}
+}
+
+// writes are the calls that change the cloud, in order of arrival.
+func (f *front) writes() []call {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []call
+	for _, c := range f.calls {
+		if c.kind == "RunInstances" || c.kind == "TerminateInstances" {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// firstRead is when the first listing or get arrived, if one did.
+func (f *front) firstRead() (time.Time, bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, c := range f.calls {
+		if c.kind == "list" || c.kind == "get" {
+			return c.arrived, true
+		}
+	}
+	return time.Time{}, false
+}
+
+func (f *front) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.calls)
+}
+
+// snapshot reads /status; ok is false when nothing answers.
+func (d *daemon) snapshot() (health.Snapshot, bool) {
+	code, body, err := d.fetch("/status")
+	if err != nil || code != http.StatusOK {
+		return health.Snapshot{}, false
+	}
+	var s health.Snapshot
+	return s, json.Unmarshal([]byte(body), &s) == nil
+}
+
+// handoverOutcome is the outcome of the daemon's last hand-over, "" if none.
+func (d *daemon) handoverOutcome() string {
+	s, ok := d.snapshot()
+	if !ok || s.Handover == nil {
+		return ""
+	}
+	return s.Handover.Outcome
+}
+
+func (d *daemon) waitHandover(t *testing.T, outcome string, within time.Duration) health.Handover {
+	t.Helper()
+	var h health.Handover
+	require.Eventually(t, func() bool {
+		s, ok := d.snapshot()
+		if ok && s.Handover != nil {
+			h = *s.Handover
+		}
+		return h.Outcome == outcome
+	}, within, condPoll, "hand-over outcome %q (last: %+v)", outcome, h)
+	return h
+}
+
+func (d *daemon) readyBody() string {
+	_, body, _ := d.fetch("/readyz")
+	return body
+}
+
+// TestSurgeHandOver: a second caa on the node's ledger (a DaemonSet update
+// with maxSurge 1) takes the ledger over from the first; the first stays up,
+// live and inert; no VM is touched; the node is without a reconciler only
+// for the gap; and the new caa serves new pods.
+func TestSurgeHandOver(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	core := cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{ec2Image}}))
+	const node = "worker-1"
+	_, err := c.CreateNode(ctx, node)
+	require.NoError(t, err)
+	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
+	pods := createPods(ctx, t, c, "team", "web", node, 10)
+
+	ec2 := sharedEC2(core)
+	f1, f2 := newFront(t, ec2), newFront(t, ec2)
+	v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1"), awsEnv())
+	v1.waitReady(t, func() {})
+	requireOneEach(t, core, pods, time.Minute)
+	before := liveVMs(core)
+
+	v2 := launchCaa(t, c, node, ledgerPath, "v2", append(f2.args(), "--pod-name", "caa-v2"), awsEnv())
+	v2.waitReady(t, func() {})
+	took := v2.waitHandover(t, health.HandoverDone, 10*time.Second)
+	gave := v1.waitHandover(t, health.HandoverDone, 10*time.Second)
+	assert.Equal(t, health.RoleTookOver, took.Role)
+	assert.Equal(t, health.RoleHandedOver, gave.Role)
+	assert.Contains(t, took.Peer, "caa-v1")
+	assert.Contains(t, gave.Peer, "caa-v2")
+	assert.Positive(t, took.Gap, "the gap is measured")
+	t.Logf("hand-over: took %s, gap %s", time.Duration(took.Took), time.Duration(took.Gap))
+
+	// The old caa: up, live, not ready, and says why.
+	v1.requireRunning(t)
+	assert.Equal(t, http.StatusServiceUnavailable, v1.readyz())
+	assert.Contains(t, v1.readyBody(), "handed over to caa-v2")
+	code, _, err := v1.fetch("/healthz")
+	require.NoError(t, err)
+	assert.Equal(t, http.StatusOK, code, "the inert caa stays live")
+
+	// No VM was touched by the hand-over, by either caa.
+	assert.Equal(t, before, liveVMs(core), "no VM replaced")
+	assert.Empty(t, f2.writes(), "the new caa adopts every VM")
+	v1Writes := len(f1.writes())
+
+	// New work goes to the new caa only; the old one never calls the cloud again.
+	v1Calls := f1.count()
+	more := createPods(ctx, t, c, "team", "api", node, 3)
+	maps.Copy(pods, more)
+	requireOneEach(t, core, pods, time.Minute)
+	assert.Len(t, f2.writes(), 3, "the new caa creates the new pods' VMs")
+	assert.Equal(t, v1Writes, len(f1.writes()))
+	assert.Equal(t, v1Calls, f1.count(), "the inert caa makes no cloud call")
+
+	v1.stop(t)
+	v2.requireRunning(t)
+	assert.Equal(t, http.StatusOK, v2.readyz())
+	v2.stop(t)
+	out := runCaa(t, "ledger", "verify", "--ledger", ledgerPath)
+	assert.Contains(t, out, "ok")
+}
+
+// TestHandOverWithACreateInFlight: the old caa is mid-create when the new
+// one asks. With a shutdown grace longer than the create, the create
+// finishes before the ledger is released, and no write of the old caa lands
+// after the new caa's first read of the cloud. With a shorter grace the old
+// caa abandons the call, which still lands at the cloud; the new caa finds
+// that VM by the create's key and makes no second one.
+func TestHandOverWithACreateInFlight(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		grace string
+	}{
+		{"finished within the grace", "20s"},
+		{"abandoned after the grace", "300ms"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+			defer cancel()
+			c := cluster.Start(ctx, t)
+			core := cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{ec2Image}}))
+			const node = "worker-1"
+			_, err := c.CreateNode(ctx, node)
+			require.NoError(t, err)
+			ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
+
+			ec2 := sharedEC2(core)
+	f1, f2 := newFront(t, ec2), newFront(t, ec2)
+			v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1", "--shutdown-grace", tc.grace), awsEnv())
+			v1.waitReady(t, func() {})
+
+			const slow = 2 * time.Second
+			f1.slowCreate.Store(int64(slow))
+			pods := createPods(ctx, t, c, "team", "web", node, 2)
+			require.Eventually(t, func() bool { return f1.creating.Load() > 0 }, time.Minute, condPoll, "the old caa has a create in flight")
+
+			v2 := launchCaa(t, c, node, ledgerPath, "v2", append(f2.args(), "--pod-name", "caa-v2"), awsEnv())
+			v2.waitReady(t, func() {})
+			v2.waitHandover(t, health.HandoverDone, 10*time.Second)
+			requireOneEach(t, core, pods, time.Minute)
+			// A create the old caa abandoned is still on its way: count
+			// the VMs once it has landed.
+			require.Eventually(t, func() bool { return f1.creating.Load() == 0 }, time.Minute, condPoll)
+			ok, why := oneEach(core, pods)
+			assert.True(t, ok, "one VM per pod, no duplicate: %s", why)
+			assert.Len(t, core.Live(), len(pods))
+
+			if tc.grace == "20s" {
+				first, read := f2.firstRead()
+				require.True(t, read, "the new caa read the cloud")
+				for _, w := range f1.writes() {
+					assert.True(t, w.ended.Before(first), "the old caa's %s ended at %s, after the new caa's first read at %s",
+						w.kind, w.ended.Format(time.StampMilli), first.Format(time.StampMilli))
+				}
+			}
+			v1.stop(t)
+			v2.stop(t)
+			assert.Contains(t, runCaa(t, "ledger", "verify", "--ledger", ledgerPath), "ok")
+		})
+	}
+}
+
+// TestHandbackWhenTheNewCaaFails: a new caa that dies after the ledger was
+// released to it, or that does not turn ready in time, leaves the node with
+// the old caa reconciling again.
+func TestHandbackWhenTheNewCaaFails(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	core := cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{ec2Image}}))
+	const node = "worker-1"
+	_, err := c.CreateNode(ctx, node)
+	require.NoError(t, err)
+	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
+	pods := createPods(ctx, t, c, "team", "web", node, 5)
+
+	ec2 := sharedEC2(core)
+	f1, f2 := newFront(t, ec2), newFront(t, ec2)
+	v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1",
+		"--handover-ready-timeout", "4s", "--shutdown-grace", "2s"), awsEnv())
+	v1.waitReady(t, func() {})
+	requireOneEach(t, core, pods, time.Minute)
+	before := liveVMs(core)
+
+	// A new version whose node listing hangs never finishes its startup
+	// pass: it is released the ledger, then aborted, and gives it back.
+	f2.hangList.Store(true)
+	v2 := launchCaa(t, c, node, ledgerPath, "v2-hangs", append(f2.args(), "--pod-name", "caa-v2", "--shutdown-grace", "1s"), awsEnv())
+	back := v1.waitHandover(t, health.HandoverHandedBack, time.Minute)
+	assert.Contains(t, back.Reason, "not ready within 4s")
+	v1.waitReady(t, func() {})
+	v2.waitHandover(t, health.HandoverAborted, 10*time.Second)
+	v2.requireRunning(t)
+	assert.Equal(t, http.StatusServiceUnavailable, v2.readyz())
+	assert.Contains(t, v2.readyBody(), "hand-over was aborted")
+	maps.Copy(pods, createPods(ctx, t, c, "team", "api", node, 2))
+	requireOneEach(t, core, pods, time.Minute)
+	v2.stop(t)
+
+	// A new version killed after the release: the old caa sees the
+	// connection drop and takes the ledger back at once.
+	f3 := newFront(t, ec2)
+	f3.hangList.Store(true)
+	v3 := launchCaa(t, c, node, ledgerPath, "v3-killed", append(f3.args(), "--pod-name", "caa-v3"), awsEnv())
+	require.Eventually(t, func() bool { return strings.Contains(v1.readyBody(), "waiting for it to turn ready") }, time.Minute, condPoll,
+		"the old caa released the ledger")
+	v3.kill(t)
+	back = v1.waitHandover(t, health.HandoverHandedBack, 30*time.Second)
+	assert.Contains(t, back.Reason, "went away")
+	v1.waitReady(t, func() {})
+	maps.Copy(pods, createPods(ctx, t, c, "team", "db", node, 2))
+	requireOneEach(t, core, pods, time.Minute)
+
+	for uid, id := range before {
+		assert.Equal(t, id, liveVMs(core)[uid], "no VM replaced")
+	}
+	v1.stop(t)
+	assert.Contains(t, runCaa(t, "ledger", "verify", "--ledger", ledgerPath), "ok")
+}
+
+// TestBrokenNewVersionNeverAsks: a new caa with a setting that fails before
+// the hand-over (here, credentials the cloud refuses) never disturbs the
+// running one.
+func TestBrokenNewVersionNeverAsks(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	core := cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{ec2Image}}))
+	const node = "worker-1"
+	_, err := c.CreateNode(ctx, node)
+	require.NoError(t, err)
+	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
+	f1 := newFront(t, sharedEC2(core))
+	v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1"), awsEnv())
+	v1.waitReady(t, func() {})
+
+	// An unknown runtime-class flag value is fine, a bad flag is not: the
+	// process exits on its usage error without touching the socket.
+	bad := launchCaa(t, c, node, ledgerPath, "bad-flags", append(f1.args(), "--create-rate", "0"), awsEnv())
+	select {
+	case err := <-bad.done:
+		require.Error(t, err, "a usage error exits non-zero")
+	case <-time.After(time.Minute):
+		t.Fatal("caa with a bad flag did not exit")
+	}
+	assert.Equal(t, http.StatusOK, v1.readyz())
+	assert.Empty(t, v1.handoverOutcome(), "no hand-over was started")
+	pods := createPods(ctx, t, c, "team", "web", node, 2)
+	requireOneEach(t, core, pods, time.Minute)
+	v1.stop(t)
+}
+
+// TestSigkillDuringHandOver kills the old or the new caa at a seeded random
+// moment of the hand-over, many times. Whatever the moment, one caa ends up
+// reconciling, each pod has exactly one VM, and the ledger verifies.
+func TestSigkillDuringHandOver(t *testing.T) {
+	iterations := 20
+	if testing.Short() {
+		iterations = 4
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	core := cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{ec2Image}}))
+	const node = "worker-1"
+	_, err := c.CreateNode(ctx, node)
+	require.NoError(t, err)
+	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
+	all := createPods(ctx, t, c, "team", "web", node, 6)
+
+	seed := uint64(time.Now().UnixNano())
+	t.Logf("seed %d", seed)
+	rng := rand.New(rand.NewPCG(seed, 7))
+	f := newFront(t, sharedEC2(core))
+	args := func(name string) []string {
+		return append(f.args(), "--pod-name", name, "--shutdown-grace", "2s", "--handover-ready-timeout", "20s")
+	}
+	cur := launchCaa(t, c, node, ledgerPath, "caa-0", args("caa-0"), awsEnv())
+	cur.waitReady(t, func() {})
+	for i := 1; i <= iterations; i++ {
+		name := fmt.Sprintf("caa-%d", i)
+		next := launchCaa(t, c, node, ledgerPath, name, args(name), awsEnv())
+		// Pods arrive during the hand-over, too.
+		maps.Copy(all, createPods(ctx, t, c, "team", fmt.Sprintf("it%02d", i), node, 1))
+		time.Sleep(time.Duration(rng.IntN(1500)) * time.Millisecond) // the seeded moment of the kill
+		killOld := rng.IntN(2) == 0
+		if killOld {
+			cur.kill(t)
+			cur = next
+		} else {
+			next.kill(t)
+		}
+		cur.waitReady(t, func() {})
+		requireOneEach(t, core, all, time.Minute)
+		t.Logf("iteration %d: killed the %s caa", i, map[bool]string{true: "old", false: "new"}[killOld])
+	}
+	ok, why := oneEach(core, all)
+	require.True(t, ok, why)
+	assert.Len(t, core.Live(), len(all), "no duplicate and no leaked VM")
+	cur.stop(t)
+	assert.Contains(t, runCaa(t, "ledger", "verify", "--ledger", ledgerPath), "ok")
+}
