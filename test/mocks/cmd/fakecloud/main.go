@@ -50,6 +50,8 @@ type config struct {
 	faults   cloud.Faults
 	// limits turns on the cloud's published request limits.
 	limits bool
+	// awsPolicy is an IAM policy file the EC2 fake enforces.
+	awsPolicy *ec2fake.Policy
 }
 
 func parse(args []string, out io.Writer) (config, error) {
@@ -71,8 +73,19 @@ func parse(args []string, out io.Writer) (config, error) {
 	fs.BoolVar(&c.faults.ThrottleWriteOnly, "throttle-writes-only", false, "meter only creates and deletes")
 	fs.Float64Var(&c.faults.ServerErrorRate, "server-error-rate", 0, "fraction of calls answered with a 5xx")
 	fs.BoolVar(&c.limits, "published-limits", false, "enforce the cloud's published per-account request limits (token buckets by operation class)")
+	policyFile := fs.String("aws-policy", "", "IAM policy file the EC2 fake enforces, answering what it does not allow UnauthorizedOperation (e.g. deploy/overlays/aws/iam-policy.json; empty: allow all)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
+	}
+	if *policyFile != "" {
+		if c.cloud != "aws" {
+			return c, fmt.Errorf("--aws-policy is for --cloud aws")
+		}
+		p, err := ec2fake.ReadPolicy(*policyFile)
+		if err != nil {
+			return c, fmt.Errorf("--aws-policy: %w", err)
+		}
+		c.awsPolicy = p
 	}
 	if fs.NArg() > 0 {
 		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
@@ -102,6 +115,9 @@ func handler(c config) (*cloud.Cloud, http.Handler) {
 		var o []ec2fake.Option
 		if c.limits {
 			o = append(o, ec2fake.WithBudget(ec2fake.NewBudget(nil)))
+		}
+		if c.awsPolicy != nil {
+			o = append(o, ec2fake.WithPolicy(c.awsPolicy))
 		}
 		h = ec2fake.NewServer(core, o...)
 	case "azure":

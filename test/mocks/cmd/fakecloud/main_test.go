@@ -15,6 +15,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/caa-project/caa/test/mocks/cloud"
 )
 
 func TestServesEachCloudAndItsControls(t *testing.T) {
@@ -89,5 +91,37 @@ func TestPublishedLimitsFlag(t *testing.T) {
 		} else {
 			assert.Zero(t, refused, "no limits unless asked")
 		}
+	}
+}
+
+// TestAWSPolicyFlag: with --aws-policy the EC2 fake enforces the file (the
+// shipped policy allows DescribeInstances but no terminate of an instance
+// caa did not tag); a bad file or another cloud is refused.
+func TestAWSPolicyFlag(t *testing.T) {
+	const policy = "../../../../deploy/overlays/aws/iam-policy.json"
+	c, err := parse([]string{"--cloud", "aws", "--aws-policy", policy}, io.Discard)
+	require.NoError(t, err)
+	core, h := handler(c)
+	srv := httptest.NewServer(h)
+	defer srv.Close()
+	in, err := core.Create(cloud.CreateRequest{Image: "ami-0123456789abcdef0", InstanceType: "t3.small"})
+	require.NoError(t, err)
+	call := func(body string) int {
+		req, err := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader(body))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/x-www-form-urlencoded")
+		req.Header.Set("Authorization", "AWS4-HMAC-SHA256 Credential=AKIDTEST/20260506/us-east-1/ec2/aws4_request, SignedHeaders=host, Signature=00")
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		_ = resp.Body.Close()
+		return resp.StatusCode
+	}
+	assert.Equal(t, http.StatusOK, call("Action=DescribeInstances&Version=2016-11-15"))
+	assert.Equal(t, http.StatusForbidden, call("Action=TerminateInstances&Version=2016-11-15&InstanceId.1="+in.ID), "an untagged instance")
+	assert.Len(t, core.Live(), 1)
+
+	for _, args := range [][]string{{"--cloud", "aws", "--aws-policy", "no-such-file.json"}, {"--cloud", "azure", "--aws-policy", policy}} {
+		_, err := parse(args, io.Discard)
+		assert.Error(t, err, "%v", args)
 	}
 }
