@@ -65,7 +65,7 @@ func newFakeCloud(name string) (*fakeCloud, error) {
 		core := cloud.New(cloud.Options{IDPrefix: "0717_", PageSize: size, Zone: "us-south-1"})
 		srv := httptest.NewServer(f.timed(vpcfake.NewServer(core)))
 		f.core, f.close = core, srv.Close
-		f.flags, f.env = []string{"--provider", "ibmcloud", "--ibmcloud-endpoint", srv.URL + "/v1", "--ibmcloud-iam-endpoint", srv.URL,
+		f.flags, f.env = []string{"--provider", "ibmcloud", "--ibmcloud-endpoint", srv.URL + "/v1", "--ibmcloud-iam-endpoint", srv.URL, "--ibmcloud-search-endpoint", srv.URL,
 			"--ibmcloud-zone", "us-south-1", "--ibmcloud-vpc-id", vpcfake.DefaultVPC, "--ibmcloud-subnet-id", vpcfake.DefaultSubnet,
 			"--ibmcloud-resource-group-id", vpcfake.DefaultResourceGroup,
 			"--ibmcloud-image", "r006-bench-image", "--ibmcloud-instance-type", "bx2-2x8"},

@@ -275,7 +275,7 @@ func newIBMCloudFake(t *testing.T) *fakeCloud {
 		name: "ibmcloud",
 		core: core,
 		args: []string{"--provider", "ibmcloud",
-			"--ibmcloud-endpoint", srv.URL + "/v1", "--ibmcloud-iam-endpoint", srv.URL,
+			"--ibmcloud-endpoint", srv.URL + "/v1", "--ibmcloud-iam-endpoint", srv.URL, "--ibmcloud-search-endpoint", srv.URL,
 			"--ibmcloud-zone", ibmZone, "--ibmcloud-vpc-id", vpcfake.DefaultVPC, "--ibmcloud-subnet-id", vpcfake.DefaultSubnet,
 			"--ibmcloud-resource-group-id", vpcfake.DefaultResourceGroup,
 			"--ibmcloud-image", ibmImage, "--ibmcloud-instance-type", ibmProfile},

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/IBM/go-sdk-core/v5/core"
+	"github.com/IBM/platform-services-go-sdk/globalsearchv2"
 	"github.com/IBM/vpc-go-sdk/vpcv1"
 	"github.com/spf13/pflag"
 
@@ -56,6 +57,14 @@ type Config struct {
 	Endpoint string
 	// IAMEndpoint overrides the IAM token service URL for API keys.
 	IAMEndpoint string
+	// SearchEndpoint is the IBM Cloud Global Search API URL List finds the
+	// node's VMs with; empty means the public one,
+	// https://api.global-search-tagging.cloud.ibm.com (the private one is
+	// https://api.private.global-search-tagging.cloud.ibm.com).
+	SearchEndpoint string
+	// AccountID, when set, is passed to Global Search as account_id; empty
+	// means the account of the credentials.
+	AccountID string
 	// APIKeyFile is a file holding the API key (a mounted secret).
 	APIKeyFile string
 	// ReadTimeout bounds each read call (a GET, one page of a listing, its
@@ -90,6 +99,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringToStringVar(&c.Tags, "ibmcloud-tags", tags, "extra tags on every VM, k=v,k2=v2 (env CAA_IBMCLOUD_TAGS)")
 	fs.StringVar(&c.Endpoint, "ibmcloud-endpoint", provider.FirstEnv("CAA_IBMCLOUD_ENDPOINT"), "VPC API URL, overriding the region's (env CAA_IBMCLOUD_ENDPOINT)")
 	fs.StringVar(&c.IAMEndpoint, "ibmcloud-iam-endpoint", provider.FirstEnv("CAA_IBMCLOUD_IAM_ENDPOINT"), "IAM token service URL (env CAA_IBMCLOUD_IAM_ENDPOINT)")
+	fs.StringVar(&c.SearchEndpoint, "ibmcloud-search-endpoint", envOr("CAA_IBMCLOUD_SEARCH_ENDPOINT", globalsearchv2.DefaultServiceURL), "Global Search API URL, for listing the node's VMs by tag (env CAA_IBMCLOUD_SEARCH_ENDPOINT)")
+	fs.StringVar(&c.AccountID, "ibmcloud-account-id", provider.FirstEnv("CAA_IBMCLOUD_ACCOUNT_ID"), "account whose resources Global Search looks in; empty: the credentials' account (env CAA_IBMCLOUD_ACCOUNT_ID)")
 	c.durationFlag(fs, &c.ReadTimeout, "read-timeout", provider.DefaultReadTimeout, "deadline of each read call, its retries included")
 	c.durationFlag(fs, &c.WriteTimeout, "write-timeout", provider.DefaultWriteTimeout, "deadline of each create or delete call, its retries included")
 	fs.StringVar(&c.APIKeyFile, "ibmcloud-api-key-file", provider.FirstEnv("CAA_IBMCLOUD_API_KEY_FILE"), "file holding the API key; else "+EnvAPIKey+", else the IBM SDK's VPC_* settings (env CAA_IBMCLOUD_API_KEY_FILE)")
@@ -135,7 +146,7 @@ func (c Config) Validate() error {
 			return fmt.Errorf("ibmcloud: --ibmcloud-zone %q is not in region %q", c.Zone, c.Region)
 		}
 	}
-	for flag, u := range map[string]string{"endpoint": c.Endpoint, "iam-endpoint": c.IAMEndpoint} {
+	for flag, u := range map[string]string{"endpoint": c.Endpoint, "iam-endpoint": c.IAMEndpoint, "search-endpoint": c.SearchEndpoint} {
 		if u == "" {
 			continue
 		}
@@ -164,6 +175,14 @@ func (c Config) endpoint() (string, error) {
 		return "", fmt.Errorf("ibmcloud: endpoint of region %q: %w", c.Region, err)
 	}
 	return u, nil
+}
+
+// searchEndpoint is the Global Search API URL.
+func (c Config) searchEndpoint() string {
+	if c.SearchEndpoint != "" {
+		return c.SearchEndpoint
+	}
+	return globalsearchv2.DefaultServiceURL
 }
 
 // authenticator walks the credential chain: the API key file, then

@@ -62,6 +62,8 @@ func TestAddFlags(t *testing.T) {
 	t.Setenv("CAA_IBMCLOUD_INSTANCE_TYPE", "")
 	t.Setenv("CAA_IBMCLOUD_READ_TIMEOUT", "10s")
 	t.Setenv("CAA_IBMCLOUD_WRITE_TIMEOUT", "")
+	t.Setenv("CAA_IBMCLOUD_SEARCH_ENDPOINT", "")
+	t.Setenv("CAA_IBMCLOUD_ACCOUNT_ID", "")
 	var c Config
 	fs := pflag.NewFlagSet("caa", pflag.ContinueOnError)
 	c.AddFlags(fs)
@@ -70,10 +72,13 @@ func TestAddFlags(t *testing.T) {
 		Region: "eu-de", Zone: "eu-de-2", VPCID: "r010-vpc", SubnetID: "02b7-subnet", SecurityGroupIDs: []string{"sg-1", "sg-2"},
 		InstanceType: "bx2-2x8", BootVolumeProfile: "general-purpose", Tags: map[string]string{"team": "infra", "cost-center": "cc-42"},
 		ReadTimeout: 10 * time.Second, WriteTimeout: 2 * time.Minute,
-	}, c)
+		SearchEndpoint: "https://api.global-search-tagging.cloud.ibm.com",
+	}, c, "Global Search defaults to the public endpoint")
 	require.NoError(t, c.Validate())
 
 	t.Setenv("CAA_IBMCLOUD_REGION", "us-east")
+	t.Setenv("CAA_IBMCLOUD_SEARCH_ENDPOINT", "https://api.private.global-search-tagging.cloud.ibm.com")
+	t.Setenv("CAA_IBMCLOUD_ACCOUNT_ID", "acct-1")
 	var d Config
 	fs = pflag.NewFlagSet("caa", pflag.ContinueOnError)
 	d.AddFlags(fs)
@@ -81,6 +86,11 @@ func TestAddFlags(t *testing.T) {
 	assert.Equal(t, "us-east", d.Region, "caa's own variable wins over IBMCLOUD_REGION")
 	assert.Equal(t, "us-east-3", d.Zone, "a flag wins over the environment")
 	assert.Equal(t, map[string]string{"a": "b"}, d.Tags)
+	assert.Equal(t, "https://api.private.global-search-tagging.cloud.ibm.com", d.SearchEndpoint)
+	assert.Equal(t, "acct-1", d.AccountID)
+	d.SearchEndpoint = "ftp://search"
+	assert.ErrorContains(t, d.Validate(), "--ibmcloud-search-endpoint")
+	d.SearchEndpoint = ""
 	for _, name := range []string{"ibmcloud-endpoint", "ibmcloud-iam-endpoint", "ibmcloud-api-key-file", "ibmcloud-image",
 		"ibmcloud-resource-group-id", "ibmcloud-boot-volume-profile"} {
 		assert.NotNil(t, fs.Lookup(name), name)

@@ -36,6 +36,7 @@ func testConfig(url string) ibmcloud.Config {
 		BootVolumeProfile: "general-purpose",
 		Endpoint:          url + "/v1",
 		IAMEndpoint:       url,
+		SearchEndpoint:    url,
 	}
 }
 

@@ -6,21 +6,17 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
-	"sync"
 	"time"
 	"unicode/utf8"
 
 	"github.com/IBM/go-sdk-core/v5/core"
+	"github.com/IBM/platform-services-go-sdk/globalsearchv2"
 	"github.com/IBM/vpc-go-sdk/vpcv1"
 
 	"github.com/caa-project/caa/pkg/provider"
 )
 
-const (
-	providerName = "ibmcloud"
-	// pageLimit is the largest page the VPC API serves.
-	pageLimit = 100
-)
+const providerName = "ibmcloud"
 
 // vpcAPI is the part of vpcv1.VpcV1 the provider uses, so a test can stand
 // in for it.
@@ -30,15 +26,13 @@ type vpcAPI interface {
 	ListInstancesWithContext(context.Context, *vpcv1.ListInstancesOptions) (*vpcv1.InstanceCollection, *core.DetailedResponse, error)
 	DeleteInstanceWithContext(context.Context, *vpcv1.DeleteInstanceOptions) (*core.DetailedResponse, error)
 	GetVolumeWithContext(context.Context, *vpcv1.GetVolumeOptions) (*vpcv1.Volume, *core.DetailedResponse, error)
-	// The SDK's pagers, which follow the collections' next links.
-	NewInstancesPager(*vpcv1.ListInstancesOptions) (*vpcv1.InstancesPager, error)
-	NewVolumesPager(*vpcv1.ListVolumesOptions) (*vpcv1.VolumesPager, error)
 }
 
 // Provider is provider.Provider on IBM Cloud VPC.
 type Provider struct {
-	api vpcAPI
-	cfg Config
+	api    vpcAPI
+	search searchAPI
+	cfg    Config
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -67,7 +61,12 @@ func New(_ context.Context, cfg Config) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ibmcloud: VPC client for %s: %w", url, err)
 	}
-	return &Provider{api: svc, cfg: cfg}, nil
+	searchURL := cfg.searchEndpoint()
+	gs, err := globalsearchv2.NewGlobalSearchV2(&globalsearchv2.GlobalSearchV2Options{URL: searchURL, Authenticator: auth})
+	if err != nil {
+		return nil, fmt.Errorf("ibmcloud: Global Search client for %s: %w", searchURL, err)
+	}
+	return &Provider{api: svc, search: gs, cfg: cfg}, nil
 }
 
 // Name is "ibmcloud".
@@ -194,116 +193,21 @@ func (p *Provider) bootVolumeTags(ctx context.Context, op string, in *vpcv1.Inst
 	return decodeUserTags(vol.UserTags), nil
 }
 
-// List returns every VM tagged for sel. It lists, side by side, the boot
-// volumes carrying sel's node tag (whose tags say whose VM it is) and
-// the instances (for state, addresses and shape), each to its last page,
-// and joins them on the volume's attachment.
+// List returns every VM tagged for sel. Global Search finds the boot
+// volumes tagged for sel's cluster and node (its index, not VPC, knows
+// tags across the account); each hit is then read from VPC by id, the
+// volume for its tags and attachment, the instance for its state, so that
+// what List returns is as fresh as Get. Hits VPC no longer shows (the
+// index lags behind deletes) are left out, and VMs the index does not
+// show yet are missing: the caller confirms a missing VM by id before it
+// acts (invariant I3). The cost is one search per thousand of sel's VMs
+// plus two reads per VM, whatever else the account holds.
 func (p *Provider) List(ctx context.Context, sel provider.Selector) ([]provider.VM, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		once  sync.Once
-		first error
-		owned map[string]map[string]string
-		all   []vpcv1.Instance
-		wg    sync.WaitGroup
-	)
-	fail := func(err error) {
-		once.Do(func() { first = err; cancel() })
-	}
-	wg.Go(func() {
-		var err error
-		if owned, err = p.taggedInstances(ctx, sel); err != nil {
-			fail(err)
-		}
-	})
-	wg.Go(func() {
-		var err error
-		if all, err = p.instances(ctx); err != nil {
-			fail(err)
-		}
-	})
-	wg.Wait()
-	if first != nil {
-		return nil, first
-	}
-	var out []provider.VM
-	for i := range all {
-		if tags, ok := owned[str(all[i].ID)]; ok {
-			out = append(out, vmOf(&all[i], tags))
-		}
-	}
-	return out, nil
-}
-
-// taggedInstances maps instance id to tags for every boot volume tagged
-// for sel.
-func (p *Provider) taggedInstances(ctx context.Context, sel provider.Selector) (map[string]map[string]string, error) {
-	pager, err := p.api.NewVolumesPager(&vpcv1.ListVolumesOptions{Tag: ptr(nodeFilterTag(sel.Node)), Limit: ptr(int64(pageLimit))})
+	ids, err := p.searchVolumes(ctx, sel)
 	if err != nil {
-		return nil, classify(opList, nil, err)
+		return nil, err
 	}
-	out := map[string]map[string]string{}
-	err = pages(ctx, p.cfg.ReadTimeout, pager.HasNext, pager.GetNextWithContext, func(v vpcv1.Volume) string {
-		tags := decodeUserTags(v.UserTags)
-		if sel.Matches(tags) {
-			for _, a := range v.VolumeAttachments {
-				if str(a.Type) == "boot" && a.Instance != nil {
-					out[str(a.Instance.ID)] = tags
-				}
-			}
-		}
-		return str(v.ID)
-	})
-	return out, err
-}
-
-// instances lists every instance in the configured VPC and resource group.
-func (p *Provider) instances(ctx context.Context) ([]vpcv1.Instance, error) {
-	opts := &vpcv1.ListInstancesOptions{Limit: ptr(int64(pageLimit))}
-	if p.cfg.VPCID != "" {
-		opts.VPCID = ptr(p.cfg.VPCID)
-	}
-	if p.cfg.ResourceGroupID != "" {
-		opts.ResourceGroupID = ptr(p.cfg.ResourceGroupID)
-	}
-	pager, err := p.api.NewInstancesPager(opts)
-	if err != nil {
-		return nil, classify(opList, nil, err)
-	}
-	var out []vpcv1.Instance
-	err = pages(ctx, p.cfg.ReadTimeout, pager.HasNext, pager.GetNextWithContext, func(in vpcv1.Instance) string {
-		out = append(out, in)
-		return str(in.ID)
-	})
-	return out, err
-}
-
-// pages drives one of the SDK's pagers to the last page: each page under
-// its own deadline (timeout), with the transient-failure retry (a failed page leaves the pager where it was, so
-// the retry asks for the same page), and each item handed to take, which
-// returns its id. An id seen twice means the cloud handed back a page it
-// already gave, which would loop forever: that is an error.
-func pages[T any](ctx context.Context, timeout time.Duration, hasNext func() bool, next func(context.Context) ([]T, error), take func(T) string) error {
-	seen := map[string]bool{}
-	for hasNext() {
-		page, resp, err := call(ctx, timeout, provider.DefaultReadTimeout, func(ctx context.Context) ([]T, *core.DetailedResponse, error) {
-			page, err := next(ctx)
-			return page, responseOf(err), err
-		})
-		if err != nil {
-			return classify(opList, resp, err)
-		}
-		for _, item := range page {
-			id := take(item)
-			if seen[id] {
-				return &provider.Error{Provider: providerName, Op: opList, Code: "pagination_loop",
-					Message: fmt.Sprintf("%s came back on a later page", id)}
-			}
-			seen[id] = true
-		}
-	}
-	return nil
+	return p.readVMs(ctx, sel, ids)
 }
 
 // Delete deletes the instance; its boot volume and network interface go

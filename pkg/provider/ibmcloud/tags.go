@@ -44,20 +44,6 @@ func instanceName(spec provider.Spec) string {
 	return provider.DNSLabel("caa-", spec.Key, sum[:], nameHashLen, maxInstanceName)
 }
 
-// nodeFilterTag is the tag List asks VPC to filter volumes on: the node
-// tag, or its first piece when it is cut. Node names are unique in a
-// cluster; List checks the decoded cluster and node tags of what comes
-// back, so a node of the same name in another cluster, or a piece shared
-// by two long names, costs a few extra volumes read, never a wrong VM.
-func nodeFilterTag(node string) string {
-	t, err := encodeTag(provider.TagNode, node)
-	if err != nil || len(t) == 0 {
-		// Unreachable: the key is short and constant.
-		return provider.TagNode + ":"
-	}
-	return t[0]
-}
-
 // encodeUserTags turns a tag map into user tags, in a stable order.
 func encodeUserTags(tags map[string]string) ([]string, error) {
 	var out []string

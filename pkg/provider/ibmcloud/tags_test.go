@@ -111,11 +111,11 @@ func TestTagEncoding(t *testing.T) {
 	_, err = encodeTag("", "v")
 	assert.ErrorIs(t, err, provider.ErrInvalidSpec)
 
-	assert.Equal(t, "caa-node:node-a", nodeFilterTag("node-a"), "the filter is the node's own tag")
+	assert.Equal(t, "caa-node:node-a", firstTag(provider.TagNode, "node-a"), "the filter is the node's own tag")
 	longNode := strings.Repeat("n", 200)
 	first, err := encodeTag(provider.TagNode, longNode)
 	require.NoError(t, err)
-	assert.Equal(t, first[0], nodeFilterTag(longNode), "or its first piece")
+	assert.Equal(t, first[0], firstTag(provider.TagNode, longNode), "or its first piece")
 }
 
 func TestDecodeForeignAndBrokenTags(t *testing.T) {

@@ -21,6 +21,10 @@ const (
 	ClassCreate = "create"
 	// ClassDelete: instance and volume deletes, 50 tokens, 5 back a second.
 	ClassDelete = "delete"
+	// ClassSearch: Global Search requests, a bucket of their own (the
+	// service is not VPC's), 50 tokens, 10 back a second. IBM publishes no
+	// figure for it either: an assumption.
+	ClassSearch = "search"
 )
 
 // PublishedLimits are the limits the fake enforces by class; the IAM token
@@ -30,6 +34,7 @@ func PublishedLimits() map[string]cloud.Limit {
 		ClassRead:   cloud.PerSecond(100, 20),
 		ClassCreate: cloud.PerSecond(50, 5),
 		ClassDelete: cloud.PerSecond(50, 5),
+		ClassSearch: cloud.PerSecond(50, 10),
 	}
 }
 
@@ -46,18 +51,22 @@ func NewBudget(now func() time.Time) *cloud.Budget {
 // OpList, OpDelete, OpVolume...). Without this option nothing is metered.
 func WithBudget(b *cloud.Budget) Option { return func(s *Server) { s.budget = b } }
 
-// metered charges the budget for a call of op and answers the refusal; it
-// reports whether the call may go on.
-func (s *Server) metered(w http.ResponseWriter, op string, write bool) bool {
-	if s.budget == nil {
-		return true
-	}
-	class := ClassRead
+// classOf is the bucket class of a VPC call of op.
+func classOf(op string, write bool) string {
 	switch {
 	case op == cloud.OpCreate:
-		class = ClassCreate
+		return ClassCreate
 	case write:
-		class = ClassDelete
+		return ClassDelete
+	}
+	return ClassRead
+}
+
+// metered charges the budget for a call of op to class and answers the
+// refusal; it reports whether the call may go on.
+func (s *Server) metered(w http.ResponseWriter, op, class string) bool {
+	if s.budget == nil {
+		return true
 	}
 	take := s.budget.Take(op, cloud.Charge{Class: class})
 	if take.OK {
@@ -65,6 +74,10 @@ func (s *Server) metered(w http.ResponseWriter, op string, write bool) bool {
 	}
 	s.cloud.CountThrottled()
 	w.Header().Set("Retry-After", strconv.Itoa(take.RetryAfterSeconds()))
-	writeProblem(w, http.StatusTooManyRequests, "rate_limit_exceeded", "Too many requests within a short time.", nil)
+	if class == ClassSearch {
+		writeSearchProblem(w, http.StatusTooManyRequests, "rate_limit_exceeded", "Too many requests within a short time.")
+	} else {
+		writeProblem(w, http.StatusTooManyRequests, "rate_limit_exceeded", "Too many requests within a short time.", nil)
+	}
 	return false
 }

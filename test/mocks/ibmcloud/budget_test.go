@@ -61,6 +61,7 @@ func TestProviderReadsBudgetRefusalAsThrottled(t *testing.T) {
 		Zone: "us-south-1", VPCID: vpcfake.DefaultVPC, SubnetID: vpcfake.DefaultSubnet,
 		SecurityGroupIDs: []string{"r006-sg-1"}, ResourceGroupID: vpcfake.DefaultResourceGroup,
 		BootVolumeProfile: "general-purpose", Endpoint: srv.URL + "/v1", IAMEndpoint: srv.URL,
+		SearchEndpoint: srv.URL,
 	})
 	require.NoError(t, err)
 	ctx := context.Background()
@@ -86,6 +87,10 @@ func TestProviderReadsBudgetRefusalAsThrottled(t *testing.T) {
 	throttled(t, err)
 
 	clk.Advance(10 * time.Second) // reads refilled, for any lookup a write makes first
+	b.Drain(vpcfake.ClassSearch)
+	_, err = p.List(ctx, provider.Selector{Cluster: conformance.Cluster, Node: "node-a"})
+	throttled(t, err)
+	clk.Advance(10 * time.Second)
 	b.Drain(vpcfake.ClassCreate)
 	_, err = p.Create(ctx, conformance.Spec(2, "node-a"))
 	throttled(t, err)
@@ -94,10 +99,12 @@ func TestProviderReadsBudgetRefusalAsThrottled(t *testing.T) {
 
 	n := b.Counts()
 	assert.EqualValues(t, 1, n[cloud.OpGet].Throttled, "the SDK does not retry a refusal")
-	// List reads instances and volumes side by side and stops at the
-	// first refusal, so the other read may be cancelled before it lands.
-	assert.GreaterOrEqual(t, n[cloud.OpList].Throttled+n[vpcfake.OpVolumeList].Throttled, int64(1))
-	assert.LessOrEqual(t, n[cloud.OpList].Throttled, int64(1), "the SDK does not retry a refusal")
+	// List searches (a bucket of its own), then reads the hit by id: with
+	// reads drained, the volume read is refused; with searches drained,
+	// the search is, and nothing is read.
+	assert.EqualValues(t, 1, n[vpcfake.OpVolumeGet].Throttled)
+	assert.EqualValues(t, 1, n[cloud.OpList].Throttled, "the search, not retried")
+	assert.EqualValues(t, 4, n[cloud.OpList].Calls, "two searches, one per listing, and the two creates' lookups by name")
 	assert.EqualValues(t, 1, n[cloud.OpCreate].Throttled)
 	assert.EqualValues(t, 1, n[cloud.OpDelete].Throttled)
 	assert.Len(t, c.Live(), 1, "the refused calls changed nothing")

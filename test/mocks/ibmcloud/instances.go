@@ -81,6 +81,7 @@ func (s *Server) createInstance(w http.ResponseWriter, r *http.Request) {
 		writeCoreError(w, err, "Instance")
 		return
 	}
+	s.remember(in.ID, volumeFromResource(vol), p.Zone.Name)
 	byID := map[string]cloud.Resource{nic.ID: nic, vol.ID: vol}
 	writeJSON(w, http.StatusCreated, instanceViewOf(baseURL(r), in, byID))
 }

@@ -15,6 +15,8 @@
 //	GET    /v1/volumes          list, filter tag (op "volume.list")
 //	GET    /v1/volumes/{id}     (op "volume.get")
 //	DELETE /v1/volumes/{id}     (op "volume.delete")
+//	POST   /v3/resources/search Global Search over the volumes' user tags
+//	                            (op "list", budget class "search"; search.go)
 //	       /_control/...        the core's test controls
 //
 // How the fake maps VPC onto the core: an instance is a core instance; its
@@ -30,11 +32,13 @@
 package vpcfake
 
 import (
+	"bytes"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"net/http"
 	"regexp"
@@ -81,16 +85,18 @@ type Server struct {
 	apiKey     string
 	fixedToken string
 	budget     *cloud.Budget // nil: nothing metered (WithBudget)
+	searchLag  time.Duration // WithSearchLag
 	seq        atomic.Int64
 
 	mu     sync.Mutex
-	tokens map[string]bool // access tokens IAM issued
+	tokens map[string]bool      // access tokens IAM issued
+	docs   map[string]searchDoc // search documents of API-made instances, by instance id
 }
 
 // NewServer returns the VPC and IAM front end over c, with the core's
 // controls mounted at cloud.ControlPrefix.
 func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
-	s := &Server{cloud: c, mux: http.NewServeMux(), tokens: map[string]bool{}}
+	s := &Server{cloud: c, mux: http.NewServeMux(), tokens: map[string]bool{}, docs: map[string]searchDoc{}}
 	for _, o := range opts {
 		o(s)
 	}
@@ -103,6 +109,24 @@ func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
 	s.route("GET /v1/volumes", OpVolumeList, false, s.listVolumes)
 	s.route("GET /v1/volumes/{id}", OpVolumeGet, false, s.getVolume)
 	s.route("DELETE /v1/volumes/{id}", OpVolumeDelete, true, s.deleteVolume)
+	s.mux.HandleFunc("POST "+searchPath, func(w http.ResponseWriter, r *http.Request) {
+		// Read the body first: until it is read, the server cannot notice
+		// a client that gave up, and an injected latency would outlive it.
+		body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, maxBody))
+		if err != nil {
+			writeSearchProblem(w, http.StatusBadRequest, "bad_request", "The request body could not be read.")
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if !s.admit(w, r, cloud.OpList, false, false) || !s.metered(w, cloud.OpList, ClassSearch) {
+			return
+		}
+		if !s.authorized(r) {
+			writeSearchProblem(w, http.StatusUnauthorized, "not_authorized", "The request is not authorized: the IAM token is missing, expired or invalid.")
+			return
+		}
+		s.search(w, r)
+	})
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusNotFound, "invalid_route", "The requested route does not exist.", nil)
 	})
@@ -120,7 +144,7 @@ func (s *Server) route(pattern, op string, write bool, h http.HandlerFunc) {
 		if !s.admit(w, r, op, write, false) {
 			return
 		}
-		if !s.metered(w, op, write) {
+		if !s.metered(w, op, classOf(op, write)) {
 			return
 		}
 		if !s.authorized(r) {

@@ -70,7 +70,7 @@ func newFake(name string) (*fake, func(), error) {
 		core := cloud.New(cloud.Options{})
 		srv := httptest.NewServer(vpcfake.NewServer(core))
 		return &fake{core: core,
-			flags: []string{"--provider", "ibmcloud", "--ibmcloud-endpoint", srv.URL + "/v1", "--ibmcloud-iam-endpoint", srv.URL,
+			flags: []string{"--provider", "ibmcloud", "--ibmcloud-endpoint", srv.URL + "/v1", "--ibmcloud-iam-endpoint", srv.URL, "--ibmcloud-search-endpoint", srv.URL,
 				"--ibmcloud-region", "us-south", "--ibmcloud-zone", "us-south-1", "--ibmcloud-vpc-id", "r006-demo-vpc",
 				"--ibmcloud-subnet-id", "0717-demo-subnet", "--ibmcloud-image", "r006-demo-image", "--ibmcloud-instance-type", "bx2-2x8"},
 			env: []string{"IBMCLOUD_API_KEY=demo-api-key"},

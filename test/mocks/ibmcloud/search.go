@@ -1,0 +1,404 @@
+package vpcfake
+
+import (
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/test/mocks/cloud"
+)
+
+// The Global Search part of the fake: POST /v3/resources/search over an
+// index of the VPC volumes (one document per instance's boot volume) that
+// lags the core by the server's search lag, on the core's clock.
+//
+// The query language is the subset caa sends, parsed, not pattern
+// matched: terms joined by AND, each field:value with the field one of
+// family, type or tags and the value a bare word of [A-Za-z0-9._-] or a
+// double-quoted phrase with \" and \\ escapes. tags matches a document
+// holding that tag, compared without case, as IBM Cloud compares tags.
+// Anything else (OR, NOT, parentheses, wildcards, another field) is
+// answered 400 with the API's error body, so a query the fake cannot
+// answer exactly never silently widens or narrows a listing.
+
+// OpSearch is not an operation name of its own: a search page is a
+// listing, counted under cloud.OpList (as the instance listing is) so that
+// a listing's pages count the same whichever API serves them. The budget
+// charges it to ClassSearch.
+
+const (
+	searchPath         = "/v3/resources/search"
+	defaultSearchLimit = 10
+	maxSearchLimit     = 1000
+	searchMoreInfo     = "https://cloud.ibm.com/apidocs/search"
+)
+
+// WithSearchLag makes the search index lag the VMs by d, on the core's
+// clock: a VM created less than d ago is not found yet, one deleted less
+// than d ago is still found. The default, 0, is an index in step with VPC.
+func WithSearchLag(d time.Duration) Option { return func(s *Server) { s.searchLag = d } }
+
+// searchDoc is one indexed volume.
+type searchDoc struct {
+	crn, id, name, zone string
+	tags                []string // as shown: "key:value", lower case
+}
+
+// searchRequest is the body the SDK sends.
+type searchRequest struct {
+	Query        *string  `json:"query"`
+	Fields       []string `json:"fields"`
+	SearchCursor *string  `json:"search_cursor"`
+}
+
+// searchCursor is what the fake's opaque cursor holds: the search, and
+// the core position after the last hit returned.
+type searchCursor struct {
+	Query  string   `json:"q"`
+	Fields []string `json:"f,omitempty"`
+	After  int      `json:"a"`
+}
+
+// term is one field:value of a parsed query.
+type term struct{ field, value string }
+
+// searchFlags are the query parameters the SDK may send that take
+// true, false or any; the fake serves only the default, false.
+var searchFlags = []string{"is_deleted", "is_reclaimed", "can_tag", "is_project_resource"}
+
+// search is POST /v3/resources/search.
+func (s *Server) search(w http.ResponseWriter, r *http.Request) {
+	limit, ok := searchParams(w, r)
+	if !ok {
+		return
+	}
+	var req searchRequest
+	if !decodeSearchJSON(w, r, &req) {
+		return
+	}
+	cur := searchCursor{Query: "*"}
+	if req.SearchCursor != nil {
+		// With a cursor, the API ignores the rest of the body.
+		c, err := decodeCursor(*req.SearchCursor)
+		if err != nil {
+			writeSearchProblem(w, http.StatusBadRequest, "bad_request", "The search_cursor is not one this API issued.")
+			return
+		}
+		cur = c
+	} else {
+		if req.Query != nil {
+			cur.Query = *req.Query
+		}
+		cur.Fields = req.Fields
+	}
+	terms, err := parseQuery(cur.Query)
+	if err != nil {
+		writeSearchProblem(w, http.StatusBadRequest, "bad_request", "The query is not valid: "+err.Error())
+		return
+	}
+	pageSize := min(limit, s.cloud.PageSize())
+	items := []map[string]any{}
+	next := ""
+	for i, doc := range s.index(cur.After) {
+		if !doc.matches(terms) {
+			continue
+		}
+		items = append(items, doc.item(cur.Fields))
+		if len(items) == pageSize {
+			c := cur
+			c.After = cur.After + i + 1
+			next = encodeCursor(c)
+			break
+		}
+	}
+	out := map[string]any{"items": items, "limit": limit}
+	if next != "" {
+		out["search_cursor"] = next
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// searchParams checks the query parameters and returns the limit.
+func searchParams(w http.ResponseWriter, r *http.Request) (int, bool) {
+	limit := defaultSearchLimit
+	for k, vs := range r.URL.Query() {
+		v := vs[0]
+		switch {
+		case k == "account_id" || k == "timeout" || k == "x-request-id":
+		case k == "limit":
+			n, err := strconv.Atoi(v)
+			if err != nil || n < 1 || n > maxSearchLimit {
+				writeSearchProblem(w, http.StatusBadRequest, "bad_request", fmt.Sprintf("The limit must be a whole number from 1 to %d.", maxSearchLimit))
+				return 0, false
+			}
+			limit = n
+		case slices.Contains(searchFlags, k):
+			if v != "false" {
+				writeSearchProblem(w, http.StatusBadRequest, "bad_request", "The fake serves only "+k+"=false.")
+				return 0, false
+			}
+		default:
+			writeSearchProblem(w, http.StatusBadRequest, "bad_request", "The fake does not support the query parameter "+k+".")
+			return 0, false
+		}
+	}
+	return limit, true
+}
+
+// decodeSearchJSON reads the body strictly, answering the API's error.
+func decodeSearchJSON(w http.ResponseWriter, r *http.Request, v any) bool {
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxBody))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		writeSearchProblem(w, http.StatusBadRequest, "bad_request", "The request body is not a search request.")
+		return false
+	}
+	return true
+}
+
+// index is the search index now, from core position after on: the boot
+// volume of every instance created at least the lag ago and not deleted
+// longer than the lag ago.
+func (s *Server) index(after int) []searchDoc {
+	all := s.cloud.Instances()
+	if after >= len(all) {
+		return nil
+	}
+	all = all[after:]
+	now := s.cloud.Now()
+	byID := s.resourcesByID()
+	out := make([]searchDoc, 0, len(all))
+	for _, in := range all {
+		doc, ok := s.docOf(in, byID)
+		visible := !now.Before(in.CreatedAt.Add(s.searchLag)) &&
+			(in.State != provider.StateTerminated || now.Before(in.EndedAt.Add(s.searchLag)))
+		if !ok || !visible {
+			// Keep positions: a cursor counts core positions.
+			doc = searchDoc{}
+		}
+		out = append(out, doc)
+	}
+	return out
+}
+
+// docOf is the index document of an instance's boot volume: the one
+// remembered when the instance was created through the API (its volume is
+// gone once it is deleted, but the lagging index still shows it), else the
+// volume the core shows.
+func (s *Server) docOf(in cloud.Instance, byID map[string]cloud.Resource) (searchDoc, bool) {
+	s.mu.Lock()
+	doc, ok := s.docs[in.ID]
+	s.mu.Unlock()
+	if ok {
+		return doc, true
+	}
+	if in.State == provider.StateTerminated && len(in.Resources) > 0 {
+		// Its volume is gone and was never remembered.
+		return searchDoc{}, false
+	}
+	return newSearchDoc(bootVolumeOf(in, byID), in.Zone), true
+}
+
+// remember keeps the index document of a new instance's boot volume.
+func (s *Server) remember(instanceID string, b bootVolume, zone string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.docs[instanceID] = newSearchDoc(b, zone)
+}
+
+func newSearchDoc(b bootVolume, zone string) searchDoc {
+	if b.zone != "" {
+		zone = b.zone
+	}
+	return searchDoc{crn: b.crn(zone), id: b.id, name: b.name, zone: zone, tags: formatUserTags(b.tags)}
+}
+
+func (d searchDoc) matches(terms []term) bool {
+	if d.crn == "" {
+		return false
+	}
+	for _, t := range terms {
+		switch t.field {
+		case "family":
+			if t.value != "is" {
+				return false
+			}
+		case "type":
+			if t.value != "volume" {
+				return false
+			}
+		case "tags":
+			if !slices.ContainsFunc(d.tags, func(tag string) bool { return strings.EqualFold(tag, t.value) }) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// item is the hit with the requested fields; the CRN always.
+func (d searchDoc) item(fields []string) map[string]any {
+	all := map[string]any{
+		"crn": d.crn, "name": d.name, "type": "volume", "family": "is", "service_name": "is",
+		"account_id": "fakeaccount", "resource_id": d.id, "region": regionOf(d.zone), "tags": d.tags,
+	}
+	if len(fields) == 0 {
+		fields = []string{"account_id", "name", "type", "family"}
+	}
+	out := map[string]any{"crn": d.crn}
+	for _, f := range fields {
+		if f == "*" {
+			return all
+		}
+		if v, ok := all[f]; ok {
+			out[f] = v
+		}
+	}
+	return out
+}
+
+// regionOf is the region of a zone name like us-south-1.
+func regionOf(zone string) string {
+	if i := strings.LastIndexByte(zone, '-'); i > 0 {
+		return zone[:i]
+	}
+	return zone
+}
+
+// parseQuery parses the query subset the fake understands (see the top
+// of this file).
+func parseQuery(q string) ([]term, error) {
+	p := queryParser{s: q}
+	var terms []term
+	for {
+		p.skipSpace()
+		t, err := p.term()
+		if err != nil {
+			return nil, err
+		}
+		terms = append(terms, t)
+		p.skipSpace()
+		if p.done() {
+			return terms, nil
+		}
+		if w := p.word(); w != "AND" {
+			return nil, fmt.Errorf("expected AND at offset %d, found %q", p.i, w)
+		}
+	}
+}
+
+type queryParser struct {
+	s string
+	i int
+}
+
+func (p *queryParser) done() bool { return p.i >= len(p.s) }
+
+func (p *queryParser) skipSpace() {
+	for !p.done() && p.s[p.i] == ' ' {
+		p.i++
+	}
+}
+
+func bareByte(c byte) bool {
+	return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-'
+}
+
+// word reads a run of bare characters.
+func (p *queryParser) word() string {
+	start := p.i
+	for !p.done() && bareByte(p.s[p.i]) {
+		p.i++
+	}
+	return p.s[start:p.i]
+}
+
+func (p *queryParser) term() (term, error) {
+	field := p.word()
+	switch field {
+	case "family", "type", "tags":
+	case "":
+		return term{}, fmt.Errorf("expected a field at offset %d", p.i)
+	default:
+		return term{}, fmt.Errorf("the fake does not search the field %q", field)
+	}
+	if p.done() || p.s[p.i] != ':' {
+		return term{}, fmt.Errorf("expected ':' after %s", field)
+	}
+	p.i++
+	if !p.done() && p.s[p.i] == '"' {
+		v, err := p.phrase()
+		return term{field, v}, err
+	}
+	v := p.word()
+	if v == "" {
+		return term{}, fmt.Errorf("expected a value for %s at offset %d", field, p.i)
+	}
+	if !p.done() && p.s[p.i] != ' ' {
+		return term{}, fmt.Errorf("unexpected %q at offset %d", p.s[p.i], p.i)
+	}
+	return term{field, v}, nil
+}
+
+// phrase reads a double-quoted phrase.
+func (p *queryParser) phrase() (string, error) {
+	p.i++ // the opening quote
+	var b strings.Builder
+	for !p.done() {
+		c := p.s[p.i]
+		p.i++
+		switch c {
+		case '"':
+			if !p.done() && p.s[p.i] != ' ' {
+				return "", fmt.Errorf("unexpected %q after a phrase at offset %d", p.s[p.i], p.i)
+			}
+			return b.String(), nil
+		case '\\':
+			if p.done() {
+				return "", errors.New("the query ends in an escape")
+			}
+			b.WriteByte(p.s[p.i])
+			p.i++
+		default:
+			b.WriteByte(c)
+		}
+	}
+	return "", errors.New("a phrase is not closed")
+}
+
+func encodeCursor(c searchCursor) string {
+	b, _ := json.Marshal(c)
+	return base64.RawURLEncoding.EncodeToString(b)
+}
+
+func decodeCursor(s string) (searchCursor, error) {
+	b, err := base64.RawURLEncoding.DecodeString(s)
+	if err != nil {
+		return searchCursor{}, err
+	}
+	var c searchCursor
+	if err := json.Unmarshal(b, &c); err != nil {
+		return searchCursor{}, err
+	}
+	if c.After < 0 {
+		return searchCursor{}, errors.New("negative position")
+	}
+	return c, nil
+}
+
+// writeSearchProblem writes Global Search's error body, which has the
+// shape of the VPC one (errors, trace, status_code).
+func writeSearchProblem(w http.ResponseWriter, status int, code, msg string) {
+	writeJSON(w, status, problem{
+		Errors:     []problemItem{{Code: code, Message: msg, MoreInfo: searchMoreInfo}},
+		Trace:      randomHex(16),
+		StatusCode: status,
+	})
+}
