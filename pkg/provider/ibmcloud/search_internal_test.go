@@ -1,0 +1,37 @@
+package ibmcloud
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/caa-project/caa/pkg/provider"
+)
+
+func TestSearchQuery(t *testing.T) {
+	assert.Equal(t,
+		`family:is AND type:volume AND tags:"caa-managed-by:caa" AND tags:"caa-cluster:c-1" AND tags:"caa-node:node-a"`,
+		searchQuery(provider.Selector{Cluster: "c-1", Node: "node-a"}))
+	// Whatever a node is called, its tag is escaped to [a-z0-9_.:-] before
+	// it is quoted: the query keeps its five terms.
+	assert.Equal(t,
+		`family:is AND type:volume AND tags:"caa-managed-by:caa" AND tags:"caa-cluster:c" AND tags:"caa-node:x_22_20_4f_52_20tags_3a_2a_5c"`,
+		searchQuery(provider.Selector{Cluster: "c", Node: `x" OR tags:*\`}))
+}
+
+func TestQuoteTerm(t *testing.T) {
+	assert.Equal(t, `"plain"`, quoteTerm("plain"))
+	assert.Equal(t, `"a\"b\\c"`, quoteTerm(`a"b\c`))
+	assert.Equal(t, `""`, quoteTerm(""))
+}
+
+func TestVolumeIDOfCRN(t *testing.T) {
+	for crn, want := range map[string]string{
+		"crn:v1:bluemix:public:is:us-south-1:a/acct::volume:r006-1234": "r006-1234",
+		"crn:v1:bluemix:public:is:us-south-1:a/acct::instance:0717_1":  "",
+		"crn:v1:bluemix:public:cloudantnosqldb:us-south:a/acct:x::":    "",
+		"not a crn": "",
+	} {
+		assert.Equal(t, want, volumeIDOfCRN(crn), crn)
+	}
+}
