@@ -6,6 +6,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/runtime"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/resourcegraph/armresourcegraph"
 )
 
 // vmAPI is the part of the compute SDK the provider uses;
@@ -16,7 +17,6 @@ type vmAPI interface {
 	BeginDelete(ctx context.Context, group, name string,
 		opts *armcompute.VirtualMachinesClientBeginDeleteOptions) (*runtime.Poller[armcompute.VirtualMachinesClientDeleteResponse], error)
 	Get(ctx context.Context, group, name string, opts *armcompute.VirtualMachinesClientGetOptions) (armcompute.VirtualMachinesClientGetResponse, error)
-	NewListPager(group string, opts *armcompute.VirtualMachinesClientListOptions) *runtime.Pager[armcompute.VirtualMachinesClientListResponse]
 }
 
 // nicAPI is the part of the network SDK the provider uses;
@@ -27,10 +27,17 @@ type nicAPI interface {
 	BeginDelete(ctx context.Context, group, name string,
 		opts *armnetwork.InterfacesClientBeginDeleteOptions) (*runtime.Poller[armnetwork.InterfacesClientDeleteResponse], error)
 	Get(ctx context.Context, group, name string, opts *armnetwork.InterfacesClientGetOptions) (armnetwork.InterfacesClientGetResponse, error)
-	NewListPager(group string, opts *armnetwork.InterfacesClientListOptions) *runtime.Pager[armnetwork.InterfacesClientListResponse]
+}
+
+// graphAPI is the part of the Resource Graph SDK the provider uses (List's
+// query); *armresourcegraph.Client implements it.
+type graphAPI interface {
+	Resources(ctx context.Context, query armresourcegraph.QueryRequest,
+		opts *armresourcegraph.ClientResourcesOptions) (armresourcegraph.ClientResourcesResponse, error)
 }
 
 var (
-	_ vmAPI  = (*armcompute.VirtualMachinesClient)(nil)
-	_ nicAPI = (*armnetwork.InterfacesClient)(nil)
+	_ vmAPI    = (*armcompute.VirtualMachinesClient)(nil)
+	_ nicAPI   = (*armnetwork.InterfacesClient)(nil)
+	_ graphAPI = (*armresourcegraph.Client)(nil)
 )

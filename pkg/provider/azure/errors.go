@@ -149,22 +149,6 @@ func errorBody(resp *http.Response) armError {
 	return body.Error
 }
 
-// refusesExpand reports whether err is ARM refusing a request's $expand
-// option as an invalid parameter.
-func refusesExpand(err error) bool {
-	var re *azcore.ResponseError
-	if !errors.As(err, &re) || re.StatusCode != http.StatusBadRequest {
-		return false
-	}
-	body := errorBody(re.RawResponse)
-	code := re.ErrorCode
-	if code == "" {
-		code = body.Code
-	}
-	return strings.EqualFold(code, "InvalidParameter") &&
-		(strings.EqualFold(body.Target, "$expand") || strings.Contains(strings.ToLower(body.Message), "$expand"))
-}
-
 // missing reports whether err is ARM's answer for a resource that is not
 // there.
 func missing(err error) bool {

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
-	"sync/atomic"
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
@@ -18,6 +17,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/azidentity"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
+	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/resourcegraph/armresourcegraph"
 
 	"github.com/caa-project/caa/pkg/provider"
 )
@@ -38,13 +38,14 @@ const (
 // Provider creates, finds and deletes peer-pod VMs in one resource group.
 // It is safe for concurrent use.
 type Provider struct {
-	cfg  Config
-	vms  vmAPI
-	nics nicAPI
-	log  *slog.Logger
-	// plainList is set once ARM refused the VM listing with instance views;
-	// List then lists without them (see listVMs).
-	plainList atomic.Bool
+	cfg   Config
+	vms   vmAPI
+	nics  nicAPI
+	graph graphAPI
+	log   *slog.Logger
+	now   func() time.Time
+	// quota is Resource Graph's per-user quota as its last answer left it.
+	quota quotaGate
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -55,6 +56,7 @@ type Option func(*options)
 type options struct {
 	cred   azcore.TokenCredential
 	logger *slog.Logger
+	now    func() time.Time
 }
 
 // WithCredential replaces the default credential chain, e.g. with a static
@@ -64,6 +66,10 @@ func WithCredential(c azcore.TokenCredential) Option { return func(o *options) {
 // WithLogger sets where the provider logs (default slog.Default()). It
 // logs only failures of best-effort cleanup.
 func WithLogger(l *slog.Logger) Option { return func(o *options) { o.logger = l } }
+
+// WithClock sets the clock on which List counts down Resource Graph's
+// quota window (default time.Now).
+func WithClock(now func() time.Time) Option { return func(o *options) { o.now = now } }
 
 // New returns a provider for cfg. It validates cfg and builds the SDK
 // clients; it makes no call, so bad credentials show on the first
@@ -76,7 +82,7 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Provider, error) {
 		return nil, err
 	}
 	cfg = cfg.withDefaults()
-	o := options{logger: slog.Default()}
+	o := options{logger: slog.Default(), now: time.Now}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -120,7 +126,11 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("azure: network client: %w", err)
 	}
-	return &Provider{cfg: cfg, vms: vms, nics: nics, log: o.logger}, nil
+	graph, err := armresourcegraph.NewClient(credential{cred}, clientOpts)
+	if err != nil {
+		return nil, fmt.Errorf("azure: resource graph client: %w", err)
+	}
+	return &Provider{cfg: cfg, vms: vms, nics: nics, graph: graph, log: o.logger, now: o.now}, nil
 }
 
 // Name is "azure".
@@ -318,117 +328,6 @@ func (p *Provider) ipsOf(ctx context.Context, op string, vm armcompute.VirtualMa
 		return nil, classify(op, err)
 	}
 	return privateIPs(nic.Interface), nil
-}
-
-// List pages through every VM of the resource group and keeps those tagged
-// for sel, then pages through the group's NICs for their IPs.
-func (p *Provider) List(ctx context.Context, sel provider.Selector) ([]provider.VM, error) {
-	// The NICs (for the VMs' addresses) are listed beside the VMs, not
-	// after them: the two listings are independent, and in sequence their
-	// latencies add up on the startup pass's critical path.
-	// List never returns with the NIC listing still running: an early
-	// return cancels it and waits for it.
-	nicCtx, stopNICs := context.WithCancel(ctx)
-	type nicListing struct {
-		ips map[string][]string
-		err error
-	}
-	nicDone := make(chan nicListing, 1)
-	go func() {
-		ips, err := p.listNICAddresses(nicCtx)
-		nicDone <- nicListing{ips, err}
-	}()
-	received := false
-	defer func() {
-		stopNICs()
-		if !received {
-			<-nicDone
-		}
-	}()
-
-	var out []provider.VM
-	var nics [][]string
-	err := p.listVMs(ctx, func(vm armcompute.VirtualMachine) {
-		if v := toVM(vm, nil); sel.Matches(v.Tags) {
-			out = append(out, v)
-			nics = append(nics, nicIDs(vm))
-		}
-	})
-	if err != nil {
-		return nil, err
-	}
-	if len(out) == 0 {
-		return out, nil
-	}
-	listing := <-nicDone
-	received = true
-	if listing.err != nil {
-		return nil, listing.err
-	}
-	for i := range out {
-		if len(nics[i]) > 0 {
-			out[i].IPs = listing.ips[strings.ToLower(nics[i][0])]
-		}
-	}
-	return out, nil
-}
-
-// listVMs pages through the resource group's VMs with their instance views
-// ($expand=instanceView), so that each carries its power state in the same
-// calls: a stopped or deallocated VM lists as Stopped, not Running. The REST
-// reference says that expansion wants a $filter on this listing; the API
-// serves it without one (the SDK offers the option for exactly this call),
-// but should ARM refuse it, List falls back to the plain listing, in which a
-// provisioned VM reads as Running, and remembers not to ask again.
-func (p *Provider) listVMs(ctx context.Context, yield func(armcompute.VirtualMachine)) error {
-	var opts *armcompute.VirtualMachinesClientListOptions
-	if !p.plainList.Load() {
-		opts = &armcompute.VirtualMachinesClientListOptions{Expand: new(armcompute.ExpandTypeForListVMsInstanceView)}
-	}
-	pager := p.vms.NewListPager(p.cfg.ResourceGroup, opts)
-	first := true
-	for pager.More() {
-		pctx, cancel := p.readCtx(ctx)
-		page, err := pager.NextPage(pctx)
-		cancel()
-		if err != nil {
-			if first && opts != nil && refusesExpand(err) {
-				p.plainList.Store(true)
-				p.log.WarnContext(ctx, "azure: the VM listing refused $expand=instanceView; listing without power states, so a stopped VM shows only to Get",
-					"err", classify(opList, err))
-				return p.listVMs(ctx, yield)
-			}
-			return classify(opList, err)
-		}
-		first = false
-		for _, vm := range page.Value {
-			if vm != nil {
-				yield(*vm)
-			}
-		}
-	}
-	return nil
-}
-
-// listNICAddresses maps every NIC of the resource group (lower-cased id)
-// to its private addresses.
-func (p *Provider) listNICAddresses(ctx context.Context) (map[string][]string, error) {
-	ips := map[string][]string{}
-	pager := p.nics.NewListPager(p.cfg.ResourceGroup, nil)
-	for pager.More() {
-		pctx, cancel := p.readCtx(ctx)
-		page, err := pager.NextPage(pctx)
-		cancel()
-		if err != nil {
-			return nil, classify(opList, err)
-		}
-		for _, nic := range page.Value {
-			if nic != nil && nic.ID != nil {
-				ips[strings.ToLower(*nic.ID)] = privateIPs(*nic)
-			}
-		}
-	}
-	return ips, nil
 }
 
 // Delete deletes the VM (its OS disk and NIC go with it, by their

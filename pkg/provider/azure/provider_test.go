@@ -36,14 +36,14 @@ type env struct {
 	url string
 }
 
-func newEnv(t *testing.T) env {
+func newEnv(t *testing.T, fakeOpts ...armfake.Option) env {
 	t.Helper()
 	opts := conformance.Options(&conformance.Clock{})
 	now := time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC)
 	opts.Now = func() time.Time { return now }
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
-	h, url := newHarness(t, opts, staticToken(testToken))
+	h, url := newHarnessOn(t, opts, staticToken(testToken), fakeOpts, nil)
 	return env{Harness: h, ctx: ctx, url: url}
 }
 
@@ -239,8 +239,8 @@ func TestGetReadsPowerStateAndIP(t *testing.T) {
 	assert.Empty(t, e.Cloud.Resources(""))
 }
 
-func TestListJoinsIPsFromOneNICListing(t *testing.T) {
-	e := newEnv(t)
+func TestListReadsIPsAndStatesInOneQuery(t *testing.T) {
+	e := newEnv(t, armfake.WithGraphPageSize(100))
 	want := map[string][]string{}
 	for i := range 3 {
 		vm, err := e.Provider.Create(e.ctx, conformance.Spec(10+i, "node-a"))
@@ -258,22 +258,29 @@ func TestListJoinsIPsFromOneNICListing(t *testing.T) {
 		assert.Equal(t, want[vm.ID], vm.IPs, vm.ID)
 		assert.NotEmpty(t, vm.IPs)
 		assert.Equal(t, provider.StateRunning, vm.State)
+		assert.Equal(t, conformance.TypeSmall, vm.InstanceType)
+		assert.Equal(t, conformance.ImageGood, vm.Image)
+		assert.Equal(t, armfake.DefaultLocation, vm.Zone)
+		assert.False(t, vm.CreatedAt.IsZero())
 	}
-	assert.Equal(t, int64(1), e.Cloud.Counters()[armfake.OpNICList])
+	c := e.Cloud.Counters()
+	assert.Equal(t, int64(1), c[cloud.OpList], "one query: VMs, power states and NIC addresses")
+	assert.Equal(t, int64(1), c["total"])
 
 	e.Cloud.ResetCounters()
 	none, err := e.Provider.List(e.ctx, provider.Selector{Cluster: conformance.Cluster, Node: "node-z"})
 	require.NoError(t, err)
 	assert.Empty(t, none)
-	// The NIC listing runs beside the VM listing, so it may have been sent
-	// before the VMs showed that none matched: at most one, never more.
-	assert.LessOrEqual(t, e.Cloud.Counters()[armfake.OpNICList], int64(1), "one NIC listing at most, even when no VM matched")
+	assert.Equal(t, int64(1), e.Cloud.Counters()["total"])
 }
 
-func TestListReadsPowerStatesInTheSameCalls(t *testing.T) {
-	e := newEnv(t)
+// TestListConfirmsDeadVMsWithARead: a VM the index shows stopped,
+// deallocated or failed is read directly (VM and NIC) before List calls it
+// dead; live VMs cost no read.
+func TestListConfirmsDeadVMsWithARead(t *testing.T) {
+	e := newEnv(t, armfake.WithGraphPageSize(100))
 	var ids []string
-	for i := range 3 {
+	for i := range 4 {
 		vm, err := e.Provider.Create(e.ctx, conformance.Spec(20+i, "node-a"))
 		require.NoError(t, err)
 		ids = append(ids, vm.ID)
@@ -281,6 +288,7 @@ func TestListReadsPowerStatesInTheSameCalls(t *testing.T) {
 	live := e.Cloud.Live()
 	require.NoError(t, e.Cloud.Stop(live[1].ID))
 	require.NoError(t, e.Cloud.Deallocate(live[2].ID))
+	require.NoError(t, e.Cloud.Fail(live[3].ID))
 	e.Cloud.ResetCounters()
 
 	vms, err := e.Provider.List(e.ctx, provider.Selector{Cluster: conformance.Cluster, Node: "node-a"})
@@ -289,38 +297,12 @@ func TestListReadsPowerStatesInTheSameCalls(t *testing.T) {
 	for _, vm := range vms {
 		got[vm.ID] = vm.State
 	}
-	assert.Equal(t, map[string]provider.State{ids[0]: provider.StateRunning, ids[1]: provider.StateStopped, ids[2]: provider.StateStopped}, got)
+	assert.Equal(t, map[string]provider.State{ids[0]: provider.StateRunning, ids[1]: provider.StateStopped,
+		ids[2]: provider.StateStopped, ids[3]: provider.StateFailed}, got)
 	c := e.Cloud.Counters()
-	assert.Equal(t, int64(1), c[cloud.OpList], "one page of VMs, instance views included")
-	assert.Equal(t, int64(1), c[armfake.OpNICList])
-	assert.Zero(t, c[cloud.OpGet], "no call per VM")
-	assert.Equal(t, int64(2), c["total"])
-}
-
-func TestListFallsBackWhenTheExpandedListingIsRefused(t *testing.T) {
-	opts := conformance.Options(&conformance.Clock{})
-	h, _ := newHarnessOn(t, opts, staticToken(testToken), []armfake.Option{armfake.WithoutListInstanceView()}, nil)
-	ctx := context.Background()
-	for i := range 2 {
-		_, err := h.Provider.Create(ctx, conformance.Spec(30+i, "node-a"))
-		require.NoError(t, err)
-	}
-	require.NoError(t, h.Cloud.Stop(h.Cloud.Live()[1].ID))
-	sel := provider.Selector{Cluster: conformance.Cluster, Node: "node-a"}
-	h.Cloud.ResetCounters()
-
-	vms, err := h.Provider.List(ctx, sel)
-	require.NoError(t, err, "a refused expansion is not a failed List")
-	require.Len(t, vms, 2)
-	for _, vm := range vms {
-		assert.Equal(t, provider.StateRunning, vm.State, "without instance views, a provisioned VM lists as Running")
-	}
-	assert.Equal(t, int64(2), h.Cloud.Counters()[cloud.OpList], "the refused listing and the plain one")
-
-	h.Cloud.ResetCounters()
-	_, err = h.Provider.List(ctx, sel)
-	require.NoError(t, err)
-	assert.Equal(t, int64(1), h.Cloud.Counters()[cloud.OpList], "the refusal is remembered")
+	assert.Equal(t, int64(1), c[cloud.OpList])
+	assert.Equal(t, int64(3), c[cloud.OpGet], "one read per dead VM, none for the live one")
+	assert.Equal(t, int64(3), c[armfake.OpNICGet])
 }
 
 func TestLongRunningOperationsWaitWhatARMAsks(t *testing.T) {

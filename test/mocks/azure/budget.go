@@ -1,6 +1,8 @@
 package armfake
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -25,6 +27,11 @@ const (
 	// ClassWrite: VM PUTs and DELETEs together, 1,500 tokens, 500 back a
 	// minute.
 	ClassWrite = "vm-put-delete"
+	// ClassGraphUser: Resource Graph queries of one user (a bucket per
+	// caller), 15 a 5-second window, Resource Graph's published per-user
+	// limit. Its state goes back in x-ms-user-quota-remaining and
+	// x-ms-user-quota-resets-after on every answer of the query API.
+	ClassGraphUser = "graph-per-user"
 )
 
 // policyNames are what the fake calls each class in its
@@ -38,7 +45,8 @@ var policyNames = map[string]string{
 	ClassWrite: "Microsoft.Compute/PutDeleteVM",
 }
 
-// PublishedLimits are the compute provider's VM limits by class. NIC calls
+// PublishedLimits are the compute provider's VM limits by class, and
+// Resource Graph's per-user query limit. NIC calls
 // (Microsoft.Network) and polls of long-running operations are not
 // metered: the issue quotes no figure for them, and Azure Resource
 // Manager's own subscription-wide limits are not modelled either.
@@ -48,6 +56,9 @@ func PublishedLimits() map[string]cloud.Limit {
 		ClassGet:   cloud.PerMinute(24000, 24000),
 		ClassGetVM: cloud.PerMinute(36, 12),
 		ClassWrite: cloud.PerMinute(1500, 500),
+		// A window of 15 queries in 5 seconds, modelled as a bucket of 15
+		// that refills 15 in 5 seconds.
+		ClassGraphUser: {Burst: 15, Refill: 15, Per: 5 * time.Second},
 	}
 }
 
@@ -81,6 +92,9 @@ func vmCharges(op string, r *http.Request) []cloud.Charge {
 // metered charges the budget for a VM call, sets the remaining-calls
 // header, and answers the refusal; it reports whether the call may go on.
 func (s *server) metered(w http.ResponseWriter, r *http.Request, op string) bool {
+	if isGraph(r) {
+		return s.meteredGraph(w, r)
+	}
 	cs := vmCharges(op, r)
 	if s.opts.budget == nil || cs == nil {
 		return true
@@ -101,4 +115,64 @@ func (s *server) metered(w http.ResponseWriter, r *http.Request, op string) bool
 	writeError(w, apiError{http.StatusTooManyRequests, "TooManyRequests",
 		"The request is being throttled as the limit has been reached for this operation type.", ""})
 	return false
+}
+
+// graphLimit is Resource Graph's per-user limit.
+var graphLimit = PublishedLimits()[ClassGraphUser]
+
+// meteredGraph charges a Resource Graph query to its caller's bucket and
+// sets the quota headers Resource Graph puts on every answer: the queries
+// left in the window and the time until the quota is whole again
+// (hh:mm:ss). It reports whether the query may go on.
+func (s *server) meteredGraph(w http.ResponseWriter, r *http.Request) bool {
+	if s.opts.budget == nil {
+		setQuotaHeaders(w, int64(graphLimit.Burst), 0)
+		return true
+	}
+	user := graphUser(r)
+	take := s.opts.budget.Take(ClassGraphUser, cloud.Charge{Class: ClassGraphUser, Key: user})
+	lim, ok := s.opts.budget.Limits()[ClassGraphUser]
+	if !ok || take.Remaining[0] < 0 {
+		setQuotaHeaders(w, int64(graphLimit.Burst), 0)
+		return true
+	}
+	tokens, _ := s.opts.budget.Tokens(ClassGraphUser, user)
+	var full time.Duration
+	if rate := lim.Refill / lim.Per.Seconds(); rate > 0 {
+		full = time.Duration((lim.Burst - tokens) / rate * float64(time.Second))
+	}
+	setQuotaHeaders(w, take.Remaining[0], full)
+	if take.OK {
+		return true
+	}
+	s.cloud.CountThrottled()
+	w.Header().Set("Retry-After", strconv.Itoa(take.RetryAfterSeconds()))
+	writeGraphError(w, graphError{http.StatusTooManyRequests, "RateLimiting",
+		"Please provide below info when asking for support: timestamp, correlation id.",
+		[]graphDetail{{Code: "RateLimiting", Message: "Client application has been throttled and should not attempt to repeat the request until an amount of time has elapsed. Please see https://aka.ms/resourcegraph-throttling for help."}}})
+	return false
+}
+
+func setQuotaHeaders(w http.ResponseWriter, remaining int64, reset time.Duration) {
+	w.Header().Set("x-ms-user-quota-remaining", strconv.FormatInt(max(remaining, 0), 10))
+	w.Header().Set("x-ms-user-quota-resets-after", formatHMS(reset))
+}
+
+// formatHMS writes d as hh:mm:ss, rounded up to the second.
+func formatHMS(d time.Duration) string {
+	secs := int64((d + time.Second - 1) / time.Second)
+	return fmt.Sprintf("%02d:%02d:%02d", secs/3600, secs/60%60, secs%60)
+}
+
+// graphUser names the caller for the per-user quota (see GraphUser).
+func graphUser(r *http.Request) string {
+	token, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return GraphUser(token)
+}
+
+// GraphUser is the key of the ClassGraphUser bucket of the caller with
+// this bearer token: a digest of it, never the token itself.
+func GraphUser(token string) string {
+	sum := sha256.Sum256([]byte(token))
+	return hex.EncodeToString(sum[:6])
 }

@@ -84,7 +84,7 @@ func TestProviderReadsBudgetRefusalAsThrottled(t *testing.T) {
 	vm, err := p.Create(ctx, spec)
 	require.NoError(t, err)
 
-	throttled := func(t *testing.T, err error, wait time.Duration) {
+	throttledAs := func(t *testing.T, err error, wait time.Duration, code string) {
 		t.Helper()
 		require.ErrorIs(t, err, provider.ErrThrottled)
 		d, ok := provider.RetryAfter(err)
@@ -93,7 +93,11 @@ func TestProviderReadsBudgetRefusalAsThrottled(t *testing.T) {
 		var pe *provider.Error
 		require.ErrorAs(t, err, &pe)
 		assert.Equal(t, http.StatusTooManyRequests, pe.Status)
-		assert.True(t, strings.EqualFold(pe.Code, "TooManyRequests"), "code %q", pe.Code)
+		assert.True(t, strings.EqualFold(pe.Code, code), "code %q", pe.Code)
+	}
+	throttled := func(t *testing.T, err error, wait time.Duration) {
+		t.Helper()
+		throttledAs(t, err, wait, "TooManyRequests")
 	}
 
 	// Reads of one VM run into its own bucket of 36.
@@ -107,11 +111,13 @@ func TestProviderReadsBudgetRefusalAsThrottled(t *testing.T) {
 	gets := b.Counts()[cloud.OpGet]
 	assert.EqualValues(t, 1, gets.Throttled, "the SDK does not retry a refusal")
 
+	// List is one Resource Graph query, charged to the caller's bucket.
 	clk.Advance(time.Minute)
-	tokens, _ := b.Tokens(armfake.ClassList, "")
-	b.Take("drain", cloud.Charge{Class: armfake.ClassList, Tokens: tokens})
+	user := armfake.GraphUser(token)
+	tokens, _ := b.Tokens(armfake.ClassGraphUser, user)
+	b.Take("drain", cloud.Charge{Class: armfake.ClassGraphUser, Key: user, Tokens: tokens})
 	_, err = p.List(ctx, provider.Selector{Cluster: conformance.Cluster, Node: "node-a"})
-	throttled(t, err, time.Second)
+	throttledAs(t, err, time.Second, "RateLimiting")
 
 	tokens, _ = b.Tokens(armfake.ClassWrite, "")
 	b.Take("drain", cloud.Charge{Class: armfake.ClassWrite, Tokens: tokens})
@@ -121,7 +127,7 @@ func TestProviderReadsBudgetRefusalAsThrottled(t *testing.T) {
 	_, err = p.Create(ctx, spec2)
 	throttled(t, err, time.Second)
 	n := b.Counts()
-	assert.EqualValues(t, 1, n[cloud.OpList].Throttled)
+	assert.EqualValues(t, 1, n[armfake.ClassGraphUser].Throttled)
 	assert.EqualValues(t, 1, n[cloud.OpDelete].Throttled)
 	assert.EqualValues(t, 1, n[cloud.OpCreate].Throttled)
 	assert.Len(t, f.cloud.Live(), 1, "the refused calls changed nothing")

@@ -27,7 +27,9 @@
 package armfake
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"net/http"
 	"regexp"
 	"strconv"
@@ -72,6 +74,11 @@ type options struct {
 	slowWait  time.Duration
 	// budget, when set, meters VM calls (WithBudget).
 	budget *cloud.Budget
+	// searchLag, now and graphPage shape the Resource Graph index
+	// (WithSearchLag, WithClock, WithGraphPageSize).
+	searchLag time.Duration
+	now       func() time.Time
+	graphPage int
 }
 
 // WithSubscription sets the subscription id the fake serves.
@@ -114,6 +121,9 @@ type server struct {
 	// must not interleave.
 	writes sync.Mutex
 
+	// index is the lagging Resource Graph index; nil without a lag.
+	index *searchIndex
+
 	mu    sync.Mutex
 	meta  map[string]vmMeta // by core instance id
 	ops   map[string]operation
@@ -127,7 +137,13 @@ func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
 	for _, opt := range opts {
 		opt(&o)
 	}
+	if o.now == nil {
+		o.now = time.Now
+	}
 	s := &server{cloud: c, opts: o, meta: map[string]vmMeta{}, ops: map[string]operation{}}
+	if o.searchLag > 0 {
+		s.index = &searchIndex{lag: o.searchLag, now: o.now, history: map[string][]docVersion{}}
+	}
 
 	mux := http.NewServeMux()
 	const group = "/subscriptions/{sub}/resourceGroups/{rg}/providers/"
@@ -142,7 +158,12 @@ func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
 	mux.Handle("DELETE "+nics+"/{name}", s.route(OpNICDelete, true, s.deleteNIC))
 	mux.Handle("GET "+nics, s.route(OpNICList, false, s.listNICs))
 	mux.Handle("GET /subscriptions/{sub}/providers/{ns}/locations/{loc}/operations/{id}", s.route(OpOperation, false, s.getOperation))
-	mux.Handle(cloud.ControlPrefix, cloud.ControlHandler(c))
+	mux.Handle("POST "+GraphPath, s.route(cloud.OpList, false, s.queryResources))
+	control := cloud.ControlHandler(c)
+	mux.Handle(cloud.ControlPrefix, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		control.ServeHTTP(w, r)
+		s.observeIndex()
+	}))
 	mux.Handle("/", s.route(OpUnknown, false, func(w http.ResponseWriter, r *http.Request) {
 		writeError(w, apiError{http.StatusNotFound, "InvalidResourceType",
 			fmt.Sprintf("No route serves %s %s in this fake.", r.Method, r.URL.Path), ""})
@@ -157,6 +178,20 @@ var apiVersionRE = regexp.MustCompile(`^\d{4}-\d{2}-\d{2}(-preview)?$`)
 // token, the subscription and resource group, and the api-version.
 func (s *server) route(op string, write bool, h http.HandlerFunc) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// A lagging search index sees the core before and after every
+		// request, so that changes are stamped with the time they happened.
+		s.observeIndex()
+		defer s.observeIndex()
+		// Read the body first: until it is read, the server does not
+		// notice a client that gave up, and the injected latency would
+		// hold the handler (and a test's server Close) for its full length.
+		if r.Body != nil && r.ContentLength != 0 {
+			body, err := io.ReadAll(io.LimitReader(r.Body, 4<<20))
+			if err != nil {
+				return
+			}
+			r.Body = io.NopCloser(bytes.NewReader(body))
+		}
 		fault, err := s.cloud.Admit(r.Context(), op, write)
 		if err != nil {
 			return // the client went away during the injected latency
@@ -191,7 +226,7 @@ func (s *server) route(op string, write bool, h http.HandlerFunc) http.Handler {
 		if !s.metered(w, r, op) {
 			return
 		}
-		if sub := r.PathValue("sub"); !strings.EqualFold(sub, s.opts.subscription) {
+		if sub := r.PathValue("sub"); !isGraph(r) && !strings.EqualFold(sub, s.opts.subscription) {
 			writeError(w, apiError{http.StatusNotFound, "SubscriptionNotFound",
 				fmt.Sprintf("The subscription '%s' could not be found.", sub), ""})
 			return
@@ -238,8 +273,13 @@ func action(r *http.Request) string {
 		verb = "read"
 	}
 	typ := "Microsoft.Compute/virtualMachines"
-	if strings.Contains(r.URL.Path, "/networkInterfaces") {
+	switch {
+	case strings.Contains(r.URL.Path, "/networkInterfaces"):
 		typ = "Microsoft.Network/networkInterfaces"
+	case isGraph(r):
+		// A query needs this action at its scope; it sees only the
+		// resources the caller may read.
+		return "Microsoft.ResourceGraph/resources/read"
 	}
 	return typ + "/" + verb
 }
