@@ -439,7 +439,8 @@ func firstUID(ctx context.Context, t *testing.T, c *cluster.Cluster, name string
 // TestAWSPreflightNamesTheMissingPermission starts caa under the shipped
 // policy minus one action at a time: it touches no pod, its readiness
 // reason and a Node event name the action, and once the permission is
-// given back (no restart) it turns ready.
+// given back (no restart) it turns ready. Then a subnet EC2 does not know:
+// the reason names the setting.
 func TestAWSPreflightNamesTheMissingPermission(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -484,4 +485,20 @@ func TestAWSPreflightNamesTheMissingPermission(t *testing.T) {
 			d.stop(t)
 		})
 	}
+	// A wrong setting is named the same way: a subnet EC2 does not know.
+	t.Run("wrong subnet", func(t *testing.T) {
+		ic := staticKeyCloud(t)
+		const node = "preflight-subnet"
+		_, err := c.CreateNode(ctx, node)
+		require.NoError(t, err)
+		args := append(slices.Clone(ic.args), "--aws-subnet-id", "subnet-0badbadbadbadbad0")
+		d := launchCaa(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"), "aws preflight", args, ic.env)
+		require.Eventually(t, func() bool {
+			code, body := readyzBody(d)
+			return code == http.StatusServiceUnavailable && strings.Contains(body, "InvalidSubnetID.NotFound") &&
+				strings.Contains(body, "--aws-subnet-id or CAA_AWS_SUBNET_ID")
+		}, time.Minute, 100*time.Millisecond, "the readiness reason names the setting")
+		d.stop(t)
+		assert.Empty(t, ic.core.Instances(), "nothing was launched")
+	})
 }
