@@ -213,3 +213,31 @@ func TestHostileNodeNameCannotChangeTheQuery(t *testing.T) {
 		assert.True(t, strings.HasPrefix(q, `family:is AND type:volume AND tags:"caa-managed-by:caa" AND tags:"caa-cluster:`), q)
 	}
 }
+
+// TestABigNodeIsListedTheCheaperWay: a node of more than 50 VMs is read
+// VM by VM when the VPC is large, and from VPC's two listings when they
+// cost fewer calls.
+func TestABigNodeIsListedTheCheaperWay(t *testing.T) {
+	sel := provider.Selector{Cluster: conformance.Cluster, Node: "node-big"}
+	list := func(others int) int {
+		p, c, m, _ := meteredFake(t)
+		seed(t, c, sel.Node, 60)
+		for i := range others / 100 {
+			seed(t, c, fmt.Sprintf("node-other-%d", i), 100)
+		}
+		_, err := p.List(context.Background(), provider.Selector{Cluster: conformance.Cluster, Node: "warm-up"})
+		require.NoError(t, err)
+		m.reset()
+		vms, err := p.List(context.Background(), sel)
+		require.NoError(t, err)
+		require.Len(t, vms, 60)
+		for _, vm := range vms {
+			require.Equal(t, sel.Node, vm.Owner().Node)
+			require.Equal(t, provider.StateRunning, vm.State)
+		}
+		calls, _, _ := m.read()
+		return calls
+	}
+	assert.Equal(t, 1+1+1+1, list(0), "search, instance count, one page of volumes, one page of instances")
+	assert.Equal(t, 1+1+2*60, list(15000), "search, instance count (151 pages would cost more), two reads per VM")
+}

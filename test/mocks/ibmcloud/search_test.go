@@ -63,7 +63,7 @@ func TestSearchFollowsTheCursor(t *testing.T) {
 
 	q := `family:is AND type:volume AND tags:"CAA-NODE:N1" AND tags:caa-cluster:c`
 	status, body, _ := e.call(http.MethodPost, searchPath+"?limit=1000&account_id=fakeaccount", map[string]any{"query": q, "fields": []string{"crn"}})
-	require.Equal(t, http.StatusBadRequest, status, "a bare value holds no ':'")
+	require.Equal(t, http.StatusBadRequest, status, "a bare value holds no ':': %v", body)
 
 	q = `family:is AND type:volume AND tags:"CAA-NODE:N1" AND tags:"caa-cluster:c"`
 	var all []string
