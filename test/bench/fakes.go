@@ -1,12 +1,16 @@
 package main
 
 import (
+	"bytes"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"slices"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -36,25 +40,147 @@ type fakeCloud struct {
 	// busy is the time the fake's handlers took, summed over requests,
 	// injected latency included (the caller subtracts it).
 	busy atomic.Int64
+	// sent is the response bytes (bodies) the fake wrote to its clients.
+	sent atomic.Int64
+	// budget meters the calls with the cloud's published limits (nil:
+	// none, see newBudgetedFake).
+	budget *cloud.Budget
+	// relabeled counts calls S6 tells apart from others the fake counts
+	// under the same operation: by label, and the operation they came
+	// from (see relabel).
+	relMu     sync.Mutex
+	relabeled map[[2]string]int64
 }
 
-// timed wraps a fake's handler so that f.busy adds up its time.
+// Labels of calls the fakes count under another operation.
+const (
+	// dryRunPrefix+op: an EC2 write sent with DryRun (caa's preflight),
+	// which changes nothing.
+	dryRunPrefix = "dryrun:"
+	// opGraph: an Azure Resource Graph query (the fake counts it as a
+	// list).
+	opGraph = "graph"
+	// opSearch: an IBM Cloud Global Search request (the fake counts it as
+	// a list).
+	opSearch = "search"
+)
+
+// relabel notes a request the fake counts under an operation that says
+// less than S6 needs: an EC2 RunInstances or TerminateInstances with
+// DryRun=true (it reads the form and puts the body back), a Resource
+// Graph query or a Global Search request.
+func (f *fakeCloud) relabel(r *http.Request) {
+	from, to := "", ""
+	switch {
+	case f.name == "azure" && strings.Contains(r.URL.Path, "/providers/Microsoft.ResourceGraph/"):
+		from, to = cloud.OpList, opGraph
+	case f.name == "ibmcloud" && strings.HasPrefix(r.URL.Path, "/v3/resources/search"):
+		from, to = cloud.OpList, opSearch
+	case f.name == "aws" && r.Method == http.MethodPost && r.Body != nil:
+		body, err := io.ReadAll(r.Body)
+		_ = r.Body.Close()
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if err != nil {
+			return
+		}
+		q, err := url.ParseQuery(string(body))
+		if err != nil || !strings.EqualFold(q.Get("DryRun"), "true") {
+			return
+		}
+		from = map[string]string{"RunInstances": cloud.OpCreate, "TerminateInstances": cloud.OpDelete}[q.Get("Action")]
+		to = dryRunPrefix + from
+	}
+	if from == "" {
+		return
+	}
+	f.relMu.Lock()
+	defer f.relMu.Unlock()
+	if f.relabeled == nil {
+		f.relabeled = map[[2]string]int64{}
+	}
+	f.relabeled[[2]string{from, to}]++
+}
+
+// counters are the core's counters with the relabeled calls moved from
+// their operation to their label.
+func (f *fakeCloud) counters() map[string]int64 {
+	f.relMu.Lock()
+	defer f.relMu.Unlock()
+	out := f.core.Counters()
+	for k, n := range f.relabeled {
+		out[k[0]] -= n
+		out[k[1]] += n
+		if out[k[0]] == 0 {
+			delete(out, k[0])
+		}
+	}
+	return out
+}
+
+// resetCounters zeroes the core's counters and the relabeled calls.
+func (f *fakeCloud) resetCounters() {
+	f.relMu.Lock()
+	defer f.relMu.Unlock()
+	f.core.ResetCounters()
+	f.relabeled = nil
+}
+
+// timed wraps a fake's handler so that f.busy adds up its time and f.sent
+// its response bytes; it notes the calls to relabel.
 func (f *fakeCloud) timed(h http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		start := time.Now()
-		h.ServeHTTP(w, r)
+		f.relabel(r)
+		h.ServeHTTP(&byteCounter{ResponseWriter: w, n: &f.sent}, r)
 		f.busy.Add(int64(time.Since(start)))
 	})
 }
 
-// newFakeCloud starts the named cloud's fake on loopback.
-func newFakeCloud(name string) (*fakeCloud, error) {
+// byteCounter adds the bytes of a response body to n.
+type byteCounter struct {
+	http.ResponseWriter
+	n *atomic.Int64
+}
+
+func (w *byteCounter) Write(b []byte) (int, error) {
+	n, err := w.ResponseWriter.Write(b)
+	w.n.Add(int64(n))
+	return n, err
+}
+
+// Unwrap lets http.ResponseController reach the writer underneath.
+func (w *byteCounter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// newFakeCloud starts the named cloud's fake on loopback, with no limits.
+func newFakeCloud(name string) (*fakeCloud, error) { return newBudgetedFake(name, nil) }
+
+// publishedBudget is the named cloud's budget with the limits its fake
+// publishes, on the clock now.
+func publishedBudget(name string, now func() time.Time) (*cloud.Budget, error) {
+	switch name {
+	case "aws":
+		return ec2fake.NewBudget(now), nil
+	case "azure":
+		return armfake.NewBudget(now), nil
+	case "ibmcloud":
+		return vpcfake.NewBudget(now), nil
+	}
+	return nil, fmt.Errorf("cloud %q: want aws, azure or ibmcloud", name)
+}
+
+// newBudgetedFake starts the named cloud's fake on loopback; a non-nil
+// budget makes it enforce the budget's limits (its WithBudget option).
+func newBudgetedFake(name string, budget *cloud.Budget) (*fakeCloud, error) {
 	size := pageSizes[name]
-	f := &fakeCloud{name: name}
+	f := &fakeCloud{name: name, budget: budget}
 	switch name {
 	case "aws":
 		core := cloud.New(ec2fake.CloudOptions(cloud.Options{PageSize: size}))
-		srv := httptest.NewServer(f.timed(ec2fake.NewServer(core)))
+		var opts []ec2fake.Option
+		if budget != nil {
+			opts = append(opts, ec2fake.WithBudget(budget))
+		}
+		srv := httptest.NewServer(f.timed(ec2fake.NewServer(core, opts...)))
 		f.core, f.close = core, srv.Close
 		f.flags, f.env = []string{"--provider", "aws", "--aws-endpoint", srv.URL, "--aws-region", "us-east-1",
 			"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", "ami-0123456789abcdef0", "--aws-instance-type", "t3.small"},
@@ -63,7 +189,11 @@ func newFakeCloud(name string) (*fakeCloud, error) {
 		return f, nil
 	case "ibmcloud":
 		core := cloud.New(cloud.Options{IDPrefix: "0717_", PageSize: size, Zone: "us-south-1"})
-		srv := httptest.NewServer(f.timed(vpcfake.NewServer(core)))
+		var opts []vpcfake.Option
+		if budget != nil {
+			opts = append(opts, vpcfake.WithBudget(budget))
+		}
+		srv := httptest.NewServer(f.timed(vpcfake.NewServer(core, opts...)))
 		f.core, f.close = core, srv.Close
 		f.flags, f.env = []string{"--provider", "ibmcloud", "--ibmcloud-endpoint", srv.URL + "/v1", "--ibmcloud-iam-endpoint", srv.URL, "--ibmcloud-search-endpoint", srv.URL,
 			"--ibmcloud-zone", "us-south-1", "--ibmcloud-vpc-id", vpcfake.DefaultVPC, "--ibmcloud-subnet-id", vpcfake.DefaultSubnet,
@@ -76,7 +206,11 @@ func newFakeCloud(name string) (*fakeCloud, error) {
 		// no latency: Azure's token service is not the ARM API.
 		token := "bench-arm-token"
 		core := cloud.New(cloud.Options{PageSize: size})
-		arm := httptest.NewServer(f.timed(armfake.NewServer(core, armfake.WithBearerToken(token))))
+		opts := []armfake.Option{armfake.WithBearerToken(token)}
+		if budget != nil {
+			opts = append(opts, armfake.WithBudget(budget))
+		}
+		arm := httptest.NewServer(f.timed(armfake.NewServer(core, opts...)))
 		mi := &armfake.ManagedIdentity{Token: token, Header: "bench-identity-header"}
 		identity := httptest.NewServer(mi)
 		subnet := "/subscriptions/" + armfake.DefaultSubscription +

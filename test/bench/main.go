@@ -1,5 +1,5 @@
 // Command bench runs caa's benchmark scenarios (S1 warm restart, S2
-// recreate storm, S4 memory, S5 apiserver cost) with the real caa binary,
+// recreate storm, S4 memory, S5 apiserver cost, S6 the fleet) with the real caa binary,
 // a real kube-apiserver and the fake clouds, joins them with the ledger's
 // Go benchmarks (S3, summarised by internal/benchreport), and writes the
 // results, their raw data, the S1 plot and the README's Benchmarks section.
@@ -34,6 +34,7 @@ type bench struct {
 	clouds   []string
 	others   []int
 	s5Window time.Duration
+	s6cfg    s6Config
 	dir      string
 	logf     func(string, ...any)
 }
@@ -58,7 +59,11 @@ func run(ctx context.Context, args []string) (int, error) {
 		clouds    = fs.String("clouds", "aws,azure,ibmcloud", "S1: clouds")
 		others    = fs.String("others", "0,5000,10000", "S4: pods on other nodes")
 		window    = fs.Duration("s5-window", 2*time.Minute, "S5: steady-state window")
-		scenarios = fs.String("scenarios", "s1,s2,s4,s5", "scenarios to run")
+		scenarios = fs.String("scenarios", "s1,s2,s4,s5,s6", "scenarios to run")
+		s6Nodes   = fs.Int("s6-nodes", 0, "S6: caa processes in the fleet (default 24; 5 with -quick)")
+		s6Pods    = fs.Int("s6-pods", 0, "S6: peer pods per node (default 30; 10 with -quick)")
+		s6Others  = fs.String("s6-others", "", "S6: VMs of other nodes for the startup cases, growing (default 0,5000,20000; 0,2000 with -quick)")
+		merge     = fs.Bool("merge", false, "keep the other scenarios of <out>/results.json and replace only those run (e.g. -scenarios s6 -merge)")
 		out       = fs.String("out", "docs/bench", "directory for results.md, results.json and the S1 plot")
 		gobench   = fs.String("gobench", "", "S3: benchreport's summary of the Go benchmarks (markdown)")
 		loadFile  = fs.String("load-before", "", "file holding /proc/loadavg from before `make bench` began")
@@ -93,10 +98,23 @@ func run(ctx context.Context, args []string) (int, error) {
 	if b.others, err = ints(*others); err != nil {
 		return 2, err
 	}
+	b.s6cfg = s6Full()
 	if *quick {
 		b.count, b.s5Window = 1, 30*time.Second
 		b.ns = []int{100, 1000}
 		b.others = []int{0, 2000}
+		b.s6cfg = s6Quick()
+	}
+	if *s6Nodes > 0 {
+		b.s6cfg.nodes = *s6Nodes
+	}
+	if *s6Pods > 0 {
+		b.s6cfg.pods = *s6Pods
+	}
+	if *s6Others != "" {
+		if b.s6cfg.others, err = ints(*s6Others); err != nil {
+			return 2, err
+		}
 	}
 	res := Results{Count: b.count, Started: time.Now(), Machine: machine(), Quick: *quick}
 	res.LoadBefore = loadavg()
@@ -148,6 +166,8 @@ func run(ctx context.Context, args []string) (int, error) {
 			sc, err = b.s4(ctx)
 		case "s5":
 			sc, err = b.s5(ctx)
+		case "s6":
+			sc, err = b.s6(ctx)
 		default:
 			return 2, fmt.Errorf("-scenarios: unknown %q", s)
 		}
@@ -155,10 +175,16 @@ func run(ctx context.Context, args []string) (int, error) {
 			return 1, fmt.Errorf("%s: %w (logs in %s)", s, err, b.dir)
 		}
 		b.logf("%s done in %s", s, time.Since(start).Round(time.Second))
+		sc.Took = time.Since(start).Round(time.Second).String()
 		res.Scenarios = append(res.Scenarios, sc)
 	}
 	res.Finished = time.Now()
 	res.LoadAfter = loadavg()
+	if *merge {
+		if res, err = mergeInto(*out, res); err != nil {
+			return 1, err
+		}
+	}
 	if err := res.Write(os.Stdout, *out); err != nil {
 		return 1, err
 	}

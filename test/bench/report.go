@@ -124,6 +124,10 @@ type Scenario struct {
 	Setup   string   `json:"setup"`
 	Rows    []Row    `json:"rows"`
 	Details []string `json:"details,omitempty"`
+	// Took is how long the scenario ran; Ran, when set, says that it was
+	// measured apart from the run the results' header describes.
+	Took string `json:"took,omitempty"`
+	Ran  string `json:"ran,omitempty"`
 }
 
 // Misses counts rows that missed their target.
@@ -141,6 +145,9 @@ func (s Scenario) Misses() int {
 // bound was made up and, with details, the facts behind the rows.
 func (s Scenario) WriteMarkdown(w io.Writer, level string, details bool) {
 	fmt.Fprintf(w, "%s %s: %s\n\n", level, s.ID, s.Title)
+	if s.Ran != "" {
+		fmt.Fprintf(w, "%s\n\n", s.Ran)
+	}
 	if s.Setup != "" {
 		fmt.Fprintf(w, "%s\n\n", s.Setup)
 	}

@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"strings"
 	"time"
 )
@@ -182,4 +183,40 @@ func Splice(doc, section string) (string, error) {
 		return "", errors.New("no " + beginMarker + " ... " + endMarker + " pair")
 	}
 	return doc[:i+len(beginMarker)] + "\n" + section + "\n" + doc[j:], nil
+}
+
+// mergeInto puts the scenarios of res into the results already in
+// dir/results.json, replacing those of the same id and keeping the rest
+// with the header of the run that measured them; each scenario from res
+// says when and under what load it was measured. Without a results file,
+// res stands alone.
+func mergeInto(dir string, res Results) (Results, error) {
+	data, err := os.ReadFile(filepath.Join(dir, "results.json"))
+	if errors.Is(err, os.ErrNotExist) {
+		return res, nil
+	}
+	if err != nil {
+		return res, err
+	}
+	var old Results
+	if err := json.Unmarshal(data, &old); err != nil {
+		return res, fmt.Errorf("merge: parse %s: %w", filepath.Join(dir, "results.json"), err)
+	}
+	for _, sc := range res.Scenarios {
+		sc.Ran = fmt.Sprintf("Measured apart from the run above, on %s (`go run ./test/bench -scenarios %s -merge`), in %s; "+
+			"load average before: %s; after: %s.", res.Started.UTC().Format("2006-01-02 15:04 MST"), strings.ToLower(sc.ID),
+			sc.Took, res.LoadBefore, res.LoadAfter)
+		if i := slices.IndexFunc(old.Scenarios, func(o Scenario) bool { return o.ID == sc.ID }); i >= 0 {
+			old.Scenarios[i] = sc
+		} else {
+			old.Scenarios = append(old.Scenarios, sc)
+		}
+	}
+	if len(res.Plot) > 0 {
+		old.Plot = res.Plot
+	}
+	if res.GoBench != "" {
+		old.GoBench = res.GoBench
+	}
+	return old, nil
 }

@@ -1,0 +1,82 @@
+package main
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/caa-project/caa/pkg/reconcile"
+	ec2fake "github.com/caa-project/caa/test/mocks/aws"
+	armfake "github.com/caa-project/caa/test/mocks/azure"
+	"github.com/caa-project/caa/test/mocks/cloud"
+	vpcfake "github.com/caa-project/caa/test/mocks/ibmcloud"
+)
+
+func TestAuditJitterAveragesTheInterval(t *testing.T) {
+	// reconcile.AuditJitter draws u uniform in [0, 1); over an even grid of
+	// u its waits average the interval, so the long-run rate is one audit
+	// per interval and six an hour at the default.
+	const steps = 1000
+	var sum time.Duration
+	for i := range steps {
+		sum += reconcile.AuditJitter(10*time.Minute, (float64(i)+0.5)/steps)
+	}
+	assert.InDelta(t, float64(10*time.Minute), float64(sum/steps), float64(time.Millisecond))
+	assert.InDelta(t, 6, AuditsPerHour(10*time.Minute), 1e-9)
+	assert.InDelta(t, 240, AuditsPerHour(15*time.Second), 1e-9)
+	assert.Zero(t, AuditsPerHour(0))
+
+	// 10 calls in a minute with audits every 15 s are 600 an hour, and a
+	// fortieth of that with audits every 10 minutes.
+	assert.InDelta(t, 15, ScaleToInterval(10, time.Minute, 15*time.Second, 10*time.Minute), 1e-9)
+}
+
+func TestKindsOfCalls(t *testing.T) {
+	calls := map[string]int64{
+		cloud.OpList: 2, cloud.OpGet: 3, cloud.OpCreate: 1, armfake.OpNICCreate: 1, armfake.OpOperation: 4,
+		vpcfake.OpIAMToken: 1, "total": 12, dryRunPrefix + cloud.OpCreate: 1, armfake.OpNICList: 1,
+	}
+	assert.EqualValues(t, 6, sumKind(calls, kindRead), "list, get and the NIC listing")
+	assert.EqualValues(t, 2, sumKind(calls, kindWrite))
+	assert.EqualValues(t, 4, sumKind(calls, kindPoll))
+	assert.EqualValues(t, 1, sumKind(calls, kindAuth))
+	assert.EqualValues(t, 1, sumKind(calls, kindDryRun))
+	assert.EqualValues(t, 3, listings(calls))
+	assert.Equal(t, kindRead, kindOf("something-new"), "a call S6 cannot place counts as a read")
+}
+
+func TestClassUseAndPercentOfRefill(t *testing.T) {
+	byClass, unmetered := ClassUse("azure", map[string]float64{cloud.OpList: 6, cloud.OpGet: 2, armfake.OpNICList: 6, armfake.OpOperation: 9})
+	assert.Equal(t, map[string]float64{armfake.ClassList: 6, armfake.ClassGet: 2}, byClass)
+	assert.Equal(t, map[string]float64{armfake.OpNICList: 6}, unmetered, "the fake meters no NIC call; polls are no read")
+
+	byClass, _ = ClassUse("aws", map[string]float64{cloud.OpCreate: 1, ec2fake.OpLookup: 1, cloud.OpGet: 1})
+	assert.Equal(t, map[string]float64{ec2fake.ClassRun: 1, ec2fake.ClassRunInstances: 1, ec2fake.ClassDescribe: 2}, byClass)
+
+	// 1,000 nodes at 6 reads an hour draw 1.67 a second: 8.3% of
+	// DescribeInstances' 20 a second, 33% of Azure's list refill of 300 a
+	// minute.
+	perSecond := 1000 * 6 / 3600.0
+	assert.InDelta(t, 8.333, PercentOfRefill(perSecond, ec2fake.PublishedLimits()[ec2fake.ClassDescribe]), 1e-3)
+	assert.InDelta(t, 33.33, PercentOfRefill(perSecond, armfake.PublishedLimits()[armfake.ClassList]), 1e-2)
+	assert.InDelta(t, 5, RefillPerSecond(cloud.PerMinute(900, 300)), 1e-9)
+}
+
+func TestWriteBoundRateAndExtend(t *testing.T) {
+	limits := ec2fake.PublishedLimits()
+	rate, binding := WriteBoundRate(map[string]float64{ec2fake.ClassRun: 1, ec2fake.ClassRunInstances: 1, ec2fake.ClassDescribe: 2},
+		writeClasses("aws"), limits)
+	assert.InDelta(t, 2, rate, 1e-9, "a launch a pod: the instance bucket's 2 a second binds before the request bucket's 5")
+	assert.Equal(t, ec2fake.ClassRunInstances, binding)
+	rate, binding = WriteBoundRate(map[string]float64{ec2fake.ClassDescribe: 2}, writeClasses("aws"), limits)
+	assert.Zero(t, rate)
+	assert.Empty(t, binding)
+
+	assert.Equal(t, []string{ec2fake.ClassDescribe}, readClasses("aws"))
+	assert.Equal(t, []string{vpcfake.ClassRead, vpcfake.ClassSearch}, readClasses("ibmcloud"))
+
+	assert.InDelta(t, 1, Extend(1, 0, 720, 30000), 1e-9, "no growth per VM: the same calls")
+	assert.InDelta(t, 31, Extend(1.3, 0.001, 300, 30000), 1e-9)
+	assert.Zero(t, Extend(1, -1, 0, 10), "never below zero")
+}
