@@ -1,7 +1,9 @@
 // Package ibmcloud is caa's provider for IBM Cloud VPC virtual server
 // instances, built on the official VPC Go SDK (vpcv1) and IBM's Go SDK
 // core, narrowed to the calls it makes (vpcAPI), with the SDK's own pagers
-// (NewInstancesPager, NewVolumesPager) for its two listings.
+// (NewInstancesPager, NewVolumesPager) for its two listings, and on IBM's
+// Global Search (platform-services-go-sdk, globalsearchv2) to find a
+// node's VMs by tag.
 //
 // Where the tags live. VPC instances carry no tags, but volumes carry user
 // tags, and the boot volume is created by the same POST /instances that
@@ -30,14 +32,32 @@
 // race. While a new instance is not yet visible to the lookup, a second
 // create is refused for its name and surfaces as ErrConflict.
 //
-// List lists boot volumes with the node's tag (VPC's tag filter is exact
-// match on one tag) and instances (scoped to the configured VPC and
-// resource group) side by side, each to the last page, and joins them on
-// the boot volume's attachment; the decoded cluster, node and managed-by
-// tags are checked, so a same-named node in another cluster costs a few
-// extra volumes read, never a wrong VM. Get reads the instance and
-// then its boot volume. Neither retries a NotFound: eventual consistency is
-// the caller's to see.
+// List asks Global Search (Config.SearchEndpoint, the public endpoint by
+// default) for the VPC volumes carrying caa's managed-by tag and the
+// (first piece of the) encoded cluster and node tags, each a quoted phrase
+// of the escaped alphabet, so no node name can change the query; it asks
+// for the CRN only and follows search_cursor until a page comes back empty
+// or without one. Each hit is then read from VPC by id: the volume (its
+// decoded tags are checked against the selector and name the instance it
+// boots) and the instance (state, addresses, shape; it must be in the
+// configured VPC and resource group). A listing of a node with n VMs costs
+// one search (per thousand hits) and 2n reads, at most four in flight,
+// whatever else the account holds. Above 50 VMs, when the VPC's instance
+// count (one call) says its listings cost fewer calls than 2n reads, List
+// lists boot volumes with the node's tag and the VPC's instances instead,
+// side by side, and joins them on the boot volume's attachment, as it did
+// before Global Search.
+//
+// The search index lags VPC by seconds to minutes, so List trusts it for
+// discovery only: a hit VPC answers 404 for (deleted, the index not yet
+// told) is left out, states come from the VPC reads, and a VM the index
+// does not show yet is missing from the listing, which the reconciler
+// confirms by a Get before it acts (invariant I3). Create's lookup by
+// name goes to VPC (GET /instances?name=), never to the index, so a VM the
+// index does not show is still found by its key. Where the tags live did
+// not change, so VMs created before this listing are found the same way.
+// Get reads the instance and then its boot volume. Neither retries a
+// NotFound: eventual consistency is the caller's to see.
 //
 // Delete deletes the instance; the boot volume (delete_volume_on_instance_delete)
 // and the virtual network interface of its network attachment (auto_delete)
@@ -64,7 +84,10 @@
 // IamAuthenticator, at --ibmcloud-iam-endpoint if set), then the SDK's own
 // external configuration for service "vpc" (VPC_AUTH_TYPE, VPC_APIKEY,
 // VPC_AUTH_URL, an ibm-credentials.env file; this also covers trusted
-// profiles). The key is held by the SDK's authenticator only and never
+// profiles). The same authenticator signs the Global Search calls: IAM
+// tokens are account-wide, and search shows only what the caller may view.
+// Config.AccountID, when set, is passed as account_id. The key is held by
+// the SDK's authenticator only and never
 // logged or put in an error. User data is sent as the instance's user_data
 // and never logged or put in an error; since the SDK core dumps request
 // bodies at debug level, New refuses to run with the SDK logger at debug.
