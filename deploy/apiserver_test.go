@@ -29,8 +29,16 @@ func TestOnTheAPIServer(t *testing.T) {
 	require.NoError(t, c.EnsureNamespace(ctx, namespace))
 
 	t.Run("dry-run", func(t *testing.T) {
+		renders := map[string][]byte{}
 		for _, k := range kustomizations {
-			rendered := render(t, bin, k)
+			renders[k] = render(t, bin, k)
+		}
+		for _, component := range components {
+			for overlay := range providerOf {
+				renders[overlay+"+"+component] = withComponent(t, bin, overlay, component)
+			}
+		}
+		for k, rendered := range renders {
 			out, err := runKubectl(ctx, bin, rendered, "--kubeconfig", c.Kubeconfig(),
 				"apply", "--server-side", "--dry-run=server", "--field-manager=caa-deploy-test", "-f", "-")
 			require.NoError(t, err, "%s is refused by the apiserver", k)
@@ -41,10 +49,12 @@ func TestOnTheAPIServer(t *testing.T) {
 		// The dry-run left nothing behind...
 		_, err := c.Client().AppsV1().DaemonSets(namespace).Get(ctx, "caa", metav1.GetOptions{})
 		assert.True(t, apierrors.IsNotFound(err), "a dry-run creates no DaemonSet: %v", err)
-		// ...and it does judge: the same DaemonSet with maxUnavailable 0
-		// as well as maxSurge 0 (a rollout that could never progress) is
+		// ...and it does judge: the same DaemonSet with maxSurge 0 as well
+		// as maxUnavailable 0 (a rollout that could never progress) is
 		// refused by the apiserver's validation.
-		broken := strings.Replace(string(render(t, bin, "overlays/aws")), "maxUnavailable: 1", "maxUnavailable: 0", 1)
+		aws := string(render(t, bin, "overlays/aws"))
+		require.Contains(t, aws, "maxSurge: 1")
+		broken := strings.Replace(aws, "maxSurge: 1", "maxSurge: 0", 1)
 		_, err = runKubectl(ctx, bin, []byte(broken), "--kubeconfig", c.Kubeconfig(),
 			"apply", "--server-side", "--dry-run=server", "--field-manager=caa-deploy-test", "-f", "-")
 		require.Error(t, err, "the dry-run accepted a DaemonSet whose rollout cannot progress")

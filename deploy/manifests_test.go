@@ -104,13 +104,63 @@ func findKeys(v any, names ...string) []string {
 	return found
 }
 
+// checkUpdateStrategy: the default is a surge, one node at a time, that
+// never takes a node's ready caa away before its successor is ready (the
+// ledger goes from one to the other by the hand-over).
 func checkUpdateStrategy(t *testing.T, ds *appsv1.DaemonSet) {
 	s := ds.Spec.UpdateStrategy
 	require.Equal(t, appsv1.RollingUpdateDaemonSetStrategyType, s.Type)
 	require.NotNil(t, s.RollingUpdate)
 	one, zero := intstr.FromInt32(1), intstr.FromInt32(0)
-	assert.Equal(t, &one, s.RollingUpdate.MaxUnavailable, "one node at a time")
-	assert.Equal(t, &zero, s.RollingUpdate.MaxSurge, "never two caa pods on a node: the ledger has one writer")
+	assert.Equal(t, &zero, s.RollingUpdate.MaxUnavailable, "the old caa stays until the new one is ready")
+	assert.Equal(t, &one, s.RollingUpdate.MaxSurge, "one node at a time, the new caa started beside the old")
+	// Both pods of a surge run on the node at once: they may share the
+	// hostPath (the hand-over needs it) but nothing that would clash.
+	spec := ds.Spec.Template.Spec
+	assert.False(t, spec.HostNetwork, "two caa pods on one node would clash on the host's ports")
+	for _, p := range container(t, ds).Ports {
+		assert.Zero(t, p.HostPort, "port %s: two caa pods on one node would clash on a hostPort", p.Name)
+	}
+}
+
+// TestNoSurgeComponent renders every overlay with components/no-surge and
+// checks that the component sets maxUnavailable 1 and maxSurge 0 and
+// changes nothing else: every other object and every other field of the
+// DaemonSet is the overlay's own.
+func TestNoSurgeComponent(t *testing.T) {
+	needBinaries(t)
+	bin := kubectl(t)
+	one, zero := intstr.FromInt32(1), intstr.FromInt32(0)
+	for _, component := range components {
+		for overlay := range providerOf {
+			t.Run(overlay+"+"+component, func(t *testing.T) {
+				plain := manifests{name: overlay, all: decode(t, render(t, bin, overlay))}
+				with := manifests{name: overlay + "+" + component, all: decode(t, withComponent(t, bin, overlay, component))}
+				ds := with.daemonSet(t)
+				s := ds.Spec.UpdateStrategy
+				require.Equal(t, appsv1.RollingUpdateDaemonSetStrategyType, s.Type)
+				require.NotNil(t, s.RollingUpdate)
+				assert.Equal(t, &one, s.RollingUpdate.MaxUnavailable, "no-surge: one node at a time")
+				assert.Equal(t, &zero, s.RollingUpdate.MaxSurge, "no-surge: never two caa pods on a node")
+
+				// The rest is untouched.
+				want := plain.daemonSet(t)
+				want.Spec.UpdateStrategy = ds.Spec.UpdateStrategy
+				assert.Equal(t, want, ds, "the component changes only the update strategy")
+				require.Len(t, with.all, len(plain.all))
+				for i, o := range plain.all {
+					if o.GetKind() == "DaemonSet" {
+						continue
+					}
+					assert.Equal(t, o.Object, with.all[i].Object, "%s %s is the overlay's own", o.GetKind(), o.GetName())
+				}
+				// And it is a shape the other checks accept.
+				checkPodShape(t, ds, with.configMap(t))
+				checkLedgerVolume(t, ds)
+				checkSecurity(t, ds)
+			})
+		}
+	}
 }
 
 // container returns the caa container, the pod's only one.
@@ -142,6 +192,11 @@ func checkPodShape(t *testing.T, ds *appsv1.DaemonSet, cm *corev1.ConfigMap) {
 	require.NotNil(t, node.ValueFrom, "NODE_NAME comes from the downward API")
 	require.NotNil(t, node.ValueFrom.FieldRef)
 	assert.Equal(t, "spec.nodeName", node.ValueFrom.FieldRef.FieldPath)
+	// The two caa of a hand-over name each other by their pods' names.
+	podName := env["POD_NAME"]
+	require.NotNil(t, podName.ValueFrom, "POD_NAME comes from the downward API")
+	require.NotNil(t, podName.ValueFrom.FieldRef)
+	assert.Equal(t, "metadata.name", podName.ValueFrom.FieldRef.FieldPath)
 	assert.Equal(t, fmt.Sprintf(":%d", healthPort), env["CAA_HEALTH_ADDR"].Value, "caa listens where the probes knock")
 	assert.Equal(t, ledgerDir+"/ledger.db", env["CAA_LEDGER"].Value)
 	for k := range cm.Data {

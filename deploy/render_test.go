@@ -34,6 +34,10 @@ import (
 // the base (which every overlay builds on) and one overlay per cloud.
 var kustomizations = []string{"base", "overlays/aws", "overlays/azure", "overlays/ibmcloud"}
 
+// components are the kustomize components under deploy/ a user may add to
+// an overlay; each is rendered on top of every overlay (withComponent).
+var components = []string{"components/no-surge"}
+
 // providerOf is the CAA_PROVIDER each overlay must set.
 var providerOf = map[string]string{"overlays/aws": "aws", "overlays/azure": "azure", "overlays/ibmcloud": "ibmcloud"}
 
@@ -101,6 +105,29 @@ func render(t *testing.T, kubectlBin, kustomization string) []byte {
 	out, err := runKubectl(ctx, kubectlBin, nil, "kustomize", filepath.Join(deployDir(t), kustomization))
 	require.NoError(t, err, "render %s", kustomization)
 	require.NotEmpty(t, out, "%s rendered to nothing", kustomization)
+	return out
+}
+
+// withComponent renders overlay (relative to deploy/) with component added,
+// as a user's kustomization that lists both would: a kustomization in a
+// temporary directory naming the overlay as its resource and the component
+// in its components.
+func withComponent(t *testing.T, kubectlBin, overlay, component string) []byte {
+	t.Helper()
+	dir := t.TempDir()
+	rel := func(p string) string {
+		r, err := filepath.Rel(dir, filepath.Join(deployDir(t), p))
+		require.NoError(t, err)
+		return r
+	}
+	k := fmt.Sprintf("apiVersion: kustomize.config.k8s.io/v1beta1\nkind: Kustomization\nresources:\n  - %s\ncomponents:\n  - %s\n",
+		rel(overlay), rel(component))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "kustomization.yaml"), []byte(k), 0o644))
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	out, err := runKubectl(ctx, kubectlBin, nil, "kustomize", dir)
+	require.NoError(t, err, "render %s with %s", overlay, component)
+	require.NotEmpty(t, out)
 	return out
 }
 
