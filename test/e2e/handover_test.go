@@ -417,13 +417,28 @@ func TestSigkillDuringHandOver(t *testing.T) {
 		next := launchCaa(t, c, node, ledgerPath, name, args(name), awsEnv())
 		// Pods arrive during the hand-over, too.
 		maps.Copy(all, createPods(ctx, t, c, "team", fmt.Sprintf("it%02d", i), node, 1))
-		time.Sleep(time.Duration(rng.IntN(1500)) * time.Millisecond) // the seeded moment of the kill
+		// The seeded moment of the kill: the new caa asks about 150-250ms
+		// after its start, and the hand-over takes some 15ms, so kills fall
+		// before, during and after it.
+		time.Sleep(time.Duration(rng.IntN(400)) * time.Millisecond)
 		killOld := rng.IntN(2) == 0
 		if killOld {
 			cur.kill(t)
 			cur = next
 		} else {
 			next.kill(t)
+			// Killed after the hand-over completed, the new caa had the
+			// ledger and the old one is inert for good: the kubelet
+			// restarts the new pod, and that restart takes over.
+			var inert bool
+			require.Eventually(t, func() bool {
+				inert = strings.Contains(cur.readyBody(), "handed over to")
+				return inert || cur.readyz() == http.StatusOK
+			}, time.Minute, condPoll, "the old caa resumes or stays inert")
+			if inert {
+				name += "-restarted"
+				cur = launchCaa(t, c, node, ledgerPath, name, args(name), awsEnv())
+			}
 		}
 		cur.waitReady(t, func() {})
 		requireOneEach(t, core, all, time.Minute)
