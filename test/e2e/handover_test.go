@@ -258,7 +258,7 @@ func TestHandOverWithACreateInFlight(t *testing.T) {
 			ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
 
 			ec2 := sharedEC2(core)
-	f1, f2 := newFront(t, ec2), newFront(t, ec2)
+			f1, f2 := newFront(t, ec2), newFront(t, ec2)
 			v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1", "--shutdown-grace", tc.grace), awsEnv())
 			v1.waitReady(t, func() {})
 
