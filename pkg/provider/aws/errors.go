@@ -48,6 +48,15 @@ var codeKinds = map[string]error{
 
 	"UnauthorizedOperation": provider.ErrAuth,
 	"AuthFailure":           provider.ErrAuth,
+
+	// The credential route refused caa's token, so there are no keys for
+	// any EC2 call: STS for IRSA's web identity, the EKS Pod Identity
+	// agent for container credentials.
+	"InvalidIdentityToken":  provider.ErrAuth,
+	"ExpiredTokenException": provider.ErrAuth,
+	"AccessDenied":          provider.ErrAuth,
+	"AccessDeniedException": provider.ErrAuth,
+	"IDPRejectedClaim":      provider.ErrAuth,
 }
 
 // kindOf is the provider error kind of an EC2 error code; nil is transient.
@@ -67,6 +76,8 @@ func authHint(operation, code, message string) string {
 		return fmt.Sprintf("caa's credentials may not call ec2:%s (every permission caa needs: %s): %s", operation, PolicyFile, message)
 	case "AuthFailure":
 		return fmt.Sprintf("EC2 did not accept caa's credentials for ec2:%s (unknown, expired or wrongly signed keys: check the credential route, see deploy/overlays/aws/README.md): %s", operation, message)
+	case "InvalidIdentityToken", "ExpiredTokenException", "AccessDenied", "AccessDeniedException", "IDPRejectedClaim":
+		return fmt.Sprintf("caa got no AWS keys for ec2:%s: its credential route refused its token (IRSA: the role's trust policy, the OIDC provider and the projected token; EKS Pod Identity: the association; see deploy/overlays/aws/README.md): %s", operation, message)
 	}
 	return message
 }
