@@ -58,7 +58,7 @@ func (noEvents) Event(*reconcile.Pod, bool, string, string) {}
 // provider against the fake ARM whose Resource Graph index lags.
 type lagRig struct {
 	t      *testing.T
-	clock  *conformance.Clock
+	clock  *testClock
 	cloud  *cloud.Cloud
 	rec    *reconcile.Reconciler
 	ledger *ledger.Ledger
@@ -71,8 +71,7 @@ const searchLag = 2 * time.Minute
 
 func newLagRig(t *testing.T) *lagRig {
 	t.Helper()
-	clock := &conformance.Clock{}
-	clock.Advance(time.Date(2026, 5, 6, 7, 8, 9, 0, time.UTC).Sub(time.Time{}))
+	clock := newTestClock()
 	c := cloud.New(cloud.Options{Images: []string{conformance.ImageGood}, Types: []string{conformance.TypeSmall}, Now: clock.Now, PageSize: 50})
 	writes := &vmWrites{}
 	srv := httptest.NewServer(writes.wrap(armfake.NewServer(c, armfake.WithBearerToken(testToken),

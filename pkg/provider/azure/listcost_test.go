@@ -105,8 +105,7 @@ func TestListCostDoesNotGrowWithOtherNodes(t *testing.T) {
 		paths map[string]int
 	}
 	measure := func(others int) cost {
-		clock := &conformance.Clock{}
-		clock.Advance(time.Date(2026, 3, 4, 5, 6, 7, 0, time.UTC).Sub(time.Time{}))
+		clock := newTestClock()
 		opts := cloud.Options{Images: []string{conformance.ImageGood}, Types: []string{conformance.TypeSmall}, Now: clock.Now, PageSize: 50}
 		m := &wireMeter{}
 		h, _ := newHarness(t, opts, staticToken(testToken), m.wrap)
