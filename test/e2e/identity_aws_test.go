@@ -306,11 +306,21 @@ func runIdentity(t *testing.T, r *route) {
 		}
 		return true
 	}, time.Minute, 100*time.Millisecond, "the new pod got a VM and the deleted pod's VM went, with the rotated credentials")
+	// The keys keep expiring and being renewed from the new token.
+	require.Eventually(t, func() bool {
+		used := 0
+		for _, k := range ic.keys.Issued()[rotatedAt:] {
+			if ic.keys.Uses(k.AccessKeyID) > 0 {
+				used++
+			}
+		}
+		return used >= 2
+	}, time.Minute, 100*time.Millisecond, "a second set of keys from the rotated token, once the first expired")
 	assert.Equal(t, http.StatusOK, d.readyz(), "still ready")
 	status := httpGet(t, d.health+"/status")
 	issuedKeys, refused := r.exchanges()
 	t.Logf("%s: %d keys issued, %d requests refused (the old token, after rotation), %d keys in all", r.name, issuedKeys, refused, len(ic.keys.Issued()))
-	assert.GreaterOrEqual(t, issuedKeys, int64(2))
+	assert.GreaterOrEqual(t, issuedKeys, int64(3))
 	d.stop(t)
 
 	// Invariant I7: no token or key anywhere caa writes.
