@@ -35,9 +35,15 @@
 //     TerminateInstances (2m), so a cloud that stops answering costs a
 //     transient context.DeadlineExceeded, never a hung reconcile.
 //   - Credentials: only the SDK's default chain (environment, shared files,
-//     web identity for IRSA, container and instance metadata). The provider
-//     never holds, logs or echoes them; user data is base64-encoded into
-//     the request and appears nowhere else.
+//     web identity for IRSA, container credentials for EKS Pod Identity,
+//     instance metadata), which renews expiring keys by itself. The
+//     provider never holds, logs or echoes them; user data is
+//     base64-encoded into the request and appears nowhere else. A token
+//     the route refuses (STS, the Pod Identity agent) is ErrAuth.
+//   - Permissions: exactly deploy/overlays/aws/iam-policy.json (PolicyFile).
+//     Preflight (preflight.go) checks them with DryRun calls before the
+//     daemon touches a pod, and every authorization failure names the EC2
+//     action it was for.
 package aws
 
 import (

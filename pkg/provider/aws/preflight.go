@@ -22,9 +22,6 @@ const (
 	// provider does not know the cluster id, and the policy asks only that
 	// the tags be there (caa-managed-by=caa, caa-cluster and caa-node set).
 	preflightValue = "caa-preflight"
-	// preflightType is the instance type of the dry-run launch when the
-	// configuration names none.
-	preflightType = "t3.micro"
 )
 
 var _ provider.Preflighter = (*Provider)(nil)
@@ -43,14 +40,15 @@ var _ provider.Preflighter = (*Provider)(nil)
 // A denied call is an error wrapping provider.ErrAuth that names the
 // action; a subnet, security group, image or instance type EC2 does not
 // know is one wrapping provider.ErrInvalidSpec that names the setting.
-// Without a configured image the launch is not checked (pods must then
-// name theirs), nor the terminate without an instance of caa's.
+// Without a configured image and instance type the launch is not checked
+// (pods must then name theirs, and a made-up default could be refused for
+// reasons of its own), nor the terminate without an instance of caa's.
 func (p *Provider) Preflight(ctx context.Context) error {
 	victim, err := p.preflightRead(ctx)
 	if err != nil {
 		return err
 	}
-	if p.cfg.Image != "" {
+	if p.cfg.Image != "" && p.cfg.InstanceType != "" {
 		if err := p.preflightLaunch(ctx); err != nil {
 			return err
 		}
@@ -95,9 +93,6 @@ func (p *Provider) preflightLaunch(ctx context.Context) error {
 		Key: preflightValue, Cluster: preflightValue, Node: preflightValue, PodUID: preflightValue,
 		PodNamespace: preflightValue, PodName: preflightValue,
 		InstanceType: p.cfg.InstanceType, Image: p.cfg.Image,
-	}
-	if spec.InstanceType == "" {
-		spec.InstanceType = preflightType
 	}
 	in := p.runInput(spec, "", instanceTags(p.cfg.ExtraTags, spec))
 	in.ClientToken = nil
