@@ -1,7 +1,7 @@
 // Package azure is caa's provider for Azure: peer-pod VMs in one resource
 // group, through the official SDK (armcompute for VirtualMachines,
-// armnetwork for their NICs). The SDK is narrowed to the few calls used
-// (vmAPI, nicAPI).
+// armnetwork for their NICs, armresourcegraph for List). The SDK is
+// narrowed to the few calls used (vmAPI, nicAPI, graphAPI).
 //
 // Idempotency. A VM's name is derived from spec.Key (see vmName): "caa-",
 // the key's readable part, and 12 hex digits of its SHA-256. ARM names are
@@ -15,22 +15,53 @@
 // spec, quota, capacity), Create removes the NIC, and the VM too if Azure
 // kept it in the Failed state.
 //
-// Tags. Every VM and NIC carries spec.Tags() over the configured extra
-// tags; the caa-* identity tags win. List cannot filter by tag on the
-// server: ARM's VM list in a resource group has no tag filter, so List
-// pages through every VM of the group and filters on the client. That costs
-// one call per page of the group (not of this node), plus one listing of
-// the group's NICs for the IPs; give caa a resource group of its own.
+// Tags and List. Every VM and NIC carries spec.Tags() over the configured
+// extra tags; the caa-* identity tags win. ARM's VM listing has no tag
+// filter, so List asks Azure Resource Graph instead (armresourcegraph, the
+// query API 2024-04-01): one query, paged with its $skipToken (1,000 rows a
+// page), scoped to the subscription and filtered on the server by the
+// resource group and the managed-by, cluster and node tags. It projects
+// only what caa reads: id, name, location and zones, tags, provisioning
+// state, the power state Resource Graph keeps from the instance view
+// (properties.extended.instanceView.powerState.code), creation time, size
+// and image, and, for the NICs the query brings along (they carry the same
+// tags), their private IP. A listing so costs one call per 1,000 rows of
+// this node, whatever the rest of the group holds (see graph.go).
 //
-// State. Get and List both read the instance view ($expand=instanceView,
-// which the group listing serves in the same pages, at no extra call) and
-// map the provisioning state and PowerState (see stateOf): a VM stopped or
-// deallocated behind caa's back lists as Stopped, and a VM whose
+// The query is a constant template (nodeQuery); every value in it is a KQL
+// string literal made by kqlString (backslash, both quotes and line breaks
+// escaped; other control characters refused with ErrInvalidSpec before any
+// call), so a node or cluster name cannot change the query.
+//
+// The search index lags. Resource Graph trails ARM by seconds to minutes:
+// a new VM may be missing, a deleted one still present, a state stale.
+// Nothing the provider writes is decided on it: Create finds its VM by name
+// with a direct GET, Get and Delete never look at the index, and the
+// reconciler confirms a VM missing from a listing with Get before anything
+// is recreated. The other direction is List's own: a VM the index shows
+// stopped, deallocated or failed is read directly (Get, with the instance
+// view) before List reports it, so a replacement is never decided on a
+// stale dead state; one that read does not find is left out. Dead VMs are
+// rare, so this costs a read now and then. A VM the index still shows
+// running after it was deleted or killed is reported running until the
+// index catches up: the reconciler keeps it, which writes nothing, and
+// replaces it an audit later.
+//
+// Resource Graph's quota. Resource Graph limits queries per user (15 in 5
+// seconds, shared by every process of one identity) and says what is left
+// on every answer (x-ms-user-quota-remaining, x-ms-user-quota-resets-after
+// as hh:mm:ss). Once an answer said 0, List sends no query before the
+// reset: it returns ErrThrottled with the time left as RetryAfter at once,
+// without waiting inside ctx, so the reconciler's backoff decides as for
+// every other throttled call. A 429 is ErrThrottled with its Retry-After.
+// The caller needs Microsoft.ResourceGraph/resources/read besides its VM
+// and NIC permissions; Resource Graph shows it only what it may read.
+//
+// State. Get reads the instance view ($expand=instanceView) and maps the
+// provisioning state and PowerState (see stateOf): a VM stopped or
+// deallocated behind caa's back reads as Stopped, and a VM whose
 // provisioning failed as Failed; both stay in the group, and so in List,
-// until they are deleted. The REST reference says the listing's expansion
-// needs a $filter; should ARM ever refuse it, List falls back for good to the
-// plain listing, where a provisioned VM reads as Running and only Get sees
-// the power state.
+// until they are deleted.
 //
 // Long-running operations. Create and Delete wait for their operations
 // (Azure-AsyncOperation) with the SDK's Poller.PollUntilDone, which waits

@@ -21,9 +21,23 @@
 // until it is deleted. The instance view (statuses) is shown by a GET with
 // $expand=instanceView and by the group listing with the same expansion.
 //
+// Azure Resource Graph's query API (POST /providers/Microsoft.ResourceGraph/
+// resources, api-version 2024-04-01, graph.go) answers over the same core:
+// the group's VMs and NICs as Resource Graph documents, the VMs with the
+// power state under properties.extended.instanceView. It parses exactly the
+// KQL subset caa sends (kql.go: where on type, resourceGroup and tags with
+// ==, =~, !=, !~, in and in~; extend of tostring(properties...); project)
+// and refuses anything else as Resource Graph does (400 BadRequest, details
+// InvalidQuery and ParserFailure with the line and position). It pages with
+// $skipToken (WithGraphPageSize, by default the core's page size), puts the
+// per-user quota headers on every answer and, with WithBudget, enforces the
+// per-user limit (ClassGraphUser) with a 429. Its index lags the VMs by
+// WithSearchLag on the fake's clock (WithClock), 0 by default.
+//
 // Every request is counted by the core's Admit: the four provider calls under
-// cloud.OpCreate, OpGet, OpList and OpDelete, the rest under the Op*
-// constants below. The test controls are mounted at cloud.ControlPrefix.
+// cloud.OpCreate, OpGet, OpList and OpDelete (a Resource Graph query is a
+// list), the rest under the Op* constants below. The test controls are
+// mounted at cloud.ControlPrefix.
 package armfake
 
 import (
