@@ -43,15 +43,23 @@ var _ provider.Preflighter = (*Provider)(nil)
 // Without a configured image and instance type the launch is not checked
 // (pods must then name theirs, and a made-up default could be refused for
 // reasons of its own), nor the terminate without an instance of caa's.
+//
+// The read and the launch go out together, so a start waits two round
+// trips for the checks, not three.
 func (p *Provider) Preflight(ctx context.Context) error {
-	victim, err := p.preflightRead(ctx)
-	if err != nil {
-		return err
-	}
+	launched := make(chan error, 1)
 	if p.cfg.Image != "" && p.cfg.InstanceType != "" {
-		if err := p.preflightLaunch(ctx); err != nil {
-			return err
-		}
+		go func() { launched <- p.preflightLaunch(ctx) }()
+	} else {
+		launched <- nil
+	}
+	victim, readErr := p.preflightRead(ctx)
+	launchErr := <-launched
+	if readErr != nil {
+		return readErr
+	}
+	if launchErr != nil {
+		return launchErr
 	}
 	if victim != "" {
 		if err := p.preflightTerminate(ctx, victim); err != nil {

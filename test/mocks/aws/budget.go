@@ -74,9 +74,16 @@ func charges(name string, q query) (op string, cs []cloud.Charge, ok bool) {
 		}
 		return op, []cloud.Charge{{Class: ClassDescribe}}, true
 	case "RunInstances":
+		if op == OpDryRun {
+			// A request, but no instance launched: no resource token.
+			return op, []cloud.Charge{{Class: ClassRun}}, true
+		}
 		// The fake launches one instance a call (MinCount = MaxCount = 1).
 		return op, []cloud.Charge{{Class: ClassRun}, {Class: ClassRunInstances}}, true
 	case "TerminateInstances":
+		if op == OpDryRun {
+			return op, []cloud.Charge{{Class: ClassTerminate}}, true
+		}
 		n := max(1, len(q.list("InstanceId")))
 		return op, []cloud.Charge{{Class: ClassTerminate}, {Class: ClassTerminateInstances, Tokens: float64(n)}}, true
 	}

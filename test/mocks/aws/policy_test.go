@@ -174,3 +174,25 @@ func TestPolicyOverTheWire(t *testing.T) {
 	assert.Contains(t, err.Error(), "with an explicit deny")
 	assert.Contains(t, err.Error(), "on resource: arn:aws:ec2:us-east-1::image/"+goodImage)
 }
+
+// TestDryRunsAreNoWrites: a dry run counts under OpDryRun, never as a
+// create or delete, and takes no resource token of the published limits.
+func TestDryRunsAreNoWrites(t *testing.T) {
+	ctx := context.Background()
+	c := cloud.New(CloudOptions(cloud.Options{}))
+	budget := NewBudget(nil)
+	srv := httptest.NewServer(NewServer(c, WithCredentials(sdkKeyID, sdkSecret), WithBudget(budget)))
+	t.Cleanup(srv.Close)
+	client := ec2.New(ec2.Options{Region: "us-east-1", BaseEndpoint: aws.String(srv.URL), RetryMaxAttempts: 1,
+		Credentials: credentials.NewStaticCredentialsProvider(sdkKeyID, sdkSecret, "")})
+	in := runInput("tok-dry")
+	in.DryRun = aws.Bool(true)
+	_, err := client.RunInstances(ctx, in)
+	assert.Equal(t, "DryRunOperation", apiCode(t, err))
+	counters := c.Counters()
+	assert.Equal(t, int64(1), counters[OpDryRun])
+	assert.Zero(t, counters[cloud.OpCreate])
+	tokens, ok := budget.Tokens(ClassRunInstances, "")
+	require.True(t, ok)
+	assert.Equal(t, budget.Limits()[ClassRunInstances].Burst, tokens, "no instance token taken")
+}

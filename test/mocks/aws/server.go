@@ -47,6 +47,11 @@ const (
 	// but it is no listing of the account's instances, so it is not
 	// counted under cloud.OpList.
 	OpLookup = "lookup"
+	// OpDryRun counts a call made with DryRun=true (caa's startup
+	// preflight): a permission check that creates and deletes nothing, so
+	// it is not counted under cloud.OpCreate or cloud.OpDelete, and draws
+	// no write fault.
+	OpDryRun = "dryrun"
 )
 
 // CloudOptions fills in what makes the core look like EC2: instance ids of
@@ -147,6 +152,9 @@ var actions = map[string]struct {
 
 // counterOp is the core operation a request counts under.
 func counterOp(name string, q query) string {
+	if q.get("DryRun") == "true" {
+		return OpDryRun
+	}
 	switch name {
 	case "RunInstances":
 		return cloud.OpCreate
@@ -189,7 +197,8 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	name := q.get("Action")
 	act, known := actions[name]
 
-	fault, err := s.cloud.Admit(r.Context(), counterOp(name, q), act.write)
+	op := counterOp(name, q)
+	fault, err := s.cloud.Admit(r.Context(), op, act.write && op != OpDryRun)
 	if err != nil {
 		// The client went away during the injected latency; never let
 		// anything read this as a success.
