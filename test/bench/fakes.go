@@ -50,6 +50,9 @@ type fakeCloud struct {
 	// from (see relabel).
 	relMu     sync.Mutex
 	relabeled map[[2]string]int64
+	// lroUntil is, by lower-cased resource path, until when a GET of an
+	// Azure resource just written is the SDK's own (see relabel).
+	lroUntil map[string]time.Time
 }
 
 // Labels of calls the fakes count under another operation.
@@ -63,6 +66,18 @@ const (
 	// opSearch: an IBM Cloud Global Search request (the fake counts it as
 	// a list).
 	opSearch = "search"
+	// opLookup: a VPC instance listing filtered by name, which matches
+	// one instance at most (the fake counts it as a list); EC2's
+	// client-token lookup counts under the same name in its fake.
+	opLookup = "lookup"
+	// lroPrefix+op: a GET the Azure SDK makes of a resource it just wrote,
+	// while it waits for the write's long-running operation (the final
+	// GET after the operation, or polls of the resource itself).
+	lroPrefix = "lro:"
+	// lroWindow is how long after a PUT or DELETE answered a GET of the
+	// same resource counts as the SDK's: the SDK polls at most every
+	// second, and caa's own next look at a new VM is 30 s away.
+	lroWindow = 5 * time.Second
 )
 
 // relabel notes a request the fake counts under an operation that says
@@ -74,8 +89,16 @@ func (f *fakeCloud) relabel(r *http.Request) {
 	switch {
 	case f.name == "azure" && strings.Contains(r.URL.Path, "/providers/Microsoft.ResourceGraph/"):
 		from, to = cloud.OpList, opGraph
+	case f.name == "azure" && r.Method == http.MethodGet && f.lroGet(r.URL.Path):
+		from = cloud.OpGet
+		if strings.Contains(strings.ToLower(r.URL.Path), "/microsoft.network/networkinterfaces/") {
+			from = armfake.OpNICGet
+		}
+		to = lroPrefix + from
 	case f.name == "ibmcloud" && strings.HasPrefix(r.URL.Path, "/v3/resources/search"):
 		from, to = cloud.OpList, opSearch
+	case f.name == "ibmcloud" && r.Method == http.MethodGet && r.URL.Path == "/v1/instances" && r.URL.Query().Has("name"):
+		from, to = cloud.OpList, opLookup
 	case f.name == "aws" && r.Method == http.MethodPost && r.Body != nil:
 		body, err := io.ReadAll(r.Body)
 		_ = r.Body.Close()
@@ -99,6 +122,27 @@ func (f *fakeCloud) relabel(r *http.Request) {
 		f.relabeled = map[[2]string]int64{}
 	}
 	f.relabeled[[2]string{from, to}]++
+}
+
+// lroGet reports whether a GET of path comes within lroWindow of a write
+// of it that has answered.
+func (f *fakeCloud) lroGet(path string) bool {
+	f.relMu.Lock()
+	defer f.relMu.Unlock()
+	return time.Now().Before(f.lroUntil[strings.ToLower(path)])
+}
+
+// wrote notes an Azure PUT or DELETE that has answered.
+func (f *fakeCloud) wrote(r *http.Request) {
+	if f.name != "azure" || (r.Method != http.MethodPut && r.Method != http.MethodDelete) {
+		return
+	}
+	f.relMu.Lock()
+	defer f.relMu.Unlock()
+	if f.lroUntil == nil {
+		f.lroUntil = map[string]time.Time{}
+	}
+	f.lroUntil[strings.ToLower(r.URL.Path)] = time.Now().Add(lroWindow)
 }
 
 // counters are the core's counters with the relabeled calls moved from
@@ -132,6 +176,7 @@ func (f *fakeCloud) timed(h http.Handler) http.Handler {
 		start := time.Now()
 		f.relabel(r)
 		h.ServeHTTP(&byteCounter{ResponseWriter: w, n: &f.sent}, r)
+		f.wrote(r)
 		f.busy.Add(int64(time.Since(start)))
 	})
 }

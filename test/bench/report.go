@@ -128,6 +128,10 @@ type Scenario struct {
 	// measured apart from the run the results' header describes.
 	Took string `json:"took,omitempty"`
 	Ran  string `json:"ran,omitempty"`
+	// Pivot: without details (the README), one line per figure and one
+	// column per cloud, the cloud being what each case starts with
+	// ("aws, idle").
+	Pivot bool `json:"pivot,omitempty"`
 }
 
 // Misses counts rows that missed their target.
@@ -150,6 +154,10 @@ func (s Scenario) WriteMarkdown(w io.Writer, level string, details bool) {
 	}
 	if s.Setup != "" {
 		fmt.Fprintf(w, "%s\n\n", s.Setup)
+	}
+	if s.Pivot && !details {
+		s.writePivot(w)
+		return
 	}
 	fmt.Fprintln(w, "| case | metric | runs | median | min | max | lower bound | ratio | target | result |")
 	fmt.Fprintln(w, "|---|---|---:|---:|---:|---:|---:|---:|---|---|")
@@ -218,4 +226,53 @@ func CountsLine[V int64 | float64](m map[string]V) string {
 		return "none"
 	}
 	return strings.Join(parts, ", ")
+}
+
+// writePivot writes the rows as one line per figure (a case without its
+// leading cloud, and a metric) with the target, and one column per cloud
+// holding the median (and its ratio to the bound, if any) and the result.
+func (s Scenario) writePivot(w io.Writer) {
+	var clouds, figures []string
+	cells := map[[2]string]Row{}
+	targets := map[string]string{}
+	for _, r := range s.Rows {
+		cl, rest, _ := strings.Cut(r.Case, ", ")
+		fig := r.Metric
+		if rest != "" {
+			fig = rest + ": " + r.Metric
+		}
+		if !slices.Contains(clouds, cl) {
+			clouds = append(clouds, cl)
+		}
+		if !slices.Contains(figures, fig) {
+			figures = append(figures, fig)
+			targets[fig] = r.Target()
+			if r.MaxRatio > 0 && r.BoundNote != "" && !r.HasLimit {
+				targets[fig] = "<= " + strconv.FormatFloat(r.MaxRatio, 'g', 3, 64) + "x " + r.BoundNote
+			}
+		}
+		cells[[2]string{fig, cl}] = r
+	}
+	fmt.Fprintf(w, "| figure | target | %s |\n", strings.Join(clouds, " | "))
+	fmt.Fprintf(w, "|---|---|%s\n", strings.Repeat("---:|", len(clouds)))
+	for _, fig := range figures {
+		line := make([]string, 0, len(clouds))
+		for _, cl := range clouds {
+			r, ok := cells[[2]string{fig, cl}]
+			if !ok {
+				line = append(line, "-")
+				continue
+			}
+			cell := Num(Median(r.Runs)) + " " + r.Unit
+			if r.Bound > 0 {
+				cell += fmt.Sprintf(" (%.2fx)", r.Ratio())
+			}
+			if res := r.Result(); res != "measured" {
+				cell += " " + res
+			}
+			line = append(line, cell)
+		}
+		fmt.Fprintf(w, "| %s | %s | %s |\n", fig, targets[fig], strings.Join(line, " | "))
+	}
+	fmt.Fprintln(w)
 }

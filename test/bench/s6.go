@@ -126,7 +126,7 @@ func (fl *fleet) startAll(ctx context.Context, extra ...string) error {
 		}
 	}
 	for i, d := range fl.daemons {
-		if _, err := d.WaitReady(ctx, 10*time.Minute); err != nil {
+		if _, err := d.WaitReady(ctx, 3*time.Minute); err != nil {
 			return fmt.Errorf("%s: %w", fl.nodes[i], err)
 		}
 	}
@@ -260,7 +260,7 @@ type startupRun struct {
 // s6 runs the fleet on each cloud in turn.
 func (b *bench) s6(ctx context.Context) (Scenario, error) {
 	cfg := b.s6cfg
-	sc := Scenario{ID: "S6", Title: "the fleet: cloud calls of many nodes on one account",
+	sc := Scenario{ID: "S6", Title: "the fleet: cloud calls of many nodes on one account", Pivot: true,
 		Setup: fmt.Sprintf("%d caa processes, one per node, on one kube-apiserver and one fake cloud per provider with the cloud's published "+
 			"request limits on (each fake's `PublishedLimits`, metered by `cloud.Budget`); %d peer pods per node. Calls and response bytes are "+
 			"counted at the fake, by operation. Reads are every call that is not a write, a poll of a long-running operation (counted apart, "+

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"strings"
 	"testing"
 	"time"
 
@@ -44,6 +45,10 @@ func TestKindsOfCalls(t *testing.T) {
 	assert.EqualValues(t, 1, sumKind(calls, kindDryRun))
 	assert.EqualValues(t, 3, listings(calls))
 	assert.Equal(t, kindRead, kindOf("something-new"), "a call S6 cannot place counts as a read")
+	assert.Equal(t, kindPoll, kindOf(lroPrefix+cloud.OpGet), "the SDK's GET of a resource it just wrote")
+	assert.Equal(t, kindRead, kindOf(opLookup))
+	assert.Zero(t, listings(map[string]int64{opLookup: 1}), "a lookup by name or token is no listing")
+	assert.Equal(t, ec2fake.OpLookup, opLookup, "EC2 fake counts its token lookup under the same name")
 }
 
 func TestClassUseAndPercentOfRefill(t *testing.T) {
@@ -79,4 +84,22 @@ func TestWriteBoundRateAndExtend(t *testing.T) {
 	assert.InDelta(t, 1, Extend(1, 0, 720, 30000), 1e-9, "no growth per VM: the same calls")
 	assert.InDelta(t, 31, Extend(1.3, 0.001, 300, 30000), 1e-9)
 	assert.Zero(t, Extend(1, -1, 0, 10), "never below zero")
+}
+
+func TestPivotPutsCloudsInColumns(t *testing.T) {
+	sc := Scenario{ID: "S6", Title: "fleet", Pivot: true, Rows: []Row{
+		{Case: "aws, idle", Metric: "reads", Unit: "reads", Runs: []float64{6}, HasLimit: true, AtMost: true, Limit: 8},
+		{Case: "azure, idle", Metric: "reads", Unit: "reads", Runs: []float64{12}, HasLimit: true, AtMost: true, Limit: 8},
+		{Case: "azure, startup, 5000 others", Metric: "time", Unit: "ms", Runs: []float64{110}, Bound: 100, MaxRatio: 1.1,
+			BoundNote: "the median with 0 others"},
+	}}
+	var b strings.Builder
+	sc.WriteMarkdown(&b, "####", false)
+	out := b.String()
+	assert.Contains(t, out, "| figure | target | aws | azure |")
+	assert.Contains(t, out, "| idle: reads | <= 8.00 reads | 6.00 reads pass | 12.0 reads MISS |")
+	assert.Contains(t, out, "| startup, 5000 others: time | <= 1.1x the median with 0 others | - | 110 ms (1.10x) pass |")
+	b.Reset()
+	sc.WriteMarkdown(&b, "##", true)
+	assert.Contains(t, b.String(), "| case | metric |", "results.md keeps the full table")
 }

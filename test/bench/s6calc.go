@@ -36,6 +36,8 @@ func kindOf(op string) string {
 	switch {
 	case strings.HasPrefix(op, dryRunPrefix):
 		return kindDryRun
+	case strings.HasPrefix(op, lroPrefix):
+		return kindPoll
 	case slices.Contains(writeOps, op):
 		return kindWrite
 	case op == armfake.OpOperation:
@@ -111,6 +113,7 @@ var opClasses = map[string]map[string][]string{
 	},
 	"ibmcloud": {
 		opSearch:               {vpcfake.ClassSearch},
+		opLookup:               {vpcfake.ClassRead},
 		cloud.OpList:           {vpcfake.ClassRead},
 		cloud.OpGet:            {vpcfake.ClassRead},
 		vpcfake.OpVolumeList:   {vpcfake.ClassRead},
