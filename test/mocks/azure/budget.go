@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
@@ -131,17 +132,11 @@ func (s *server) meteredGraph(w http.ResponseWriter, r *http.Request) bool {
 	}
 	user := graphUser(r)
 	take := s.opts.budget.Take(ClassGraphUser, cloud.Charge{Class: ClassGraphUser, Key: user})
-	lim, ok := s.opts.budget.Limits()[ClassGraphUser]
-	if !ok || take.Remaining[0] < 0 {
+	if take.Remaining[0] < 0 {
 		setQuotaHeaders(w, int64(graphLimit.Burst), 0)
 		return true
 	}
-	tokens, _ := s.opts.budget.Tokens(ClassGraphUser, user)
-	var full time.Duration
-	if rate := lim.Refill / lim.Per.Seconds(); rate > 0 {
-		full = time.Duration((lim.Burst - tokens) / rate * float64(time.Second))
-	}
-	setQuotaHeaders(w, take.Remaining[0], full)
+	s.quotaHeaders(w, r)
 	if take.OK {
 		return true
 	}
@@ -151,6 +146,25 @@ func (s *server) meteredGraph(w http.ResponseWriter, r *http.Request) bool {
 		"Please provide below info when asking for support: timestamp, correlation id.",
 		[]graphDetail{{Code: "RateLimiting", Message: "Client application has been throttled and should not attempt to repeat the request until an amount of time has elapsed. Please see https://aka.ms/resourcegraph-throttling for help."}}})
 	return false
+}
+
+// quotaHeaders sets the quota headers from the caller's bucket as it
+// stands, without charging it: a full quota when nothing is metered.
+func (s *server) quotaHeaders(w http.ResponseWriter, r *http.Request) {
+	lim, metered := graphLimit, false
+	if s.opts.budget != nil {
+		lim, metered = s.opts.budget.Limits()[ClassGraphUser]
+	}
+	if !metered {
+		setQuotaHeaders(w, int64(graphLimit.Burst), 0)
+		return
+	}
+	tokens, _ := s.opts.budget.Tokens(ClassGraphUser, graphUser(r))
+	var full time.Duration
+	if rate := lim.Refill / lim.Per.Seconds(); rate > 0 {
+		full = time.Duration((lim.Burst - tokens) / rate * float64(time.Second))
+	}
+	setQuotaHeaders(w, int64(math.Floor(tokens)), full)
 }
 
 func setQuotaHeaders(w http.ResponseWriter, remaining int64, reset time.Duration) {

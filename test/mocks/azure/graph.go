@@ -33,6 +33,12 @@ const maxGraphTop = 1000
 // from queries, one deleted less than lag ago is still there with its last
 // state, and a state change shows lag late. Default 0: the index is the
 // core as it is.
+//
+// The fake sees the core when it serves a request (any route, the control
+// routes included), so a change made on the core directly is stamped with
+// the time of the next request: a test that changes the core directly and
+// then moves the clock should make a request in between, or the change
+// shows later than lag.
 func WithSearchLag(lag time.Duration) Option { return func(o *options) { o.searchLag = lag } }
 
 // WithClock sets the fake's own clock (default time.Now), on which the

@@ -210,6 +210,11 @@ func (s *server) route(op string, write bool, h http.HandlerFunc) http.Handler {
 		if err != nil {
 			return // the client went away during the injected latency
 		}
+		if isGraph(r) {
+			// Resource Graph's quota headers go on every answer of its
+			// query API, refusals included; metered updates them.
+			s.quotaHeaders(w, r)
+		}
 		if e, ok := s.authenticate(r); !ok {
 			writeError(w, e)
 			return
