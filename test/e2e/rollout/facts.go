@@ -6,6 +6,12 @@ import (
 	"time"
 )
 
+// windowSlack is how far a node's recorded window without a reconciling
+// caa may reach past the new caa's own readiness: the /status poller sees
+// a change at most one poll interval and one request late, on a loaded
+// machine a little more.
+const windowSlack = 1500 * time.Millisecond
+
 // Outcome is what a rollout run observed besides the caa pods' timeline:
 // the window of the rollout, what the DaemonSet allowed, each peer pod's VM
 // before and after, the cloud's write counters, and caa processes that
@@ -14,9 +20,13 @@ import (
 type Outcome struct {
 	// Start is the image change, End when the rollout was seen complete.
 	Start, End time.Time
-	// Allowed is how many nodes the update strategy lets be without a
-	// ready caa at once (maxUnavailable, scaled to the node count).
+	// Allowed is how many nodes the update strategy updates at once
+	// (maxUnavailable plus maxSurge, scaled to the node count): the most
+	// that may be without a Ready caa pod at once.
 	Allowed int
+	// Surge: the new caa pods started beside the old ones and took the
+	// ledger over (a hand-over per node).
+	Surge bool
 	// PeerPods are every peer pod of the run.
 	PeerPods []PeerPod
 	// Creates and Deletes are the cloud's counters over the whole run.
@@ -34,6 +44,8 @@ type PeerPod struct {
 	VMBefore, VMAfter string
 	// Killed: its VM was killed behind caa's back during the rollout.
 	Killed bool
+	// Added: the pod was created during the rollout (no VM before).
+	Added bool
 	// NewVMs are the creation times of the VMs made for it after Start.
 	NewVMs []time.Time
 }
@@ -44,11 +56,68 @@ func Facts(tl Timeline, o Outcome, rows []NodeRow) []string {
 	return []string{
 		availabilityFact(tl, o),
 		gapsFact(tl, o),
+		reconcilerFact(tl, o, rows),
 		writesFact(o),
 		vmsFact(o, rows),
 		readinessFact(tl, rows),
 		troubleFact(o),
 	}
+}
+
+// reconcilerFact says, per node, how long no caa process of it answered
+// ready (as the /status poller saw it), whether that happened once and
+// only between the old caa being told to stop and the new one's
+// readiness, and what caa itself reported as the hand-over's gap.
+func reconcilerFact(tl Timeline, o Outcome, rows []NodeRow) string {
+	if len(tl.Procs) == 0 {
+		return "no caa process's /status was recorded"
+	}
+	ws := tl.NoReconciler(o.Start, o.End)
+	byNode := map[string]NodeRow{}
+	for _, r := range rows {
+		byNode[r.Node] = r
+	}
+	var each, bad []string
+	var longest time.Duration
+	for _, n := range tl.Nodes {
+		w, r := ws[n], byNode[n]
+		switch {
+		case len(w) == 0:
+			each = append(each, n+" never")
+			continue
+		case len(w) > 1:
+			bad = append(bad, fmt.Sprintf("%s had %d such windows", n, len(w)))
+		}
+		for _, x := range w {
+			longest = max(longest, x.Len())
+			if x.Open {
+				bad = append(bad, fmt.Sprintf("%s still had none at the end", n))
+			}
+		}
+		text := fmt.Sprintf("%s %s (%s to %s)", n, seconds(w[0].Len()), since(o.Start, w[0].From), since(o.Start, w[0].To))
+		if r.CaaGap > 0 {
+			text += fmt.Sprintf(", of which the hand-over gap caa reported: %s", seconds(r.CaaGap))
+		}
+		each = append(each, text)
+		switch {
+		case r.OldStopAt.IsZero() || r.CaaReadyAt.IsZero():
+			bad = append(bad, n+": no stop of its old caa or no readiness of its new one to compare with")
+		case w[0].From.Add(time.Second).Before(r.OldStopAt):
+			bad = append(bad, fmt.Sprintf("%s: from %s, before its old caa was told to stop (%s)", n, since(o.Start, w[0].From), since(o.Start, r.OldStopAt)))
+		case w[0].To.After(r.CaaReadyAt.Add(windowSlack)):
+			bad = append(bad, fmt.Sprintf("%s: until %s, after its new caa was ready (%s)", n, since(o.Start, w[0].To), since(o.Start, r.CaaReadyAt)))
+		}
+	}
+	what := "the old caa's pod deletion"
+	if o.Surge {
+		what = "the hand-over request"
+	}
+	text := fmt.Sprintf("time without a reconciling caa (no caa process answering ready on /status), per node: %s; "+
+		"each window ran from %s to the new caa's readiness", strings.Join(each, "; "), what)
+	if len(bad) > 0 {
+		text = "VIOLATED: " + text + "; but: " + list(bad)
+	}
+	return text
 }
 
 // availabilityFact compares the most nodes without a ready caa at once
@@ -57,12 +126,12 @@ func availabilityFact(tl Timeline, o Outcome) string {
 	worst := tl.MaxUnavailable(o.Start, o.End)
 	switch {
 	case worst.Max == 0:
-		return "no node was without a ready caa at any moment of the rollout"
+		return "no node was without a Ready caa pod at any moment of the rollout"
 	case worst.Max <= o.Allowed:
-		return fmt.Sprintf("at most %d %s without a ready caa at any moment of the rollout (the update strategy allows %d)",
+		return fmt.Sprintf("at most %d %s without a Ready caa pod at any moment of the rollout (the update strategy updates %d at a time)",
 			worst.Max, nodes(worst.Max), o.Allowed)
 	}
-	return fmt.Sprintf("VIOLATED: %d nodes were without a ready caa at once (%s, first at %s), more than the %d the update strategy allows",
+	return fmt.Sprintf("VIOLATED: %d nodes were without a Ready caa pod at once (%s, first at %s), more than the %d the update strategy updates at a time",
 		worst.Max, strings.Join(worst.Nodes, ", "), since(o.Start, worst.At), o.Allowed)
 }
 
@@ -124,9 +193,9 @@ func gapsFact(tl Timeline, o Outcome) string {
 	}
 	var parts []string
 	if longestNode == "" {
-		parts = append(parts, "no node was ever without a ready caa during the rollout")
+		parts = append(parts, "no node was ever without a Ready caa pod during the rollout")
 	} else {
-		parts = append(parts, fmt.Sprintf("the longest a node went without a ready caa: %s (%s)", seconds(longest), longestNode))
+		parts = append(parts, fmt.Sprintf("the longest a node went without a Ready caa pod: %s (%s)", seconds(longest), longestNode))
 	}
 	if len(never) > 0 && longestNode != "" {
 		parts = append(parts, fmt.Sprintf("never without one: %s", strings.Join(never, ", ")))
@@ -135,7 +204,7 @@ func gapsFact(tl Timeline, o Outcome) string {
 		parts = append(parts, "UNEXPECTED: without one more than once: "+strings.Join(twice, ", "))
 	}
 	if len(open) > 0 {
-		parts = append(parts, "VIOLATED: still without a ready caa when the rollout was seen complete: "+strings.Join(open, ", "))
+		parts = append(parts, "VIOLATED: still without a Ready caa pod when the rollout was seen complete: "+strings.Join(open, ", "))
 	}
 	return strings.Join(parts, "; ")
 }
@@ -150,18 +219,20 @@ func writesFact(o Outcome) string {
 		}
 	}
 	want := int64(len(o.PeerPods) + killed)
+	// VMs created, not create calls: caa's preflight makes a dry-run
+	// launch, which creates nothing.
 	var parts []string
 	if o.Deletes == 0 {
-		parts = append(parts, "cloud deletes: 0")
+		parts = append(parts, "VMs deleted: 0")
 	} else {
-		parts = append(parts, fmt.Sprintf("VIOLATED: cloud deletes: %d (caa must not delete a VM here)", o.Deletes))
+		parts = append(parts, fmt.Sprintf("VIOLATED: VMs deleted: %d (caa must not delete a VM here)", o.Deletes))
 	}
 	switch {
 	case o.Creates == want:
-		parts = append(parts, fmt.Sprintf("cloud creates: %d, as many as peer pods (%d) plus killed VMs (%d)",
-			o.Creates, len(o.PeerPods), killed))
+		parts = append(parts, fmt.Sprintf("VMs created: %d, as many as peer pods (%d, of which %d added during the rollout) plus killed VMs (%d)",
+			o.Creates, len(o.PeerPods), added(o), killed))
 	default:
-		parts = append(parts, fmt.Sprintf("VIOLATED: cloud creates: %d, not one per peer pod (%d) plus one per killed VM (%d) = %d",
+		parts = append(parts, fmt.Sprintf("VIOLATED: VMs created: %d, not one per peer pod (%d) plus one per killed VM (%d) = %d",
 			o.Creates, len(o.PeerPods), killed, want))
 	}
 	return strings.Join(parts, "; ")
@@ -174,9 +245,20 @@ func vmsFact(o Outcome, rows []NodeRow) string {
 	for _, r := range rows {
 		readyAt[r.Node] = r.NewReadyAt
 	}
-	var kept, notKilled, killed int
-	var lost, badKilled []string
+	var kept, notKilled, killed, newOK int
+	var lost, badKilled, badAdded []string
 	for _, p := range o.PeerPods {
+		if p.Added {
+			switch {
+			case len(p.NewVMs) != 1:
+				badAdded = append(badAdded, fmt.Sprintf("%s got %d VMs", p.Name, len(p.NewVMs)))
+			case p.VMAfter == "":
+				badAdded = append(badAdded, p.Name+" has no live VM")
+			default:
+				newOK++
+			}
+			continue
+		}
 		if !p.Killed {
 			notKilled++
 			switch {
@@ -207,7 +289,8 @@ func vmsFact(o Outcome, rows []NodeRow) string {
 	}
 	var parts []string
 	if len(lost) == 0 {
-		parts = append(parts, fmt.Sprintf("%d of %d peer pods kept the same VM (every one whose VM was not killed)", kept, len(o.PeerPods)))
+		parts = append(parts, fmt.Sprintf("%d of the %d peer pods there before the rollout kept the same VM (every one whose VM was not killed)",
+			kept, len(o.PeerPods)-added(o)))
 	} else {
 		parts = append(parts, fmt.Sprintf("VIOLATED: %d of the %d peer pods whose VM was not killed kept it; not: %s",
 			kept, notKilled, list(lost)))
@@ -220,7 +303,25 @@ func vmsFact(o Outcome, rows []NodeRow) string {
 	default:
 		parts = append(parts, fmt.Sprintf("VIOLATED: of the %d whose VM was killed, %s", killed, list(badKilled)))
 	}
+	switch {
+	case added(o) == 0:
+	case len(badAdded) == 0:
+		parts = append(parts, fmt.Sprintf("the %d created during the rollout each got exactly one VM", newOK))
+	default:
+		parts = append(parts, fmt.Sprintf("VIOLATED: of the %d created during the rollout, %s", added(o), list(badAdded)))
+	}
 	return strings.Join(parts, "; ")
+}
+
+// added counts the peer pods created during the rollout.
+func added(o Outcome) int {
+	n := 0
+	for _, p := range o.PeerPods {
+		if p.Added {
+			n++
+		}
+	}
+	return n
 }
 
 // readinessFact says whether each node's new caa turned ready, and ready

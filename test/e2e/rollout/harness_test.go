@@ -1,15 +1,19 @@
 package rollout
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,6 +50,12 @@ const (
 // built once by TestMain.
 var binaries map[string]string
 
+// The image tags of the broken releases (TestMain maps them).
+const (
+	tagExits = "v2-exits"
+	tagHangs = "v2-hangs"
+)
+
 func TestMain(m *testing.M) {
 	dir, err := os.MkdirTemp("", "caa-rollout-bin")
 	if err != nil {
@@ -61,6 +71,20 @@ func TestMain(m *testing.M) {
 		}
 		binaries[v] = bin
 	}
+	// A broken release that exits at start: caa v2 run with a provider it
+	// does not know, as a build with a wrong default or a renamed flag
+	// would. It fails validation after its health server and the API
+	// reads, before it asks for the ledger.
+	exits := filepath.Join(dir, "caa-"+tagExits)
+	script := "#!/bin/sh\nexec " + binaries["v2"] + " \"$@\" --provider=no-such-cloud\n"
+	if err := os.WriteFile(exits, []byte(script), 0o755); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		os.Exit(1)
+	}
+	binaries[tagExits] = exits
+	// A broken release that never turns ready is caa v2 itself, deployed
+	// with a cloud endpoint whose node listing hangs (env.hangEndpoint).
+	binaries[tagHangs] = binaries["v2"]
 	code := m.Run()
 	_ = os.RemoveAll(dir)
 	os.Exit(code)
@@ -84,11 +108,106 @@ type recorder struct {
 	nodes []string
 	core  *cloud.Cloud
 
+	// pollCtx ends the /status pollers of the caa processes.
+	pollCtx context.Context
+	pollWG  sync.WaitGroup
+
 	mu      sync.Mutex
 	tl      Timeline
 	ready   map[string]firstReady // by pod UID
 	trouble []nodeagent.Observation
-	onPod   func(PodSample) // called outside mu, on the informer's goroutine
+	onPod   func(PodSample)               // called outside mu, on the informer's goroutine
+	polls   map[string]context.CancelFunc // by pod UID
+	// lastProc is each process's last recorded answer, by pod UID.
+	lastProc map[string]ProcSample
+}
+
+// pollStatus asks one caa process's /status every poll interval until
+// stopped, recording each change of what it answers (ready, reason,
+// hand-over). It runs for each process the agent starts.
+func (r *recorder) pollStatus(ctx context.Context, o nodeagent.Observation) {
+	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	tick := time.NewTicker(poll)
+	defer tick.Stop()
+	for {
+		s := ProcSample{Sent: time.Now(), Pod: o.Pod.Name, UID: string(o.UID), Node: o.Node, Tag: o.Tag, PID: o.PID}
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, o.HealthURL+"/status", nil)
+		resp, err := client.Do(req)
+		if ctx.Err() != nil {
+			return
+		}
+		if err != nil {
+			s.Reason = "unreachable"
+		} else {
+			var snap health.Snapshot
+			err = json.NewDecoder(resp.Body).Decode(&snap)
+			resp.Body.Close()
+			if err != nil {
+				s.Reason = "unreadable /status: " + err.Error()
+			} else {
+				s.Ready, s.Reason = snap.Ready, snap.Reason
+				if h := snap.Handover; h != nil {
+					s.Handover = &HandoverView{Role: h.Role, Peer: h.Peer, Outcome: h.Outcome, Reason: h.Reason,
+						StartedAt: h.StartedAt, Took: time.Duration(h.Took), Gap: time.Duration(h.Gap)}
+				}
+			}
+		}
+		s.At = time.Now()
+		r.procSample(s)
+		select {
+		case <-ctx.Done():
+			return
+		case <-tick.C:
+		}
+	}
+}
+
+// procSample records s if it differs from the process's last answer.
+func (r *recorder) procSample(s ProcSample) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	last, seen := r.lastProc[s.UID]
+	if seen && last.Ready == s.Ready && last.Reason == s.Reason && last.Gone == s.Gone && sameHandover(last.Handover, s.Handover) {
+		return
+	}
+	r.lastProc[s.UID] = s
+	r.tl.Procs = append(r.tl.Procs, s)
+}
+
+func sameHandover(a, b *HandoverView) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return *a == *b
+}
+
+// startPolling starts the /status poller of a process the agent started;
+// stopPolling ends it when the process ended, recording it gone.
+func (r *recorder) startPolling(o nodeagent.Observation) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if cancel := r.polls[string(o.UID)]; cancel != nil {
+		cancel()
+	}
+	if r.pollCtx.Err() != nil {
+		return
+	}
+	ctx, cancel := context.WithCancel(r.pollCtx)
+	r.polls[string(o.UID)] = cancel
+	r.pollWG.Go(func() { r.pollStatus(ctx, o) })
+}
+
+func (r *recorder) stopPolling(o nodeagent.Observation) {
+	r.mu.Lock()
+	cancel := r.polls[string(o.UID)]
+	delete(r.polls, string(o.UID))
+	r.mu.Unlock()
+	if cancel != nil {
+		cancel()
+	}
+	now := time.Now()
+	r.procSample(ProcSample{Sent: now, At: now, Pod: o.Pod.Name, UID: string(o.UID), Node: o.Node, Tag: o.Tag, PID: o.PID,
+		Reason: "process ended (" + string(o.Kind) + ")", Gone: true})
 }
 
 func (r *recorder) podSample(obj any, gone bool) {
@@ -143,8 +262,17 @@ func (r *recorder) mark(label string) time.Time {
 // caa's /status and /metrics what it had done by then.
 func (r *recorder) observe(o nodeagent.Observation) {
 	switch o.Kind {
+	case nodeagent.Started:
+		r.startPolling(o)
+		return
+	case nodeagent.Terminated:
+		r.stopPolling(o)
+		return
 	case nodeagent.Ready:
 	case nodeagent.Exited, nodeagent.Restarted, nodeagent.Failed:
+		if o.Kind != nodeagent.Failed {
+			r.stopPolling(o)
+		}
 		r.mu.Lock()
 		r.trouble = append(r.trouble, o)
 		r.mu.Unlock()
@@ -197,28 +325,56 @@ func (r *recorder) timeline() Timeline {
 	tl.Pods = append([]PodSample(nil), r.tl.Pods...)
 	tl.VMs = append([]VMSample(nil), r.tl.VMs...)
 	tl.Marks = append([]Mark(nil), r.tl.Marks...)
+	tl.Procs = append([]ProcSample(nil), r.tl.Procs...)
 	return tl
 }
 
 // env is one rollout test's world.
 type env struct {
-	t       *testing.T
-	c       *cluster.Cluster
-	core    *cloud.Cloud
-	ec2URL  string
-	agent   *nodeagent.Agent
-	rec     *recorder
-	kustDir string
+	t    *testing.T
+	c    *cluster.Cluster
+	core *cloud.Cloud
+	// ec2URL is the fake EC2; hangURL the same cloud behind a front that
+	// never answers a listing of a node's VMs (the broken release's).
+	ec2URL, hangURL string
+	agent           *nodeagent.Agent
+	rec             *recorder
+	kustDir         string
 	// agentDir holds the nodes' hostPaths and the caa pods' logs.
 	agentDir string
 	nodes    []string
-	pods     map[string]*corev1.Pod // peer pods by UID
+	opts     options
+
+	mu   sync.Mutex
+	pods map[string]*corev1.Pod // peer pods by UID
+	// added are the peer pods created during the rollout, by UID.
+	added   map[string]bool
+	addWG   sync.WaitGroup
+	addErrs []error
+}
+
+// options shape a test's deployment.
+type options struct {
+	// noSurge deploys with deploy/components/no-surge.
+	noSurge bool
+	// settings are extra CAA_* settings for the ConfigMap, NAME=value.
+	settings []string
+	// readinessFailures, if set, replaces the readiness probe's failure
+	// threshold (see TestBrokenReleaseStalls for why).
+	readinessFailures int
+}
+
+// release is one apply of the deployment: an image tag, and optionally
+// another cloud endpoint.
+type release struct {
+	tag      string
+	endpoint string // "": the fake EC2
 }
 
 // start brings up the control plane with kwok, nodeCount kwok nodes with
 // podsPerNode peer pods each, the fake EC2, the node agent and the
 // recorders. Everything stops in t.Cleanup.
-func start(ctx context.Context, t *testing.T, nodeCount, podsPerNode int) *env {
+func start(ctx context.Context, t *testing.T, nodeCount, podsPerNode int, opts options) *env {
 	t.Helper()
 	c := cluster.Start(ctx, t)
 	require.NoError(t, c.StartControlPlane(ctx))
@@ -228,9 +384,13 @@ func start(ctx context.Context, t *testing.T, nodeCount, podsPerNode int) *env {
 	// Every call takes a little while and a new VM boots for a second, so
 	// a new caa has real work before it may turn ready.
 	core.SetFaults(cloud.Faults{Latency: 20 * time.Millisecond, BootDelay: time.Second})
-	srv := httptest.NewServer(ec2fake.NewServer(core, ec2fake.WithCredentials(accessKey, secretKey)))
+	ec2 := ec2fake.NewServer(core, ec2fake.WithCredentials(accessKey, secretKey))
+	srv := httptest.NewServer(ec2)
 	t.Cleanup(srv.Close)
-	e := &env{t: t, c: c, core: core, ec2URL: srv.URL, kustDir: t.TempDir(), agentDir: t.TempDir(), pods: map[string]*corev1.Pod{}}
+	hang := httptest.NewServer(hangListing(ec2))
+	t.Cleanup(hang.Close)
+	e := &env{t: t, c: c, core: core, ec2URL: srv.URL, hangURL: hang.URL, kustDir: t.TempDir(), agentDir: t.TempDir(),
+		opts: opts, pods: map[string]*corev1.Pod{}, added: map[string]bool{}}
 
 	for i := range nodeCount {
 		name := fmt.Sprintf("node-%d", i+1)
@@ -261,8 +421,9 @@ func start(ctx context.Context, t *testing.T, nodeCount, podsPerNode int) *env {
 		}
 	}
 
-	e.rec = &recorder{nodes: e.nodes, core: core, ready: map[string]firstReady{}}
 	agentCtx, stopAgent := context.WithCancel(context.Background())
+	e.rec = &recorder{nodes: e.nodes, core: core, ready: map[string]firstReady{}, pollCtx: agentCtx,
+		polls: map[string]context.CancelFunc{}, lastProc: map[string]ProcSample{}}
 	e.agent, _ = nodeagent.New(nodeagent.Config{Client: c.Client(), REST: c.RestConfig(), Dir: e.agentDir,
 		Binaries: binaries, Observe: e.rec.observe, Logf: t.Logf})
 	var wg sync.WaitGroup
@@ -289,9 +450,11 @@ func start(ctx context.Context, t *testing.T, nodeCount, podsPerNode int) *env {
 	require.NoError(t, err)
 	factory.Start(agentCtx.Done())
 	t.Cleanup(func() {
+		e.addWG.Wait()
 		stopAgent()
 		factory.Shutdown()
 		wg.Wait()
+		e.rec.pollWG.Wait()
 		if t.Failed() {
 			e.logCaaTails()
 		}
@@ -324,7 +487,7 @@ kind: Kustomization
 resources:
   - {{BASE}}
   - credentials.yaml
-images:
+{{COMPONENTS}}images:
   - name: caa
     newTag: {{TAG}}
 configMapGenerator:
@@ -343,7 +506,7 @@ configMapGenerator:
       # the VMs killed behind its back, so the new caa's startup pass is
       # what recreates them, which is the behaviour under test.
       - CAA_RESYNC=10m
-patches:
+{{SETTINGS}}patches:
   # Probe periods of 1s instead of 10s and 5s: the controller moves on
   # when a pod turns Ready, and a 5s period would add up to 5s per node to
   # the test without testing anything more. Thresholds are unchanged.
@@ -362,7 +525,7 @@ patches:
                   periodSeconds: 1
                 readinessProbe:
                   periodSeconds: 1
-`
+{{READINESS}}`
 
 const credentials = `apiVersion: v1
 kind: Secret
@@ -376,22 +539,103 @@ stringData:
 `
 
 // apply renders the overlay for tag and runs kubectl apply -k on it.
-func (e *env) apply(ctx context.Context, tag string) {
+func (e *env) apply(ctx context.Context, tag string) { e.applyRelease(ctx, release{tag: tag}) }
+
+// applyRelease renders the overlay for r, with the test's options, and
+// runs kubectl apply -k on it.
+func (e *env) applyRelease(ctx context.Context, r release) {
 	e.t.Helper()
-	overlay, err := filepath.Abs(filepath.Join("..", "..", "..", "deploy", "overlays", "aws"))
+	deploy, err := filepath.Abs(filepath.Join("..", "..", "..", "deploy"))
 	require.NoError(e.t, err)
-	require.FileExists(e.t, filepath.Join(overlay, "kustomization.yaml"))
-	base, err := filepath.Rel(e.kustDir, overlay)
-	require.NoError(e.t, err)
-	k := strings.NewReplacer("{{BASE}}", base, "{{TAG}}", tag, "{{ENDPOINT}}", e.ec2URL).Replace(kustomization)
+	rel := func(p string) string {
+		require.FileExists(e.t, filepath.Join(deploy, p, "kustomization.yaml"))
+		r, err := filepath.Rel(e.kustDir, filepath.Join(deploy, p))
+		require.NoError(e.t, err)
+		return r
+	}
+	components := ""
+	if e.opts.noSurge {
+		components = "components:\n  - " + rel("components/no-surge") + "\n"
+	}
+	settings := ""
+	for _, kv := range e.opts.settings {
+		settings += "      - " + kv + "\n"
+	}
+	endpoint := r.endpoint
+	if endpoint == "" {
+		endpoint = e.ec2URL
+	}
+	readiness := ""
+	if e.opts.readinessFailures > 0 {
+		readiness = fmt.Sprintf("                  failureThreshold: %d\n", e.opts.readinessFailures)
+	}
+	k := strings.NewReplacer("{{BASE}}", rel("overlays/aws"), "{{TAG}}", r.tag, "{{ENDPOINT}}", endpoint,
+		"{{COMPONENTS}}", components, "{{SETTINGS}}", settings, "{{READINESS}}", readiness).Replace(kustomization)
 	require.NoError(e.t, os.WriteFile(filepath.Join(e.kustDir, "kustomization.yaml"), []byte(k), 0o600))
 	require.NoError(e.t, os.WriteFile(filepath.Join(e.kustDir, "credentials.yaml"), []byte(credentials), 0o600))
+	out := e.kubectl(ctx, "apply", "-k", e.kustDir)
+	e.t.Logf("kubectl apply -k (caa:%s):\n%s", r.tag, out)
+}
+
+// kubectl runs the harness's kubectl against the test cluster and returns
+// its output.
+func (e *env) kubectl(ctx context.Context, args ...string) string {
+	e.t.Helper()
 	bins, err := cluster.EnsureBinaries(ctx)
 	require.NoError(e.t, err)
-	cmd := exec.CommandContext(ctx, bins.Kubectl, "--kubeconfig", e.c.Kubeconfig(), "apply", "-k", e.kustDir)
+	cmd := exec.CommandContext(ctx, bins.Kubectl, append([]string{"--kubeconfig", e.c.Kubeconfig()}, args...)...)
 	out, err := cmd.CombinedOutput()
-	require.NoError(e.t, err, "kubectl apply -k (caa:%s):\n%s", tag, out)
-	e.t.Logf("kubectl apply -k (caa:%s):\n%s", tag, strings.TrimSpace(string(out)))
+	require.NoError(e.t, err, "kubectl %s:\n%s", strings.Join(args, " "), out)
+	return strings.TrimSpace(string(out))
+}
+
+// hangListing passes every request to the fake EC2 except a listing of a
+// node's VMs (DescribeInstances filtered by the node tag), which it holds
+// until the caller gives up: a cloud whose API answers caa's preflight
+// but never its node listing, so a caa on it never finishes a pass.
+func hangListing(next http.Handler) http.Handler {
+	nodeFilter := "tag:" + provider.TagNode
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		body, err := io.ReadAll(r.Body)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		r.Body = io.NopCloser(bytes.NewReader(body))
+		if form, err := url.ParseQuery(string(body)); err == nil && form.Get("Action") == "DescribeInstances" {
+			for k, v := range form {
+				if strings.HasPrefix(k, "Filter.") && strings.HasSuffix(k, ".Name") && slices.Contains(v, nodeFilter) {
+					<-r.Context().Done()
+					return
+				}
+			}
+		}
+		next.ServeHTTP(w, r)
+	})
+}
+
+// addPeerPod creates a peer pod on node while the test runs (from an
+// informer's callback: it does not wait), and remembers it as added.
+func (e *env) addPeerPod(ctx context.Context, node, name string) {
+	e.addWG.Go(func() {
+		pod, err := e.c.CreatePeerPod(ctx, "team", name, node, nil)
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if err != nil {
+			e.addErrs = append(e.addErrs, err)
+			return
+		}
+		e.pods[string(pod.UID)] = pod
+		e.added[string(pod.UID)] = true
+	})
+}
+
+// peerPods returns the peer pods so far, by UID, and which were added
+// during the rollout.
+func (e *env) peerPods() (map[string]*corev1.Pod, map[string]bool) {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return maps.Clone(e.pods), maps.Clone(e.added)
 }
 
 // liveVMs maps each peer pod's UID to its live VM's id.

@@ -10,13 +10,24 @@ import (
 type NodeRow struct {
 	Node           string
 	OldPod, NewPod string
-	// OldStopAt is when the old pod's deletion began (the node's caa
-	// stopped counting as ready), OldGoneAt when its object was gone,
-	// NewReadyAt when the new pod turned Ready.
-	OldStopAt, OldGoneAt, NewReadyAt time.Time
+	// OldStopAt is when the old caa was told to stop reconciling: the
+	// hand-over request (Handover, from the old caa's /status) or the
+	// start of its pod's deletion. OldDeletedAt is when its pod's deletion
+	// began, OldGoneAt when its object was gone, NewReadyAt when the new
+	// pod turned Ready, CaaReadyAt when the new caa itself turned ready
+	// (its /status).
+	OldStopAt, OldDeletedAt, OldGoneAt, NewReadyAt, CaaReadyAt time.Time
+	Handover                                                   bool
+	// NoReconciler is the node's window without a caa process answering
+	// ready; CaaGap the hand-over gap the new caa reported (from the old
+	// one stopping work to its own readiness); PodGap how long the node
+	// had no Ready caa pod.
+	NoReconciler   Window
+	CaaGap, PodGap time.Duration
 	// PeerPods on the node; Adopted kept their VM; Recreated got a new VM
-	// from the new caa (the VMs killed during the rollout).
-	PeerPods, Adopted, Recreated int
+	// from the new caa (the VMs killed during the rollout); Added are the
+	// VMs of the pods created during the rollout.
+	PeerPods, Adopted, Recreated, Added int
 	// CaaTimeToReady is the new caa's own start-to-ready time (/status).
 	CaaTimeToReady time.Duration
 	// Reported: the new caa answered /status and /metrics at its first
@@ -25,14 +36,6 @@ type NodeRow struct {
 	// pending (which must be none).
 	Reported, Converged bool
 	PendingAtReady      int
-}
-
-// WithoutReadyCaa is how long the node had no ready caa.
-func (r NodeRow) WithoutReadyCaa() time.Duration {
-	if r.OldStopAt.IsZero() || r.NewReadyAt.IsZero() {
-		return 0
-	}
-	return r.NewReadyAt.Sub(r.OldStopAt)
 }
 
 // Report is what the rollout report says.
@@ -56,13 +59,8 @@ func (r Report) Markdown() string {
 	if r.Scenario != "" {
 		fmt.Fprintf(&b, "%s\n\n", strings.TrimSpace(r.Scenario))
 	}
-	b.WriteString("Times are seconds after the image change (T0); nodes in the order their old caa was told to stop.\n\n")
-	b.WriteString("| node | old caa pod | stop requested | old pod gone | new caa pod | new pod ready | node without a ready caa | peer pods | VMs adopted | VMs recreated | caa time to ready |\n")
-	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|\n")
-	for _, row := range r.Rows {
-		fmt.Fprintf(&b, "| %s | %s | %s | %s | %s | %s | %s | %d | %d | %d | %s |\n",
-			row.Node, row.OldPod, r.at(row.OldStopAt), r.at(row.OldGoneAt), row.NewPod, r.at(row.NewReadyAt),
-			seconds(row.WithoutReadyCaa()), row.PeerPods, row.Adopted, row.Recreated, seconds(row.CaaTimeToReady))
+	if len(r.Rows) > 0 {
+		r.table(&b)
 	}
 	if len(r.Facts) > 0 {
 		b.WriteString("\nWhat the recording shows:\n\n")
@@ -74,6 +72,35 @@ func (r Report) Markdown() string {
 		fmt.Fprintf(&b, "\n![caa readiness and running VMs per node over the rollout](%s)\n", r.Picture)
 	}
 	return b.String()
+}
+
+// table renders the rows.
+func (r Report) table(b *strings.Builder) {
+	b.WriteString("Times are seconds after the image change (T0); nodes in the order their old caa was told to stop " +
+		"(asked to hand over, or its pod's deletion). \"No reconciling caa\" is the window in which no caa process of the node " +
+		"answered ready on /status, as polled; \"hand-over gap\" is what the new caa reported itself, from the old caa " +
+		"stopping work to its own readiness.\n\n")
+	b.WriteString("| node | old caa pod | old caa told to stop | new caa pod | new caa ready | no reconciling caa | hand-over gap | " +
+		"node without a Ready caa pod | new pod Ready | old pod gone | peer pods | VMs adopted | VMs recreated | VMs of added pods | caa time to ready |\n")
+	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, row := range r.Rows {
+		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %d | %d | %d | %s |\n",
+			row.Node, row.OldPod, r.at(row.OldStopAt), row.NewPod, r.at(row.CaaReadyAt), r.window(row.NoReconciler),
+			seconds(row.CaaGap), seconds(row.PodGap), r.at(row.NewReadyAt), r.at(row.OldGoneAt),
+			row.PeerPods, row.Adopted, row.Recreated, row.Added, seconds(row.CaaTimeToReady))
+	}
+}
+
+// window is w's length and span, "—" for none.
+func (r Report) window(w Window) string {
+	if w.From.IsZero() {
+		return "—"
+	}
+	open := ""
+	if w.Open {
+		open = ", still open"
+	}
+	return fmt.Sprintf("%s (%s to %s%s)", seconds(w.Len()), r.at(w.From), r.at(w.To), open)
 }
 
 // at is t as seconds after the report's start.

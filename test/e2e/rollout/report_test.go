@@ -44,7 +44,34 @@ func synthetic() Timeline {
 			{At: at(18), Running: map[string]int{"node-a": 10, "node-b": 10}},
 		},
 		Marks: []Mark{{At: at(9), Label: "image caa:v2"}, {At: at(13), Label: "3 VMs killed on node-b"}},
+		// What the processes answered on /status: each old caa stops
+		// answering ready a little after it is told to stop, each new one
+		// answers ready a little before its pod turns Ready.
+		Procs: []ProcSample{
+			{At: at(0.5), UID: "a1", Node: "node-a", Reason: "unreachable"},
+			{At: at(0.9), UID: "a1", Node: "node-a", Ready: true},
+			{At: at(1.9), UID: "b1", Node: "node-b", Ready: true},
+			{At: at(10.2), UID: "a1", Node: "node-a", Reason: "stopping"},
+			{At: at(12), UID: "a1", Node: "node-a", Gone: true},
+			{At: at(12.6), UID: "a2", Node: "node-a", Reason: "unreachable"},
+			{At: at(13.8), UID: "a2", Node: "node-a", Ready: true},
+			{At: at(15.1), UID: "b1", Node: "node-b", Reason: "stopping"},
+			{At: at(16), UID: "b1", Node: "node-b", Gone: true},
+			{At: at(18.9), UID: "b2", Node: "node-b", Ready: true},
+		},
 	}
+}
+
+func TestNodeReconcilingAndItsWindows(t *testing.T) {
+	tl := synthetic()
+	rec := tl.NodeReconciling()
+	assert.Equal(t, []Step{{Value: 0}, {At: at(0.9), Value: 1}, {At: at(10.2), Value: 0}, {At: at(13.8), Value: 1}}, rec["node-a"])
+	ws := tl.NoReconciler(at(9), at(20))
+	assert.Equal(t, []Window{{From: at(10.2), To: at(13.8)}}, ws["node-a"])
+	assert.Equal(t, []Window{{From: at(15.1), To: at(18.9)}}, ws["node-b"])
+	assert.Equal(t, []Window{{From: at(15.1), To: at(17), Open: true}}, tl.NoReconciler(at(9), at(17))["node-b"],
+		"a window still open at the end is cut there and said to be open")
+	assert.Empty(t, tl.NoReconciler(at(3), at(9)), "both nodes reconciled before the update")
 }
 
 func TestNodeReadySteps(t *testing.T) {
@@ -82,8 +109,9 @@ func TestReportMarkdown(t *testing.T) {
 	r := Report{
 		Title: "caa rollout: 2 nodes", Scenario: "Two nodes.", Start: at(9), Picture: "rollout-timeline.svg",
 		Rows: []NodeRow{
-			{Node: "node-a", OldPod: "a1", NewPod: "a2", OldStopAt: at(10), OldGoneAt: at(12), NewReadyAt: at(14),
-				PeerPods: 10, Adopted: 10, CaaTimeToReady: 1200 * time.Millisecond},
+			{Node: "node-a", OldPod: "a1", NewPod: "a2", OldStopAt: at(10), OldGoneAt: at(12), NewReadyAt: at(14), CaaReadyAt: at(13.8),
+				NoReconciler: Window{From: at(10.2), To: at(13.8)}, PodGap: 4 * time.Second, CaaGap: 3 * time.Second,
+				PeerPods: 11, Adopted: 10, Added: 1, CaaTimeToReady: 1200 * time.Millisecond},
 			{Node: "node-b", OldPod: "b1", NewPod: "b2", OldStopAt: at(15), OldGoneAt: at(16), NewReadyAt: at(19),
 				PeerPods: 10, Adopted: 7, Recreated: 3},
 		},
@@ -91,8 +119,8 @@ func TestReportMarkdown(t *testing.T) {
 	}
 	md := r.Markdown()
 	assert.Contains(t, md, "# caa rollout: 2 nodes\n")
-	assert.Contains(t, md, "| node-a | a1 | +1.0s | +3.0s | a2 | +5.0s | 4.00s | 10 | 10 | 0 | 1.20s |\n")
-	assert.Contains(t, md, "| node-b | b1 | +6.0s | +7.0s | b2 | +10.0s | 4.00s | 10 | 7 | 3 | — |\n")
+	assert.Contains(t, md, "| node-a | a1 | +1.0s | a2 | +4.8s | 3.60s (+1.2s to +4.8s) | 3.00s | 4.00s | +5.0s | +3.0s | 11 | 10 | 0 | 1 | 1.20s |\n")
+	assert.Contains(t, md, "| node-b | b1 | +6.0s | b2 | — | — | — | — | +10.0s | +7.0s | 10 | 7 | 3 | 0 | — |\n")
 	assert.Contains(t, md, "- at most 1 node without a ready caa\n")
 	assert.Contains(t, md, "](rollout-timeline.svg)")
 	assert.Equal(t, "-2.0s", Report{Start: at(9)}.at(at(7)))
@@ -114,8 +142,8 @@ func goodOutcome() (Outcome, []NodeRow) {
 		}
 	}
 	rows := []NodeRow{
-		{Node: "node-a", OldStopAt: at(10), NewReadyAt: at(14), PeerPods: 10, Adopted: 10, Reported: true, Converged: true},
-		{Node: "node-b", OldStopAt: at(15), NewReadyAt: at(19), PeerPods: 10, Adopted: 7, Recreated: 3, Reported: true, Converged: true},
+		{Node: "node-a", OldStopAt: at(10), NewReadyAt: at(14), CaaReadyAt: at(13.8), PeerPods: 10, Adopted: 10, Reported: true, Converged: true},
+		{Node: "node-b", OldStopAt: at(15), NewReadyAt: at(19), CaaReadyAt: at(18.8), PeerPods: 10, Adopted: 7, Recreated: 3, Reported: true, Converged: true},
 	}
 	return o, rows
 }
@@ -123,10 +151,13 @@ func goodOutcome() (Outcome, []NodeRow) {
 func TestFactsOfAGoodRollout(t *testing.T) {
 	o, rows := goodOutcome()
 	assert.Equal(t, []string{
-		"at most 1 node without a ready caa at any moment of the rollout (the update strategy allows 1)",
-		"the longest a node went without a ready caa: 4.00s (node-a)",
-		"cloud deletes: 0; cloud creates: 23, as many as peer pods (20) plus killed VMs (3)",
-		"17 of 20 peer pods kept the same VM (every one whose VM was not killed); " +
+		"at most 1 node without a Ready caa pod at any moment of the rollout (the update strategy updates 1 at a time)",
+		"the longest a node went without a Ready caa pod: 4.00s (node-a)",
+		"time without a reconciling caa (no caa process answering ready on /status), per node: " +
+			"node-a 3.60s (+1.2s to +4.8s); node-b 3.80s (+6.1s to +9.9s); " +
+			"each window ran from the old caa's pod deletion to the new caa's readiness",
+		"VMs deleted: 0; VMs created: 23, as many as peer pods (20, of which 0 added during the rollout) plus killed VMs (3)",
+		"17 of the 20 peer pods there before the rollout kept the same VM (every one whose VM was not killed); " +
 			"the 3 whose VM was killed each got exactly one new VM before their node's new caa turned ready",
 		"each of the 2 new caa processes reported a converged startup pass with nothing pending (/status, /metrics) at its first readiness",
 		"no caa process exited, restarted or failed to start",
@@ -148,7 +179,7 @@ func TestFactsSayWhatWasViolated(t *testing.T) {
 			tl.Pods = append(tl.Pods, PodSample{At: at(13), Pod: "b1", UID: "b1", Node: "node-b", Tag: "v1", Ready: true, Deleting: true})
 		},
 		fact: 0,
-		want: "VIOLATED: 2 nodes were without a ready caa at once (node-a, node-b, first at +4.0s), more than the 1 the update strategy allows",
+		want: "VIOLATED: 2 nodes were without a Ready caa pod at once (node-a, node-b, first at +4.0s), more than the 1 the update strategy updates at a time",
 	}, {
 		name: "a node without a ready caa twice, and one never again",
 		change: func(tl *Timeline, _ *Outcome, _ []NodeRow) {
@@ -158,21 +189,36 @@ func TestFactsSayWhatWasViolated(t *testing.T) {
 				PodSample{At: at(16.5), Pod: "a2", UID: "a2", Node: "node-a", Tag: "v2", Ready: true})
 		},
 		fact: 1,
-		want: "the longest a node went without a ready caa: 5.00s (node-b); UNEXPECTED: without one more than once: node-a 2 times; " +
-			"VIOLATED: still without a ready caa when the rollout was seen complete: node-b",
+		want: "the longest a node went without a Ready caa pod: 5.00s (node-b); UNEXPECTED: without one more than once: node-a 2 times; " +
+			"VIOLATED: still without a Ready caa pod when the rollout was seen complete: node-b",
 	}, {
 		name: "no update at all",
 		change: func(tl *Timeline, _ *Outcome, _ []NodeRow) {
 			tl.Pods = slices.DeleteFunc(tl.Pods, func(s PodSample) bool { return s.At.After(at(9)) })
 		},
 		fact: 1,
-		want: "no node was ever without a ready caa during the rollout",
+		want: "no node was ever without a Ready caa pod during the rollout",
+	}, {
+		name: "a node without a reconciler twice, another one too long",
+		change: func(tl *Timeline, _ *Outcome, rows []NodeRow) {
+			rows[1].CaaReadyAt = at(17.5)
+			tl.Procs = append(tl.Procs,
+				ProcSample{At: at(16.5), UID: "a2", Node: "node-a", Reason: "stalled"},
+				ProcSample{At: at(17), UID: "a2", Node: "node-a", Ready: true})
+			tl.Procs = slices.DeleteFunc(tl.Procs, func(s ProcSample) bool { return s.UID == "b2" })
+			tl.Procs = append(tl.Procs, ProcSample{At: at(19.5), UID: "b2", Node: "node-b", Ready: true})
+		},
+		fact: 2,
+		want: "VIOLATED: time without a reconciling caa (no caa process answering ready on /status), per node: " +
+			"node-a 3.60s (+1.2s to +4.8s); node-b 4.40s (+6.1s to +10.5s); " +
+			"each window ran from the old caa's pod deletion to the new caa's readiness; " +
+			"but: node-a had 2 such windows, node-b: until +10.5s, after its new caa was ready (+8.5s)",
 	}, {
 		name:   "a delete and too many creates",
 		change: func(_ *Timeline, o *Outcome, _ []NodeRow) { o.Deletes, o.Creates = 1, 25 },
-		fact:   2,
-		want: "VIOLATED: cloud deletes: 1 (caa must not delete a VM here); " +
-			"VIOLATED: cloud creates: 25, not one per peer pod (20) plus one per killed VM (3) = 23",
+		fact:   3,
+		want: "VIOLATED: VMs deleted: 1 (caa must not delete a VM here); " +
+			"VIOLATED: VMs created: 25, not one per peer pod (20) plus one per killed VM (3) = 23",
 	}, {
 		name: "a pod lost its VM, a killed one got two, another one too late",
 		change: func(_ *Timeline, o *Outcome, _ []NodeRow) {
@@ -180,7 +226,7 @@ func TestFactsSayWhatWasViolated(t *testing.T) {
 			o.PeerPods[10].NewVMs = append(o.PeerPods[10].NewVMs, at(17.5))
 			o.PeerPods[11].NewVMs = []time.Time{at(19.25)}
 		},
-		fact: 3,
+		fact: 4,
 		want: "VIOLATED: 16 of the 17 peer pods whose VM was not killed kept it; not: node-a-pod-04 (VM i-node-a-4, then i-other); " +
 			"VIOLATED: of the 3 whose VM was killed, node-b-pod-00 got 2 new VMs, node-b-pod-01 got its new VM 250ms after node-b's new caa turned ready",
 	}, {
@@ -189,13 +235,13 @@ func TestFactsSayWhatWasViolated(t *testing.T) {
 			rows[0].Converged, rows[0].PendingAtReady = false, 2
 			rows[1].NewReadyAt = time.Time{}
 		},
-		fact: 4,
+		fact: 5,
 		want: "VIOLATED: no report of a ready new caa from node-b (no new caa turned ready); " +
 			"VIOLATED: ready before a converged startup pass: node-a (2 pods pending)",
 	}, {
 		name:   "a caa process restarted",
 		change: func(_ *Timeline, o *Outcome, _ []NodeRow) { o.Trouble = []string{"caa-x Restarted on node-a (v2)"} },
-		fact:   5,
+		fact:   6,
 		want:   "VIOLATED: 1 caa process event(s) of trouble: caa-x Restarted on node-a (v2)",
 	}}
 	for _, tt := range tests {
@@ -236,7 +282,7 @@ func TestSVGIsWellFormedAndDrawsEveryLane(t *testing.T) {
 	assert.Equal(t, 1, counts["svg"])
 	assert.Equal(t, 2, counts["polyline"], "one VM line per node")
 	// Each node's strip: not ready, ready, not ready, ready.
-	assert.Equal(t, 1+4+4, counts["rect"], "the background and four readiness segments per node")
+	assert.Equal(t, 1+4+4+4+4, counts["rect"], "the background, and four readiness and four reconciling segments per node")
 	joined := strings.Join(texts, "|")
 	for _, want := range []string{"node-a", "node-b", "rollout <2 nodes>", "image caa:v2", `<b>&"quoted"`, "10 VMs", "-8s", "0s", "2s", "10s"} {
 		assert.Contains(t, joined, want)

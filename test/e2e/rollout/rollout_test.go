@@ -18,29 +18,63 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
 
+	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/mocks/cloud"
 )
 
-// TestRollingUpdate is the seed's scenario: 3 nodes with 30 peer pods each
-// on the fake EC2; caa v1 deployed from deploy/overlays/aws; the image
-// changed to v2 and rolled by the real DaemonSet controller; three VMs
-// killed behind caa's back on a node not yet updated.
-func TestRollingUpdate(t *testing.T) {
-	runRollout(t, 3, 30, 3, "")
+// scenario is one rolling update from v1 to v2.
+type scenario struct {
+	nodes, podsPerNode int
+	// kills VMs are killed behind caa's back, on a node not yet updated
+	// (the only node when there is one), when the rollout begins.
+	kills int
+	// noSurge deploys with deploy/components/no-surge (maxUnavailable 1,
+	// maxSurge 0) instead of the default surge.
+	noSurge bool
+	// addOnReady creates each node's added peer pod when its new caa pod
+	// turns Ready, instead of when it appears (then the pod's VM is
+	// still booting when the node's caa is replaced, and the new caa's
+	// readiness waits for the boot).
+	addOnReady bool
+	// suffix names the report's files.
+	suffix string
 }
 
-// TestRollingUpdateSingleNode is the same on a one-node cluster: the node
-// is without a ready caa while it is updated, and nothing else is.
-func TestRollingUpdateSingleNode(t *testing.T) {
-	runRollout(t, 1, 20, 3, "-single-node")
+// TestRollingUpdateSurge is the default strategy (maxSurge 1,
+// maxUnavailable 0) on 3 nodes with 30 peer pods each on the fake EC2:
+// caa v1 deployed from deploy/overlays/aws, the image changed to v2 and
+// rolled by the real DaemonSet controller, each node's new caa taking the
+// ledger over from the old one; three VMs killed behind caa's back on a
+// node not yet updated, and a peer pod created on each node as its update
+// begins.
+func TestRollingUpdateSurge(t *testing.T) {
+	runRollout(t, scenario{nodes: 3, podsPerNode: 30, kills: 3, suffix: "-surge"})
 }
 
-func runRollout(t *testing.T, nodeCount, podsPerNode, kills int, suffix string) {
+// TestRollingUpdateSurgeSingleNode is the surge on a one-node cluster:
+// the node is without a reconciling caa only for the hand-over's gap.
+func TestRollingUpdateSurgeSingleNode(t *testing.T) {
+	runRollout(t, scenario{nodes: 1, podsPerNode: 30, addOnReady: true, suffix: "-surge-single-node"})
+}
+
+// TestRollingUpdateNoSurge is the same as TestRollingUpdateSurge with
+// deploy/components/no-surge: the old caa exits before the new one starts.
+func TestRollingUpdateNoSurge(t *testing.T) {
+	runRollout(t, scenario{nodes: 3, podsPerNode: 30, kills: 3, noSurge: true, suffix: "-no-surge"})
+}
+
+// TestRollingUpdateNoSurgeSingleNode is the no-surge update of a one-node
+// cluster: the node is without caa while it is updated, and nothing else is.
+func TestRollingUpdateNoSurgeSingleNode(t *testing.T) {
+	runRollout(t, scenario{nodes: 1, podsPerNode: 20, kills: 3, noSurge: true, suffix: "-no-surge-single-node"})
+}
+
+func runRollout(t *testing.T, sc scenario) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	e := start(ctx, t, nodeCount, podsPerNode)
-	total := nodeCount * podsPerNode
+	e := start(ctx, t, sc.nodes, sc.podsPerNode, options{noSurge: sc.noSurge})
+	total := sc.nodes * sc.podsPerNode
 
 	// v1, until the DaemonSet is fully available.
 	e.rec.mark("caa:v1 applied")
@@ -49,13 +83,24 @@ func runRollout(t *testing.T, nodeCount, podsPerNode, kills int, suffix string) 
 	before := e.liveVMs()
 	require.Len(t, before, total, "v1 gave every peer pod a VM")
 
-	// The first deletion of the rollout picks the victim node: another
-	// node, still on v1 with a ready caa, when there is one.
+	// The first step of the rollout (the first v1 pod deleted, or the
+	// first v2 pod created) picks the victim node: another node, still on
+	// v1, when there is one. Each node gets a new peer pod when its v2 pod
+	// appears (while its old caa still holds the ledger, with a surge, or
+	// while no caa runs there, without), or when it turns Ready.
 	victimCh := make(chan string, 1)
 	var once sync.Once
+	addedOn := map[string]bool{} // only the informer's goroutine touches it
 	e.rec.mu.Lock()
 	e.rec.onPod = func(s PodSample) {
-		if s.Tag != "v1" || !s.Deleting {
+		if s.Node == "" {
+			return // a new pod the scheduler has not bound yet
+		}
+		if s.Tag == "v2" && !addedOn[s.Node] && !s.Gone && (s.Ready || !sc.addOnReady) {
+			addedOn[s.Node] = true
+			e.addPeerPod(ctx, s.Node, s.Node+"-added")
+		}
+		if (s.Tag != "v1" || !s.Deleting) && s.Tag != "v2" {
 			return
 		}
 		once.Do(func() {
@@ -80,48 +125,85 @@ func runRollout(t *testing.T, nodeCount, podsPerNode, kills int, suffix string) 
 	case <-time.After(3 * time.Minute):
 		t.Fatal("the DaemonSet controller never began the rollout")
 	}
-	killed := e.kill(victim, kills)
-	e.rec.mark(fmt.Sprintf("%d VMs killed on %s", kills, victim))
-	t.Logf("killed %d VMs on %s: %v", kills, victim, killed)
+	killed := map[string]string{}
+	if sc.kills > 0 {
+		killed = e.kill(victim, sc.kills)
+		e.rec.mark(fmt.Sprintf("%d VMs killed on %s", sc.kills, victim))
+		t.Logf("killed %d VMs on %s: %v", sc.kills, victim, killed)
+	}
 
 	e.waitRolledOut(ctx, "v2")
 	end := time.Now()
+	added := e.waitAdded(ctx, len(e.nodes))
 	e.rec.sampleVMs()
 	tl := e.rec.timeline()
+	pods, _ := e.peerPods()
 
-	// Never more than one node without a ready caa.
+	// Pods: never more nodes without a Ready caa pod than the strategy
+	// updates at once.
+	_, allowed := e.strategy(ctx)
 	worst := tl.MaxUnavailable(t0, end)
-	assert.LessOrEqual(t, worst.Max, 1, "nodes without a ready caa at once (worst at %s: %v)", worst.At.Sub(t0), worst.Nodes)
+	assert.LessOrEqual(t, worst.Max, allowed, "nodes without a ready caa pod at once (worst at %s: %v)", worst.At.Sub(t0), worst.Nodes)
 
 	// No VM deleted or replaced but the killed ones; each of those got
-	// exactly one new VM.
+	// exactly one new VM, and so did each pod added during the rollout.
 	counters := e.core.Counters()
-	assert.Zero(t, counters[cloud.OpDelete], "no cloud delete during the whole test")
-	assert.Equal(t, int64(total+kills), counters[cloud.OpCreate], "creates: one per peer pod, plus one per killed VM")
+	assert.Zero(t, counters["deleted"], "no VM deleted during the whole test")
+	assert.Equal(t, int64(total+len(killed)+len(added)), counters["created"],
+		"VMs created: one per peer pod, plus one per killed VM")
 	after := e.liveVMs()
-	assert.Len(t, after, total, "every peer pod has a live VM after the rollout")
+	assert.Len(t, after, len(pods), "every peer pod has a live VM after the rollout")
 	created := e.createdSince(t0)
 	for uid, id := range before {
 		if _, wasKilled := killed[uid]; wasKilled {
-			assert.NotEqual(t, id, after[uid], "killed pod %s has a new VM", e.pods[uid].Name)
-			assert.Len(t, created[uid], 1, "killed pod %s got exactly one new VM", e.pods[uid].Name)
+			assert.NotEqual(t, id, after[uid], "killed pod %s has a new VM", pods[uid].Name)
+			assert.Len(t, created[uid], 1, "killed pod %s got exactly one new VM", pods[uid].Name)
 		} else {
-			assert.Equal(t, id, after[uid], "pod %s kept its VM", e.pods[uid].Name)
-			assert.Empty(t, created[uid], "no VM created for pod %s", e.pods[uid].Name)
+			assert.Equal(t, id, after[uid], "pod %s kept its VM", pods[uid].Name)
+			assert.Empty(t, created[uid], "no VM created for pod %s", pods[uid].Name)
 		}
 	}
+	for uid := range added {
+		assert.Len(t, created[uid], 1, "pod %s, added during the rollout, got exactly one VM", pods[uid].Name)
+		assert.NotEmpty(t, after[uid], "pod %s, added during the rollout, has a live VM", pods[uid].Name)
+	}
 
-	rows := e.checkNewPods(tl, t0, victim, killed, podsPerNode)
+	rows := e.checkNewPods(tl, t0, end, sc, killed, added)
 	assert.Empty(t, e.rec.trouble, "no caa process exited, restarted or failed to start")
 	assert.Empty(t, e.agent.Errors(), "the node agent met no error")
 
 	// Sanity of the recording itself: the picture must show what happened.
-	vms := tl.NodeVMs()[victim]
-	require.NotEmpty(t, vms)
-	dipped := slices.ContainsFunc(vms, func(s Step) bool { return s.At.After(t0) && s.Value == podsPerNode-kills })
-	assert.True(t, dipped, "the VM sampler saw the kill on %s", victim)
+	if sc.kills > 0 {
+		vms := tl.NodeVMs()[victim]
+		require.NotEmpty(t, vms)
+		dipped := slices.ContainsFunc(vms, func(s Step) bool { return s.At.After(t0) && s.Value == sc.podsPerNode-sc.kills })
+		assert.True(t, dipped, "the VM sampler saw the kill on %s", victim)
+	}
 
-	e.writeReport(ctx, tl, e.outcome(ctx, t0, end, before, after, killed), rows, suffix)
+	e.writeReport(ctx, tl, e.outcome(ctx, t0, end, before, after, killed), rows, sc)
+}
+
+// waitAdded waits for the n peer pods added during the rollout to have
+// been created and to have a live VM each, and returns them by UID.
+func (e *env) waitAdded(ctx context.Context, n int) map[string]bool {
+	e.t.Helper()
+	e.addWG.Wait()
+	e.mu.Lock()
+	errs := slices.Clone(e.addErrs)
+	e.mu.Unlock()
+	require.Empty(e.t, errs, "create the peer pods added during the rollout")
+	_, added := e.peerPods()
+	require.Len(e.t, added, n, "one peer pod added per node during the rollout")
+	e.eventually(ctx, time.Minute, "every peer pod added during the rollout has a live VM", func() (bool, error) {
+		live := e.liveVMs()
+		for uid := range added {
+			if live[uid] == "" {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	return added
 }
 
 // outcome gathers what the report's facts are computed from besides the
@@ -130,10 +212,12 @@ func runRollout(t *testing.T, nodeCount, podsPerNode, kills int, suffix string) 
 func (e *env) outcome(ctx context.Context, t0, end time.Time, before, after, killed map[string]string) Outcome {
 	_, allowed := e.strategy(ctx)
 	counters := e.core.Counters()
-	o := Outcome{Start: t0, End: end, Allowed: allowed, Creates: counters[cloud.OpCreate], Deletes: counters[cloud.OpDelete]}
+	o := Outcome{Start: t0, End: end, Allowed: allowed, Creates: counters["created"], Deletes: counters["deleted"],
+		Surge: !e.opts.noSurge}
 	created := e.createdSince(t0)
-	for uid, pod := range e.pods {
-		p := PeerPod{Name: pod.Name, Node: pod.Spec.NodeName, VMBefore: before[uid], VMAfter: after[uid]}
+	pods, added := e.peerPods()
+	for uid, pod := range pods {
+		p := PeerPod{Name: pod.Name, Node: pod.Spec.NodeName, VMBefore: before[uid], VMAfter: after[uid], Added: added[uid]}
 		_, p.Killed = killed[uid]
 		for _, in := range created[uid] {
 			p.NewVMs = append(p.NewVMs, in.CreatedAt)
@@ -157,7 +241,9 @@ func (e *env) outcome(ctx context.Context, t0, end time.Time, before, after, kil
 }
 
 // strategy reads the DaemonSet's update strategy as deployed: its text
-// for the report, and maxUnavailable scaled to the node count.
+// for the report, and how many nodes it updates at once (maxUnavailable
+// plus maxSurge, scaled to the node count): the most nodes that may be
+// without a Ready caa pod at once.
 func (e *env) strategy(ctx context.Context) (string, int) {
 	d, err := e.c.Client().AppsV1().DaemonSets(namespace).Get(ctx, "caa", metav1.GetOptions{})
 	if err != nil {
@@ -167,15 +253,19 @@ func (e *env) strategy(ctx context.Context) (string, int) {
 	if ru == nil {
 		return string(d.Spec.UpdateStrategy.Type), 0
 	}
-	allowed, err := intstr.GetScaledValueFromIntOrPercent(ru.MaxUnavailable, len(e.nodes), true)
+	unavailable, err := intstr.GetScaledValueFromIntOrPercent(ru.MaxUnavailable, len(e.nodes), true)
 	if err != nil {
 		return fmt.Sprintf("maxUnavailable unreadable: %v", err), 0
 	}
 	text := fmt.Sprintf("%s, maxUnavailable %s", d.Spec.UpdateStrategy.Type, ru.MaxUnavailable)
+	surge := 0
 	if ru.MaxSurge != nil {
 		text += ", maxSurge " + ru.MaxSurge.String()
+		if surge, err = intstr.GetScaledValueFromIntOrPercent(ru.MaxSurge, len(e.nodes), true); err != nil {
+			return fmt.Sprintf("maxSurge unreadable: %v", err), 0
+		}
 	}
-	return text, allowed
+	return text, unavailable + surge
 }
 
 // waitRolledOut polls the DaemonSet until every node runs a ready,
@@ -208,17 +298,18 @@ func (e *env) waitRolledOut(ctx context.Context, tag string) {
 // by pod UID.
 func (e *env) kill(node string, n int) map[string]string {
 	e.t.Helper()
+	pods, _ := e.peerPods()
 	var uids []string
-	for uid, pod := range e.pods {
+	for uid, pod := range pods {
 		if pod.Spec.NodeName == node {
 			uids = append(uids, uid)
 		}
 	}
-	sort.Slice(uids, func(i, j int) bool { return e.pods[uids[i]].Name < e.pods[uids[j]].Name })
+	sort.Slice(uids, func(i, j int) bool { return pods[uids[i]].Name < pods[uids[j]].Name })
 	live := e.liveVMs()
 	out := map[string]string{}
 	for _, uid := range uids[:n] {
-		require.NoError(e.t, e.core.Kill(live[uid]), "kill the VM of %s", e.pods[uid].Name)
+		require.NoError(e.t, e.core.Kill(live[uid]), "kill the VM of %s", pods[uid].Name)
 		out[uid] = live[uid]
 	}
 	return out
@@ -236,23 +327,59 @@ func (e *env) createdSince(t time.Time) map[string][]cloud.Instance {
 	return out
 }
 
+// handoverOf returns the last hand-over the process of pod UID showed on
+// /status with the given role, if any.
+func (tl Timeline) handoverOf(uid, role string) (HandoverView, bool) {
+	var out HandoverView
+	found := false
+	for _, s := range tl.Procs {
+		if s.UID == uid && s.Handover != nil && s.Handover.Role == role {
+			out, found = *s.Handover, true
+		}
+	}
+	return out, found
+}
+
 // checkNewPods checks each node's v2 caa against what it said at its first
-// readiness, and returns the report's rows in the order of the update.
-func (e *env) checkNewPods(tl Timeline, t0 time.Time, victim string, killed map[string]string, podsPerNode int) []NodeRow {
+// readiness and each node's window without a reconciling caa against the
+// update (the hand-over, or the old pod's exit), and returns the report's
+// rows in the order of the update.
+func (e *env) checkNewPods(tl Timeline, t0, end time.Time, sc scenario, killed map[string]string, added map[string]bool) []NodeRow {
 	t := e.t
 	created := e.createdSince(t0)
+	pods, _ := e.peerPods()
 	e.rec.mu.Lock()
 	ready := e.rec.ready
 	e.rec.mu.Unlock()
+	noReconciler := tl.NoReconciler(t0, end)
+	podGaps := tl.gaps(t0, end)
 	var rows []NodeRow
 	for _, node := range e.nodes {
-		row := NodeRow{Node: node, PeerPods: podsPerNode}
+		row := NodeRow{Node: node, PeerPods: sc.podsPerNode}
+		for uid := range added {
+			if pods[uid].Spec.NodeName == node {
+				row.PeerPods++
+			}
+		}
+		for _, g := range podGaps[node] {
+			row.PodGap += g.to.Sub(g.from)
+		}
 		oldStop, ok := tl.FirstPod(func(s PodSample) bool { return s.Node == node && s.Tag == "v1" && s.Deleting })
 		if assert.True(t, ok, "the v1 pod on %s was deleted", node) {
-			row.OldPod, row.OldStopAt = oldStop.Pod, oldStop.At
+			row.OldPod, row.OldDeletedAt = oldStop.Pod, oldStop.At
 		}
 		if gone, ok := tl.FirstPod(func(s PodSample) bool { return s.Node == node && s.Tag == "v1" && s.Gone }); ok {
 			row.OldGoneAt = gone.At
+		}
+		// The old caa stopped reconciling when it was asked to hand over
+		// (surge), or when its pod's deletion began (no surge).
+		row.OldStopAt = row.OldDeletedAt
+		if !sc.noSurge && oldStop.UID != "" {
+			if h, ok := tl.handoverOf(oldStop.UID, health.RoleHandedOver); assert.True(t, ok, "%s: the old caa showed its hand-over on /status", node) {
+				row.OldStopAt = h.StartedAt
+				row.Handover = true
+				assert.Equal(t, health.HandoverDone, h.Outcome, "%s: the old caa's hand-over outcome", node)
+			}
 		}
 		// Every node gets a row, also one whose checks fail here: the
 		// report's facts then say what is missing.
@@ -281,29 +408,72 @@ func (e *env) checkNewPods(tl Timeline, t0 time.Time, victim string, killed map[
 		row.PendingAtReady = len(st.Pending)
 		row.Converged = st.Ready && st.LastPass != nil && st.LastPass.Error == "" &&
 			metric(fr.Metrics, `caa_reconcile_passes_total{result="converged"}`) >= 1
-		assert.False(t, row.OldStopAt.IsZero() || st.StartedAt.Before(row.OldStopAt), "%s: v2 started after v1 was told to stop", node)
 		row.CaaTimeToReady = time.Duration(st.TimeToReady)
+		row.CaaReadyAt = st.ReadyAt
+		if sc.noSurge {
+			assert.False(t, row.OldStopAt.IsZero() || st.StartedAt.Before(row.OldStopAt), "%s: v2 started after v1 was told to stop", node)
+			assert.Nil(t, st.Handover, "%s: no hand-over without a surge", node)
+		} else if h := st.Handover; assert.NotNil(t, h, "%s: the new caa took the ledger over", node) {
+			assert.Equal(t, health.RoleTookOver, h.Role, "%s", node)
+			assert.Equal(t, health.HandoverDone, h.Outcome, "%s", node)
+			assert.Contains(t, h.Peer, row.OldPod, "%s: taken over from the node's old caa", node)
+			assert.Equal(t, 1.0, metric(fr.Metrics, `caa_handovers_total{outcome="done",role="took_over"}`), "%s: one hand-over counted", node)
+			row.CaaGap = time.Duration(h.Gap)
+		}
 
-		// Each killed VM's replacement came from this caa before it was ready.
-		wantCreates := 0
+		// The node was without a reconciling caa once: from the old caa's
+		// stop to the new caa's readiness, and no longer.
+		ws := noReconciler[node]
+		if assert.Len(t, ws, 1, "%s: one window without a reconciling caa, the update's: %v", node, ws) {
+			w := ws[0]
+			row.NoReconciler = w
+			assert.False(t, w.Open, "%s: a reconciling caa at the end", node)
+			from := row.OldStopAt
+			if sc.noSurge {
+				// The agent's SIGTERM follows the deletion as its informer
+				// sees it, which may be before the recorder's does.
+				from = from.Add(-time.Second)
+			}
+			assert.False(t, w.From.Before(from), "%s: no reconciler from %s, before the old caa was told to stop (%s)",
+				node, since(t0, w.From), since(t0, row.OldStopAt))
+			assert.False(t, w.To.After(st.ReadyAt.Add(windowSlack)), "%s: no reconciler until %s, after the new caa was ready (%s)",
+				node, since(t0, w.To), since(t0, st.ReadyAt))
+			if row.CaaGap > 0 {
+				// The poller sees the old caa stop at most a poll (and a
+				// request) after it did.
+				assert.LessOrEqual(t, row.CaaGap, w.Len()+windowSlack, "%s: caa's own gap agrees with the recorded window", node)
+			}
+		}
+
+		// Each killed VM's replacement came from this caa before it was
+		// ready; a pod added during the rollout got its VM from the old
+		// caa or the new one.
+		wantCreates, addedHere := 0, 0
 		for uid := range killed {
-			if e.pods[uid].Spec.NodeName != node {
+			if pods[uid].Spec.NodeName != node {
 				continue
 			}
 			wantCreates++
 			for _, in := range created[uid] {
-				assert.True(t, in.CreatedAt.After(st.StartedAt), "%s: the replacement of %s came from the new caa", node, e.pods[uid].Name)
-				assert.True(t, in.CreatedAt.Before(st.ReadyAt), "%s: the replacement of %s existed before caa was ready", node, e.pods[uid].Name)
+				assert.True(t, in.CreatedAt.After(st.StartedAt), "%s: the replacement of %s came from the new caa", node, pods[uid].Name)
+				assert.True(t, in.CreatedAt.Before(st.ReadyAt), "%s: the replacement of %s existed before caa was ready", node, pods[uid].Name)
 				assert.True(t, in.CreatedAt.Before(newReady.At), "%s: ... and before the pod turned Ready", node)
 			}
 			row.Recreated += len(created[uid])
 		}
-		assert.Equal(t, float64(wantCreates), metric(fr.Metrics, `caa_reconcile_actions_total{kind="Create"}`),
-			"%s: creates decided by the new caa before its readiness", node)
-		if node == victim {
+		for uid := range added {
+			if pods[uid].Spec.NodeName == node {
+				addedHere++
+				row.Added += len(created[uid])
+			}
+		}
+		creates := metric(fr.Metrics, `caa_reconcile_actions_total{kind="Create"}`)
+		assert.GreaterOrEqual(t, creates, float64(wantCreates), "%s: creates decided by the new caa before its readiness", node)
+		assert.LessOrEqual(t, creates, float64(wantCreates+addedHere), "%s: creates decided by the new caa before its readiness", node)
+		if node == victim(killed, pods) {
 			assert.Equal(t, len(killed), wantCreates)
 		}
-		row.Adopted = podsPerNode - row.Recreated
+		row.Adopted = sc.podsPerNode - row.Recreated
 		rows = append(rows, row)
 	}
 	// In the order the old caas were told to stop; a node never stopped last.
@@ -314,42 +484,72 @@ func (e *env) checkNewPods(tl Timeline, t0 time.Time, victim string, killed map[
 	return rows
 }
 
+// victim is the node of the killed VMs' pods ("" when none was killed).
+func victim(killed map[string]string, pods map[string]*corev1.Pod) string {
+	for uid := range killed {
+		return pods[uid].Spec.NodeName
+	}
+	return ""
+}
+
 // writeReport writes the markdown report and the SVG into
 // $CAA_ROLLOUT_REPORT_DIR, or a temporary directory. Its facts are computed
 // from the timeline and the outcome, so the report of a failed run says
 // what failed.
-func (e *env) writeReport(ctx context.Context, tl Timeline, o Outcome, rows []NodeRow, suffix string) {
+func (e *env) writeReport(ctx context.Context, tl Timeline, o Outcome, rows []NodeRow, sc scenario) {
+	t := e.t
+	strategy, _ := e.strategy(ctx)
+	killed, added, victims := 0, 0, map[string]bool{}
+	for _, p := range o.PeerPods {
+		if p.Killed {
+			killed++
+			victims[p.Node] = true
+		}
+		if p.Added {
+			added++
+		}
+	}
+	how := "deploy/overlays/aws"
+	if sc.noSurge {
+		how += " with deploy/components/no-surge"
+	}
+	r := Report{
+		Title: fmt.Sprintf("caa rolling update v1 → v2 (%s): %d node(s), %d peer pods", strategyName(sc.noSurge), len(e.nodes), len(o.PeerPods)),
+		Scenario: fmt.Sprintf("Recorded by `%s` (test/e2e/rollout) on %s: etcd, kube-apiserver, kube-controller-manager "+
+			"(the real DaemonSet controller) and kube-scheduler, kwok for the nodes and the peer pods, the test node agent "+
+			"running the real caa binaries for the DaemonSet's pods under the deploy/ ServiceAccount's token, and the fake EC2. "+
+			"caa was deployed with `kubectl apply -k` over %s (probe periods: %s), then its image changed from v1 to v2 "+
+			"(%s); %d VMs were killed behind caa's back on %s when the rollout began, and %d peer pods were created "+
+			"during the rollout, one on each node as its new caa pod %s. Every caa process's /status was polled "+
+			"every %s. A VM boots for %s in the fake cloud; a caa waits for its new VMs to boot before it turns ready.",
+			t.Name(), time.Now().UTC().Format("2006-01-02"), how, e.probePeriods(ctx), strategy, killed, joinKeys(victims), added,
+			map[bool]string{false: "appeared", true: "turned Ready"}[sc.addOnReady], poll, e.core.Faults().BootDelay),
+		Start: o.Start, Rows: rows,
+		Facts: Facts(tl, o, rows),
+	}
+	e.writeFiles(tl, r, "rollout-report"+sc.suffix+".md", "rollout-timeline"+sc.suffix+".svg")
+}
+
+// writeFiles writes r and the timeline's picture into
+// $CAA_ROLLOUT_REPORT_DIR, or a temporary directory.
+func (e *env) writeFiles(tl Timeline, r Report, md, svg string) {
 	t := e.t
 	dir := os.Getenv("CAA_ROLLOUT_REPORT_DIR")
 	if dir == "" {
 		dir = t.TempDir()
 	}
 	require.NoError(t, os.MkdirAll(dir, 0o755))
-	picture := "rollout-timeline" + suffix + ".svg"
-	strategy, _ := e.strategy(ctx)
-	killed, victims := 0, map[string]bool{}
-	for _, p := range o.PeerPods {
-		if p.Killed {
-			killed++
-			victims[p.Node] = true
-		}
+	r.Picture = svg
+	require.NoError(t, os.WriteFile(filepath.Join(dir, md), []byte(r.Markdown()), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, svg), []byte(SVG(tl, r.Title, r.Start)), 0o644))
+	t.Logf("rollout report: %s (picture %s)\n%s", filepath.Join(dir, md), filepath.Join(dir, svg), strings.TrimSpace(r.Markdown()))
+}
+
+func strategyName(noSurge bool) string {
+	if noSurge {
+		return "no surge"
 	}
-	r := Report{
-		Title: fmt.Sprintf("caa rolling update v1 → v2: %d node(s), %d peer pods", len(e.nodes), len(o.PeerPods)),
-		Scenario: fmt.Sprintf("Recorded by `%s` (test/e2e/rollout) on %s: etcd, kube-apiserver, kube-controller-manager "+
-			"(the real DaemonSet controller) and kube-scheduler, kwok for the nodes and the peer pods, the test node agent "+
-			"running the real caa binaries for the DaemonSet's pods under the deploy/ ServiceAccount's token, and the fake EC2. "+
-			"caa was deployed with `kubectl apply -k` over deploy/overlays/aws (probe periods: %s), then its image changed from v1 to v2 "+
-			"(%s); %d VMs were killed behind caa's back on %s when the rollout began.",
-			t.Name(), time.Now().UTC().Format("2006-01-02"), e.probePeriods(ctx), strategy, killed, joinKeys(victims)),
-		Start: o.Start, Rows: rows, Picture: picture,
-		Facts: Facts(tl, o, rows),
-	}
-	md := filepath.Join(dir, "rollout-report"+suffix+".md")
-	require.NoError(t, os.WriteFile(md, []byte(r.Markdown()), 0o644))
-	svg := SVG(tl, r.Title, o.Start)
-	require.NoError(t, os.WriteFile(filepath.Join(dir, picture), []byte(svg), 0o644))
-	t.Logf("rollout report: %s (picture %s)\n%s", md, filepath.Join(dir, picture), strings.TrimSpace(r.Markdown()))
+	return "surge"
 }
 
 // probePeriods reads the caa container's startup and readiness probe

@@ -16,7 +16,9 @@ const (
 	laneTop    = 80 // room for the title, the legend and the marks' labels
 	laneHeight = 96
 	bandHeight = 14 // the readiness strip under each lane's VM line
-	axisHeight = 40
+	// procBandHeight is the strip under it: a caa process reconciling.
+	procBandHeight = 6
+	axisHeight     = 40
 )
 
 // SVG draws tl as one lane per node: a strip that is green while the node
@@ -55,7 +57,11 @@ func SVG(tl Timeline, title string, start time.Time) string {
 		svgWidth, height, svgWidth, height)
 	fmt.Fprintf(&b, `<rect width="100%%" height="100%%" fill="white"/>`+"\n")
 	fmt.Fprintf(&b, `<text x="%d" y="20" font-size="15" font-weight="bold">%s</text>`+"\n", laneLeft, html.EscapeString(title))
-	fmt.Fprintf(&b, `<text x="%d" y="38" fill="#555">green: the node has a ready caa · red: it has none · line: running VMs (0–%d)</text>`+"\n", laneLeft, maxVMs)
+	fmt.Fprintf(&b, `<text x="%d" y="38" fill="#555">green: the node has a Ready caa pod · red: it has none · line: running VMs (0–%d)</text>`+"\n", laneLeft, maxVMs)
+	reconciling := tl.NodeReconciling()
+	if len(tl.Procs) > 0 {
+		fmt.Fprintf(&b, `<text x="%d" y="52" fill="#555">thin strip below: a caa process of the node answers ready on /status (it reconciles) · red: none does</text>`+"\n", laneLeft)
+	}
 
 	for i, node := range tl.Nodes {
 		top := float64(laneTop + i*laneHeight)
@@ -63,23 +69,28 @@ func SVG(tl Timeline, title string, start time.Time) string {
 		lineTop, lineBottom := top+8, bandY-6
 		fmt.Fprintf(&b, `<text x="10" y="%.1f" font-weight="bold">%s</text>`+"\n", bandY+bandHeight-2, html.EscapeString(node))
 		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%d" y2="%.1f" stroke="#ddd"/>`+"\n", laneLeft, lineBottom, svgWidth-laneRight, lineBottom)
-		// The readiness strip.
-		steps := ready[node]
-		for j, s := range steps {
-			from := s.At
-			if from.Before(first) {
-				from = first
+		// The readiness strip, and under it the reconciling strip.
+		strip := func(steps []Step, y float64, h int) {
+			for j, s := range steps {
+				from := s.At
+				if from.Before(first) {
+					from = first
+				}
+				to := last
+				if j+1 < len(steps) {
+					to = steps[j+1].At
+				}
+				color := "#d9534f"
+				if s.Value == 1 {
+					color = "#5cb85c"
+				}
+				fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%d" fill="%s"/>`+"\n",
+					x(from), y, math.Max(x(to)-x(from), 0.5), h, color)
 			}
-			to := last
-			if j+1 < len(steps) {
-				to = steps[j+1].At
-			}
-			color := "#d9534f"
-			if s.Value == 1 {
-				color = "#5cb85c"
-			}
-			fmt.Fprintf(&b, `<rect x="%.1f" y="%.1f" width="%.1f" height="%d" fill="%s"/>`+"\n",
-				x(from), bandY, math.Max(x(to)-x(from), 0.5), bandHeight, color)
+		}
+		strip(ready[node], bandY, bandHeight)
+		if len(tl.Procs) > 0 {
+			strip(reconciling[node], bandY+bandHeight+2, procBandHeight)
 		}
 		// The VM count.
 		y := func(v int) float64 { return lineBottom - (lineBottom-lineTop)*float64(v)/float64(maxVMs) }

@@ -28,6 +28,33 @@ type PodSample struct {
 // being deleted does not, even while its process still answers.
 func (s PodSample) serves() bool { return s.Ready && !s.Deleting && !s.Gone }
 
+// ProcSample is what one caa process answered on /status, recorded when
+// it changed: whether it was ready (converged and not blocked: the caa
+// that reconciles its node), why not, and its last hand-over. Sent and At
+// bracket the moment the process answered. A process that cannot be
+// reached (starting, or gone) counts as not ready; Gone marks the end of
+// the process.
+type ProcSample struct {
+	Sent, At time.Time
+	Pod      string
+	UID      string
+	Node     string
+	Tag      string
+	PID      int
+	Ready    bool
+	Reason   string
+	Gone     bool
+	// Handover is the process's last hand-over, as /status showed it.
+	Handover *HandoverView
+}
+
+// HandoverView is the part of /status's hand-over block the report uses.
+type HandoverView struct {
+	Role, Peer, Outcome, Reason string
+	StartedAt                   time.Time
+	Took, Gap                   time.Duration
+}
+
 // VMSample is the number of running VMs per node at one moment.
 type VMSample struct {
 	At      time.Time
@@ -45,7 +72,9 @@ type Mark struct {
 type Timeline struct {
 	Nodes []string
 	Pods  []PodSample // in the order seen
-	VMs   []VMSample  // in time order
+	// Procs are the caa processes' answers, in the order recorded.
+	Procs []ProcSample
+	VMs   []VMSample // in time order
 	Marks []Mark
 }
 
@@ -74,6 +103,81 @@ func (tl Timeline) NodeReady() map[string][]Step {
 		steps := out[s.Node]
 		if len(steps) == 0 || steps[len(steps)-1].Value != v {
 			out[s.Node] = append(steps, Step{At: s.At, Value: v})
+		}
+	}
+	return out
+}
+
+// NodeReconciling returns, per node, when one of its caa processes
+// answered ready on /status (1) and when none did (0), starting at 0 and
+// listing changes only. Unlike NodeReady it looks at the processes, not
+// at the pods' Ready condition (which follows a probe period and a
+// failure threshold behind): it shows the hand-over's gap.
+func (tl Timeline) NodeReconciling() map[string][]Step {
+	out := map[string][]Step{}
+	for _, n := range tl.Nodes {
+		out[n] = []Step{{Value: 0}}
+	}
+	procs := slices.Clone(tl.Procs)
+	sort.SliceStable(procs, func(i, j int) bool { return procs[i].At.Before(procs[j].At) })
+	state := map[string]ProcSample{} // by pod UID
+	for _, s := range procs {
+		state[s.UID] = s
+		v := 0
+		for _, p := range state {
+			if p.Node == s.Node && p.Ready && !p.Gone {
+				v = 1
+			}
+		}
+		steps := out[s.Node]
+		if steps[len(steps)-1].Value != v {
+			out[s.Node] = append(steps, Step{At: s.At, Value: v})
+		}
+	}
+	return out
+}
+
+// Window is a time span; Open: it had not ended when the recording did.
+type Window struct {
+	From, To time.Time
+	Open     bool
+}
+
+// Len is the window's length.
+func (w Window) Len() time.Duration { return w.To.Sub(w.From) }
+
+// windows returns the spans of steps with value 0 that overlap [from, to],
+// clipped to it.
+func windows(steps []Step, from, to time.Time) []Window {
+	var out []Window
+	for i, st := range steps {
+		if st.Value != 0 {
+			continue
+		}
+		w := Window{From: st.At}
+		if i+1 < len(steps) {
+			w.To = steps[i+1].At
+		}
+		if i+1 == len(steps) || w.To.After(to) {
+			w.To, w.Open = to, true
+		}
+		if w.From.Before(from) {
+			w.From = from
+		}
+		if w.To.After(w.From) {
+			out = append(out, w)
+		}
+	}
+	return out
+}
+
+// NoReconciler returns, per node, the windows within [from, to] in which
+// none of its caa processes answered ready.
+func (tl Timeline) NoReconciler(from, to time.Time) map[string][]Window {
+	out := map[string][]Window{}
+	for node, steps := range tl.NodeReconciling() {
+		if ws := windows(steps, from, to); len(ws) > 0 {
+			out[node] = ws
 		}
 	}
 	return out
@@ -185,6 +289,9 @@ func (tl Timeline) Span() (time.Time, time.Time) {
 	}
 	for _, m := range tl.Marks {
 		see(m.At)
+	}
+	for _, s := range tl.Procs {
+		see(s.At)
 	}
 	return first, last
 }
