@@ -27,13 +27,18 @@ import (
 //	exit-code       at start, exit at once with this code (a crash loop)
 //	ignore-sigterm  present: SIGTERM is logged and ignored
 //
+// With fakeSharedEnv set to a directory, the stand-in writes a file named
+// after $POD_NAME there at start, holding its pod name and pid: the test
+// of two pods on one node reads them from the node's host directory.
+//
 // GET /exit?code=N makes the running process exit with N. Every request
 // and signal is logged to stdout (the pod's caa.log) as
 // "fake-caa: GET <path> -> <status>" or "fake-caa: ignoring SIGTERM",
 // which the tests read to see which probes ran.
 const (
-	fakeCAAEnv = "NODEAGENT_FAKE_CAA"
-	fakeDirEnv = "NODEAGENT_FAKE_DIR"
+	fakeCAAEnv    = "NODEAGENT_FAKE_CAA"
+	fakeDirEnv    = "NODEAGENT_FAKE_DIR"
+	fakeSharedEnv = "NODEAGENT_FAKE_SHARED"
 )
 
 func TestMain(m *testing.M) {
@@ -54,6 +59,13 @@ func runFakeCAA(dir, addr string) int {
 		}
 		fmt.Printf("fake-caa: exiting at start with %d\n", code)
 		return code
+	}
+	if shared := os.Getenv(fakeSharedEnv); shared != "" {
+		name := os.Getenv("POD_NAME")
+		if err := os.WriteFile(filepath.Join(shared, name), fmt.Appendf(nil, "%s %d\n", name, os.Getpid()), 0o644); err != nil {
+			fmt.Printf("fake-caa: write into the shared directory: %v\n", err)
+			return 2
+		}
 	}
 	// Listen for SIGTERM before serving, so a stop that follows the first
 	// probe at once is never missed.

@@ -48,12 +48,17 @@ type harness struct {
 
 // startAgent runs an agent for pod, which must come from fakePod, until
 // the test ends; the agent's processes are stopped before the test's
-// directories go.
-func startAgent(t *testing.T, pod *corev1.Pod, backoff time.Duration) *harness {
+// directories go. The agent also runs others, more pods (from fakePod)
+// the harness's helpers do not look at.
+func startAgent(t *testing.T, pod *corev1.Pod, backoff time.Duration, others ...*corev1.Pod) *harness {
 	t.Helper()
 	self, err := os.Executable()
 	require.NoError(t, err)
-	h := &harness{t: t, client: fake.NewClientset(pod), ctrl: controlDir(pod), pod: pod}
+	objs := []runtime.Object{pod}
+	for _, o := range others {
+		objs = append(objs, o)
+	}
+	h := &harness{t: t, client: fake.NewClientset(objs...), ctrl: controlDir(pod), pod: pod}
 	// The fake tracker cannot create a TokenRequest; the apiserver answers
 	// one with a token, and so does this reactor.
 	h.client.PrependReactor("create", "serviceaccounts", func(action k8stesting.Action) (bool, runtime.Object, error) {
