@@ -247,7 +247,7 @@ type s6Measured struct {
 	restarts            []map[string]int64
 	restartBytes        []float64
 	startup             map[int][]startupRun
-	setupTime, idleTime time.Duration
+	setupTime           time.Duration
 }
 
 // startupRun is one node's startup with others VMs of other nodes.
