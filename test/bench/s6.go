@@ -236,18 +236,18 @@ type s6Measured struct {
 	limits map[string]cloud.Limit
 	// idle: calls in the idle window, audits finished in it; quiet:
 	// calls in the window with no audit due.
-	idle, quiet         map[string]int64
-	audits              float64
-	idleCPU             time.Duration
-	idleRSSKiB          int64
-	idleThrottled       int64
-	creates, deletes    map[string]int64
-	churnPods           int
-	churnThrottled      int64
-	restarts            []map[string]int64
-	restartBytes        []float64
-	startup             map[int][]startupRun
-	setupTime           time.Duration
+	idle, quiet      map[string]int64
+	audits           float64
+	idleCPU          time.Duration
+	idleRSSKiB       int64
+	idleThrottled    int64
+	creates, deletes map[string]int64
+	churnPods        int
+	churnThrottled   int64
+	restarts         []map[string]int64
+	restartBytes     []float64
+	startup          map[int][]startupRun
+	setupTime        time.Duration
 }
 
 // startupRun is one node's startup with others VMs of other nodes.
