@@ -10,8 +10,11 @@ import (
 // Values are a version byte followed by fields, each field a uvarint tag, a
 // uvarint length and that many bytes. Numbers inside a field are uvarints;
 // times are signed varint Unix nanoseconds, absent when zero. A decoder
-// skips tags it does not know, so a field can be added without a new
-// version; a change of meaning needs a new version byte.
+// keeps the fields it does not know (Record.unknown) and the encoder writes
+// them back unchanged, so a field can be added without a new version, and
+// a record a newer caa wrote keeps that caa's fields through an older
+// caa's updates (a rollback and a roll forward again lose nothing). A
+// change of meaning needs a new version byte.
 const (
 	recordEncodingV1 byte = 1
 	eventEncodingV1  byte = 1
@@ -82,7 +85,9 @@ func encodeRecord(r Record) []byte {
 	b = appendUint(b, tagRevision, r.Revision)
 	b = appendString(b, tagReplacesVMID, r.ReplacesVMID)
 	b = appendString(b, tagFailedSpec, r.FailedSpec)
-	return b
+	// Fields of a newer caa go back as they came (a rollback keeps them).
+	b = append(b, r.unknown...)
+	return buildRecordFields(b, r)
 }
 
 // decodeRecord never panics: any malformed input is an error.
@@ -148,6 +153,8 @@ func decodeRecord(data []byte) (Record, error) {
 			r.ReplacesVMID = string(v)
 		case tagFailedSpec:
 			r.FailedSpec = string(v)
+		default:
+			r.unknown = appendField(r.unknown, tag, v)
 		}
 		if err != nil {
 			return fmt.Errorf("field %d: %w", tag, err)
@@ -263,6 +270,16 @@ func eachField(data []byte, fn func(tag uint64, v []byte) error) error {
 		data = data[size:]
 	}
 	return nil
+}
+
+// hasField reports whether encoded fields hold one with tag.
+func hasField(data []byte, tag uint64) bool {
+	found := false
+	_ = eachField(data, func(t uint64, _ []byte) error {
+		found = found || t == tag
+		return nil
+	})
+	return found
 }
 
 func fieldUint(v []byte) (uint64, error) {

@@ -61,13 +61,19 @@ func TestEventRoundTrip(t *testing.T) {
 	assert.Equal(t, e, got)
 }
 
-func TestDecodeSkipsUnknownTags(t *testing.T) {
+// TestDecodeKeepsUnknownTags: fields of a newer caa are kept, not read,
+// and written back byte for byte.
+func TestDecodeKeepsUnknownTags(t *testing.T) {
 	r := fullRecord()
 	data := encodeRecord(r)
 	data = appendField(data, 99, []byte("a field from a newer caa"))
 	data = appendField(data, 1<<40, nil)
 	got, err := decodeRecord(data)
 	require.NoError(t, err)
+	assert.True(t, hasField(got.unknown, 99))
+	assert.True(t, hasField(got.unknown, 1<<40))
+	assert.Equal(t, data, encodeRecord(got), "written back unchanged")
+	got.unknown = nil
 	assert.Equal(t, r, got)
 
 	e := Event{Seq: 7, Time: r.UpdatedAt, Action: ActionUpdated, Record: r}

@@ -5,6 +5,8 @@
 //
 //	meta
 //	 ├── schema            uint32 big-endian: the layout version (see migrations.go)
+//	 ├── compat            uint32 big-endian: the oldest layout version that may
+//	 │                     still open the file (see "Rollback" below)
 //	 ├── id                random ledger id, fixed at creation
 //	 ├── node              node name this ledger belongs to (invariant I8)
 //	 ├── cluster           cluster id this ledger belongs to (invariant I8)
@@ -40,4 +42,26 @@
 // cannot read the locked file, can name who holds it. Readers that find the
 // file held talk to the daemon over its unix socket instead (package
 // ledger/ledgerapi).
+//
+// # Rollback
+//
+// A ledger written by caa version N+1 stays usable by version N, so that
+// `kubectl rollout undo` after an update is safe. The rule every change
+// of the file follows:
+//
+//   - A new record or event field takes a new tag. Older versions keep
+//     the fields they do not know and write them back unchanged, so a roll
+//     back and forward again loses nothing.
+//   - A layout change is a migration. An additive one (a new bucket, a new
+//     meta key) bumps schema but not compat: an older caa opens the file as
+//     it is, without migrating it down, and logs that a newer caa wrote it.
+//   - A change an older caa could not use safely is a Breaking migration:
+//     it raises compat, and every caa whose schema is below compat refuses
+//     the file with ErrSchema, naming the version to run. A breaking
+//     migration must ship one release after a release that can already
+//     read the new layout, so that the rollback of an update never crosses
+//     it. No breaking migration exists after the initial layout.
+//
+// Files written before compat existed have no compat key; their compat is
+// their schema, the rule they were written under.
 package ledger

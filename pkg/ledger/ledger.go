@@ -85,6 +85,7 @@ var (
 	bucketHistory = []byte("history")
 
 	keySchema    = []byte("schema")
+	keyCompat    = []byte("compat")
 	keyID        = []byte("id")
 	keyNode      = []byte("node")
 	keyCluster   = []byte("cluster")
@@ -382,7 +383,7 @@ func (l *Ledger) loadReadOnly(opts Options) error {
 		switch {
 		case m.SchemaVersion == 0:
 			return fmt.Errorf("open ledger %s: %w: the file has no caa meta bucket", l.path, ErrNotLedger)
-		case m.SchemaVersion > currentSchema:
+		case m.SchemaVersion > currentSchema && compatOf(tx, m.SchemaVersion) > currentSchema:
 			return fmt.Errorf("open ledger %s: %w: schema %d is newer than this caa reads (%d); use the caa version that wrote it",
 				l.path, ErrSchema, m.SchemaVersion, currentSchema)
 		case m.SchemaVersion < currentSchema:

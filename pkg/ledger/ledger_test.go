@@ -316,8 +316,13 @@ func TestOpenNewerSchema(t *testing.T) {
 	l, err := Open(opts)
 	require.NoError(t, err)
 	require.NoError(t, l.Close())
+	// A newer caa's breaking change: schema and compat both ahead of this
+	// build (rollback_test.go covers the additive case, which opens).
 	newer := currentSchema + 1
 	rawUpdate(t, opts.Path, func(tx *bolt.Tx) error {
+		if err := tx.Bucket(bucketMeta).Put(keyCompat, binary.BigEndian.AppendUint32(nil, uint32(newer))); err != nil {
+			return err
+		}
 		return tx.Bucket(bucketMeta).Put(keySchema, binary.BigEndian.AppendUint32(nil, uint32(newer)))
 	})
 

@@ -222,11 +222,11 @@ func TestMigrateRefusesBadLists(t *testing.T) {
 		from int
 		want error
 	}{
-		{"gap", []migration{{1, "one", ok}, {3, "three", ok}}, 0, nil},
-		{"swapped", []migration{{2, "two", ok}, {1, "one", ok}}, 0, nil},
-		{"not from 1", []migration{{2, "two", ok}}, 0, nil},
-		{"duplicate", []migration{{1, "one", ok}, {1, "one again", ok}}, 0, nil},
-		{"file newer than the list", []migration{{1, "one", ok}, {2, "two", ok}}, 3, ErrSchema},
+		{"gap", []migration{{1, "one", ok, false}, {3, "three", ok, false}}, 0, nil},
+		{"swapped", []migration{{2, "two", ok, false}, {1, "one", ok, false}}, 0, nil},
+		{"not from 1", []migration{{2, "two", ok, false}}, 0, nil},
+		{"duplicate", []migration{{1, "one", ok, false}, {1, "one again", ok, false}}, 0, nil},
+		{"file newer than the list", []migration{{1, "one", ok, false}, {2, "two", ok, false}}, 3, ErrSchema},
 		{"file newer than an empty list", nil, 1, ErrSchema},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -72,6 +72,10 @@ type Record struct {
 	// Revision is set by the ledger: 1 on create, +1 on every update. A write
 	// must carry the revision it read (compare-and-set).
 	Revision uint64 `json:"revision"`
+
+	// unknown holds, encoded, the fields a newer caa wrote that this one
+	// does not know; they are written back with the record.
+	unknown []byte
 }
 
 // PodRef is the namespace/name form used in logs and the CLI.

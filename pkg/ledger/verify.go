@@ -46,6 +46,8 @@ func (l *Ledger) Verify() ([]Problem, error) {
 			add("meta", "%v", err)
 		}
 		switch {
+		case m.SchemaVersion > currentSchema && compatOf(btx, m.SchemaVersion) <= currentSchema:
+			// Written by a newer caa, rollback-compatible: fine.
 		case m.SchemaVersion != currentSchema:
 			add("meta/schema", "version %d, this caa expects %d", m.SchemaVersion, currentSchema)
 		case m.ID == "" || m.Node == "" || m.Cluster == "":

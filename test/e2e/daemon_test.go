@@ -86,12 +86,18 @@ func startDaemon(t *testing.T, c *cluster.Cluster, aws *awsCloud, node, ledgerPa
 // args, in env. On failure it logs the tail of the output, labelled.
 func launchCaa(t *testing.T, c *cluster.Cluster, node, ledgerPath, label string, args, env []string) *daemon {
 	t.Helper()
+	return launchCaaBin(t, caaBin, c, node, ledgerPath, label, args, env)
+}
+
+// launchCaaBin is launchCaa with another caa build.
+func launchCaaBin(t *testing.T, bin string, c *cluster.Cluster, node, ledgerPath, label string, args, env []string) *daemon {
+	t.Helper()
 	port, err := cluster.FreePort()
 	require.NoError(t, err)
 	logs := &cluster.SyncBuffer{}
 	common := []string{"run", "--node-name", node, "--kubeconfig", c.Kubeconfig(), "--ledger", ledgerPath,
 		"--health-addr", "127.0.0.1:" + strconv.Itoa(port), "--resync", "2s", "--audit-interval", "2s", "--confirm-missing", "2s", "--log-format", "json"}
-	cmd := exec.Command(caaBin, append(common, args...)...)
+	cmd := exec.Command(bin, append(common, args...)...)
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = logs, logs
 	require.NoError(t, cmd.Start())
@@ -229,7 +235,13 @@ func TestStartRestartAndRecreate(t *testing.T) {
 // runCaa runs a one-shot caa command and returns its output.
 func runCaa(t *testing.T, args ...string) string {
 	t.Helper()
-	cmd := exec.Command(caaBin, args...)
+	return runBin(t, caaBin, args...)
+}
+
+// runBin runs a caa build's command and returns its output.
+func runBin(t *testing.T, bin string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(bin, args...)
 	cmd.Env = awsEnv()
 	out, err := cmd.CombinedOutput()
 	require.NoError(t, err, "caa %v:\n%s", args, out)
