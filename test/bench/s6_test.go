@@ -103,3 +103,21 @@ func TestPivotPutsCloudsInColumns(t *testing.T) {
 	sc.WriteMarkdown(&b, "##", true)
 	assert.Contains(t, b.String(), "| case | metric |", "results.md keeps the full table")
 }
+
+func TestBudgetClockNeverRunsBack(t *testing.T) {
+	c := newBudgetClock()
+	t0 := c.now()
+	c.rest()
+	t1 := c.now()
+	assert.GreaterOrEqual(t, t1.Sub(t0), time.Hour, "a rest is an hour of quiet")
+	c.setFast(true)
+	t2, t3 := c.now(), c.now()
+	assert.GreaterOrEqual(t, t3.Sub(t2), time.Hour, "fast: each reading an hour on")
+	c.setFast(false)
+	c.setSpeed(40)
+	t4 := c.now()
+	c.setSpeed(1)
+	t5 := c.now()
+	assert.False(t, t4.Before(t3))
+	assert.False(t, t5.Before(t4), "changing speed never moves the clock back")
+}
