@@ -270,6 +270,9 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 			}
 			lastBlocked = hp.Blocked
 		},
+		PodDone: func(st reconcile.PodStatus, standing reconcile.PodStanding) {
+			n.status.PodDone(health.PodNote(st), standing == reconcile.StandingPending, standing == reconcile.StandingFailed)
+		},
 	}
 	loopDone := make(chan struct{})
 	go func() { defer close(loopDone); loop.Run(sessCtx) }()

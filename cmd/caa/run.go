@@ -407,6 +407,13 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	// credentials and resource ids, the pod cache) is made ready before the
 	// ledger is asked for: a broken new version fails here, while the caa
 	// beside it still holds the ledger and keeps reconciling.
+	// The pod cache syncs from the apiserver while the preflight asks the
+	// cloud: each waits on a different server.
+	pods, err := reconcile.NewPodSource(client, f.node, f.runtimeClasses, 0)
+	if err != nil {
+		return err
+	}
+	serve("pod informer", func() error { pods.Run(stopCtx); return nil })
 	prov, specCfg, err := f.newProvider(ctx, log)
 	if err != nil {
 		return fmt.Errorf("provider %s: %w", f.providerName, err)
@@ -419,11 +426,6 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 		return shutdownErr(ctx, err)
 	}
 	prov = health.InstrumentProvider(prov, metrics)
-	pods, err := reconcile.NewPodSource(client, f.node, f.runtimeClasses, 0)
-	if err != nil {
-		return err
-	}
-	serve("pod informer", func() error { pods.Run(stopCtx); return nil })
 	status.SetBlocked("starting: reading this node's pods")
 	if !cache.WaitForCacheSync(stopCtx.Done(), pods.Synced) {
 		return shutdownErr(ctx, errors.New("the pod cache did not sync"))

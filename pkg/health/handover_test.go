@@ -45,3 +45,29 @@ func TestRestartHoldsReadinessUntilTheNextConvergedPass(t *testing.T) {
 	r.status.PassDone(converged(r.clock.Add(time.Second), 3))
 	assert.True(t, r.status.Readiness().Ready)
 }
+
+// TestPodDoneMovesOnePodBetweenTheLists: work on one pod between passes
+// updates /status and the metrics, and never readiness.
+func TestPodDoneMovesOnePodBetweenTheLists(t *testing.T) {
+	r := newRig(t, Config{})
+	r.status.PassDone(converged(r.clock.Now(), 3))
+	web := PodNote{UID: "u1", Pod: "team/web", Reason: "NoRecord"}
+	r.status.PodDone(web, true, false)
+	snap := r.status.Snapshot()
+	require.Len(t, snap.Pending, 1)
+	assert.Equal(t, 1.0, testutil.ToFloat64(r.m.podsPending))
+	assert.True(t, snap.Ready, "readiness is the passes' alone")
+
+	web.Reason = "InvalidSpec"
+	r.status.PodDone(web, false, true)
+	snap = r.status.Snapshot()
+	assert.Empty(t, snap.Pending)
+	require.Len(t, snap.Failed, 1)
+	assert.Equal(t, "InvalidSpec", snap.Failed[0].Reason)
+
+	r.status.PodDone(web, false, false)
+	snap = r.status.Snapshot()
+	assert.Empty(t, snap.Pending)
+	assert.Empty(t, snap.Failed)
+	assert.Zero(t, testutil.ToFloat64(r.m.podsFailed))
+}

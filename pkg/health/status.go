@@ -197,6 +197,26 @@ func (s *Status) PassDone(p Pass) {
 	s.updateReady()
 }
 
+// PodDone updates one pod's place in the last pass's Pending and Failed
+// lists after work on that pod alone: note goes to Pending (pending) or
+// Failed (failed), or leaves both when neither. It never changes
+// readiness: only a full pass proves convergence.
+func (s *Status) PodDone(note PodNote, pending, failed bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	drop := func(notes []PodNote) []PodNote {
+		return slices.DeleteFunc(slices.Clone(notes), func(n PodNote) bool { return n.UID == note.UID })
+	}
+	s.last.Pending, s.last.Failed = drop(s.last.Pending), drop(s.last.Failed)
+	switch {
+	case pending:
+		s.last.Pending = sortedNotes(append(s.last.Pending, note))
+	case failed:
+		s.last.Failed = sortedNotes(append(s.last.Failed, note))
+	}
+	s.cfg.Metrics.setPods(len(s.last.Pending), len(s.last.Failed))
+}
+
 // SetBlocked sets a daemon-level reason found outside a pass (e.g. "ledger:
 // open: ..." before the loop starts) that keeps /readyz at 503, or clears
 // it with "". Its caller owns it: no pass clears it. Reasons found by a

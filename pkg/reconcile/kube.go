@@ -362,6 +362,10 @@ type Loop struct {
 	// caa's back, orphans and lost records.
 	Audit  time.Duration
 	Report func(PassResult, bool) // (result, startup pass converged)
+	// PodDone, when set, hears where one pod stands after the worker
+	// reconciled it between full passes, so /status does not wait for the
+	// next audit to show a new pod pending or a created one done.
+	PodDone func(PodStatus, PodStanding)
 	// Calls, when set, is the context of the cloud and ledger calls, so a
 	// shutdown can stop new work (Run's ctx) while the calls in flight get
 	// a bounded time to finish (Calls cancelled later).
@@ -539,8 +543,12 @@ func (l *Loop) work(ctx context.Context, queue workqueue.TypedRateLimitingInterf
 	if ctx.Err() != nil {
 		return false
 	}
-	res := l.Reconciler.ReconcilePod(l.calls(ctx), uid, l.Pods.Pod(uid), l.Pods.Synced())
+	pod := l.Pods.Pod(uid)
+	res := l.Reconciler.ReconcilePod(l.calls(ctx), uid, pod, l.Pods.Synced())
 	l.beat()
+	if l.PodDone != nil && !errors.Is(res.Err, ErrStopping) {
+		l.PodDone(l.Reconciler.Standing(uid, pod))
+	}
 	// The reconciler's own backoff (by error kind, Retry-After) sets the
 	// delay; the queue only dedups and delays.
 	queue.Forget(uid)

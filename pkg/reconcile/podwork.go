@@ -114,6 +114,49 @@ func (r *Reconciler) ReconcilePod(ctx context.Context, uid string, pod *Pod, syn
 	return out
 }
 
+// PodStanding is where one pod stands for the node's readiness lists.
+type PodStanding int
+
+// Standings.
+const (
+	StandingDone    PodStanding = iota // its VM is recorded running, or it needs none
+	StandingPending                    // desired, without a running VM yet
+	StandingFailed                     // a terminal per-pod failure
+)
+
+// Standing reads, from the ledger and caa's memory alone (no cloud call),
+// where a pod stands, as a full pass's report would put it.
+func (r *Reconciler) Standing(uid string, pod *Pod) (PodStatus, PodStanding) {
+	st := PodStatus{UID: uid}
+	if pod == nil || pod.Terminal || pod.NotPeer {
+		return st, StandingDone
+	}
+	st.Pod = pod.Namespace + "/" + pod.Name
+	rec, err := r.Exec.Ledger.Get(uid)
+	switch {
+	case errors.Is(err, ledger.ErrNotFound):
+		st.Reason = "NoRecord"
+		return st, StandingPending
+	case err != nil:
+		st.Reason, st.Message = "LedgerUnreadable", err.Error()
+		return st, StandingPending
+	case rec.Phase == ledger.PhaseFailed:
+		st.Reason, st.Message = rec.Reason, rec.Message
+		return st, StandingFailed
+	case rec.Phase == ledger.PhaseRunning && rec.VMID != "":
+		r.mu.Lock()
+		m, missing := r.missing[uid]
+		r.mu.Unlock()
+		if missing && m.vmID == rec.VMID {
+			st.Reason, st.Message = ReasonVMMissing, "VM "+rec.VMID+" not found; confirming"
+			return st, StandingPending
+		}
+		return st, StandingDone
+	}
+	st.Reason, st.Message = string(rec.Phase), rec.Message
+	return st, StandingPending
+}
+
 // forgetIfDone drops the per-pod memory of a pod that has neither a pod
 // nor a record any more.
 func (r *Reconciler) forgetIfDone(uid string, pod *Pod, rec *ledger.Record) {
