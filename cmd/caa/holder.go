@@ -46,6 +46,7 @@ type nodeDaemon struct {
 	nodeLedger string
 	me         handover.Peer
 	started    time.Time
+	asked      time.Time // when this caa asked for the ledger it took over
 	serve      func(name string, fn func() error)
 
 	readyOnce sync.Once
@@ -137,6 +138,7 @@ func (n *nodeDaemon) acquire(ctx context.Context) (*ledger.Ledger, *handover.Han
 				n.status.SetHandover(health.Handover{Role: health.RoleTookOver, Peer: ho.From.String(),
 					Outcome: health.HandoverUnderway, StartedAt: asked})
 				n.status.SetBlocked("taking over from " + ho.From.String() + ": opening the ledger")
+				n.asked = asked
 				led, err := n.open(ctx, 30*time.Second, false)
 				if err != nil {
 					ho.Close() // the old caa takes the ledger back
@@ -333,7 +335,7 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 			}
 			readyAt := time.Now()
 			h := health.Handover{Role: health.RoleTookOver, Peer: ho.From.String(), Outcome: health.HandoverDone,
-				StartedAt: n.started, Took: health.Duration(readyAt.Sub(n.started))}
+				StartedAt: n.asked, Took: health.Duration(readyAt.Sub(n.asked))}
 			if !ho.Stopped.IsZero() {
 				h.Gap = health.Duration(readyAt.Sub(ho.Stopped))
 			}
@@ -354,7 +356,7 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 			stopWork()
 			ho.Returned()
 			n.status.SetHandover(health.Handover{Role: health.RoleTookOver, Peer: ho.From.String(), Outcome: health.HandoverAborted,
-				Reason: reason, StartedAt: n.started, Took: health.Duration(time.Since(n.started))})
+				Reason: reason, StartedAt: n.asked, Took: health.Duration(time.Since(n.asked))})
 			n.events.NodeEvent(f.node, true, "CaaHandoverAborted", fmt.Sprintf("caa %s gave the ledger back to %s: %s", n.me, ho.From, reason))
 			return holdOutcome{end: endReturned, reason: reason}
 

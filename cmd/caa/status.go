@@ -95,6 +95,9 @@ func writeStatus(w io.Writer, output string, s health.Snapshot) error {
 	if !s.ReadyAt.IsZero() {
 		fmt.Fprintf(tw, "Time to ready:\t%s\n", time.Duration(s.TimeToReady))
 	}
+	if h := s.Handover; h != nil {
+		fmt.Fprintf(tw, "Hand-over:\t%s\n", handoverLine(*h, now))
+	}
 	fmt.Fprintf(tw, "Passes:\t%d\n", s.Passes)
 	if lp := s.LastPass; lp != nil {
 		fmt.Fprintf(tw, "Last pass:\t%s, took %s, %d cloud writes, %d orphans deleted\n",
@@ -116,4 +119,24 @@ func writeStatus(w io.Writer, output string, s health.Snapshot) error {
 		fmt.Fprintf(tw, "Failed:\t%s\n", n)
 	}
 	return tw.Flush()
+}
+
+// handoverLine says in one line who handed the ledger to whom, when, how
+// it ended and how long the node went without a reconciler.
+func handoverLine(h health.Handover, now time.Time) string {
+	dir := "to"
+	if h.Role == health.RoleTookOver {
+		dir = "from"
+	}
+	line := fmt.Sprintf("%s %s %s, %s, %s", strings.ReplaceAll(h.Role, "_", " "), dir, h.Peer, stamp(h.StartedAt, now), strings.ReplaceAll(h.Outcome, "_", " "))
+	if h.Took > 0 {
+		line += fmt.Sprintf(", took %s", time.Duration(h.Took))
+	}
+	if h.Gap > 0 {
+		line += fmt.Sprintf(", no reconciler for %s", time.Duration(h.Gap))
+	}
+	if h.Reason != "" {
+		line += ": " + h.Reason
+	}
+	return line
 }

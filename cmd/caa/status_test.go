@@ -1,0 +1,34 @@
+package main
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caa-project/caa/pkg/health"
+)
+
+func TestStatusShowsTheHandover(t *testing.T) {
+	at := time.Now().Add(-time.Minute)
+	var buf bytes.Buffer
+	require.NoError(t, writeStatus(&buf, "table", health.Snapshot{
+		Ready: false, Reason: "handed over to caa-v2", StartedAt: at,
+		Handover: &health.Handover{Role: health.RoleHandedOver, Peer: "caa-v2 (pid 7, version v2)", Outcome: health.HandoverDone,
+			StartedAt: at, Took: health.Duration(180 * time.Millisecond), Gap: health.Duration(12 * time.Millisecond)},
+	}))
+	out := buf.String()
+	assert.Contains(t, out, "Hand-over:")
+	assert.Contains(t, out, "handed over to caa-v2 (pid 7, version v2)")
+	assert.Contains(t, out, "done, took 180ms, no reconciler for 12ms")
+
+	buf.Reset()
+	require.NoError(t, writeStatus(&buf, "table", health.Snapshot{
+		Handover: &health.Handover{Role: health.RoleTookOver, Peer: "caa-v1", Outcome: health.HandoverAborted,
+			StartedAt: at, Reason: "not ready within 3m"},
+	}))
+	assert.Contains(t, buf.String(), "took over from caa-v1")
+	assert.Contains(t, buf.String(), "aborted: not ready within 3m")
+}
