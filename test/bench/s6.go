@@ -58,7 +58,7 @@ type s6Config struct {
 }
 
 func s6Full() s6Config {
-	return s6Config{nodes: 24, pods: 30, others: []int{0, 5000, 20000}, idleAudit: 15 * time.Second, idleWindow: time.Minute,
+	return s6Config{nodes: 24, pods: 30, others: []int{0, 5000, 20000}, idleAudit: 15 * time.Second, idleWindow: 45 * time.Second,
 		quiet: 15 * time.Second, churnPerNode: 2, churnRate: 4, startupRuns: 3, levelTime: time.Minute}
 }
 
@@ -278,7 +278,9 @@ type s6Measured struct {
 
 // startupRun is one node's startup with others VMs of other nodes.
 type startupRun struct {
-	ttr   time.Duration
+	ttr time.Duration
+	// serve is the fake's own time serving the calls, summed.
+	serve time.Duration
 	calls map[string]int64
 	bytes int64
 }
@@ -487,7 +489,7 @@ func (b *bench) s6Cloud(ctx context.Context, e *env, cfg s6Config, name string, 
 		for r := 0; r < cfg.startupRuns && (r == 0 || time.Since(level) < cfg.levelTime); r++ {
 			clock.rest()
 			f.resetCounters()
-			sent := f.sent.Load()
+			sent, busy := f.sent.Load(), f.busy.Load()
 			if err := fl.start(0, defaultAudit...); err != nil {
 				return nil, err
 			}
@@ -498,7 +500,7 @@ func (b *bench) s6Cloud(ctx context.Context, e *env, cfg s6Config, name string, 
 			if err := waitQuiet(ctx, f, 500*time.Millisecond, time.Minute); err != nil {
 				return nil, err
 			}
-			run := startupRun{ttr: ttr, calls: f.counters(), bytes: f.sent.Load() - sent}
+			run := startupRun{ttr: ttr, calls: f.counters(), bytes: f.sent.Load() - sent, serve: time.Duration(f.busy.Load() - busy)}
 			if err := fl.stop(0); err != nil {
 				return nil, err
 			}
@@ -611,10 +613,11 @@ func s6Rows(cfg s6Config, m *s6Measured) ([]Row, []string) {
 	medByOp := map[string][]float64{} // op -> median per level
 	for li, others := range levels {
 		runs := m.startup[others]
-		var ttr, calls, kib []float64
+		var ttr, calls, kib, serve []float64
 		byOp := map[string][]float64{}
 		for _, r := range runs {
 			ttr = append(ttr, ms(r.ttr))
+			serve = append(serve, ms(r.serve))
 			calls = append(calls, float64(r.calls["total"]))
 			kib = append(kib, float64(r.bytes)/1024)
 			for op, v := range callsByOp(r.calls) {
@@ -636,7 +639,8 @@ func s6Rows(cfg s6Config, m *s6Measured) ([]Row, []string) {
 			rows = append(rows, r)
 		}
 		meds := medians(byOp)
-		details = append(details, fmt.Sprintf("%s: calls by op (median of %d run(s)): %s", c, len(runs), CountsLine(meds)))
+		details = append(details, fmt.Sprintf("%s: calls by op (median of %d run(s)): %s; the fake cloud's own time serving them, summed: %s ms (median)",
+			c, len(runs), CountsLine(meds), Num(Median(serve))))
 		xs = append(xs, float64(others))
 		for op := range meds {
 			if _, seen := medByOp[op]; !seen {
