@@ -171,6 +171,9 @@ func (e *env) stallAndUndo(ctx context.Context, old PodSample, name string, r re
 			assert.Equal(t, health.HandoverAborted, aborted.Outcome, "the broken caa gave the ledger back")
 		}
 		assert.Contains(t, ph.HandbackReason, "--handover-ready-timeout", "the old caa says why it took the ledger back")
+		ev := e.waitNodeEvents(ctx, node, "CaaHandedBack", "CaaHandoverAborted")
+		assert.Contains(t, ev["CaaHandedBack"], "--handover-ready-timeout", "the Node's event says why")
+		assert.Contains(t, ev["CaaHandoverAborted"], old.Pod, "the broken caa's event names the caa it gave the ledger back to")
 	} else {
 		// The broken caa exits before it asks for the ledger, again and
 		// again; the old one is never disturbed.
@@ -345,11 +348,13 @@ func (e *env) writeBrokenReport(tl Timeline, t0 time.Time, phases []brokenPhase,
 		w, created, len(before)+added, added, kept, len(before)))
 	r := Report{
 		Title: "caa rolling update to a broken release (surge), then kubectl rollout undo: 1 node",
-		Scenario: fmt.Sprintf("Recorded by `%s` (test/e2e/rollout) on %s, in the same cluster as the other rollout tests, on one node "+
-			"with %d peer pods: caa v1 deployed from deploy/overlays/aws with the default surge, with CAA_HANDOVER_READY_TIMEOUT=%s and "+
-			"CAA_SHUTDOWN_GRACE=%s for the test; then two broken releases in turn, each followed by `kubectl rollout undo`: %s. "+
+		Scenario: fmt.Sprintf("Recorded by `%s` (test/e2e/rollout) on %s, on a cluster built like the other rollout tests' with one node "+
+			"and %d peer pods: caa v1 deployed from deploy/overlays/aws with the default surge, with CAA_HANDOVER_READY_TIMEOUT=%s and "+
+			"CAA_SHUTDOWN_GRACE=%s for the test, and the readiness probe's failure threshold raised to %d (1s period) so that the "+
+			"DaemonSet controller does not delete the old caa pod while its hand-over is under way (see the test's comment); then "+
+			"two broken releases in turn, each followed by `kubectl rollout undo`: %s. "+
 			"Times are seconds after v1 was rolled out (T0). Every caa process's /status was polled every %s.",
-			e.t.Name(), time.Now().UTC().Format("2006-01-02"), len(before), brokenReadyTimeout, brokenShutdownGrace,
+			e.t.Name(), time.Now().UTC().Format("2006-01-02"), len(before), brokenReadyTimeout, brokenShutdownGrace, e.opts.readinessFailures,
 			"caa:"+tagExits+" (caa v2 run with --provider=no-such-cloud: it exits at start) and caa:"+tagHangs+
 				" (caa v2 whose cloud endpoint answers the preflight but never the node's VM listing: it takes the ledger and never turns ready)",
 			poll),

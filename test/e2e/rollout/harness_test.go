@@ -677,3 +677,29 @@ func metric(page, series string) float64 {
 	}
 	return 0
 }
+
+// waitNodeEvents waits until node has an event of each reason from caa,
+// and returns their messages by reason.
+func (e *env) waitNodeEvents(ctx context.Context, node string, reasons ...string) map[string]string {
+	e.t.Helper()
+	out := map[string]string{}
+	e.eventually(ctx, 30*time.Second, fmt.Sprintf("events %v on %s", reasons, node), func() (bool, error) {
+		list, err := e.c.Client().CoreV1().Events("").List(ctx, metav1.ListOptions{
+			FieldSelector: "involvedObject.kind=Node,involvedObject.name=" + node})
+		if err != nil {
+			return false, err
+		}
+		for _, ev := range list.Items {
+			if ev.Source.Component == "caa" {
+				out[ev.Reason] = ev.Message
+			}
+		}
+		for _, r := range reasons {
+			if _, ok := out[r]; !ok {
+				return false, nil
+			}
+		}
+		return true, nil
+	})
+	return out
+}

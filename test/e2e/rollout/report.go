@@ -61,9 +61,10 @@ func (r Report) Markdown() string {
 	}
 	if len(r.Rows) > 0 {
 		r.table(&b)
+		b.WriteString("\n")
 	}
 	if len(r.Facts) > 0 {
-		b.WriteString("\nWhat the recording shows:\n\n")
+		b.WriteString("What the recording shows:\n\n")
 		for _, f := range r.Facts {
 			fmt.Fprintf(&b, "- %s\n", f)
 		}

@@ -169,6 +169,15 @@ func runRollout(t *testing.T, sc scenario) {
 	}
 
 	rows := e.checkNewPods(tl, t0, end, sc, killed, added)
+	// What an operator sees: each node's two caa name each other in
+	// events on the Node.
+	if !sc.noSurge {
+		for _, row := range rows {
+			ev := e.waitNodeEvents(ctx, row.Node, "CaaHandedOver", "CaaTookOver")
+			assert.Contains(t, ev["CaaHandedOver"], row.NewPod, "%s: CaaHandedOver names the new caa", row.Node)
+			assert.Contains(t, ev["CaaTookOver"], row.OldPod, "%s: CaaTookOver names the old caa", row.Node)
+		}
+	}
 	assert.Empty(t, e.rec.trouble, "no caa process exited, restarted or failed to start")
 	assert.Empty(t, e.agent.Errors(), "the node agent met no error")
 
