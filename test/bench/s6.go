@@ -416,7 +416,7 @@ func (b *bench) s6Cloud(ctx context.Context, e *env, cfg s6Config, name string, 
 	}
 	cpu1, rss := fl.usage()
 	m.audits, m.idleCPU, m.idleRSSKiB = p1-p0, cpu1-cpu0, rss
-	m.idleThrottled = budget.Throttled() + m.idle["throttled"]
+	m.idleThrottled = budget.Throttled()
 	if err := fl.stopAll(); err != nil {
 		return nil, err
 	}
