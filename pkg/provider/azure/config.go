@@ -58,6 +58,17 @@ type Config struct {
 	Cloud string
 	// Endpoint overrides the Resource Manager URL (private endpoints, fakes).
 	Endpoint string
+	// AuthorityHost overrides the cloud's Microsoft Entra ID authority
+	// (https only), where the credential chain gets its tokens. Its
+	// default comes from CAA_AZURE_AUTHORITY_HOST, else AZURE_AUTHORITY_HOST,
+	// which AKS's workload identity webhook sets; empty means the cloud's.
+	AuthorityHost string
+	// DisableInstanceDiscovery turns off MSAL's instance discovery, a
+	// request to login.microsoftonline.com that validates the authority
+	// host. Set it only with an AuthorityHost that Entra ID's public
+	// discovery does not know (Azure Stack Hub, a private authority, a
+	// test's fake); the public, China and US Government clouds need it off.
+	DisableInstanceDiscovery bool
 	// PollInterval is the wait between polls of a long-running operation
 	// when ARM's reply asks for none (its Retry-After wins). Zero means
 	// DefaultPollInterval; under a second polls every second, the SDK's
@@ -105,6 +116,18 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	str(&c.InstanceType, "instance-type", "", "default VM size, e.g. Standard_D2as_v5", "CAA_AZURE_INSTANCE_TYPE")
 	str(&c.Cloud, "cloud", DefaultCloud, "Azure cloud: AzurePublic, AzureChina or AzureUSGovernment", "CAA_AZURE_CLOUD")
 	str(&c.Endpoint, "endpoint", "", "Resource Manager URL override", "CAA_AZURE_ENDPOINT")
+	str(&c.AuthorityHost, "authority-host", "", "Microsoft Entra ID authority host, https (empty: the cloud's)",
+		"CAA_AZURE_AUTHORITY_HOST", "AZURE_AUTHORITY_HOST")
+	disco := false
+	if v := os.Getenv("CAA_AZURE_DISABLE_INSTANCE_DISCOVERY"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			c.envErrs = append(c.envErrs, fmt.Errorf("CAA_AZURE_DISABLE_INSTANCE_DISCOVERY=%q: not true or false", v))
+		}
+		disco = b
+	}
+	fs.BoolVar(&c.DisableInstanceDiscovery, "azure-disable-instance-discovery", disco,
+		"skip Entra ID's instance discovery of the authority host; only for an authority it does not know (env CAA_AZURE_DISABLE_INSTANCE_DISCOVERY)")
 
 	tags := map[string]string{}
 	if v := os.Getenv("CAA_AZURE_TAGS"); v != "" {
@@ -215,6 +238,11 @@ func (c Config) Validate() error {
 			bad("endpoint", "CAA_AZURE_ENDPOINT", "%q: plain http only to a loopback address, or the bearer token travels in clear", c.Endpoint)
 		}
 	}
+	if c.AuthorityHost != "" {
+		if u, err := url.Parse(c.AuthorityHost); err != nil || u.Scheme != "https" || u.Host == "" || u.RawQuery != "" {
+			bad("authority-host", "CAA_AZURE_AUTHORITY_HOST or AZURE_AUTHORITY_HOST", "%q is not an https URL like https://login.microsoftonline.com/", c.AuthorityHost)
+		}
+	}
 	if c.PollInterval < 0 {
 		bad("poll-interval", "CAA_AZURE_POLL_INTERVAL", "negative")
 	}
@@ -285,6 +313,11 @@ func (c Config) cloudConfig() (azcloud.Configuration, error) {
 		return azcloud.Configuration{}, fmt.Errorf("unknown cloud %q (want AzurePublic, AzureChina or AzureUSGovernment)", c.Cloud)
 	}
 	out := azcloud.Configuration{ActiveDirectoryAuthorityHost: base.ActiveDirectoryAuthorityHost, Services: map[azcloud.ServiceName]azcloud.ServiceConfiguration{}}
+	if c.AuthorityHost != "" {
+		// azidentity would read AZURE_AUTHORITY_HOST only when the cloud
+		// names no authority; caa names the cloud, so it passes it on.
+		out.ActiveDirectoryAuthorityHost = c.AuthorityHost
+	}
 	for k, v := range base.Services {
 		out.Services[k] = v
 	}

@@ -118,6 +118,11 @@ func classify(op string, err error) error {
 		e.Message += " (target " + body.Target + ")"
 	}
 	e.Kind = kindOf(op, re.StatusCode, code, body.Message)
+	if c := strings.ToLower(code); c == "authorizationfailed" || c == "linkedauthorizationfailed" {
+		// ARM's message names the action and the scope; say where the
+		// actions caa needs are listed.
+		e.Message += " (the actions caa needs: " + RoleFile + ")"
+	}
 	if e.Kind == provider.ErrThrottled && re.RawResponse != nil {
 		e.RetryAfter = provider.ParseRetryAfter(re.RawResponse.Header, time.Now())
 	}

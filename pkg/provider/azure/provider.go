@@ -42,8 +42,11 @@ type Provider struct {
 	vms   vmAPI
 	nics  nicAPI
 	graph graphAPI
-	log   *slog.Logger
-	now   func() time.Time
+	// arm is the bare ARM pipeline, for the preflight's reads that no SDK
+	// module of caa's covers.
+	arm *arm.Client
+	log *slog.Logger
+	now func() time.Time
 	// quota is Resource Graph's per-user quota as its last answer left it.
 	quota quotaGate
 }
@@ -92,7 +95,8 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Provider, error) {
 	}
 	cred := o.cred
 	if cred == nil {
-		dac, err := azidentity.NewDefaultAzureCredential(&azidentity.DefaultAzureCredentialOptions{ClientOptions: azcore.ClientOptions{Cloud: cc}})
+		dac, err := azidentity.NewDefaultAzureCredential(&azidentity.DefaultAzureCredentialOptions{
+			ClientOptions: azcore.ClientOptions{Cloud: cc}, DisableInstanceDiscovery: cfg.DisableInstanceDiscovery})
 		if err != nil {
 			return nil, fmt.Errorf("azure: default credential chain: %w", err)
 		}
@@ -130,7 +134,11 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("azure: resource graph client: %w", err)
 	}
-	return &Provider{cfg: cfg, vms: vms, nics: nics, graph: graph, log: o.logger, now: o.now}, nil
+	plain, err := arm.NewClient("caa/azure", "v1.0.0", credential{cred}, clientOpts)
+	if err != nil {
+		return nil, fmt.Errorf("azure: resource manager client: %w", err)
+	}
+	return &Provider{cfg: cfg, vms: vms, nics: nics, graph: graph, arm: plain, log: o.logger, now: o.now}, nil
 }
 
 // Name is "azure".

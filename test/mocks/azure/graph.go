@@ -199,7 +199,7 @@ func (s *server) queryResources(w http.ResponseWriter, r *http.Request) {
 
 	var docs []map[string]any
 	if slices.ContainsFunc(req.Subscriptions, func(sub string) bool { return strings.EqualFold(sub, s.opts.subscription) }) {
-		docs = s.indexed()
+		docs = s.readable(s.indexed())
 	}
 	rows := q.run(docs)
 	out := graphResponse{TotalRecords: int64(len(rows)), ResultTruncated: "false", Data: []map[string]any{}, Facets: []any{}}

@@ -2,6 +2,7 @@ package armfake
 
 import (
 	"errors"
+	"fmt"
 	"net/http"
 	"strings"
 
@@ -33,6 +34,10 @@ func (s *server) putNIC(w http.ResponseWriter, r *http.Request) {
 	}
 	res, e := s.parseNIC(name, body)
 	if e != nil {
+		writeError(w, *e)
+		return
+	}
+	if e := s.linkedNIC(r, res); e != nil {
 		writeError(w, *e)
 		return
 	}
@@ -171,4 +176,25 @@ func (s *server) renderNIC(res cloud.Resource) nicWire {
 		}
 	}
 	return nic
+}
+
+// linkedNIC checks what a NIC write references: the join action on its
+// subnet and security group, and that the subnet exists.
+func (s *server) linkedNIC(r *http.Request, res cloud.Resource) *apiError {
+	const write = "Microsoft.Network/networkInterfaces/write"
+	subnet := res.Props[propSubnet]
+	if e := s.authorizeLinked(write, r.URL.Path, "Microsoft.Network/virtualNetworks/subnets/join/action", subnet); e != nil {
+		return e
+	}
+	if nsg := res.Props[propNSG]; nsg != "" {
+		if e := s.authorizeLinked(write, r.URL.Path, "Microsoft.Network/networkSecurityGroups/join/action", nsg); e != nil {
+			return e
+		}
+	}
+	if !s.subnetExists(subnet) {
+		return &apiError{http.StatusBadRequest, "InvalidResourceReference",
+			fmt.Sprintf("Resource %s referenced by resource %s was not found. Please make sure that the referenced resource exists, and that both resources are in the same region.",
+				subnet, r.URL.Path), ""}
+	}
+	return nil
 }

@@ -42,6 +42,7 @@ package armfake
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -70,7 +71,11 @@ const (
 	OpNICDelete = "nic-delete"
 	OpNICList   = "nic-list"
 	OpOperation = "operation" // polls of a long-running operation
-	OpUnknown   = "unknown"   // requests no route serves
+	OpGroupGet  = "group-get"
+	OpSubnetGet = "subnet-get"
+	// OpPermissions counts reads of Microsoft.Authorization/permissions.
+	OpPermissions = "permissions"
+	OpUnknown     = "unknown" // requests no route serves
 )
 
 // Option configures the fake.
@@ -93,6 +98,13 @@ type options struct {
 	searchLag time.Duration
 	now       func() time.Time
 	graphPage int
+	// role, when set, authorizes every call (WithRole).
+	role func() *Role
+	// tokenCheck, when set, decides which bearer tokens are good
+	// (WithAccessTokens).
+	tokenCheck func(token string) error
+	// subnets, when set, are the subnets that exist (WithSubnets).
+	subnets []string
 }
 
 // WithSubscription sets the subscription id the fake serves.
@@ -173,6 +185,14 @@ func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
 	mux.Handle("GET "+nics, s.route(OpNICList, false, s.listNICs))
 	mux.Handle("GET /subscriptions/{sub}/providers/{ns}/locations/{loc}/operations/{id}", s.route(OpOperation, false, s.getOperation))
 	mux.Handle("POST "+GraphPath, s.route(cloud.OpList, false, s.queryResources))
+	for _, groups := range []string{"resourceGroups", "resourcegroups"} {
+		mux.Handle("GET /subscriptions/{sub}/"+groups+"/{rg}", s.route(OpGroupGet, false, s.getGroup))
+	}
+	// A subnet may live in another group (a shared network): {netrg} is
+	// not checked against the group the fake serves.
+	mux.Handle("GET /subscriptions/{sub}/resourceGroups/{netrg}/providers/Microsoft.Network/virtualNetworks/{vnet}/subnets/{name}",
+		s.route(OpSubnetGet, false, s.getSubnet))
+	permissions := s.route(OpPermissions, false, s.listPermissions)
 	control := cloud.ControlHandler(c)
 	mux.Handle(cloud.ControlPrefix, http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		control.ServeHTTP(w, r)
@@ -182,7 +202,21 @@ func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
 		writeError(w, apiError{http.StatusNotFound, "InvalidResourceType",
 			fmt.Sprintf("No route serves %s %s in this fake.", r.Method, r.URL.Path), ""})
 	}))
-	return mux
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		// The permissions API is an extension of any scope, which a mux
+		// pattern cannot end in.
+		if scope, ok := permissionsScope(r); ok && r.Method == http.MethodGet {
+			if parts := strings.Split(scope, "/"); len(parts) >= 3 {
+				r.SetPathValue("sub", parts[2])
+			}
+			if parts := strings.Split(scope, "/"); len(parts) == 5 {
+				r.SetPathValue("rg", parts[4])
+			}
+			permissions.ServeHTTP(w, r)
+			return
+		}
+		mux.ServeHTTP(w, r)
+	})
 }
 
 var apiVersionRE = regexp.MustCompile(`^\d{4}-\d{2}-\d{2}(-preview)?$`)
@@ -242,6 +276,14 @@ func (s *server) route(op string, write bool, h http.HandlerFunc) http.Handler {
 			h(w, r)
 			return
 		}
+		// RBAC comes before the resource provider sees the request, so a
+		// caller without the action learns nothing of the resource.
+		if act, scope, skip := requestAction(r); !skip {
+			if e := s.authorize(act, scope); e != nil {
+				writeError(w, *e)
+				return
+			}
+		}
 		if !s.metered(w, r, op) {
 			return
 		}
@@ -282,6 +324,16 @@ func (s *server) authenticate(r *http.Request) (apiError, bool) {
 		return apiError{http.StatusUnauthorized, "InvalidAuthenticationToken",
 			"The access token is invalid.", ""}, false
 	}
+	if s.opts.tokenCheck != nil {
+		switch err := s.opts.tokenCheck(token); {
+		case errors.Is(err, ErrAccessTokenExpired):
+			return apiError{http.StatusUnauthorized, "ExpiredAuthenticationToken",
+				"The access token expiry UTC time is earlier than current UTC time.", ""}, false
+		case err != nil:
+			return apiError{http.StatusUnauthorized, "InvalidAuthenticationToken",
+				"The access token is invalid.", ""}, false
+		}
+	}
 	return apiError{}, true
 }
 
@@ -290,6 +342,9 @@ func action(r *http.Request) string {
 	verb := map[string]string{http.MethodPut: "write", http.MethodDelete: "delete"}[r.Method]
 	if verb == "" {
 		verb = "read"
+	}
+	if act, _, skip := requestAction(r); !skip {
+		return act
 	}
 	typ := "Microsoft.Compute/virtualMachines"
 	switch {

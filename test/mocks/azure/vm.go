@@ -53,6 +53,13 @@ func (s *server) putVM(w http.ResponseWriter, r *http.Request) {
 		writeError(w, *e)
 		return
 	}
+	for _, ref := range meta.nics {
+		if e := s.authorizeLinked("Microsoft.Compute/virtualMachines/write", r.URL.Path,
+			"Microsoft.Network/networkInterfaces/join/action", ref.ID); e != nil {
+			writeError(w, *e)
+			return
+		}
+	}
 
 	s.writes.Lock()
 	defer s.writes.Unlock()
