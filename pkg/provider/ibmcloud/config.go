@@ -21,6 +21,14 @@ import (
 const (
 	EnvAPIKey = "IBMCLOUD_API_KEY"
 	EnvRegion = "IBMCLOUD_REGION"
+	// The IBM SDK's own settings under the IBMCLOUD_ prefix, which select
+	// the credential route when EnvAuthType is set (see authenticator):
+	// "container" is a trusted profile with a compute-resource token.
+	EnvAuthType    = "IBMCLOUD_AUTH_TYPE"
+	EnvProfileID   = "IBMCLOUD_IAM_PROFILE_ID"
+	EnvProfileName = "IBMCLOUD_IAM_PROFILE_NAME"
+	EnvCRTokenFile = "IBMCLOUD_CR_TOKEN_FILENAME"
+	envPrefix      = "ibmcloud"
 	// sdkServiceName is the prefix of the IBM SDK's own external
 	// configuration (VPC_AUTH_TYPE, VPC_APIKEY, VPC_AUTH_URL, ... or an
 	// ibm-credentials.env file), the last link of the credential chain.
@@ -185,12 +193,42 @@ func (c Config) searchEndpoint() string {
 	return globalsearchv2.DefaultServiceURL
 }
 
-// authenticator walks the credential chain: the API key file, then
-// IBMCLOUD_API_KEY (both through IAM), then the IBM SDK's own external
-// configuration for service "vpc" (VPC_AUTH_TYPE and friends, or an
-// ibm-credentials.env file), which also covers trusted profiles. The key
-// is handed to the SDK's authenticator and kept nowhere else.
+// authenticator picks the credential route:
+//
+//   - IBMCLOUD_AUTH_TYPE set: the IBM SDK's own environment configuration
+//     under the IBMCLOUD_ prefix (core.GetAuthenticatorFromEnvironment), the
+//     route for a trusted profile with a compute-resource token:
+//     IBMCLOUD_AUTH_TYPE=container, IBMCLOUD_IAM_PROFILE_ID or
+//     IBMCLOUD_IAM_PROFILE_NAME, and IBMCLOUD_CR_TOKEN_FILENAME (a projected
+//     ServiceAccount token; the SDK's defaults otherwise). The SDK reads the
+//     file again for every new access token, so a rotated token is picked
+//     up without a restart. An API key set beside it is refused as
+//     ambiguous.
+//   - else the API key file, then IBMCLOUD_API_KEY (both through IAM);
+//   - else the SDK's external configuration for service "vpc"
+//     (VPC_AUTH_TYPE and friends, or an ibm-credentials.env file).
+//
+// --ibmcloud-iam-endpoint, when set, is the token service of the API key
+// and trusted-profile routes. Secrets are handed to the SDK's
+// authenticator and kept nowhere else.
 func (c Config) authenticator() (core.Authenticator, error) {
+	if authType := os.Getenv(EnvAuthType); authType != "" {
+		if c.APIKeyFile != "" || os.Getenv(EnvAPIKey) != "" {
+			return nil, fmt.Errorf("ibmcloud: %s=%s and an API key (--ibmcloud-api-key-file or %s) are both set: keep one credential route",
+				EnvAuthType, authType, EnvAPIKey)
+		}
+		a, err := core.GetAuthenticatorFromEnvironment(envPrefix)
+		if err != nil {
+			return nil, fmt.Errorf("ibmcloud: credentials from %s=%s and the other IBMCLOUD_* settings: %w", EnvAuthType, authType, err)
+		}
+		if a == nil {
+			return nil, fmt.Errorf("ibmcloud: %s is set but the IBM SDK found no IBMCLOUD_* settings", EnvAuthType)
+		}
+		if ca, ok := a.(*core.ContainerAuthenticator); ok && c.IAMEndpoint != "" {
+			ca.URL = c.IAMEndpoint
+		}
+		return a, nil
+	}
 	key := ""
 	switch {
 	case c.APIKeyFile != "":
@@ -221,8 +259,12 @@ func (c Config) authenticator() (core.Authenticator, error) {
 		return nil, fmt.Errorf("ibmcloud: credentials from the IBM SDK's VPC_* settings: %w", err)
 	}
 	if a == nil {
-		return nil, errors.New("ibmcloud: no credentials: set --ibmcloud-api-key-file (CAA_IBMCLOUD_API_KEY_FILE), " +
+		return nil, errors.New("ibmcloud: no credentials: set " + EnvAuthType + "=container with " + EnvProfileID +
+			" (a trusted profile), or --ibmcloud-api-key-file (CAA_IBMCLOUD_API_KEY_FILE), " +
 			EnvAPIKey + ", or the IBM SDK's VPC_AUTH_TYPE/VPC_APIKEY settings")
+	}
+	if ca, ok := a.(*core.ContainerAuthenticator); ok && c.IAMEndpoint != "" && ca.URL == "" {
+		ca.URL = c.IAMEndpoint
 	}
 	return a, nil
 }

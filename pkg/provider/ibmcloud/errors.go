@@ -156,6 +156,11 @@ func classify(op string, resp *core.DetailedResponse, err error) error {
 	if e.Kind == provider.ErrThrottled {
 		e.RetryAfter = f.retryAfter
 	}
+	if e.Kind == provider.ErrAuth && f.status == http.StatusForbidden && !f.iam {
+		// VPC's message names the action it refused, or not: say where
+		// the permissions caa needs are written down.
+		e.Message += " (the IAM access policies caa needs: " + policyFile + ")"
+	}
 	if f.status == 0 {
 		// No answer: the SDK's error says why (a refused connection, a
 		// timeout, a cancelled context); it names URLs, never bodies.

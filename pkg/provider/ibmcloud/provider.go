@@ -26,6 +26,12 @@ type vpcAPI interface {
 	ListInstancesWithContext(context.Context, *vpcv1.ListInstancesOptions) (*vpcv1.InstanceCollection, *core.DetailedResponse, error)
 	DeleteInstanceWithContext(context.Context, *vpcv1.DeleteInstanceOptions) (*core.DetailedResponse, error)
 	GetVolumeWithContext(context.Context, *vpcv1.GetVolumeOptions) (*vpcv1.Volume, *core.DetailedResponse, error)
+	// Preflight's reads of what the configuration names.
+	GetSubnetWithContext(context.Context, *vpcv1.GetSubnetOptions) (*vpcv1.Subnet, *core.DetailedResponse, error)
+	GetVPCWithContext(context.Context, *vpcv1.GetVPCOptions) (*vpcv1.VPC, *core.DetailedResponse, error)
+	GetSecurityGroupWithContext(context.Context, *vpcv1.GetSecurityGroupOptions) (*vpcv1.SecurityGroup, *core.DetailedResponse, error)
+	GetImageWithContext(context.Context, *vpcv1.GetImageOptions) (*vpcv1.Image, *core.DetailedResponse, error)
+	ListVolumesWithContext(context.Context, *vpcv1.ListVolumesOptions) (*vpcv1.VolumeCollection, *core.DetailedResponse, error)
 	// The SDK's pagers, which follow the collections' next links.
 	NewInstancesPager(*vpcv1.ListInstancesOptions) (*vpcv1.InstancesPager, error)
 	NewVolumesPager(*vpcv1.ListVolumesOptions) (*vpcv1.VolumesPager, error)
@@ -36,6 +42,9 @@ type Provider struct {
 	api    vpcAPI
 	search searchAPI
 	cfg    Config
+	// crTokenFile is the compute-resource token file of the trusted
+	// profile route, for Preflight ("" on other routes).
+	crTokenFile string
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -69,7 +78,14 @@ func New(_ context.Context, cfg Config) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ibmcloud: Global Search client for %s: %w", searchURL, err)
 	}
-	return &Provider{api: svc, search: gs, cfg: cfg}, nil
+	p := &Provider{api: svc, search: gs, cfg: cfg}
+	if ca, ok := auth.(*core.ContainerAuthenticator); ok {
+		p.crTokenFile = ca.CRTokenFilename
+		if p.crTokenFile == "" {
+			p.crTokenFile = defaultCRTokenFile
+		}
+	}
+	return p, nil
 }
 
 // Name is "ibmcloud".

@@ -59,6 +59,9 @@ func (s *Server) createInstance(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, fe.code, fe.msg, fieldTarget(fe.field))
 		return
 	}
+	if !s.permit(w, r, s.createAccess(&p)...) {
+		return
+	}
 
 	nic, vol, deleteWith := s.sideResources(&p)
 	userData := []byte(nil)
@@ -261,6 +264,9 @@ func joinIDs(refs []idRef) string {
 // getInstance is GET /v1/instances/{id}.
 func (s *Server) getInstance(w http.ResponseWriter, r *http.Request) {
 	in, err := s.liveInstance(r.PathValue("id"))
+	if !s.permit(w, r, Access{Type: "instance", Verb: "read", ID: r.PathValue("id"), Group: s.instanceGroup(in, err)}) {
+		return
+	}
 	if err != nil {
 		writeCoreError(w, err, "Instance")
 		return
@@ -271,7 +277,10 @@ func (s *Server) getInstance(w http.ResponseWriter, r *http.Request) {
 // deleteInstance is DELETE /v1/instances/{id}: 204, or 404 once it is gone.
 func (s *Server) deleteInstance(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	_, err := s.liveInstance(id)
+	in, err := s.liveInstance(id)
+	if !s.permit(w, r, s.deleteAccess(in, err)...) {
+		return
+	}
 	if err == nil {
 		err = s.cloud.Delete(id)
 	}
@@ -288,14 +297,22 @@ func (s *Server) listInstances(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
-	byID := s.resourcesByID()
 	name, vpc, rg := q.filters["name"], q.filters["vpc.id"], q.filters["resource_group.id"]
+	listGroup := rg
+	if listGroup == "" {
+		listGroup = anyGroup
+	}
+	if !s.permit(w, r, Access{Type: "instance", Verb: "list", Group: listGroup}) {
+		return
+	}
+	byID := s.resourcesByID()
+	visible := s.visibleTo(r, "instance")
 	match := func(in cloud.Instance) bool {
 		if in.State == provider.StateTerminated || (name != "" && in.Name != name) {
 			return false
 		}
 		nic := nicOf(in, byID)
-		return (vpc == "" || vpcOf(nic) == vpc) && (rg == "" || groupOf(nic) == rg)
+		return (vpc == "" || vpcOf(nic) == vpc) && (rg == "" || groupOf(nic) == rg) && visible(in.ID, groupOf(nic))
 	}
 	page, next, total, ok := s.page(w, match, q)
 	if !ok {

@@ -48,6 +48,7 @@ func WithSearchLag(d time.Duration) Option { return func(s *Server) { s.searchLa
 // searchDoc is one indexed volume.
 type searchDoc struct {
 	crn, id, name, zone string
+	group               string   // its resource group, for the caller's view
 	tags                []string // as shown: "key:value", lower case
 }
 
@@ -106,8 +107,11 @@ func (s *Server) search(w http.ResponseWriter, r *http.Request) {
 	pageSize := min(limit, s.cloud.PageSize())
 	items := []map[string]any{}
 	next := ""
+	// Search shows only what the caller may view: a volume it may not
+	// read is left out, as if it were not there.
+	visible := s.visibleTo(r, "volume")
 	for i, doc := range s.index(cur.After) {
-		if !doc.matches(terms) {
+		if !doc.matches(terms) || !visible(doc.id, doc.group) {
 			continue
 		}
 		items = append(items, doc.item(cur.Fields))
@@ -217,7 +221,7 @@ func newSearchDoc(b bootVolume, zone string) searchDoc {
 	if b.zone != "" {
 		zone = b.zone
 	}
-	return searchDoc{crn: b.crn(zone), id: b.id, name: b.name, zone: zone, tags: formatUserTags(b.tags)}
+	return searchDoc{crn: b.crn(zone), id: b.id, name: b.name, zone: zone, group: b.group, tags: formatUserTags(b.tags)}
 }
 
 func (d searchDoc) matches(terms []term) bool {

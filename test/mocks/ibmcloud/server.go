@@ -78,25 +78,38 @@ func WithAPIKey(key string) Option { return func(s *Server) { s.apiKey = key } }
 // a random one, so that a test knows the secret to look for.
 func WithAccessToken(token string) Option { return func(s *Server) { s.fixedToken = token } }
 
+// WithTrustedProfile makes the IAM endpoint exchange compute resource
+// tokens for access tokens of the profile p (grant type cr-token).
+func WithTrustedProfile(p *TrustedProfile) Option { return func(s *Server) { s.profile = p } }
+
+// WithPolicies makes the VPC and Global Search routes authorize every call
+// against the policies fn returns at the time (nil: everything allowed),
+// answering 403 with the action that no policy grants. Global Search, as
+// the real one, leaves out what the caller may not read instead.
+func WithPolicies(fn func() *Policies) Option { return func(s *Server) { s.policyFn = fn } }
+
 // Server is the fake's HTTP handler.
 type Server struct {
 	cloud      *cloud.Cloud
 	mux        *http.ServeMux
 	apiKey     string
 	fixedToken string
-	budget     *cloud.Budget // nil: nothing metered (WithBudget)
-	searchLag  time.Duration // WithSearchLag
+	budget     *cloud.Budget    // nil: nothing metered (WithBudget)
+	searchLag  time.Duration    // WithSearchLag
+	profile    *TrustedProfile  // WithTrustedProfile
+	policyFn   func() *Policies // WithPolicies
+	network    *Network         // WithNetwork
 	seq        atomic.Int64
 
 	mu     sync.Mutex
-	tokens map[string]bool      // access tokens IAM issued
+	tokens map[string]grantee   // access tokens IAM issued
 	docs   map[string]searchDoc // search documents of API-made instances, by instance id
 }
 
 // NewServer returns the VPC and IAM front end over c, with the core's
 // controls mounted at cloud.ControlPrefix.
 func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
-	s := &Server{cloud: c, mux: http.NewServeMux(), tokens: map[string]bool{}, docs: map[string]searchDoc{}}
+	s := &Server{cloud: c, mux: http.NewServeMux(), tokens: map[string]grantee{}, docs: map[string]searchDoc{}}
 	for _, o := range opts {
 		o(s)
 	}
@@ -109,6 +122,10 @@ func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
 	s.route("GET /v1/volumes", OpVolumeList, false, s.listVolumes)
 	s.route("GET /v1/volumes/{id}", OpVolumeGet, false, s.getVolume)
 	s.route("DELETE /v1/volumes/{id}", OpVolumeDelete, true, s.deleteVolume)
+	s.route("GET /v1/subnets/{id}", OpSubnetGet, false, s.getSubnet)
+	s.route("GET /v1/vpcs/{id}", OpVPCGet, false, s.getVPC)
+	s.route("GET /v1/security_groups/{id}", OpSecurityGroupGet, false, s.getSecurityGroup)
+	s.route("GET /v1/images/{id}", OpImageGet, false, s.getImage)
 	s.mux.HandleFunc("POST "+searchPath, func(w http.ResponseWriter, r *http.Request) {
 		// Read the body first: until it is read, the server cannot notice
 		// a client that gave up, and an injected latency would outlive it.
@@ -193,17 +210,6 @@ func (s *Server) admit(w http.ResponseWriter, r *http.Request, op string, write,
 		}
 	}
 	return false
-}
-
-func (s *Server) authorized(r *http.Request) bool {
-	const prefix = "Bearer "
-	h := r.Header.Get("Authorization")
-	if len(h) <= len(prefix) || h[:len(prefix)] != prefix {
-		return false
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.tokens[h[len(prefix):]]
 }
 
 var versionRE = regexp.MustCompile(`^\d{4}-\d{2}-\d{2}$`)

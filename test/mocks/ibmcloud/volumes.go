@@ -19,13 +19,18 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 	if !ok {
 		return
 	}
+	if !s.permit(w, r, Access{Type: "volume", Verb: "list", Group: anyGroup}) {
+		return
+	}
 	byID := s.resourcesByID()
 	tag := strings.ToLower(q.filters["tag"])
+	visible := s.visibleTo(r, "volume")
 	match := func(in cloud.Instance) bool {
 		if in.State == provider.StateTerminated {
 			return false
 		}
-		return tag == "" || slices.Contains(formatUserTags(bootVolumeOf(in, byID).tags), tag)
+		b := bootVolumeOf(in, byID)
+		return (tag == "" || slices.Contains(formatUserTags(b.tags), tag)) && visible(b.id, b.group)
 	}
 	page, next, total, ok := s.page(w, match, q)
 	if !ok {
@@ -44,6 +49,9 @@ func (s *Server) listVolumes(w http.ResponseWriter, r *http.Request) {
 // it is attached to.
 func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 	b, owner, err := s.volume(r.PathValue("id"))
+	if !s.permit(w, r, Access{Type: "volume", Verb: "read", ID: r.PathValue("id"), Group: groupOrAny(b.group, err)}) {
+		return
+	}
 	if err != nil {
 		writeCoreError(w, err, "Volume")
 		return
@@ -54,7 +62,10 @@ func (s *Server) getVolume(w http.ResponseWriter, r *http.Request) {
 // deleteVolume is DELETE /v1/volumes/{id}: refused while attached.
 func (s *Server) deleteVolume(w http.ResponseWriter, r *http.Request) {
 	id := r.PathValue("id")
-	_, owner, err := s.volume(id)
+	b, owner, err := s.volume(id)
+	if !s.permit(w, r, Access{Type: "volume", Verb: "delete", ID: id, Group: groupOrAny(b.group, err)}) {
+		return
+	}
 	switch {
 	case err != nil:
 	case owner != nil:

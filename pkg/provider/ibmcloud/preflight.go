@@ -1,0 +1,163 @@
+package ibmcloud
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/IBM/go-sdk-core/v5/core"
+	"github.com/IBM/platform-services-go-sdk/globalsearchv2"
+	"github.com/IBM/vpc-go-sdk/vpcv1"
+
+	"github.com/caa-project/caa/pkg/provider"
+)
+
+const (
+	opPreflight = "preflight"
+	// policyFile is where the access policies caa needs are written down.
+	policyFile = "deploy/overlays/ibmcloud/access-policies.json"
+	// defaultCRTokenFile is the file IBM's Kubernetes service projects the
+	// compute-resource token to, the SDK's second default (its first,
+	// vault-token, is for IBM's own pods).
+	defaultCRTokenFile = "/var/run/secrets/tokens/sa-token"
+)
+
+var _ provider.Preflighter = (*Provider)(nil)
+
+// Preflight checks, with reads only, what every later call needs:
+//
+//   - on the trusted-profile route, that the compute-resource token file
+//     can be read (ErrAuth naming the file and IBMCLOUD_CR_TOKEN_FILENAME);
+//   - the subnet (GET /subnets/{id}), and that it lies in the configured
+//     VPC; the VPC (the configured one, else the subnet's); each security
+//     group; the configured image;
+//   - one page of the instances of the resource group, and of volumes: the
+//     reads List and Get make (is.instance.instance.list, is.volume.volume.list);
+//   - one Global Search query, for the endpoint and the token.
+//
+// The first token exchange happens on the first of these, so a trusted
+// profile IAM refuses, or an API key it does not know, fails here too. A
+// 403 is an error wrapping provider.ErrAuth that names the IAM action and
+// the resource; a 404 is one wrapping provider.ErrInvalidSpec that names
+// the setting to fix. A refusal of the instance create itself (the
+// operate actions on the subnet, security groups and VPC, the create
+// actions, Viewer on the resource group) cannot be read without making
+// something, and shows at the first create, with the action VPC names.
+func (p *Provider) Preflight(ctx context.Context) error {
+	if p.crTokenFile != "" {
+		if _, err := os.Stat(p.crTokenFile); err != nil {
+			return &provider.Error{Kind: provider.ErrAuth, Provider: providerName, Op: opPreflight, Code: "cr_token_unreadable",
+				Message: fmt.Sprintf("the trusted profile's compute-resource token file %s (%s) cannot be read: mount the projected ServiceAccount token there (deploy/overlays/ibmcloud/README.md)",
+					p.crTokenFile, EnvCRTokenFile), Err: err}
+		}
+	}
+	sub, err := read(ctx, p, "is.subnet.subnet.read", "subnet "+p.cfg.SubnetID, "--ibmcloud-subnet-id",
+		func(ctx context.Context) (*vpcv1.Subnet, *core.DetailedResponse, error) {
+			return p.api.GetSubnetWithContext(ctx, &vpcv1.GetSubnetOptions{ID: ptr(p.cfg.SubnetID)})
+		})
+	if err != nil {
+		return err
+	}
+	vpcID, vpcSetting := p.cfg.VPCID, "--ibmcloud-vpc-id"
+	if sub.VPC != nil && sub.VPC.ID != nil {
+		if vpcID != "" && vpcID != *sub.VPC.ID {
+			return preflightSpec(fmt.Sprintf("--ibmcloud-subnet-id %s is in VPC %s, not in --ibmcloud-vpc-id %s", p.cfg.SubnetID, *sub.VPC.ID, vpcID), nil)
+		}
+		if vpcID == "" {
+			vpcID, vpcSetting = *sub.VPC.ID, "--ibmcloud-subnet-id (its VPC)"
+		}
+	}
+	if vpcID != "" {
+		if _, err := read(ctx, p, "is.vpc.vpc.read", "VPC "+vpcID, vpcSetting,
+			func(ctx context.Context) (*vpcv1.VPC, *core.DetailedResponse, error) {
+				return p.api.GetVPCWithContext(ctx, &vpcv1.GetVPCOptions{ID: ptr(vpcID)})
+			}); err != nil {
+			return err
+		}
+	}
+	for _, id := range p.cfg.SecurityGroupIDs {
+		if _, err := read(ctx, p, "is.security-group.security-group.read", "security group "+id, "--ibmcloud-security-group-ids",
+			func(ctx context.Context) (*vpcv1.SecurityGroup, *core.DetailedResponse, error) {
+				return p.api.GetSecurityGroupWithContext(ctx, &vpcv1.GetSecurityGroupOptions{ID: ptr(id)})
+			}); err != nil {
+			return err
+		}
+	}
+	if p.cfg.Image != "" {
+		if _, err := read(ctx, p, "is.image.image.read", "image "+p.cfg.Image, "--ibmcloud-image",
+			func(ctx context.Context) (*vpcv1.Image, *core.DetailedResponse, error) {
+				return p.api.GetImageWithContext(ctx, &vpcv1.GetImageOptions{ID: ptr(p.cfg.Image)})
+			}); err != nil {
+			return err
+		}
+	}
+	instances := &vpcv1.ListInstancesOptions{Limit: ptr(int64(1))}
+	where := "instances"
+	if p.cfg.ResourceGroupID != "" {
+		instances.ResourceGroupID = ptr(p.cfg.ResourceGroupID)
+		where = "instances in resource group " + p.cfg.ResourceGroupID
+	}
+	if _, err := read(ctx, p, "is.instance.instance.list", where, "--ibmcloud-resource-group-id",
+		func(ctx context.Context) (*vpcv1.InstanceCollection, *core.DetailedResponse, error) {
+			return p.api.ListInstancesWithContext(ctx, instances)
+		}); err != nil {
+		return err
+	}
+	if _, err := read(ctx, p, "is.volume.volume.list", "volumes", "",
+		func(ctx context.Context) (*vpcv1.VolumeCollection, *core.DetailedResponse, error) {
+			return p.api.ListVolumesWithContext(ctx, &vpcv1.ListVolumesOptions{Limit: ptr(int64(1))})
+		}); err != nil {
+		return err
+	}
+	search := &globalsearchv2.SearchOptions{Query: ptr(searchQuery(provider.Selector{Cluster: "caa-preflight", Node: "caa-preflight"})),
+		Fields: searchFields, Limit: ptr(int64(1))}
+	if p.cfg.AccountID != "" {
+		search.AccountID = ptr(p.cfg.AccountID)
+	}
+	if _, err := read(ctx, p, "a Global Search query", "Global Search at "+p.cfg.searchEndpoint(), "--ibmcloud-search-endpoint",
+		func(ctx context.Context) (*globalsearchv2.ScanResult, *core.DetailedResponse, error) {
+			return p.search.SearchWithContext(ctx, search)
+		}); err != nil {
+		return err
+	}
+	return nil
+}
+
+// read makes one preflight read and turns its failure into an error that
+// says what to change: the action to grant on a 403, the setting on a 404.
+func read[T any](ctx context.Context, p *Provider, action, what, setting string, fn func(context.Context) (T, *core.DetailedResponse, error)) (T, error) {
+	v, resp, err := call(ctx, p.cfg.ReadTimeout, provider.DefaultReadTimeout, fn)
+	if err == nil {
+		return v, nil
+	}
+	cerr := classify(opPreflight, resp, err)
+	var pe *provider.Error
+	errors.As(cerr, &pe)
+	switch {
+	case errors.Is(cerr, provider.ErrAuth) && pe.Status == 403:
+		return v, &provider.Error{Kind: provider.ErrAuth, Provider: providerName, Op: opPreflight, Code: pe.Code, Status: pe.Status,
+			Message: fmt.Sprintf("reading %s was refused: grant %s to caa's identity: %s", what, action, pe.Message),
+			Err:     cerr}
+	case errors.Is(cerr, provider.ErrAuth):
+		return v, &provider.Error{Kind: provider.ErrAuth, Provider: providerName, Op: opPreflight, Code: pe.Code, Status: pe.Status,
+			Message: fmt.Sprintf("reading %s: the credentials were refused (%s): %s", what, credentialHint(), pe.Message), Err: cerr}
+	case errors.Is(cerr, provider.ErrNotFound) && setting != "":
+		return v, preflightSpec(fmt.Sprintf("%s does not exist, or is in another region or account: check %s", what, setting), cerr)
+	}
+	return v, cerr
+}
+
+func preflightSpec(msg string, err error) error {
+	return &provider.Error{Kind: provider.ErrInvalidSpec, Provider: providerName, Op: opPreflight, Code: "not_found", Message: msg, Err: err}
+}
+
+// credentialHint names the credential route in use, for a refusal.
+func credentialHint() string {
+	if t := os.Getenv(EnvAuthType); t != "" {
+		return fmt.Sprintf("%s=%s: check %s/%s, the profile's link to this cluster's ServiceAccount and %s",
+			EnvAuthType, strings.ToLower(t), EnvProfileID, EnvProfileName, EnvCRTokenFile)
+	}
+	return "check the API key (--ibmcloud-api-key-file or " + EnvAPIKey + ")"
+}
