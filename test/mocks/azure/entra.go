@@ -142,7 +142,7 @@ func (e *Entra) token(w http.ResponseWriter, r *http.Request, tenant string) {
 	case q.Has("client_secret"):
 		e.refuse(w, http.StatusBadRequest, "invalid_client", 7000218, "A workload identity request carries no client secret.")
 		return
-	case q.Get("scope") != ARMScope:
+	case !armScopeOnly(q.Get("scope")):
 		e.refuse(w, http.StatusBadRequest, "invalid_scope", 1002012, "The provided value for scope "+q.Get("scope")+" is not valid here.")
 		return
 	}
@@ -223,4 +223,20 @@ func writeJSONPlain(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Cache-Control", "no-store, no-cache")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// armScopeOnly reports whether a token request's scope is Resource
+// Manager's, beside the OpenID scopes MSAL adds to every request.
+func armScopeOnly(scope string) bool {
+	arm := false
+	for _, sc := range strings.Fields(scope) {
+		switch sc {
+		case ARMScope:
+			arm = true
+		case "openid", "offline_access", "profile":
+		default:
+			return false
+		}
+	}
+	return arm
 }
