@@ -181,10 +181,18 @@ func TestEntraExpiresItsTokens(t *testing.T) {
 func TestEntraRefusesBadFederatedTokens(t *testing.T) {
 	other := newIssuerKey(t)
 	for name, mk := range map[string]func(es *entraSetup) string{
-		"other subject":  func(es *entraSetup) string { return es.key.token(t, "system:serviceaccount:x:y", armfake.EntraAudience, time.Now().Add(time.Hour)) },
-		"other audience": func(es *entraSetup) string { return es.key.token(t, saSub, "sts.amazonaws.com", time.Now().Add(time.Hour)) },
-		"expired":        func(es *entraSetup) string { return es.key.token(t, saSub, armfake.EntraAudience, time.Now().Add(-time.Minute)) },
-		"other signer":   func(es *entraSetup) string { return other.token(t, saSub, armfake.EntraAudience, time.Now().Add(time.Hour)) },
+		"other subject": func(es *entraSetup) string {
+			return es.key.token(t, "system:serviceaccount:x:y", armfake.EntraAudience, time.Now().Add(time.Hour))
+		},
+		"other audience": func(es *entraSetup) string {
+			return es.key.token(t, saSub, "sts.amazonaws.com", time.Now().Add(time.Hour))
+		},
+		"expired": func(es *entraSetup) string {
+			return es.key.token(t, saSub, armfake.EntraAudience, time.Now().Add(-time.Minute))
+		},
+		"other signer": func(es *entraSetup) string {
+			return other.token(t, saSub, armfake.EntraAudience, time.Now().Add(time.Hour))
+		},
 	} {
 		t.Run(name, func(t *testing.T) {
 			es := newEntra(t, time.Hour)
