@@ -126,7 +126,10 @@ type recorder struct {
 // stopped, recording each change of what it answers (ready, reason,
 // hand-over). It runs for each process the agent starts.
 func (r *recorder) pollStatus(ctx context.Context, o nodeagent.Observation) {
-	client := &http.Client{Timeout: 2 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
+	// A long timeout: an answer that comes late on a loaded machine is
+	// recorded when it comes, while a timeout would record a false "not
+	// ready".
+	client := &http.Client{Timeout: 10 * time.Second, Transport: &http.Transport{DisableKeepAlives: true}}
 	tick := time.NewTicker(poll)
 	defer tick.Stop()
 	for {
