@@ -59,6 +59,17 @@ func StartCaa(bin string, args, env []string, logPath string) (*Daemon, error) {
 	return d, nil
 }
 
+// exited reports whether the process has ended.
+func (d *Daemon) exited() bool {
+	select {
+	case err := <-d.done:
+		d.done <- err
+		return true
+	default:
+		return false
+	}
+}
+
 // Pid is the process id.
 func (d *Daemon) Pid() int { return d.cmd.Process.Pid }
 
