@@ -32,6 +32,12 @@ import (
 //
 // Only hold writes to the ledger or the cloud; every other state makes no
 // write of either (invariant I4 and the hand-over's "never two writers").
+//
+// The old caa stays Ready from the request until the new one is ready
+// (and after a handback): with maxSurge the DaemonSet controller deletes
+// an old pod that is not available at once, which would leave a node
+// whose new caa then fails with no caa at all. /status shows the
+// hand-over under way meanwhile. Only once retired does it answer 503.
 type nodeDaemon struct {
 	f          *runFlags
 	log        *slog.Logger
@@ -99,7 +105,6 @@ func (n *nodeDaemon) run(ctx, stopCtx context.Context) error {
 				out.req.From, out.asked.UTC().Format(time.RFC3339)))
 			return nil
 		}
-		n.status.Restart()
 		if led, err = n.open(stopCtx, ledger.DefaultOpenTimeout, true); err != nil {
 			return shutdownErr(ctx, err)
 		}
@@ -176,7 +181,9 @@ func (n *nodeDaemon) acquire(ctx context.Context) (*ledger.Ledger, *handover.Han
 func (n *nodeDaemon) open(ctx context.Context, timeout time.Duration, retry bool) (*ledger.Ledger, error) {
 	f := n.f
 	for {
-		n.status.SetBlocked("starting: opening the ledger " + f.ledgerPath)
+		if !retry {
+			n.status.SetBlocked("starting: opening the ledger " + f.ledgerPath)
+		}
 		_, statErr := os.Stat(f.ledgerPath)
 		existed := statErr == nil
 		if err := reconcile.CompareNodeLedger(f.node, n.nodeLedger, f.ledgerPath, existed, ""); err != nil {
@@ -364,7 +371,6 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 			asked := time.Now()
 			n.refuse("this caa is handing the ledger over to " + req.From.String())
 			log.Info("hand-over requested: stopping work and releasing the ledger", "to", req.From.String())
-			n.status.SetBlocked("handing the ledger over to " + req.From.String())
 			n.status.SetHandover(health.Handover{Role: health.RoleHandedOver, Peer: req.From.String(), Outcome: health.HandoverUnderway, StartedAt: asked})
 			epoch := led.Meta().OpenEpoch
 			stopWork()
@@ -391,13 +397,11 @@ func (n *nodeDaemon) afterRelease(ctx context.Context, out holdOutcome) bool {
 		n.status.SetHandover(health.Handover{Role: health.RoleHandedOver, Peer: peer, Outcome: health.HandoverHandedBack,
 			Reason: reason, StartedAt: out.asked, Took: health.Duration(time.Since(out.asked))})
 		n.events.NodeEvent(n.f.node, true, "CaaHandedBack", fmt.Sprintf("caa %s took the ledger back from %s: %s", n.me, peer, reason))
-		n.status.SetBlocked("taking the ledger back: " + reason)
 		return false
 	}
 	if out.releaseErr != nil {
 		return back(out.releaseErr.Error())
 	}
-	n.status.SetBlocked("handing the ledger over to " + peer + ": waiting for it to turn ready")
 	wctx, cancel := context.WithTimeout(ctx, n.f.handoverReady)
 	err := out.req.WaitReady(wctx)
 	cancel()

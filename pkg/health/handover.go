@@ -46,15 +46,3 @@ func (s *Status) SetHandover(h Handover) {
 		m.handoverGap.Set(time.Duration(h.Gap).Seconds())
 	}
 }
-
-// Restart starts readiness over: the next pass must converge again before
-// /readyz answers 200. A caa that takes its ledger back after a failed
-// hand-over runs a startup pass anew, and is not ready until it converges.
-func (s *Status) Restart() {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.converged = false
-	s.last = Pass{}
-	s.passes = 0
-	s.updateReady()
-}

@@ -29,23 +29,6 @@ func TestHandoverIsShownAndCounted(t *testing.T) {
 	assert.Equal(t, HandoverDone, r.status.Snapshot().Handover.Outcome)
 }
 
-// TestRestartHoldsReadinessUntilTheNextConvergedPass: a caa that takes its
-// ledger back after a failed hand-over is not ready on the strength of its
-// first startup.
-func TestRestartHoldsReadinessUntilTheNextConvergedPass(t *testing.T) {
-	r := newRig(t, Config{})
-	r.status.PassDone(converged(r.clock.Now(), 3))
-	require.True(t, r.status.Readiness().Ready)
-
-	r.status.Restart()
-	rd := r.status.Readiness()
-	assert.False(t, rd.Ready)
-	assert.Equal(t, "the startup pass has not finished", rd.Reason)
-
-	r.status.PassDone(converged(r.clock.Add(time.Second), 3))
-	assert.True(t, r.status.Readiness().Ready)
-}
-
 // TestPodDoneMovesOnePodBetweenTheLists: work on one pod between passes
 // updates /status and the metrics, and never readiness.
 func TestPodDoneMovesOnePodBetweenTheLists(t *testing.T) {

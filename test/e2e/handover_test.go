@@ -337,8 +337,11 @@ func TestHandbackWhenTheNewCaaFails(t *testing.T) {
 	f3 := newFront(t, ec2)
 	f3.hangList.Store(true)
 	v3 := launchCaa(t, c, node, ledgerPath, "v3-killed", append(f3.args(), "--pod-name", "caa-v3"), awsEnv())
-	require.Eventually(t, func() bool { return strings.Contains(v1.readyBody(), "waiting for it to turn ready") }, time.Minute, condPoll,
-		"the old caa released the ledger")
+	require.Eventually(t, func() bool {
+		s, ok := v1.snapshot()
+		return ok && s.Handover != nil && s.Handover.Outcome == health.HandoverUnderway && strings.Contains(s.Handover.Peer, "caa-v3")
+	}, time.Minute, condPoll, "the old caa released the ledger")
+	assert.Equal(t, http.StatusOK, v1.readyz(), "the old caa stays Ready while the new one starts, or the DaemonSet controller would delete it")
 	v3.kill(t)
 	back = v1.waitHandover(t, health.HandoverHandedBack, 30*time.Second)
 	assert.Contains(t, back.Reason, "went away")
