@@ -138,7 +138,7 @@ func read[T any](ctx context.Context, p *Provider, action, what, setting string,
 	switch {
 	case errors.Is(cerr, provider.ErrAuth) && pe.Status == 403:
 		return v, &provider.Error{Kind: provider.ErrAuth, Provider: providerName, Op: opPreflight, Code: pe.Code, Status: pe.Status,
-			Message: fmt.Sprintf("reading %s was refused: grant %s to caa's identity: %s", what, action, pe.Message),
+			Message: fmt.Sprintf("reading %s was refused: grant %s to caa's identity%s: %s", what, action, orFix(setting), pe.Message),
 			Err:     cerr}
 	case errors.Is(cerr, provider.ErrAuth):
 		return v, &provider.Error{Kind: provider.ErrAuth, Provider: providerName, Op: opPreflight, Code: pe.Code, Status: pe.Status,
@@ -147,6 +147,16 @@ func read[T any](ctx context.Context, p *Provider, action, what, setting string,
 		return v, preflightSpec(fmt.Sprintf("%s does not exist, or is in another region or account: check %s", what, setting), cerr)
 	}
 	return v, cerr
+}
+
+// orFix says which setting names the resource, for a refusal that may as
+// well be a wrong id: IAM refuses a resource no policy covers before VPC
+// could say it does not exist.
+func orFix(setting string) string {
+	if setting == "" {
+		return ""
+	}
+	return ", or correct " + setting + " if it names the wrong one"
 }
 
 func preflightSpec(msg string, err error) error {

@@ -63,6 +63,31 @@ func (p *TrustedProfile) refuse(w http.ResponseWriter, code, msg, why string) {
 type grantee struct {
 	iamID   string
 	expires time.Time
+	uses    *atomic.Int64
+	revoked bool
+}
+
+// Revoke makes the server refuse these access tokens from now on, as if
+// they had expired.
+func (s *Server) Revoke(tokens ...string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, t := range tokens {
+		if g, ok := s.tokens[t]; ok {
+			g.revoked = true
+			s.tokens[t] = g
+		}
+	}
+}
+
+// Uses counts the VPC and search calls this access token was accepted for.
+func (s *Server) Uses(token string) int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if g, ok := s.tokens[token]; ok {
+		return g.uses.Load()
+	}
+	return 0
 }
 
 // token is IAM's "get token" operation: a form POST that exchanges an API
@@ -124,7 +149,7 @@ func (s *Server) token(w http.ResponseWriter, r *http.Request) {
 	}
 	now := time.Now()
 	s.mu.Lock()
-	s.tokens[tok] = grantee{iamID: who, expires: now.Add(ttl)}
+	s.tokens[tok] = grantee{iamID: who, expires: now.Add(ttl), uses: &atomic.Int64{}}
 	s.mu.Unlock()
 	writeJSON(w, http.StatusOK, iamToken{
 		AccessToken:  tok,
@@ -185,10 +210,15 @@ func (s *Server) grantee(r *http.Request) (grantee, bool) {
 	s.mu.Lock()
 	g, ok := s.tokens[h[len(prefix):]]
 	s.mu.Unlock()
-	return g, ok && time.Now().Before(g.expires)
+	return g, ok && !g.revoked && time.Now().Before(g.expires)
 }
 
+// authorized reports whether the request carries a valid access token,
+// and counts its use.
 func (s *Server) authorized(r *http.Request) bool {
-	_, ok := s.grantee(r)
+	g, ok := s.grantee(r)
+	if ok {
+		g.uses.Add(1)
+	}
 	return ok
 }

@@ -1,0 +1,330 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/caa-project/caa/test/e2e/cluster"
+	ec2fake "github.com/caa-project/caa/test/mocks/aws"
+	"github.com/caa-project/caa/test/mocks/cloud"
+	vpcfake "github.com/caa-project/caa/test/mocks/ibmcloud"
+)
+
+// This file runs the real caa binary on IBM Cloud's keyless route, a
+// trusted profile with a compute-resource token, and under the access
+// policies of deploy/overlays/ibmcloud, against a fake that checks what it
+// is given:
+//
+//   - the CR token is a real ServiceAccount token of caa-system/caa from
+//     the test apiserver's TokenRequest API (audience "iam", as IBM's
+//     Kubernetes service projects it), in the file named by
+//     IBMCLOUD_CR_TOKEN_FILENAME; IBMCLOUD_AUTH_TYPE=container and
+//     IBMCLOUD_IAM_PROFILE_NAME select the SDK's ContainerAuthenticator;
+//   - the fake IAM verifies the token against the apiserver's published
+//     JWKS (issuer, audience, expiry) and its subject against the profile's
+//     link, and issues access tokens that live 12 seconds (the SDK renews
+//     10 seconds before expiry, so every 2 seconds);
+//   - the fake VPC and Global Search accept only those access tokens, and
+//     authorize every call against the shipped policies.
+//
+// During the run the token file is rotated, the old token refused and the
+// old access tokens revoked: caa keeps working without a restart.
+
+const (
+	ibmProfileID   = "Profile-9d7c1e2e-caa"
+	ibmProfileName = "caa-peer-pods"
+	ibmGroup       = "r006-e2e-sg"
+	ibmAudience    = "iam"
+)
+
+// shippedIBMPolicies is deploy/overlays/ibmcloud/access-policies.json for
+// the fake's account.
+func shippedIBMPolicies(t *testing.T) *vpcfake.Policies {
+	t.Helper()
+	p, err := vpcfake.ReadPolicies(filepath.Join("..", "..", "deploy", "overlays", "ibmcloud", "access-policies.json"), map[string]string{
+		"REPLACE_ME_TRUSTED_PROFILE_ID": ibmProfileID,
+		"REPLACE_ME_ACCOUNT_ID":         "fakeaccount",
+		"REPLACE_ME_RESOURCE_GROUP_ID":  vpcfake.DefaultResourceGroup,
+		"REPLACE_ME_SUBNET_ID":          vpcfake.DefaultSubnet,
+		"REPLACE_ME_VPC_ID":             vpcfake.DefaultVPC,
+		"REPLACE_ME_SECURITY_GROUP_ID":  ibmGroup,
+		"REPLACE_ME_IMAGE_ID":           ibmImage,
+	})
+	require.NoError(t, err)
+	return p
+}
+
+// ibmIdentityCloud is the fake VPC with the shipped policies and a trusted
+// profile, and the daemon's flags and environment for that route.
+type ibmIdentityCloud struct {
+	core    *cloud.Cloud
+	vpc     *vpcfake.Server
+	profile *vpcfake.TrustedProfile
+	policy  atomic.Pointer[vpcfake.Policies]
+	args    []string
+	env     []string
+	tokenAt string
+
+	revoked sync.Map // CR tokens no longer good, once rotated
+	mu      sync.Mutex
+	secrets map[string]string
+}
+
+func newIBMIdentityCloud(ctx context.Context, t *testing.T, c *cluster.Cluster) *ibmIdentityCloud {
+	t.Helper()
+	ic := &ibmIdentityCloud{
+		core:    cloud.New(cloud.Options{IDPrefix: "0717_", PageSize: 5, Images: []string{ibmImage}, Types: []string{ibmProfile}, Zone: ibmZone}),
+		tokenAt: filepath.Join(t.TempDir(), "sa-token"),
+		secrets: map[string]string{},
+	}
+	ic.policy.Store(shippedIBMPolicies(t))
+
+	rc := c.Client().CoreV1().RESTClient()
+	disco, err := rc.Get().AbsPath("/.well-known/openid-configuration").DoRaw(ctx)
+	require.NoError(t, err, "the apiserver's OIDC discovery document")
+	var oidc struct {
+		Issuer string `json:"issuer"`
+	}
+	require.NoError(t, json.Unmarshal(disco, &oidc))
+	jwks, err := rc.Get().AbsPath("/openid/v1/jwks").DoRaw(ctx)
+	require.NoError(t, err, "the apiserver's JWKS")
+	verify, err := ec2fake.JWKSVerifier(jwks, oidc.Issuer, ibmAudience, nil)
+	require.NoError(t, err)
+	ic.profile = &vpcfake.TrustedProfile{ID: ibmProfileID, Name: ibmProfileName,
+		Subject: "system:serviceaccount:" + saNamespace + ":" + saName, Lifetime: 12 * time.Second,
+		Refusal: func(why string) { t.Logf("fake IAM refused a CR token exchange: %s", why) },
+		Verify: func(tok string) (string, error) {
+			if _, old := ic.revoked.Load(tok); old {
+				return "", fmt.Errorf("a token replaced by a newer one")
+			}
+			return verify(tok)
+		}}
+	ic.vpc = vpcfake.NewServer(ic.core, vpcfake.WithTrustedProfile(ic.profile), vpcfake.WithPolicies(ic.policy.Load),
+		vpcfake.WithNetwork(vpcfake.Network{VPC: vpcfake.DefaultVPC, Subnets: []string{vpcfake.DefaultSubnet}, SecurityGroups: []string{ibmGroup}})).(*vpcfake.Server)
+	srv := httptest.NewServer(ic.vpc)
+	t.Cleanup(srv.Close)
+
+	tok := saToken(ctx, t, c, ibmAudience)
+	ic.secret("CR token", tok)
+	ic.writeToken(t, tok)
+	ic.args = []string{"--provider", "ibmcloud",
+		"--ibmcloud-endpoint", srv.URL + "/v1", "--ibmcloud-iam-endpoint", srv.URL, "--ibmcloud-search-endpoint", srv.URL,
+		"--ibmcloud-zone", ibmZone, "--ibmcloud-vpc-id", vpcfake.DefaultVPC, "--ibmcloud-subnet-id", vpcfake.DefaultSubnet,
+		"--ibmcloud-security-group-ids", ibmGroup, "--ibmcloud-resource-group-id", vpcfake.DefaultResourceGroup,
+		"--ibmcloud-image", ibmImage, "--ibmcloud-instance-type", ibmProfile, "--log-level", "debug"}
+	ic.env = append(hermeticEnv(), "IBMCLOUD_AUTH_TYPE=container", "IBMCLOUD_IAM_PROFILE_NAME="+ibmProfileName,
+		"IBMCLOUD_CR_TOKEN_FILENAME="+ic.tokenAt)
+	return ic
+}
+
+func (ic *ibmIdentityCloud) secret(name, value string) {
+	ic.mu.Lock()
+	defer ic.mu.Unlock()
+	ic.secrets[name] = value
+}
+
+// allSecrets are the CR tokens and every access token IAM issued.
+func (ic *ibmIdentityCloud) allSecrets() map[string]string {
+	ic.mu.Lock()
+	out := map[string]string{}
+	for k, v := range ic.secrets {
+		out[k] = v
+	}
+	ic.mu.Unlock()
+	for i, tok := range ic.profile.AccessTokens() {
+		out[fmt.Sprintf("access token %d", i)] = tok
+	}
+	return out
+}
+
+// writeToken replaces the token file atomically, as the kubelet does.
+func (ic *ibmIdentityCloud) writeToken(t *testing.T, token string) {
+	t.Helper()
+	tmp := ic.tokenAt + ".new"
+	require.NoError(t, os.WriteFile(tmp, []byte(token), 0o600))
+	require.NoError(t, os.Rename(tmp, ic.tokenAt))
+}
+
+// usedSince counts the access tokens issued from index from on that VPC or
+// search accepted at least once.
+func (ic *ibmIdentityCloud) usedSince(from int) int {
+	n := 0
+	for _, tok := range ic.profile.AccessTokens()[from:] {
+		if ic.vpc.Uses(tok) > 0 {
+			n++
+		}
+	}
+	return n
+}
+
+// TestIBMCloudIdentityTrustedProfile: caa's full startup (preflight,
+// listing, creates) on the trusted-profile route under the shipped
+// policies; the CR token rotates and the access tokens expire while it
+// runs; a new pod gets its VM and a deleted pod loses its VM on tokens
+// from the new CR token, without a restart; no token appears in caa's
+// output, the events, /status or the ledger.
+func TestIBMCloudIdentityTrustedProfile(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	ic := newIBMIdentityCloud(ctx, t, c)
+	const node = "worker-1"
+	_, err := c.CreateNode(ctx, node)
+	require.NoError(t, err)
+	for i := range 3 {
+		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%d", i), node, nil)
+		require.NoError(t, err)
+	}
+	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
+	d := launchCaa(t, c, node, ledgerPath, "ibmcloud trusted profile", ic.args, ic.env)
+	d.waitReady(t, func() { assert.Len(t, ibmLiveVMs(t, ic.core), 3, "at the first 200 every pod has its VM") })
+	require.Positive(t, ic.usedSince(0), "VPC accepted the access tokens the profile was issued")
+
+	// Rotation: a new CR token; the old one is refused from now on.
+	old, err := os.ReadFile(ic.tokenAt)
+	require.NoError(t, err)
+	tok := saToken(ctx, t, c, ibmAudience)
+	require.NotEqual(t, string(old), tok)
+	ic.secret("rotated CR token", tok)
+	rotatedAt := len(ic.profile.AccessTokens())
+	ic.writeToken(t, tok)
+	ic.revoked.Store(string(old), true)
+	require.Eventually(t, func() bool { return ic.usedSince(rotatedAt) > 0 }, time.Minute, 100*time.Millisecond,
+		"caa's SDK exchanged the rotated CR token and VPC saw the access token (the audit lists every 2s)")
+	ic.vpc.Revoke(ic.profile.AccessTokens()[:rotatedAt]...) // only tokens from the new CR token work from here on
+
+	// Work on the new tokens, no restart: a new pod, a deleted pod.
+	_, err = c.CreatePeerPod(ctx, "team", "pod-new", node, nil)
+	require.NoError(t, err)
+	require.NoError(t, c.DeletePod(ctx, "team", "pod-0"))
+	require.Eventually(t, func() bool {
+		live := ibmLiveVMs(t, ic.core)
+		pods, err := c.Client().CoreV1().Pods("team").List(ctx, metav1.ListOptions{})
+		if err != nil || len(live) != 3 {
+			return false
+		}
+		for _, p := range pods.Items {
+			if _, ok := live[string(p.UID)]; !ok {
+				return false
+			}
+		}
+		return true
+	}, time.Minute, 100*time.Millisecond, "the new pod got a VM and the deleted pod's VM went, on the rotated token")
+	require.Eventually(t, func() bool { return ic.usedSince(rotatedAt) >= 2 }, time.Minute, 100*time.Millisecond,
+		"a second access token from the rotated CR token, once the first expired")
+	assert.Equal(t, http.StatusOK, d.readyz(), "still ready")
+	status := httpGet(t, d.health+"/status")
+	t.Logf("trusted profile: %d access tokens issued, %d exchanges refused (the old CR token, after rotation)",
+		ic.profile.Issued.Load(), ic.profile.Refused.Load())
+	assert.GreaterOrEqual(t, ic.profile.Issued.Load(), int64(3))
+	d.stop(t)
+	assert.NotContains(t, d.logs.String(), "forbidden", "no call was refused by the policies")
+
+	// Invariant I7: no token anywhere caa writes.
+	events, err := c.Client().CoreV1().Events("").List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	var eventText strings.Builder
+	for _, e := range events.Items {
+		eventText.WriteString(e.Reason + " " + e.Message + "\n")
+	}
+	ledger, err := os.ReadFile(ledgerPath)
+	require.NoError(t, err)
+	places := map[string][]byte{"logs": []byte(d.logs.String()), "events": []byte(eventText.String()), "/status": status, "ledger": ledger}
+	require.NotEmpty(t, places["logs"])
+	secrets := ic.allSecrets()
+	require.Greater(t, len(secrets), 4)
+	for name, s := range secrets {
+		for where, text := range places {
+			assert.False(t, bytes.Contains(text, []byte(s)), "the %s is in caa's %s (I7)", name, where)
+		}
+	}
+}
+
+// TestIBMCloudPreflightNamesTheMissingGrant starts caa under the shipped
+// policies minus one grant whose read the preflight makes: it touches no
+// pod, its readiness reason and a Node event name the IAM action, and once
+// the grant is back (no restart) it turns ready. Then a subnet VPC does
+// not know: the reason names the setting.
+func TestIBMCloudPreflightNamesTheMissingGrant(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	full := shippedIBMPolicies(t)
+	reads := map[string]string{"subnet": "is.subnet.subnet.read", "vpc": "is.vpc.vpc.read",
+		"security-group": "is.security-group.security-group.read", "image": "is.image.image.read",
+		"instance": "is.instance.instance.list", "volume": "is.volume.volume.list"}
+	n := 0
+	for _, g := range full.Grants() {
+		action, ok := reads[g.Type]
+		if !ok {
+			continue
+		}
+		n++
+		t.Run(action, func(t *testing.T) {
+			ic := newIBMIdentityCloud(ctx, t, c)
+			ic.policy.Store(full.Without(g))
+			node := fmt.Sprintf("preflight-%d", n)
+			_, err := c.CreateNode(ctx, node)
+			require.NoError(t, err)
+			_, err = c.CreatePeerPod(ctx, "team", node+"-pod", node, nil)
+			require.NoError(t, err)
+			d := launchCaa(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"), "ibmcloud preflight", ic.args, ic.env)
+			var reason string
+			require.Eventually(t, func() bool {
+				code, body := readyzBody(d)
+				reason = body
+				return code == http.StatusServiceUnavailable && strings.Contains(body, "preflight failed") && strings.Contains(body, action)
+			}, time.Minute, 100*time.Millisecond, "the readiness reason names %s", action)
+			t.Logf("readiness without %s: %.400s", g, reason)
+			require.Eventually(t, func() bool {
+				events, err := c.Client().CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + node})
+				require.NoError(t, err)
+				return slices.ContainsFunc(events.Items, func(e corev1.Event) bool {
+					return e.Reason == "CaaPreflightFailed" && strings.Contains(e.Message, action)
+				})
+			}, time.Minute, 100*time.Millisecond, "a Node event names %s", action)
+			assert.Empty(t, ic.core.Live(), "no pod was touched")
+
+			ic.policy.Store(full) // the operator grants it; caa retries
+			d.waitReady(t, func() { assert.Len(t, ic.core.Live(), 1, "the pod got its VM") })
+			d.stop(t)
+		})
+	}
+	require.Equal(t, len(reads), n, "a grant for every read of the preflight")
+
+	// Under the shipped policies, which name the subnet, IAM refuses a
+	// subnet they do not cover before VPC could say it does not exist; the
+	// reason names the setting all the same.
+	t.Run("wrong subnet", func(t *testing.T) {
+		ic := newIBMIdentityCloud(ctx, t, c)
+		const node = "preflight-subnet"
+		_, err := c.CreateNode(ctx, node)
+		require.NoError(t, err)
+		args := append(slices.Clone(ic.args), "--ibmcloud-subnet-id", "0717-no-such-subnet")
+		d := launchCaa(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"), "ibmcloud preflight", args, ic.env)
+		require.Eventually(t, func() bool {
+			code, body := readyzBody(d)
+			return code == http.StatusServiceUnavailable && strings.Contains(body, "0717-no-such-subnet") &&
+				strings.Contains(body, "--ibmcloud-subnet-id")
+		}, time.Minute, 100*time.Millisecond, "the readiness reason names the setting")
+		d.stop(t)
+		assert.Empty(t, ic.core.Instances(), "nothing was created")
+	})
+}
