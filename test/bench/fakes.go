@@ -1,12 +1,9 @@
 package main
 
 import (
-	"bytes"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
-	"net/url"
 	"os"
 	"slices"
 	"strings"
@@ -57,9 +54,6 @@ type fakeCloud struct {
 
 // Labels of calls the fakes count under another operation.
 const (
-	// dryRunPrefix+op: an EC2 write sent with DryRun (caa's preflight),
-	// which changes nothing.
-	dryRunPrefix = "dryrun:"
 	// opGraph: an Azure Resource Graph query (the fake counts it as a
 	// list).
 	opGraph = "graph"
@@ -81,9 +75,8 @@ const (
 )
 
 // relabel notes a request the fake counts under an operation that says
-// less than S6 needs: an EC2 RunInstances or TerminateInstances with
-// DryRun=true (it reads the form and puts the body back), a Resource
-// Graph query or a Global Search request.
+// less than S6 needs: a Resource Graph query, a Global Search request, a
+// VPC listing by name, an Azure SDK's GET of what it just wrote.
 func (f *fakeCloud) relabel(r *http.Request) {
 	from, to := "", ""
 	switch {
@@ -99,19 +92,6 @@ func (f *fakeCloud) relabel(r *http.Request) {
 		from, to = cloud.OpList, opSearch
 	case f.name == "ibmcloud" && r.Method == http.MethodGet && r.URL.Path == "/v1/instances" && r.URL.Query().Has("name"):
 		from, to = cloud.OpList, opLookup
-	case f.name == "aws" && r.Method == http.MethodPost && r.Body != nil:
-		body, err := io.ReadAll(r.Body)
-		_ = r.Body.Close()
-		r.Body = io.NopCloser(bytes.NewReader(body))
-		if err != nil {
-			return
-		}
-		q, err := url.ParseQuery(string(body))
-		if err != nil || !strings.EqualFold(q.Get("DryRun"), "true") {
-			return
-		}
-		from = map[string]string{"RunInstances": cloud.OpCreate, "TerminateInstances": cloud.OpDelete}[q.Get("Action")]
-		to = dryRunPrefix + from
 	}
 	if from == "" {
 		return

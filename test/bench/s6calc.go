@@ -24,8 +24,8 @@ const (
 	kindAuth = "auth"
 	// kindMeta: the core's derived counters, no call at all.
 	kindMeta = "meta"
-	// kindDryRun: a write sent with DryRun (EC2), which changes nothing:
-	// caa's preflight.
+	// kindDryRun: a call sent with DryRun (EC2; the fake counts it under
+	// its own name), which changes nothing: caa's preflight.
 	kindDryRun = "dry run"
 )
 
@@ -34,7 +34,7 @@ const (
 // place is counted against caa, never dropped.
 func kindOf(op string) string {
 	switch {
-	case strings.HasPrefix(op, dryRunPrefix):
+	case op == ec2fake.OpDryRun:
 		return kindDryRun
 	case strings.HasPrefix(op, lroPrefix):
 		return kindPoll
