@@ -148,3 +148,47 @@ func TestNew(t *testing.T) {
 	_, err = New(ctx, validConfig())
 	assert.ErrorIs(t, err, context.Canceled)
 }
+
+// TestAuthorityHost: AZURE_AUTHORITY_HOST (what the workload identity
+// webhook sets) is the default of --azure-authority-host, caa's own
+// variable wins over it, the flag over both, and it reaches the cloud
+// configuration the credential is built with; only https is taken.
+func TestAuthorityHost(t *testing.T) {
+	parse := func(args ...string) Config {
+		t.Helper()
+		var c Config
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		c.AddFlags(fs)
+		require.NoError(t, fs.Parse(args))
+		base := validConfig()
+		base.AuthorityHost, base.DisableInstanceDiscovery, base.envErrs = c.AuthorityHost, c.DisableInstanceDiscovery, c.envErrs
+		return base
+	}
+	t.Setenv("AZURE_AUTHORITY_HOST", "https://login.example.test/")
+	c := parse()
+	assert.Equal(t, "https://login.example.test/", c.AuthorityHost)
+	cc, err := c.cloudConfig()
+	require.NoError(t, err)
+	assert.Equal(t, "https://login.example.test/", cc.ActiveDirectoryAuthorityHost)
+	assert.False(t, c.DisableInstanceDiscovery)
+
+	t.Setenv("CAA_AZURE_AUTHORITY_HOST", "https://login.caa.test/")
+	t.Setenv("CAA_AZURE_DISABLE_INSTANCE_DISCOVERY", "true")
+	c = parse()
+	assert.Equal(t, "https://login.caa.test/", c.AuthorityHost)
+	assert.True(t, c.DisableInstanceDiscovery)
+	c = parse("--azure-authority-host", "https://flag.test/", "--azure-disable-instance-discovery=false")
+	assert.Equal(t, "https://flag.test/", c.AuthorityHost)
+	assert.False(t, c.DisableInstanceDiscovery)
+	require.NoError(t, c.Validate())
+
+	c.AuthorityHost = "http://login.example.test/"
+	assert.ErrorContains(t, c.Validate(), "--azure-authority-host (CAA_AZURE_AUTHORITY_HOST or AZURE_AUTHORITY_HOST)")
+	c.AuthorityHost = ""
+	cc, err = c.cloudConfig()
+	require.NoError(t, err)
+	assert.Equal(t, "https://login.microsoftonline.com/", cc.ActiveDirectoryAuthorityHost, "the cloud's own by default")
+
+	t.Setenv("CAA_AZURE_DISABLE_INSTANCE_DISCOVERY", "maybe")
+	assert.ErrorContains(t, parse().Validate(), "CAA_AZURE_DISABLE_INSTANCE_DISCOVERY")
+}

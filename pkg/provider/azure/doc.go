@@ -94,9 +94,30 @@
 // refused as ErrInvalidSpec, never as NotFound.
 //
 // Credentials. Only the SDK's default chain (azidentity's
-// DefaultAzureCredential: environment, workload identity, managed
-// identity, Azure CLI, ...), or a credential passed with WithCredential.
-// Tokens are never logged, stored or put in an error; the SDK's logging
-// policy redacts the Authorization header, and request bodies (which hold
-// the user data, base64 in customData) are never logged.
+// DefaultAzureCredential: environment (a client secret), workload identity,
+// managed identity, Azure CLI, ...), or a credential passed with
+// WithCredential. On AKS, workload identity: the webhook sets
+// AZURE_CLIENT_ID, AZURE_TENANT_ID, AZURE_FEDERATED_TOKEN_FILE and
+// AZURE_AUTHORITY_HOST; Config.AuthorityHost takes the last as its default
+// and hands it to the credential (azidentity itself reads it only when the
+// cloud names no authority, and caa always names one), and
+// Config.DisableInstanceDiscovery turns off MSAL's instance discovery for
+// an authority Entra ID's public discovery does not know. azidentity
+// renews access tokens before they expire and rereads the token file every
+// 10 minutes, so neither rotation needs a restart. Tokens are never
+// logged, stored or put in an error; the SDK's logging policy redacts the
+// Authorization header, and request bodies (which hold the user data,
+// base64 in customData) are never logged.
+//
+// Permissions and preflight. The actions caa uses are GroupActions (on
+// the resource group), SubnetActions and SecurityGroupActions; RoleFile
+// (deploy/overlays/azure/role.json) is the custom role that grants exactly
+// them. Preflight reads the resource group and the subnet, and the
+// caller's permissions at each scope (Microsoft.Authorization/permissions,
+// through the bare ARM pipeline: no SDK module of caa's covers it), and
+// fails naming every missing action (provider.ErrAuth) or the setting of a
+// group or subnet that does not exist (provider.ErrInvalidSpec). A call
+// refused later is ARM's AuthorizationFailed or LinkedAuthorizationFailed,
+// ErrAuth, whose message names the action and the scope and points at
+// RoleFile.
 package azure

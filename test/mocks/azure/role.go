@@ -48,13 +48,13 @@ func ReadRole(path string) (*Role, error) {
 
 func (r *Role) check() error {
 	if r.Name == "" {
-		return fmt.Errorf("Name is empty")
+		return fmt.Errorf("the role has no Name")
 	}
 	if len(r.Actions) == 0 {
-		return fmt.Errorf("Actions is empty")
+		return fmt.Errorf("the role has no Actions")
 	}
 	if len(r.AssignableScopes) == 0 {
-		return fmt.Errorf("AssignableScopes is empty")
+		return fmt.Errorf("the role has no AssignableScopes")
 	}
 	for _, list := range [][]string{r.Actions, r.NotActions} {
 		for _, a := range list {
