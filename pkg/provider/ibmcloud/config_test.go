@@ -119,7 +119,8 @@ func TestAddFlags(t *testing.T) {
 func isolateCredentials(t *testing.T) {
 	t.Helper()
 	t.Setenv("HOME", t.TempDir())
-	for _, k := range []string{EnvAPIKey, "IBM_CREDENTIALS_FILE", "VPC_AUTH_TYPE", "VPC_APIKEY", "VPC_AUTH_URL", "VCAP_SERVICES"} {
+	for _, k := range []string{EnvAPIKey, "IBM_CREDENTIALS_FILE", "VPC_AUTH_TYPE", "VPC_APIKEY", "VPC_AUTH_URL", "VCAP_SERVICES",
+		EnvAuthType, EnvProfileID, EnvProfileName, EnvCRTokenFile, "IBMCLOUD_AUTH_URL"} {
 		t.Setenv(k, "")
 		require.NoError(t, os.Unsetenv(k))
 	}
@@ -184,5 +185,69 @@ func TestCredentialChain(t *testing.T) {
 		_, err = Config{}.authenticator()
 		require.Error(t, err, "the SDK refuses a key wrapped in quotes")
 		assert.NotContains(t, err.Error(), "quoted-key-0004")
+	})
+}
+
+func TestTrustedProfileRoute(t *testing.T) {
+	container := func(t *testing.T, c Config) *core.ContainerAuthenticator {
+		t.Helper()
+		a, err := c.authenticator()
+		require.NoError(t, err)
+		ca, ok := a.(*core.ContainerAuthenticator)
+		require.True(t, ok, "a container authenticator, got %T", a)
+		return ca
+	}
+	t.Run("by id, with the token file", func(t *testing.T) {
+		isolateCredentials(t)
+		t.Setenv(EnvAuthType, "container")
+		t.Setenv(EnvProfileID, "Profile-1")
+		t.Setenv(EnvCRTokenFile, "/var/run/secrets/tokens/sa-token")
+		ca := container(t, Config{IAMEndpoint: "https://private.iam.example"})
+		assert.Equal(t, "Profile-1", ca.IAMProfileID)
+		assert.Equal(t, "/var/run/secrets/tokens/sa-token", ca.CRTokenFilename)
+		assert.Equal(t, "https://private.iam.example", ca.URL, "--ibmcloud-iam-endpoint is the token service")
+	})
+	t.Run("by name, the SDK's defaults otherwise", func(t *testing.T) {
+		isolateCredentials(t)
+		t.Setenv(EnvAuthType, "CONTAINER")
+		t.Setenv(EnvProfileName, "caa-peer-pods")
+		t.Setenv("IBMCLOUD_AUTH_URL", "https://iam.sdk.example")
+		ca := container(t, Config{})
+		assert.Equal(t, "caa-peer-pods", ca.IAMProfileName)
+		assert.Empty(t, ca.CRTokenFilename)
+		assert.Equal(t, "https://iam.sdk.example", ca.URL)
+		p, err := New(t.Context(), Config{Region: "us-south", Zone: "us-south-1", SubnetID: "s", BootVolumeProfile: "general-purpose"})
+		require.NoError(t, err)
+		assert.Equal(t, defaultCRTokenFile, p.crTokenFile, "the preflight looks where IBM's Kubernetes service projects the token")
+	})
+	t.Run("IBMCLOUD_REGION alone selects nothing", func(t *testing.T) {
+		isolateCredentials(t)
+		t.Setenv(EnvRegion, "us-south")
+		t.Setenv(EnvAPIKey, "key-0005")
+		a, err := Config{}.authenticator()
+		require.NoError(t, err)
+		assert.IsType(t, &core.IamAuthenticator{}, a)
+	})
+	t.Run("no profile", func(t *testing.T) {
+		isolateCredentials(t)
+		t.Setenv(EnvAuthType, "container")
+		_, err := Config{}.authenticator()
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), EnvAuthType)
+	})
+	t.Run("an API key beside it is refused", func(t *testing.T) {
+		isolateCredentials(t)
+		t.Setenv(EnvAuthType, "container")
+		t.Setenv(EnvProfileID, "Profile-1")
+		t.Setenv(EnvAPIKey, "key-0006")
+		_, err := Config{}.authenticator()
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "keep one credential route")
+		assert.NotContains(t, err.Error(), "key-0006")
+		keyFile := filepath.Join(t.TempDir(), "apikey")
+		require.NoError(t, os.WriteFile(keyFile, []byte("key-0007"), 0o600))
+		t.Setenv(EnvAPIKey, "")
+		_, err = Config{APIKeyFile: keyFile}.authenticator()
+		assert.ErrorContains(t, err, "keep one credential route")
 	})
 }

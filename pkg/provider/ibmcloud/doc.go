@@ -79,16 +79,35 @@
 // errorCode for token failures, the HTTP status and the SDK error; the code
 // table is in errors.go.
 //
-// Credentials, in order: the API key file (--ibmcloud-api-key-file), the
-// IBMCLOUD_API_KEY variable (both exchanged for tokens by the SDK's
-// IamAuthenticator, at --ibmcloud-iam-endpoint if set), then the SDK's own
+// Credentials. With IBMCLOUD_AUTH_TYPE set, the IBM SDK's own settings
+// under the IBMCLOUD_ prefix decide (core.GetAuthenticatorFromEnvironment):
+// IBMCLOUD_AUTH_TYPE=container with IBMCLOUD_IAM_PROFILE_ID or
+// IBMCLOUD_IAM_PROFILE_NAME and IBMCLOUD_CR_TOKEN_FILENAME is a trusted
+// profile with a compute-resource token, the route for IKS and ROKS: the
+// SDK's ContainerAuthenticator reads the projected ServiceAccount token
+// from the file for every new access token (so the kubelet's rotation
+// needs no restart) and exchanges it at IAM (grant type cr-token). An API
+// key set beside it is refused as ambiguous. Otherwise, in order: the API
+// key file (--ibmcloud-api-key-file), the IBMCLOUD_API_KEY variable (both
+// exchanged for tokens by the SDK's IamAuthenticator), then the SDK's
 // external configuration for service "vpc" (VPC_AUTH_TYPE, VPC_APIKEY,
-// VPC_AUTH_URL, an ibm-credentials.env file; this also covers trusted
-// profiles). The same authenticator signs the Global Search calls: IAM
+// VPC_AUTH_URL, an ibm-credentials.env file). --ibmcloud-iam-endpoint,
+// when set, is the token service of the API key and trusted-profile
+// routes. The same authenticator signs the Global Search calls: IAM
 // tokens are account-wide, and search shows only what the caller may view.
-// Config.AccountID, when set, is passed as account_id. The key is held by
-// the SDK's authenticator only and never
-// logged or put in an error. User data is sent as the instance's user_data
+// Config.AccountID, when set, is passed as account_id. Keys and tokens are
+// held by the SDK's authenticator only and never logged or put in an
+// error.
+//
+// Permissions. deploy/overlays/ibmcloud/access-policies.json is the exact
+// set of IAM access policies: Editor on instances, volumes and virtual
+// network interfaces in the resource group, Operator on the subnet, VPC
+// and security groups, Viewer on the image and on the resource group. A
+// 403 from VPC is ErrAuth, and its message says where that file is.
+// Preflight (preflight.go) reads what the configuration names at start, so
+// a missing read grant or a wrong id is named before any pod is touched.
+//
+// User data is sent as the instance's user_data
 // and never logged or put in an error; since the SDK core dumps request
 // bodies at debug level, New refuses to run with the SDK logger at debug.
 // VPC takes user data as text, so bytes that are not UTF-8 are refused as
