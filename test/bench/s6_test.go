@@ -1,6 +1,7 @@
 package main
 
 import (
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -120,4 +121,24 @@ func TestBudgetClockNeverRunsBack(t *testing.T) {
 	t5 := c.now()
 	assert.False(t, t4.Before(t3))
 	assert.False(t, t5.Before(t4), "changing speed never moves the clock back")
+}
+
+func TestMergeReplacesOnlyTheScenariosRun(t *testing.T) {
+	dir := t.TempDir()
+	old := Results{Count: 5, LoadBefore: "0.5", Scenarios: []Scenario{{ID: "S1", Title: "old one"}, {ID: "S6", Title: "old six"}}}
+	assert.NoError(t, old.Write(io.Discard, dir))
+	started := time.Date(2026, 11, 30, 22, 0, 0, 0, time.UTC)
+	got, err := mergeInto(dir, Results{Count: 1, Started: started, LoadBefore: "3", LoadAfter: "4",
+		Scenarios: []Scenario{{ID: "S6", Title: "new six", Took: "12m0s"}, {ID: "S7", Title: "new"}}})
+	assert.NoError(t, err)
+	assert.Equal(t, 5, got.Count, "the header stays the run's that measured the rest")
+	assert.Equal(t, []string{"old one", "new six", "new"}, []string{got.Scenarios[0].Title, got.Scenarios[1].Title, got.Scenarios[2].Title})
+	assert.Empty(t, got.Scenarios[0].Ran)
+	assert.Contains(t, got.Scenarios[1].Ran, "2026-11-30 22:00 UTC")
+	assert.Contains(t, got.Scenarios[1].Ran, "-scenarios s6 -merge")
+	assert.Contains(t, got.Scenarios[1].Ran, "in 12m0s; load average before: 3; after: 4")
+
+	fresh, err := mergeInto(t.TempDir(), Results{Count: 1, Scenarios: []Scenario{{ID: "S6"}}})
+	assert.NoError(t, err)
+	assert.Equal(t, 1, fresh.Count, "no results file: the run stands alone")
 }
