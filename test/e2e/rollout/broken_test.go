@@ -52,6 +52,8 @@ type brokenPhase struct {
 	AddedVMAt time.Time
 	// OldKept: the v1 caa pod of before was the node's caa after the undo.
 	OldKept bool
+	// PodGaps are the times the node had no Ready caa pod in the phase.
+	PodGaps []gap
 }
 
 // TestBrokenReleaseStalls rolls out, on one node with the default surge,
@@ -70,18 +72,7 @@ func TestBrokenReleaseStalls(t *testing.T) {
 	e := start(ctx, t, 1, podsPerNode, options{settings: []string{
 		"CAA_HANDOVER_READY_TIMEOUT=" + brokenReadyTimeout.String(),
 		"CAA_SHUTDOWN_GRACE=" + brokenShutdownGrace.String(),
-	},
-		// A work-around, for this test only, of a flaw of the hand-over:
-		// the old caa answers /readyz 503 from the moment it is asked to
-		// hand over, so after the readiness probe's failure threshold its
-		// pod turns NotReady; with a new pod that is not ready either, the
-		// DaemonSet controller then deletes the old pod ("if neither pod
-		// is ready, only the one matching the current hash revision is
-		// kept"), and the old caa can never take the ledger back. The
-		// threshold here outlasts the ready timeout, the broken caa's stop
-		// and the old caa's restart.
-		readinessFailures: int(brokenReadyTimeout.Seconds() + brokenShutdownGrace.Seconds() + 45),
-	})
+	}})
 	e.rec.mark("caa:v1 applied")
 	e.apply(ctx, "v1")
 	e.waitRolledOut(ctx, "v1")
@@ -214,7 +205,7 @@ func (e *env) stallAndUndo(ctx context.Context, old PodSample, name string, r re
 		return true, nil
 	})
 	assert.False(t, e.everReady(newPod.UID), "the broken caa was never ready")
-	assert.True(t, e.lastProc(old.UID).Ready, "the v1 caa is the node's reconciler")
+	assert.True(t, e.lastProc(old.UID).Reconciling, "the v1 caa is the node's reconciler")
 
 	// Roll back.
 	ph.Undo = e.rec.mark("kubectl rollout undo")
@@ -231,7 +222,13 @@ func (e *env) stallAndUndo(ctx context.Context, old PodSample, name string, r re
 	// The node's windows without a reconciling caa: none when the broken
 	// caa never got the ledger; one, the hand-over's and the handback's,
 	// when it did.
-	ph.NoReconciler = e.rec.timeline().NoReconciler(ph.Applied, ph.RolledBack)[node]
+	tl := e.rec.timeline()
+	ph.NoReconciler = tl.NoReconciler(ph.Applied, ph.RolledBack)[node]
+	// The v1 pod stayed Ready all along: the DaemonSet controller, under
+	// a surge, deletes an old pod that is not Ready while the new one is
+	// not Ready either, and then nobody could take the ledger back.
+	ph.PodGaps = tl.gaps(ph.Applied, ph.RolledBack)[node]
+	assert.Empty(t, ph.PodGaps, "the v1 caa pod stayed Ready throughout")
 	if !handsOver {
 		assert.Empty(t, ph.NoReconciler, "the v1 caa kept reconciling throughout")
 	} else if assert.Len(t, ph.NoReconciler, 1, "one window without a reconciler: the failed hand-over") {
@@ -320,6 +317,15 @@ func (e *env) writeBrokenReport(tl Timeline, t0 time.Time, phases []brokenPhase,
 			}
 			fmt.Fprintf(&b, "; the node was without a reconciling caa for %s", strings.Join(ws, ", "))
 		}
+		if len(ph.PodGaps) == 0 {
+			b.WriteString("; the v1 caa pod stayed Ready throughout")
+		} else {
+			var gs []string
+			for _, g := range ph.PodGaps {
+				gs = append(gs, fmt.Sprintf("%s to %s", since(t0, g.from), since(t0, g.to)))
+			}
+			fmt.Fprintf(&b, "; VIOLATED: the node had no Ready caa pod from %s", strings.Join(gs, ", "))
+		}
 		fmt.Fprintf(&b, "; the rollout stalled (`kubectl rollout status --timeout=5s`: %q)", ph.RolloutStatus)
 		if ph.AddedVMAt.IsZero() {
 			fmt.Fprintf(&b, "; VIOLATED: %s, created during the stall, got no VM", ph.AddedPod)
@@ -350,11 +356,10 @@ func (e *env) writeBrokenReport(tl Timeline, t0 time.Time, phases []brokenPhase,
 		Title: "caa rolling update to a broken release (surge), then kubectl rollout undo: 1 node",
 		Scenario: fmt.Sprintf("Recorded by `%s` (test/e2e/rollout) on %s, on a cluster built like the other rollout tests' with one node "+
 			"and %d peer pods: caa v1 deployed from deploy/overlays/aws with the default surge, with CAA_HANDOVER_READY_TIMEOUT=%s and "+
-			"CAA_SHUTDOWN_GRACE=%s for the test, and the readiness probe's failure threshold raised to %d (1s period) so that the "+
-			"DaemonSet controller does not delete the old caa pod while its hand-over is under way (see the test's comment); then "+
+			"CAA_SHUTDOWN_GRACE=%s for the test (probe periods 1s, thresholds as shipped); then "+
 			"two broken releases in turn, each followed by `kubectl rollout undo`: %s. "+
 			"Times are seconds after v1 was rolled out (T0). Every caa process's /status was polled every %s.",
-			e.t.Name(), time.Now().UTC().Format("2006-01-02"), len(before), brokenReadyTimeout, brokenShutdownGrace, e.opts.readinessFailures,
+			e.t.Name(), time.Now().UTC().Format("2006-01-02"), len(before), brokenReadyTimeout, brokenShutdownGrace,
 			"caa:"+tagExits+" (caa v2 run with --provider=no-such-cloud: it exits at start) and caa:"+tagHangs+
 				" (caa v2 whose cloud endpoint answers the preflight but never the node's VM listing: it takes the ledger and never turns ready)",
 			poll),

@@ -112,7 +112,7 @@ func reconcilerFact(tl Timeline, o Outcome, rows []NodeRow) string {
 	if o.Surge {
 		what = "the hand-over request"
 	}
-	text := fmt.Sprintf("time without a reconciling caa (no caa process answering ready on /status), per node: %s; "+
+	text := fmt.Sprintf("time without a reconciling caa (no caa process answering ready on /status and not handing its ledger over), per node: %s; "+
 		"each window ran from %s to the new caa's readiness", strings.Join(each, "; "), what)
 	if len(bad) > 0 {
 		text = "VIOLATED: " + text + "; but: " + list(bad)

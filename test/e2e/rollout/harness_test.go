@@ -149,9 +149,13 @@ func (r *recorder) pollStatus(ctx context.Context, o nodeagent.Observation) {
 				s.Reason = "unreadable /status: " + err.Error()
 			} else {
 				s.Ready, s.Reason = snap.Ready, snap.Reason
+				s.Reconciling = snap.Ready
 				if h := snap.Handover; h != nil {
 					s.Handover = &HandoverView{Role: h.Role, Peer: h.Peer, Outcome: h.Outcome, Reason: h.Reason,
 						StartedAt: h.StartedAt, Took: time.Duration(h.Took), Gap: time.Duration(h.Gap)}
+					if h.Role == health.RoleHandedOver && h.Outcome == health.HandoverUnderway {
+						s.Reconciling = false
+					}
 				}
 			}
 		}
@@ -362,9 +366,6 @@ type options struct {
 	noSurge bool
 	// settings are extra CAA_* settings for the ConfigMap, NAME=value.
 	settings []string
-	// readinessFailures, if set, replaces the readiness probe's failure
-	// threshold (see TestBrokenReleaseStalls for why).
-	readinessFailures int
 }
 
 // release is one apply of the deployment: an image tag, and optionally
@@ -528,7 +529,7 @@ configMapGenerator:
                   periodSeconds: 1
                 readinessProbe:
                   periodSeconds: 1
-{{READINESS}}`
+`
 
 const credentials = `apiVersion: v1
 kind: Secret
@@ -568,12 +569,8 @@ func (e *env) applyRelease(ctx context.Context, r release) {
 	if endpoint == "" {
 		endpoint = e.ec2URL
 	}
-	readiness := ""
-	if e.opts.readinessFailures > 0 {
-		readiness = fmt.Sprintf("                  failureThreshold: %d\n", e.opts.readinessFailures)
-	}
 	k := strings.NewReplacer("{{BASE}}", rel("overlays/aws"), "{{TAG}}", r.tag, "{{ENDPOINT}}", endpoint,
-		"{{COMPONENTS}}", components, "{{SETTINGS}}", settings, "{{READINESS}}", readiness).Replace(kustomization)
+		"{{COMPONENTS}}", components, "{{SETTINGS}}", settings).Replace(kustomization)
 	require.NoError(e.t, os.WriteFile(filepath.Join(e.kustDir, "kustomization.yaml"), []byte(k), 0o600))
 	require.NoError(e.t, os.WriteFile(filepath.Join(e.kustDir, "credentials.yaml"), []byte(credentials), 0o600))
 	out := e.kubectl(ctx, "apply", "-k", e.kustDir)

@@ -79,7 +79,7 @@ func (r Report) Markdown() string {
 func (r Report) table(b *strings.Builder) {
 	b.WriteString("Times are seconds after the image change (T0); nodes in the order their old caa was told to stop " +
 		"(asked to hand over, or its pod's deletion). \"No reconciling caa\" is the window in which no caa process of the node " +
-		"answered ready on /status, as polled; \"hand-over gap\" is what the new caa reported itself, from the old caa " +
+		"answered ready on /status without handing its ledger over, as polled; \"hand-over gap\" is what the new caa reported itself, from the old caa " +
 		"stopping work to its own readiness.\n\n")
 	b.WriteString("| node | old caa pod | old caa told to stop | new caa pod | new caa ready | no reconciling caa | hand-over gap | " +
 		"node without a Ready caa pod | new pod Ready | old pod gone | peer pods | VMs adopted | VMs recreated | VMs of added pods | caa time to ready |\n")

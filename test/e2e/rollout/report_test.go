@@ -49,15 +49,15 @@ func synthetic() Timeline {
 		// answers ready a little before its pod turns Ready.
 		Procs: []ProcSample{
 			{At: at(0.5), UID: "a1", Node: "node-a", Reason: "unreachable"},
-			{At: at(0.9), UID: "a1", Node: "node-a", Ready: true},
-			{At: at(1.9), UID: "b1", Node: "node-b", Ready: true},
+			{At: at(0.9), UID: "a1", Node: "node-a", Ready: true, Reconciling: true},
+			{At: at(1.9), UID: "b1", Node: "node-b", Ready: true, Reconciling: true},
 			{At: at(10.2), UID: "a1", Node: "node-a", Reason: "stopping"},
 			{At: at(12), UID: "a1", Node: "node-a", Gone: true},
 			{At: at(12.6), UID: "a2", Node: "node-a", Reason: "unreachable"},
-			{At: at(13.8), UID: "a2", Node: "node-a", Ready: true},
+			{At: at(13.8), UID: "a2", Node: "node-a", Ready: true, Reconciling: true},
 			{At: at(15.1), UID: "b1", Node: "node-b", Reason: "stopping"},
 			{At: at(16), UID: "b1", Node: "node-b", Gone: true},
-			{At: at(18.9), UID: "b2", Node: "node-b", Ready: true},
+			{At: at(18.9), UID: "b2", Node: "node-b", Ready: true, Reconciling: true},
 		},
 	}
 }
@@ -153,7 +153,7 @@ func TestFactsOfAGoodRollout(t *testing.T) {
 	assert.Equal(t, []string{
 		"at most 1 node without a Ready caa pod at any moment of the rollout (the update strategy updates 1 at a time)",
 		"the longest a node went without a Ready caa pod: 4.00s (node-a)",
-		"time without a reconciling caa (no caa process answering ready on /status), per node: " +
+		"time without a reconciling caa (no caa process answering ready on /status and not handing its ledger over), per node: " +
 			"node-a 3.60s (+1.2s to +4.8s); node-b 3.80s (+6.1s to +9.9s); " +
 			"each window ran from the old caa's pod deletion to the new caa's readiness",
 		"VMs deleted: 0; VMs created: 23, as many as peer pods (20, of which 0 added during the rollout) plus killed VMs (3)",
@@ -204,12 +204,12 @@ func TestFactsSayWhatWasViolated(t *testing.T) {
 			rows[1].CaaReadyAt = at(17.5)
 			tl.Procs = append(tl.Procs,
 				ProcSample{At: at(16.5), UID: "a2", Node: "node-a", Reason: "stalled"},
-				ProcSample{At: at(17), UID: "a2", Node: "node-a", Ready: true})
+				ProcSample{At: at(17), UID: "a2", Node: "node-a", Ready: true, Reconciling: true})
 			tl.Procs = slices.DeleteFunc(tl.Procs, func(s ProcSample) bool { return s.UID == "b2" })
-			tl.Procs = append(tl.Procs, ProcSample{At: at(19.5), UID: "b2", Node: "node-b", Ready: true})
+			tl.Procs = append(tl.Procs, ProcSample{At: at(19.5), UID: "b2", Node: "node-b", Ready: true, Reconciling: true})
 		},
 		fact: 2,
-		want: "VIOLATED: time without a reconciling caa (no caa process answering ready on /status), per node: " +
+		want: "VIOLATED: time without a reconciling caa (no caa process answering ready on /status and not handing its ledger over), per node: " +
 			"node-a 3.60s (+1.2s to +4.8s); node-b 4.40s (+6.1s to +10.5s); " +
 			"each window ran from the old caa's pod deletion to the new caa's readiness; " +
 			"but: node-a had 2 such windows, node-b: until +10.5s, after its new caa was ready (+8.5s)",

@@ -190,6 +190,23 @@ func runRollout(t *testing.T, sc scenario) {
 	}
 
 	e.writeReport(ctx, tl, e.outcome(ctx, t0, end, before, after, killed), rows, sc)
+	if t.Failed() {
+		logProcs(t, tl, t0)
+	}
+}
+
+// logProcs logs every recorded /status answer, for a failed run.
+func logProcs(t *testing.T, tl Timeline, t0 time.Time) {
+	var b strings.Builder
+	for _, s := range tl.Procs {
+		fmt.Fprintf(&b, "%s (sent %s) %s %s %s ready=%v reconciling=%v gone=%v %q", since(t0, s.At), since(t0, s.Sent), s.Node, s.Pod, s.Tag,
+			s.Ready, s.Reconciling, s.Gone, s.Reason)
+		if h := s.Handover; h != nil {
+			fmt.Fprintf(&b, " handover=%s/%s", h.Role, h.Outcome)
+		}
+		b.WriteString("\n")
+	}
+	t.Logf("/status answers, as recorded:\n%s", b.String())
 }
 
 // waitAdded waits for the n peer pods added during the rollout to have
@@ -575,7 +592,11 @@ func (e *env) probePeriods(ctx context.Context) string {
 		}
 		return fmt.Sprintf("%ds", p.PeriodSeconds)
 	}
-	return fmt.Sprintf("startup %s, readiness %s", period(c.StartupProbe), period(c.ReadinessProbe))
+	readiness := period(c.ReadinessProbe)
+	if p := c.ReadinessProbe; p != nil {
+		readiness += fmt.Sprintf(" with a failure threshold of %d", p.FailureThreshold)
+	}
+	return fmt.Sprintf("startup %s, readiness %s", period(c.StartupProbe), readiness)
 }
 
 // joinKeys lists a set's members in order.

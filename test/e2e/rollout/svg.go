@@ -60,7 +60,7 @@ func SVG(tl Timeline, title string, start time.Time) string {
 	fmt.Fprintf(&b, `<text x="%d" y="38" fill="#555">green: the node has a Ready caa pod · red: it has none · line: running VMs (0–%d)</text>`+"\n", laneLeft, maxVMs)
 	reconciling := tl.NodeReconciling()
 	if len(tl.Procs) > 0 {
-		fmt.Fprintf(&b, `<text x="%d" y="52" fill="#555">thin strip below: a caa process of the node answers ready on /status (it reconciles) · red: none does</text>`+"\n", laneLeft)
+		fmt.Fprintf(&b, `<text x="%d" y="52" fill="#555">thin strip below: a caa process of the node reconciles (ready on /status, not handing over) · red: none does</text>`+"\n", laneLeft)
 	}
 
 	for i, node := range tl.Nodes {

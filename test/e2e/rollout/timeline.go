@@ -29,11 +29,10 @@ type PodSample struct {
 func (s PodSample) serves() bool { return s.Ready && !s.Deleting && !s.Gone }
 
 // ProcSample is what one caa process answered on /status, recorded when
-// it changed: whether it was ready (converged and not blocked: the caa
-// that reconciles its node), why not, and its last hand-over. Sent and At
-// bracket the moment the process answered. A process that cannot be
-// reached (starting, or gone) counts as not ready; Gone marks the end of
-// the process.
+// it changed: whether it was ready, why not, its last hand-over, and from
+// those whether it reconciled its node. Sent and At bracket the moment the
+// process answered. A process that cannot be reached (starting, or gone)
+// counts as neither; Gone marks the end of the process.
 type ProcSample struct {
 	Sent, At time.Time
 	Pod      string
@@ -42,8 +41,12 @@ type ProcSample struct {
 	Tag      string
 	PID      int
 	Ready    bool
-	Reason   string
-	Gone     bool
+	// Reconciling: ready, and not handing its ledger over. An old caa
+	// stays ready while a new one takes its ledger over (so that its pod
+	// stays Ready for the DaemonSet controller), but it has stopped work.
+	Reconciling bool
+	Reason      string
+	Gone        bool
 	// Handover is the process's last hand-over, as /status showed it.
 	Handover *HandoverView
 }
@@ -109,10 +112,10 @@ func (tl Timeline) NodeReady() map[string][]Step {
 }
 
 // NodeReconciling returns, per node, when one of its caa processes
-// answered ready on /status (1) and when none did (0), starting at 0 and
-// listing changes only. Unlike NodeReady it looks at the processes, not
-// at the pods' Ready condition (which follows a probe period and a
-// failure threshold behind): it shows the hand-over's gap.
+// reconciled (answered ready on /status, and was not handing its ledger
+// over) (1) and when none did (0), starting at 0 and listing changes only.
+// Unlike NodeReady it looks at the processes, not at the pods' Ready
+// condition: it shows the hand-over's gap.
 func (tl Timeline) NodeReconciling() map[string][]Step {
 	out := map[string][]Step{}
 	for _, n := range tl.Nodes {
@@ -125,7 +128,7 @@ func (tl Timeline) NodeReconciling() map[string][]Step {
 		state[s.UID] = s
 		v := 0
 		for _, p := range state {
-			if p.Node == s.Node && p.Ready && !p.Gone {
+			if p.Node == s.Node && p.Reconciling && !p.Gone {
 				v = 1
 			}
 		}
@@ -172,7 +175,7 @@ func windows(steps []Step, from, to time.Time) []Window {
 }
 
 // NoReconciler returns, per node, the windows within [from, to] in which
-// none of its caa processes answered ready.
+// none of its caa processes reconciled.
 func (tl Timeline) NoReconciler(from, to time.Time) map[string][]Window {
 	out := map[string][]Window{}
 	for node, steps := range tl.NodeReconciling() {
