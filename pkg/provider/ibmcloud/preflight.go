@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os"
 	"strings"
+	"sync"
 
 	"github.com/IBM/go-sdk-core/v5/core"
 	"github.com/IBM/platform-services-go-sdk/globalsearchv2"
@@ -37,7 +38,7 @@ var _ provider.Preflighter = (*Provider)(nil)
 //     reads List and Get make (is.instance.instance.list, is.volume.volume.list);
 //   - one Global Search query, for the endpoint and the token.
 //
-// The first token exchange happens on the first of these, so a trusted
+// The checks go out together. The token exchange happens with them, so a trusted
 // profile IAM refuses, or an API key it does not know, fails here too. A
 // 403 is an error wrapping provider.ErrAuth that names the IAM action and
 // the resource; a 404 is one wrapping provider.ErrInvalidSpec that names
@@ -53,6 +54,49 @@ func (p *Provider) Preflight(ctx context.Context) error {
 					p.crTokenFile, EnvCRTokenFile), Err: err}
 		}
 	}
+	// The checks go out together (the SDK makes one token exchange for
+	// them all), so a start waits about two round trips, not one per
+	// check; the first failure in this order is the one reported.
+	checks := []func(context.Context) error{p.preflightNetwork}
+	if p.cfg.VPCID != "" {
+		checks = append(checks, func(ctx context.Context) error { return p.preflightVPC(ctx, p.cfg.VPCID, "--ibmcloud-vpc-id") })
+	}
+	for _, id := range p.cfg.SecurityGroupIDs {
+		checks = append(checks, func(ctx context.Context) error {
+			_, err := read(ctx, p, "is.security-group.security-group.read", "security group "+id, "--ibmcloud-security-group-ids",
+				func(ctx context.Context) (*vpcv1.SecurityGroup, *core.DetailedResponse, error) {
+					return p.api.GetSecurityGroupWithContext(ctx, &vpcv1.GetSecurityGroupOptions{ID: ptr(id)})
+				})
+			return err
+		})
+	}
+	if p.cfg.Image != "" {
+		checks = append(checks, func(ctx context.Context) error {
+			_, err := read(ctx, p, "is.image.image.read", "image "+p.cfg.Image, "--ibmcloud-image",
+				func(ctx context.Context) (*vpcv1.Image, *core.DetailedResponse, error) {
+					return p.api.GetImageWithContext(ctx, &vpcv1.GetImageOptions{ID: ptr(p.cfg.Image)})
+				})
+			return err
+		})
+	}
+	checks = append(checks, p.preflightListings, p.preflightSearch)
+	errs := make([]error, len(checks))
+	var wg sync.WaitGroup
+	for i, check := range checks {
+		wg.Go(func() { errs[i] = check(ctx) })
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// preflightNetwork reads the subnet, checks it lies in the configured
+// VPC, and reads the subnet's VPC when none is configured.
+func (p *Provider) preflightNetwork(ctx context.Context) error {
 	sub, err := read(ctx, p, "is.subnet.subnet.read", "subnet "+p.cfg.SubnetID, "--ibmcloud-subnet-id",
 		func(ctx context.Context) (*vpcv1.Subnet, *core.DetailedResponse, error) {
 			return p.api.GetSubnetWithContext(ctx, &vpcv1.GetSubnetOptions{ID: ptr(p.cfg.SubnetID)})
@@ -60,39 +104,29 @@ func (p *Provider) Preflight(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	vpcID, vpcSetting := p.cfg.VPCID, "--ibmcloud-vpc-id"
-	if sub.VPC != nil && sub.VPC.ID != nil {
-		if vpcID != "" && vpcID != *sub.VPC.ID {
-			return preflightSpec(fmt.Sprintf("--ibmcloud-subnet-id %s is in VPC %s, not in --ibmcloud-vpc-id %s", p.cfg.SubnetID, *sub.VPC.ID, vpcID), nil)
-		}
-		if vpcID == "" {
-			vpcID, vpcSetting = *sub.VPC.ID, "--ibmcloud-subnet-id (its VPC)"
-		}
+	if sub.VPC == nil || sub.VPC.ID == nil {
+		return nil
 	}
-	if vpcID != "" {
-		if _, err := read(ctx, p, "is.vpc.vpc.read", "VPC "+vpcID, vpcSetting,
-			func(ctx context.Context) (*vpcv1.VPC, *core.DetailedResponse, error) {
-				return p.api.GetVPCWithContext(ctx, &vpcv1.GetVPCOptions{ID: ptr(vpcID)})
-			}); err != nil {
-			return err
-		}
+	switch vpc := *sub.VPC.ID; {
+	case p.cfg.VPCID == "":
+		return p.preflightVPC(ctx, vpc, "--ibmcloud-subnet-id (its VPC)")
+	case p.cfg.VPCID != vpc:
+		return preflightSpec(fmt.Sprintf("--ibmcloud-subnet-id %s is in VPC %s, not in --ibmcloud-vpc-id %s", p.cfg.SubnetID, vpc, p.cfg.VPCID), nil)
 	}
-	for _, id := range p.cfg.SecurityGroupIDs {
-		if _, err := read(ctx, p, "is.security-group.security-group.read", "security group "+id, "--ibmcloud-security-group-ids",
-			func(ctx context.Context) (*vpcv1.SecurityGroup, *core.DetailedResponse, error) {
-				return p.api.GetSecurityGroupWithContext(ctx, &vpcv1.GetSecurityGroupOptions{ID: ptr(id)})
-			}); err != nil {
-			return err
-		}
-	}
-	if p.cfg.Image != "" {
-		if _, err := read(ctx, p, "is.image.image.read", "image "+p.cfg.Image, "--ibmcloud-image",
-			func(ctx context.Context) (*vpcv1.Image, *core.DetailedResponse, error) {
-				return p.api.GetImageWithContext(ctx, &vpcv1.GetImageOptions{ID: ptr(p.cfg.Image)})
-			}); err != nil {
-			return err
-		}
-	}
+	return nil
+}
+
+func (p *Provider) preflightVPC(ctx context.Context, id, setting string) error {
+	_, err := read(ctx, p, "is.vpc.vpc.read", "VPC "+id, setting,
+		func(ctx context.Context) (*vpcv1.VPC, *core.DetailedResponse, error) {
+			return p.api.GetVPCWithContext(ctx, &vpcv1.GetVPCOptions{ID: ptr(id)})
+		})
+	return err
+}
+
+// preflightListings reads one page of the resource group's instances and
+// one of volumes: the list actions List and Create's lookup need.
+func (p *Provider) preflightListings(ctx context.Context) error {
 	instances := &vpcv1.ListInstancesOptions{Limit: ptr(int64(1))}
 	where := "instances"
 	if p.cfg.ResourceGroupID != "" {
@@ -105,24 +139,26 @@ func (p *Provider) Preflight(ctx context.Context) error {
 		}); err != nil {
 		return err
 	}
-	if _, err := read(ctx, p, "is.volume.volume.list", "volumes", "",
+	_, err := read(ctx, p, "is.volume.volume.list", "volumes", "",
 		func(ctx context.Context) (*vpcv1.VolumeCollection, *core.DetailedResponse, error) {
 			return p.api.ListVolumesWithContext(ctx, &vpcv1.ListVolumesOptions{Limit: ptr(int64(1))})
-		}); err != nil {
-		return err
-	}
+		})
+	return err
+}
+
+// preflightSearch makes one Global Search query, for its endpoint and the
+// token.
+func (p *Provider) preflightSearch(ctx context.Context) error {
 	search := &globalsearchv2.SearchOptions{Query: ptr(searchQuery(provider.Selector{Cluster: "caa-preflight", Node: "caa-preflight"})),
 		Fields: searchFields, Limit: ptr(int64(1))}
 	if p.cfg.AccountID != "" {
 		search.AccountID = ptr(p.cfg.AccountID)
 	}
-	if _, err := read(ctx, p, "a Global Search query", "Global Search at "+p.cfg.searchEndpoint(), "--ibmcloud-search-endpoint",
+	_, err := read(ctx, p, "a Global Search query", "Global Search at "+p.cfg.searchEndpoint(), "--ibmcloud-search-endpoint",
 		func(ctx context.Context) (*globalsearchv2.ScanResult, *core.DetailedResponse, error) {
 			return p.search.SearchWithContext(ctx, search)
-		}); err != nil {
-		return err
-	}
-	return nil
+		})
+	return err
 }
 
 // read makes one preflight read and turns its failure into an error that
