@@ -79,7 +79,7 @@ func (p *Provider) Preflight(ctx context.Context) error {
 			return err
 		})
 	}
-	checks = append(checks, p.preflightListings, p.preflightSearch)
+	checks = append(checks, p.preflightListings, p.preflightVolumes, p.preflightSearch)
 	errs := make([]error, len(checks))
 	var wg sync.WaitGroup
 	for i, check := range checks {
@@ -124,8 +124,9 @@ func (p *Provider) preflightVPC(ctx context.Context, id, setting string) error {
 	return err
 }
 
-// preflightListings reads one page of the resource group's instances and
-// one of volumes: the list actions List and Create's lookup need.
+// preflightListings reads one page of the resource group's instances, and
+// preflightVolumes one of volumes: the list actions List and Create's
+// lookup need.
 func (p *Provider) preflightListings(ctx context.Context) error {
 	instances := &vpcv1.ListInstancesOptions{Limit: ptr(int64(1))}
 	where := "instances"
@@ -133,12 +134,14 @@ func (p *Provider) preflightListings(ctx context.Context) error {
 		instances.ResourceGroupID = ptr(p.cfg.ResourceGroupID)
 		where = "instances in resource group " + p.cfg.ResourceGroupID
 	}
-	if _, err := read(ctx, p, "is.instance.instance.list", where, "--ibmcloud-resource-group-id",
+	_, err := read(ctx, p, "is.instance.instance.list", where, "--ibmcloud-resource-group-id",
 		func(ctx context.Context) (*vpcv1.InstanceCollection, *core.DetailedResponse, error) {
 			return p.api.ListInstancesWithContext(ctx, instances)
-		}); err != nil {
-		return err
-	}
+		})
+	return err
+}
+
+func (p *Provider) preflightVolumes(ctx context.Context) error {
 	_, err := read(ctx, p, "is.volume.volume.list", "volumes", "",
 		func(ctx context.Context) (*vpcv1.VolumeCollection, *core.DetailedResponse, error) {
 			return p.api.ListVolumesWithContext(ctx, &vpcv1.ListVolumesOptions{Limit: ptr(int64(1))})
