@@ -29,6 +29,11 @@ type Row struct {
 	Limit    float64 `json:"limit,omitempty"`
 	AtMost   bool    `json:"atMost,omitempty"`
 	EveryRun bool    `json:"everyRun,omitempty"`
+	// Figure, when set, names the row's line in a pivot table (see
+	// Scenario.Pivot) and Cell adds to its cell; Hide leaves it out.
+	Figure string `json:"figure,omitempty"`
+	Cell   string `json:"cell,omitempty"`
+	Hide   bool   `json:"hide,omitempty"`
 }
 
 // Stats returns the smallest, median and largest run.
@@ -236,10 +241,16 @@ func (s Scenario) writePivot(w io.Writer) {
 	cells := map[[2]string]Row{}
 	targets := map[string]string{}
 	for _, r := range s.Rows {
+		if r.Hide {
+			continue
+		}
 		cl, rest, _ := strings.Cut(r.Case, ", ")
 		fig := r.Metric
 		if rest != "" {
 			fig = rest + ": " + r.Metric
+		}
+		if r.Figure != "" {
+			fig = r.Figure
 		}
 		if !slices.Contains(clouds, cl) {
 			clouds = append(clouds, cl)
@@ -264,6 +275,9 @@ func (s Scenario) writePivot(w io.Writer) {
 				continue
 			}
 			cell := Num(Median(r.Runs)) + " " + r.Unit
+			if r.Cell != "" {
+				cell += " " + r.Cell
+			}
 			if r.Bound > 0 {
 				cell += fmt.Sprintf(" (%.2fx)", r.Ratio())
 			}

@@ -738,12 +738,14 @@ func s6Rows(cfg s6Config, m *s6Measured) ([]Row, []string) {
 	rows = append(rows, atMost(c, "cloud reads per node per hour", "reads", s6IdleReadsPerHour, sumMap(scaleHour)))
 	byClass, unmetered := ClassUse(name, scaleHour)
 	fleetIdle := scaleMap(byClass, s6ScaleNodes/3600.0)
+	var bucketRows []Row
 	for _, class := range readClasses(name) {
-		rows = append(rows, atMost(c, class+" bucket", "% of refill", s6IdlePercent, PercentOfRefill(fleetIdle[class], m.limits[class])))
+		bucketRows = append(bucketRows, atMost(c, class+" bucket", "% of refill", s6IdlePercent, PercentOfRefill(fleetIdle[class], m.limits[class])))
 		details = append(details, fmt.Sprintf("%s, %s bucket: %s%% of its refill (%s a second) is %s tokens per node per hour over %d nodes",
 			c, class, Num(s6IdlePercent), Num(RefillPerSecond(m.limits[class])),
 			Num(s6IdlePercent/100*RefillPerSecond(m.limits[class])*3600/s6ScaleNodes), s6ScaleNodes))
 	}
+	rows = append(rows, busiest(bucketRows, fmt.Sprintf("idle, %d nodes x %d pods: busiest read bucket", s6ScaleNodes, s6ScalePods))...)
 	details = append(details, fmt.Sprintf("%s: per audit at %s VMs in the account, from %s measured at %s and the growth per VM of the startup "+
 		"cases (%s): %s; reads no published bucket meters, per node per hour: %s", c, Num(v), CountsLine(roundMap(perAudit)), Num(v0),
 		CountsLine(roundMap(scaleMap(slope, 1000))), CountsLine(roundMap(atScale)), CountsLine(roundMap(unmetered))))
@@ -780,10 +782,12 @@ func s6Rows(cfg s6Config, m *s6Measured) ([]Row, []string) {
 		c = fmt.Sprintf("%s, %ss at the write limit, %d nodes idle beside", name, strings.TrimPrefix(half.what, "pod "), s6ScaleNodes)
 		c = strings.Replace(c, "createds", "creates", 1)
 		c = strings.Replace(c, "deleteds", "deletes", 1)
+		bucketRows = nil
 		for _, class := range readClasses(name) {
 			use := rate*perClass[class] + fleetIdle[class]
-			rows = append(rows, atMost(c, class+" bucket", "% of refill", 100, PercentOfRefill(use, m.limits[class])))
+			bucketRows = append(bucketRows, atMost(c, class+" bucket", "% of refill", 100, PercentOfRefill(use, m.limits[class])))
 		}
+		rows = append(rows, busiest(bucketRows, strings.TrimPrefix(c, name+", ")+": busiest read bucket")...)
 		details = append(details, fmt.Sprintf("%s: the write buckets allow %s pods a second (bound by %s, %s tokens per pod, refill %s a second)",
 			c, Num(rate), binding, Num(perClass[binding]), Num(RefillPerSecond(m.limits[binding]))))
 	}
@@ -909,4 +913,25 @@ func opCalls(m map[string]int64) map[string]int64 {
 		}
 	}
 	return out
+}
+
+// busiest marks, of rows of one figure per bucket class, the one with the
+// highest median as the pivot's figure, its class in the cell, and hides
+// the others from the pivot (results.md keeps them all).
+func busiest(rows []Row, figure string) []Row {
+	top := -1
+	for i, r := range rows {
+		if top < 0 || Median(r.Runs) > Median(rows[top].Runs) {
+			top = i
+		}
+	}
+	for i := range rows {
+		if i == top {
+			rows[i].Figure = figure
+			rows[i].Cell = "(" + strings.TrimSuffix(rows[i].Metric, " bucket") + ")"
+			continue
+		}
+		rows[i].Hide = true
+	}
+	return rows
 }

@@ -142,3 +142,18 @@ func TestMergeReplacesOnlyTheScenariosRun(t *testing.T) {
 	assert.NoError(t, err)
 	assert.Equal(t, 1, fresh.Count, "no results file: the run stands alone")
 }
+
+func TestBusiestBucketLeadsThePivot(t *testing.T) {
+	rows := busiest([]Row{
+		{Case: "azure, idle", Metric: "vm-list bucket", Unit: "%", Runs: []float64{0}},
+		{Case: "azure, idle", Metric: "graph-per-user bucket", Unit: "%", Runs: []float64{55.6}},
+	}, "idle: busiest read bucket")
+	sc := Scenario{Pivot: true, Rows: rows}
+	var b strings.Builder
+	sc.WriteMarkdown(&b, "####", false)
+	assert.Contains(t, b.String(), "| idle: busiest read bucket | - | 55.6 % (graph-per-user) |")
+	assert.NotContains(t, b.String(), "vm-list")
+	b.Reset()
+	sc.WriteMarkdown(&b, "##", true)
+	assert.Contains(t, b.String(), "vm-list", "results.md keeps every bucket")
+}
