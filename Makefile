@@ -75,7 +75,7 @@ bench: ## benchmarks: Go benchmarks (S3) and the scenarios S1-S6 (S6: a fleet of
 	$(GO) run ./internal/benchreport < $(BENCH_OUT)/raw.txt | tee $(BENCH_OUT)/summary.md
 	$(GO) run ./test/bench -count $(BENCH_COUNT) -gobench $(BENCH_OUT)/summary.md -load-before $(BENCH_OUT)/load-before -out docs/bench -readme README.md
 
-bench-quick: ## scenarios only, for development: 1 run each, N up to 1,000, short windows; results in $(BENCH_OUT)/quick
+bench-quick: ## scenarios only, for development: 1 run each, N up to 1,000, short windows, a fleet of 5 (S6); results in $(BENCH_OUT)/quick
 	$(GO) run ./test/bench -quick -out $(BENCH_OUT)/quick
 
 fuzz: ## run the ledger decoder fuzzers for FUZZTIME each (default 60s)
