@@ -756,12 +756,11 @@ func s6Rows(cfg s6Config, m *s6Measured) ([]Row, []string) {
 	// Churn.
 	pods := float64(max(m.churnPods, 1))
 	for _, half := range []struct {
-		what   string
-		calls  map[string]int64
-		reads  float64
-		vmOp   string
-		create bool
-	}{{"pod created", m.creates, s6CreateReads, cloud.OpCreate, true}, {"pod deleted", m.deletes, s6DeleteReads, cloud.OpDelete, false}} {
+		what  string
+		calls map[string]int64
+		reads float64
+		vmOp  string
+	}{{"pod created", m.creates, s6CreateReads, cloud.OpCreate}, {"pod deleted", m.deletes, s6DeleteReads, cloud.OpDelete}} {
 		per := scaleMap(toFloat(half.calls), 1/pods)
 		c := fmt.Sprintf("%s, churn, per %s", name, half.what)
 		writes := sumKind(per, kindWrite)
