@@ -285,6 +285,7 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 	}
 	loopDone := make(chan struct{})
 	go func() { defer close(loopDone); loop.Run(sessCtx) }()
+	acting := time.Now() // the node has a reconciler again from here
 
 	// stopWork stops new work, lets calls in flight finish within the
 	// grace (then abandons them: their intents are durable), stops the
@@ -335,7 +336,7 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 				continue
 			}
 			rctx, cancel := context.WithTimeout(stopCtx, 10*time.Second)
-			err := ho.Ready(rctx)
+			err := ho.Ready(rctx, acting)
 			cancel()
 			if errors.Is(err, handover.ErrAborted) {
 				continue // the abort is waiting on its channel
@@ -344,7 +345,7 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 			h := health.Handover{Role: health.RoleTookOver, Peer: ho.From.String(), Outcome: health.HandoverDone,
 				StartedAt: n.asked, Took: health.Duration(readyAt.Sub(n.asked))}
 			if !ho.Stopped.IsZero() {
-				h.Gap = health.Duration(readyAt.Sub(ho.Stopped))
+				h.Gap = health.Duration(acting.Sub(ho.Stopped))
 			}
 			n.status.SetHandover(h)
 			log.Info("took the ledger over; the old caa is inert", "from", ho.From.String(),
@@ -403,7 +404,7 @@ func (n *nodeDaemon) afterRelease(ctx context.Context, out holdOutcome) bool {
 		return back(out.releaseErr.Error())
 	}
 	wctx, cancel := context.WithTimeout(ctx, n.f.handoverReady)
-	err := out.req.WaitReady(wctx)
+	acting, err := out.req.WaitReady(wctx)
 	cancel()
 	switch {
 	case err == nil:
@@ -411,10 +412,14 @@ func (n *nodeDaemon) afterRelease(ctx context.Context, out holdOutcome) bool {
 		n.closeListener()
 		out.req.Retire()
 		now := time.Now()
+		gap := acting.Sub(out.stopped)
+		if acting.IsZero() {
+			gap = now.Sub(out.stopped) // a successor that does not say: at most this
+		}
 		n.status.SetHandover(health.Handover{Role: health.RoleHandedOver, Peer: peer, Outcome: health.HandoverDone,
-			StartedAt: out.asked, Took: health.Duration(now.Sub(out.asked)), Gap: health.Duration(now.Sub(out.stopped))})
+			StartedAt: out.asked, Took: health.Duration(now.Sub(out.asked)), Gap: health.Duration(gap)})
 		n.log.Info("handed the ledger over; this caa is inert until it is stopped", "to", peer,
-			"took", now.Sub(out.asked).Round(time.Millisecond), "gap", now.Sub(out.stopped).Round(time.Millisecond))
+			"took", now.Sub(out.asked).Round(time.Millisecond), "gap", gap.Round(time.Millisecond))
 		n.events.NodeEvent(n.f.node, false, "CaaHandedOver", fmt.Sprintf("caa %s handed the ledger over to %s", n.me, peer))
 		return true
 	case ctx.Err() != nil:

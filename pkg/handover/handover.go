@@ -85,7 +85,8 @@ type message struct {
 	Peer   *Peer  `json:"peer,omitempty"`
 	Reason string `json:"reason,omitempty"`
 	Epoch  uint64 `json:"epoch,omitempty"`
-	// At is when the holder stopped work (released), for the gap.
+	// At is, in released, when the holder stopped work; in ready, when the
+	// successor's reconciler started: the node's gap lies between them.
 	At time.Time `json:"at,omitzero"`
 }
 
@@ -281,22 +282,22 @@ func (r *Request) Release(me Peer, epoch uint64, stopped time.Time) error {
 	return nil
 }
 
-// WaitReady waits for the successor to say it is ready and returns nil;
-// the holder then closes its listener (the successor binds the socket
-// next) and calls Retire, and stays inert from then on. WaitReady returns
-// ErrSuccessorGone when the connection drops first, and ctx's error when
-// ctx ends first (the holder then calls Abort).
-func (r *Request) WaitReady(ctx context.Context) error {
+// WaitReady waits for the successor to say it is ready and returns when
+// its reconciler started; the holder then closes its listener (the
+// successor binds the socket next) and calls Retire, and stays inert from
+// then on. WaitReady returns ErrSuccessorGone when the connection drops
+// first, and ctx's error when ctx ends first (the holder then calls Abort).
+func (r *Request) WaitReady(ctx context.Context) (acting time.Time, err error) {
 	for {
 		m, err := r.c.recvCtx(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
-				return ctx.Err()
+				return time.Time{}, ctx.Err()
 			}
-			return fmt.Errorf("%w: %w", ErrSuccessorGone, err)
+			return time.Time{}, fmt.Errorf("%w: %w", ErrSuccessorGone, err)
 		}
 		if m.Type == msgReady {
-			return nil
+			return m.At, nil
 		}
 	}
 }
@@ -416,12 +417,13 @@ func (h *Handover) read() {
 // successor must then stop its work, close the ledger and call Returned.
 func (h *Handover) Aborted() <-chan string { return h.aborted }
 
-// Ready tells the holder the successor is ready and waits, up to ctx, for
-// it to retire. It returns nil when the holder retired or went away (it
-// cannot take the ledger back then), and ErrAborted when the holder's
-// abort came first: the successor must give the ledger back.
-func (h *Handover) Ready(ctx context.Context) error {
-	if err := h.c.send(message{Type: msgReady}); err != nil {
+// Ready tells the holder the successor is ready (its reconciler started
+// at acting) and waits, up to ctx, for it to retire. It returns nil when
+// the holder retired or went away (it cannot take the ledger back then),
+// and ErrAborted when the holder's abort came first: the successor must
+// give the ledger back.
+func (h *Handover) Ready(ctx context.Context, acting time.Time) error {
+	if err := h.c.send(message{Type: msgReady, At: acting}); err != nil {
 		select {
 		case r := <-h.aborted:
 			h.aborted <- r

@@ -87,8 +87,11 @@ func TestAFullHandOver(t *testing.T) {
 	assert.True(t, a.h.Stopped.Equal(stopped), "the gap starts when the old caa stopped work")
 
 	readyErr := make(chan error, 1)
-	go func() { readyErr <- a.h.Ready(ctxT(t)) }()
-	require.NoError(t, req.WaitReady(ctxT(t)))
+	acting := stopped.Add(20 * time.Millisecond)
+	go func() { readyErr <- a.h.Ready(ctxT(t), acting) }()
+	actingSeen, err := req.WaitReady(ctxT(t))
+	require.NoError(t, err)
+	assert.True(t, actingSeen.Equal(acting), "the old caa learns when the new one started acting")
 	select {
 	case err := <-readyErr:
 		t.Fatalf("Ready returned (%v) before the old caa retired", err)
@@ -136,7 +139,7 @@ func released(t *testing.T) (*Request, *Handover) {
 func TestSuccessorGoingAwayBeforeReadyIsAHandback(t *testing.T) {
 	req, h := released(t)
 	h.Close() // the new caa crashed
-	err := req.WaitReady(ctxT(t))
+	_, err := req.WaitReady(ctxT(t))
 	require.ErrorIs(t, err, ErrSuccessorGone)
 }
 
@@ -144,7 +147,8 @@ func TestASlowSuccessorIsAbortedAndGivesTheLedgerBack(t *testing.T) {
 	req, h := released(t)
 	wctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
-	require.ErrorIs(t, req.WaitReady(wctx), context.DeadlineExceeded)
+	_, err := req.WaitReady(wctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
 
 	abortDone := make(chan error, 1)
 	go func() { abortDone <- req.Abort(ctxT(t), "not ready within 3m") }()
@@ -168,7 +172,7 @@ func TestAReadyThatCrossesTheAbortLoses(t *testing.T) {
 	abortDone := make(chan error, 1)
 	go func() { abortDone <- req.Abort(ctxT(t), "too slow") }()
 	// The successor turns ready just as the abort goes out: the abort wins.
-	err := h.Ready(ctxT(t))
+	err := h.Ready(ctxT(t), time.Now())
 	require.ErrorIs(t, err, ErrAborted)
 	assert.ErrorContains(t, err, "too slow")
 	h.Returned()
@@ -188,7 +192,7 @@ func TestAbortOfAHungSuccessorIsBounded(t *testing.T) {
 func TestReadyAfterTheHolderDiedKeepsTheLedger(t *testing.T) {
 	req, h := released(t)
 	_ = req.c.c.Close() // the old caa was killed after it released
-	require.NoError(t, h.Ready(ctxT(t)), "nobody can take the ledger back")
+	require.NoError(t, h.Ready(ctxT(t), time.Now()), "nobody can take the ledger back")
 }
 
 func TestCloseLeavesAReplacedSocketAlone(t *testing.T) {

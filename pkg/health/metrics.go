@@ -133,7 +133,7 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 		}),
 		handoverGap: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "caa_handover_gap_seconds",
-			Help: "Seconds the node had no reconciler during the last hand-over: from the old caa stopping work to the new (or, on a handback, the old) caa being ready to act; 0 before any.",
+			Help: "Seconds the node had no reconciler during the last hand-over: from the old caa stopping work to the new caa's reconciler starting on the opened ledger; 0 before any.",
 		}),
 		kinds:      newLabelBound(16),
 		ops:        newLabelBound(16),

@@ -24,8 +24,8 @@ func (b *bench) s7(ctx context.Context) (Scenario, error) {
 	sc := Scenario{ID: "S7", Title: "surge hand-over, every VM alive",
 		Setup: fmt.Sprintf("%d peer pods on one node, every VM alive, %s injected into every cloud call. A new caa starts beside the running one "+
 			"on the same ledger (a DaemonSet update with maxSurge 1) and takes the ledger over, %d run(s) per cloud, each new caa the next run's old one. "+
-			"Gap: from the old caa stopping work to the new caa's startup pass converging, as the new caa reports it (`/status` handover.gap, "+
-			"the old caa's stop time travelling in the hand-over). One pod is created as soon as the old caa has the request; its VM's wait runs "+
+			"Gap: from the old caa stopping work to the new caa's reconciler starting on the opened ledger, as the new caa reports it "+
+			"(`/status` handover.gap, the old caa's stop time travelling in the hand-over); the new caa's startup pass then runs as any caa's does. One pod is created as soon as the old caa has the request; its VM's wait runs "+
 			"from that pod's creation to its VM at the fake cloud.", s7Pods, s1Latency, b.count)}
 	e, err := newEnv(ctx, filepath.Join(b.dir, "s7"), b.logf)
 	if err != nil {
