@@ -124,7 +124,8 @@ func (p *Provider) preflightReadErr(err error, what, flag, env, value string) er
 		return fmt.Errorf("%s %s: --azure-subscription-id (CAA_AZURE_SUBSCRIPTION_ID): the credential sees no subscription %s: %w",
 			ProviderName, opPreflight, p.cfg.SubscriptionID, err)
 	}
-	return fmt.Errorf("%s %s: %s: %w", ProviderName, opPreflight, what, err)
+	// err names the provider and the operation already.
+	return fmt.Errorf("%s %s: %w", what, value, err)
 }
 
 // permission is one entry of the permissions API's answer.
@@ -152,7 +153,7 @@ func (p *Provider) requireActions(ctx context.Context, scope string, want []stri
 		}
 		if err := p.armGet(ctx, path, permissionsAPIVersion, &body); err != nil {
 			err = classify(opPreflight, err)
-			return fmt.Errorf("%s %s: read the caller's permissions at %s (needs %s): %w", ProviderName, opPreflight, scope, actionPermissionsRead, err)
+			return fmt.Errorf("read the caller's permissions at %s (needs %s): %w", scope, actionPermissionsRead, err)
 		}
 		perms = append(perms, body.Value...)
 		if body.NextLink == "" {
