@@ -94,8 +94,9 @@ func (b *bench) s7Cloud(ctx context.Context, e *env, f *fakeCloud, node, ns, clu
 	gap := Row{Case: c, Metric: "reconciler gap", Unit: "ms", MaxRatio: 1.25, Bound: ms(bound),
 		BoundNote: fmt.Sprintf("S1's bound for this case: process start %s + pod list %s + ledger open and scan %s + (%d token + %d page(s)) x %s",
 			round(exec), round(podList), round(scan), auth, Pages(n, pageSizes[f.name]), s1Latency)}
-	wait := Row{Case: c, Metric: "new pod's VM during the hand-over", Unit: "ms", MaxRatio: 1.25,
-		BoundNote: "the run's gap + the new caa's own create call (`caa_cloud_call_duration_seconds`, op create)"}
+	wait := Row{Case: c, Metric: "new pod's VM during the hand-over", Unit: "ms", MaxRatio: 1.5,
+		BoundNote: fmt.Sprintf("the run's gap + %s for each cloud call from the pod's creation to its VM (the new caa's startup listing, then the create's own calls); "+
+			"latency only, so the target allows 1.5x for the pod's watch event, the work queue and the process", s1Latency)}
 	writes := Row{Case: c, Metric: "cloud writes for the adopted VMs", Unit: "calls", HasLimit: true, AtMost: true, EveryRun: true}
 	dups := Row{Case: c, Metric: "duplicate or deleted VMs", Unit: "VMs", HasLimit: true, AtMost: true, EveryRun: true}
 	var took, bounds []float64
@@ -113,7 +114,6 @@ func (b *bench) s7Cloud(ctx context.Context, e *env, f *fakeCloud, node, ns, clu
 	made := 0
 	for i := range b.count {
 		live := len(f.core.Live())
-		before := f.core.Counters()
 		name := fmt.Sprintf("caa-%d", i+1)
 		next, err := StartCaa(b.caa, b.caaArgs(f, node, e.kubeconfig, ledgerPath, "--pod-name", name), hermeticEnv(f.env...), b.logPath("s7-"+f.name))
 		if err != nil {
@@ -126,6 +126,7 @@ func (b *bench) s7Cloud(ctx context.Context, e *env, f *fakeCloud, node, ns, clu
 			_ = next.Stop()
 			return nil, nil, 0, fmt.Errorf("run %d: the old caa never got the request: %w", i+1, err)
 		}
+		f.core.ResetCounters()
 		podAt := time.Now()
 		if err := createPods(ctx, e, ns, "s7-"+f.name, node, made, made+1, true); err != nil {
 			_ = next.Stop()
@@ -141,6 +142,7 @@ func (b *bench) s7Cloud(ctx context.Context, e *env, f *fakeCloud, node, ns, clu
 			_ = next.Stop()
 			return nil, nil, 0, fmt.Errorf("run %d: the new pod's VM: %w", i+1, err)
 		}
+		toVM := f.core.Counters()["total"]
 		var snap health.Snapshot
 		if err := waitStatus(ctx, next, 10*time.Second, func(s health.Snapshot) bool {
 			snap = s
@@ -149,33 +151,24 @@ func (b *bench) s7Cloud(ctx context.Context, e *env, f *fakeCloud, node, ns, clu
 			_ = next.Stop()
 			return nil, nil, 0, fmt.Errorf("run %d: no finished hand-over on the new caa: %w", i+1, err)
 		}
-		m, err := next.Metrics(ctx)
-		if err != nil {
-			_ = next.Stop()
-			return nil, nil, 0, err
-		}
 		if err := old.Stop(); err != nil {
 			return nil, nil, 0, err
 		}
 		old = next
 		after := f.core.Counters()
 		g := ms(time.Duration(snap.Handover.Gap))
-		createMs := 0.0
-		if cnt := sumPrefix(m, `caa_cloud_call_duration_seconds_count{op="create"`); cnt > 0 {
-			createMs = 1000 * sumPrefix(m, `caa_cloud_call_duration_seconds_sum{op="create"`) / cnt
-		}
 		gap.Runs = append(gap.Runs, g)
 		wait.Runs = append(wait.Runs, ms(vmAt.Sub(podAt)))
-		bounds = append(bounds, g+createMs)
+		bounds = append(bounds, g+ms(time.Duration(toVM)*s1Latency))
 		took = append(took, ms(time.Duration(snap.Handover.Took)))
-		creates := after[cloud.OpCreate] - before[cloud.OpCreate]
-		deletes := after[cloud.OpDelete] - before[cloud.OpDelete]
+		creates := after[cloud.OpCreate]
+		deletes := after[cloud.OpDelete]
 		writes.Runs = append(writes.Runs, float64(creates-1+deletes))
 		dups.Runs = append(dups.Runs, float64(len(f.core.Live())-(live+1)+int(deletes)))
 	}
 	wait.Bound = Median(bounds)
 	details := []string{fmt.Sprintf("%s: the hand-over took (the new caa's request to its readiness, median) %s ms; the bound of the new pod's wait is the median of "+
-		"each run's gap plus its create call", c, Num(Median(took)))}
+		"each run's gap plus the latency of the calls made until its VM existed", c, Num(Median(took)))}
 	return []Row{gap, wait, writes, dups}, details, b.count, nil
 }
 
