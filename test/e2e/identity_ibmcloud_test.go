@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -327,4 +328,74 @@ func TestIBMCloudPreflightNamesTheMissingGrant(t *testing.T) {
 		d.stop(t)
 		assert.Empty(t, ic.core.Instances(), "nothing was created")
 	})
+}
+
+// TestIBMCloudLeastPrivilegeLife runs caa's life through the binary on the
+// trusted-profile route under exactly the shipped policies: start and
+// create, restart and adopt, a killed VM recreated, a deleted pod's VM
+// deleted, an orphan collected, and `caa ledger rebuild`. No call is
+// refused.
+func TestIBMCloudLeastPrivilegeLife(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	ic := newIBMIdentityCloud(ctx, t, c)
+	const node = "worker-1"
+	_, err := c.CreateNode(ctx, node)
+	require.NoError(t, err)
+	for i := range 4 {
+		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%d", i), node, nil)
+		require.NoError(t, err)
+	}
+	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
+	args := append(slices.Clone(ic.args), "--gc-grace", "1s")
+	start := func() *daemon { return launchCaa(t, c, node, ledgerPath, "ibmcloud least privilege", args, ic.env) }
+	noRefusal := func(d *daemon) {
+		t.Helper()
+		assert.NotContains(t, d.logs.String(), "forbidden", "no call was refused by the policies")
+	}
+
+	d := start() // start, create
+	d.waitReady(t, func() { assert.Len(t, ibmLiveVMs(t, ic.core), 4) })
+	first := ibmLiveVMs(t, ic.core)
+	d.stop(t)
+	noRefusal(d)
+
+	require.NoError(t, ic.core.Kill(first[firstUID(ctx, t, c, "pod-1")])) // recreate on restart
+	d = start()                                                           // adopt
+	d.waitReady(t, func() { assert.Len(t, ibmLiveVMs(t, ic.core), 4) })
+	assert.NotEqual(t, first[firstUID(ctx, t, c, "pod-1")], ibmLiveVMs(t, ic.core)[firstUID(ctx, t, c, "pod-1")])
+	require.NoError(t, c.DeletePod(ctx, "team", "pod-2")) // delete
+	require.Eventually(t, func() bool { return len(ibmLiveVMs(t, ic.core)) == 3 }, time.Minute, 100*time.Millisecond,
+		"the deleted pod's VM was deleted")
+	// orphan: a VM tagged for this cluster and node that no pod owns (put
+	// straight into the cloud: its implicit boot volume carries the tags)
+	kube, err := c.Client().CoreV1().Namespaces().Get(ctx, "kube-system", metav1.GetOptions{})
+	require.NoError(t, err)
+	orphan, err := ic.core.Create(cloud.CreateRequest{Token: "orphan", Name: "caa-orphan", Image: ibmImage, InstanceType: ibmProfile, Tags: map[string]string{
+		"caa-cluster": string(kube.UID), "caa-node": node, "caa-managed-by": "caa", "caa-pod-uid": "gone", "caa-key": "gone-1"}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		in, err := ic.core.Get(orphan.ID)
+		return err != nil || !in.State.Alive()
+	}, time.Minute, 100*time.Millisecond, "the orphan %s was deleted", orphan.ID)
+	assert.Len(t, ibmLiveVMs(t, ic.core), 3)
+	d.stop(t)
+	noRefusal(d)
+
+	// rebuild under the same identity and policies
+	require.NoError(t, os.Remove(ledgerPath))
+	cmd := exec.Command(caaBin, append([]string{"ledger", "rebuild", "--node-name", node, "--kubeconfig", c.Kubeconfig(), "--ledger", ledgerPath}, ic.args...)...)
+	cmd.Env = ic.env
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "caa ledger rebuild:\n%s", out)
+	assert.Contains(t, string(out), "recorded 3 VMs")
+	assert.NotContains(t, string(out), "forbidden")
+	d = start()
+	d.waitReady(t, func() { assert.Len(t, ibmLiveVMs(t, ic.core), 3) })
+	d.stop(t)
+	noRefusal(d)
+	for name, s := range ic.allSecrets() {
+		assert.NotContains(t, string(out), s, "the %s is in the rebuild's output", name)
+	}
 }
