@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -272,4 +273,77 @@ func TestAzurePreflightNamesTheMissingAction(t *testing.T) {
 			assert.Empty(t, ac.core.Instances(), "nothing was created")
 		})
 	}
+}
+
+// TestAzureLeastPrivilegeLife runs caa's life through the binary under
+// exactly the shipped role, on a managed identity: start and create,
+// restart and adopt, a killed VM recreated, a deleted pod's VM deleted, an
+// orphan collected, and `caa ledger rebuild`. No call is refused.
+func TestAzureLeastPrivilegeLife(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	token := secret("e2e-arm-token-")
+	ac := newAzureRoleCloud(t, armfake.WithBearerToken(token))
+	mi, miURL := newManagedIdentity(t, token)
+	env := append(hermeticEnv(), "IDENTITY_ENDPOINT="+miURL, "IDENTITY_HEADER="+mi.Header)
+	const node = "worker-1"
+	_, err := c.CreateNode(ctx, node)
+	require.NoError(t, err)
+	for i := range 4 {
+		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%d", i), node, nil)
+		require.NoError(t, err)
+	}
+	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
+	args := append(slices.Clone(ac.args), "--gc-grace", "1s")
+	start := func() *daemon { return launchCaa(t, c, node, ledgerPath, "azure least privilege", args, env) }
+	noRefusal := func(d *daemon) {
+		t.Helper()
+		assert.NotContains(t, d.logs.String(), "AuthorizationFailed", "no call was refused by the role")
+	}
+
+	d := start() // start, create
+	d.waitReady(t, func() { assert.Len(t, liveVMs(ac.core), 4) })
+	first := liveVMs(ac.core)
+	d.stop(t)
+	noRefusal(d)
+
+	require.NoError(t, ac.core.Kill(first[firstUID(ctx, t, c, "pod-1")])) // recreate on restart
+	before := ac.core.Counters()
+	d = start() // adopt
+	d.waitReady(t, func() { assert.Len(t, liveVMs(ac.core), 4) })
+	after := ac.core.Counters()
+	assert.Equal(t, int64(1), after[cloud.OpCreate]-before[cloud.OpCreate], "one VM recreated, the others adopted")
+	require.NoError(t, c.DeletePod(ctx, "team", "pod-2")) // delete
+	kube, err := c.Client().CoreV1().Namespaces().Get(ctx, "kube-system", metav1.GetOptions{})
+	require.NoError(t, err)
+	orphan, err := ac.core.Create(cloud.CreateRequest{Name: "caa-orphan-0123456789ab", UniqueName: true, Image: azureImage, InstanceType: azureSize,
+		Tags: map[string]string{"caa-cluster": string(kube.UID), "caa-node": node, "caa-managed-by": "caa", "caa-pod-uid": "gone", "caa-key": "gone-1"}})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool {
+		live := liveVMs(ac.core)
+		_, orphanLive := live["gone"]
+		return len(live) == 3 && !orphanLive
+	}, time.Minute, 100*time.Millisecond, "the deleted pod's VM and the orphan %s were deleted", orphan.ID)
+	d.stop(t)
+	noRefusal(d)
+
+	// rebuild under the same role
+	require.NoError(t, os.Remove(ledgerPath))
+	out := runCaaEnv(t, env, append([]string{"ledger", "rebuild", "--node-name", node, "--kubeconfig", c.Kubeconfig(), "--ledger", ledgerPath}, ac.args...)...)
+	assert.Contains(t, out, "recorded 3 VMs")
+	d = start()
+	d.waitReady(t, func() { assert.Len(t, liveVMs(ac.core), 3) })
+	d.stop(t)
+	noRefusal(d)
+}
+
+// runCaaEnv runs a caa command in env and returns its output.
+func runCaaEnv(t *testing.T, env []string, args ...string) string {
+	t.Helper()
+	cmd := exec.Command(caaBin, args...)
+	cmd.Env = env
+	out, err := cmd.CombinedOutput()
+	require.NoError(t, err, "caa %v:\n%s", args, out)
+	return string(out)
 }
