@@ -170,6 +170,26 @@ func (d *daemon) readyBody() string {
 	return body
 }
 
+// handoverNode is one node of a fresh cluster, its ledger path, and a
+// fake EC2 core that the caa processes of a test reach through fronts.
+type handoverNode struct {
+	c          *cluster.Cluster
+	core       *cloud.Cloud
+	ec2        http.Handler
+	ledgerPath string
+}
+
+const handoverNodeName = "worker-1"
+
+func newHandoverNode(ctx context.Context, t *testing.T) handoverNode {
+	t.Helper()
+	c := cluster.Start(ctx, t)
+	core := cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{ec2Image}}))
+	_, err := c.CreateNode(ctx, handoverNodeName)
+	require.NoError(t, err)
+	return handoverNode{c: c, core: core, ec2: sharedEC2(core), ledgerPath: filepath.Join(t.TempDir(), "caa", "ledger.db")}
+}
+
 // TestSurgeHandOver: a second caa on the node's ledger (a DaemonSet update
 // with maxSurge 1) takes the ledger over from the first; the first stays up,
 // live and inert; no VM is touched; the node is without a reconciler only
@@ -177,15 +197,11 @@ func (d *daemon) readyBody() string {
 func TestSurgeHandOver(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
-	c := cluster.Start(ctx, t)
-	core := cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{ec2Image}}))
-	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
-	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
+	h := newHandoverNode(ctx, t)
+	c, core, ec2, ledgerPath := h.c, h.core, h.ec2, h.ledgerPath
+	const node = handoverNodeName
 	pods := createPods(ctx, t, c, "team", "web", node, 10)
 
-	ec2 := sharedEC2(core)
 	f1, f2 := newFront(t, ec2), newFront(t, ec2)
 	v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1"), awsEnv())
 	v1.waitReady(t, func() {})
@@ -250,14 +266,10 @@ func TestHandOverWithACreateInFlight(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
-			c := cluster.Start(ctx, t)
-			core := cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{ec2Image}}))
-			const node = "worker-1"
-			_, err := c.CreateNode(ctx, node)
-			require.NoError(t, err)
-			ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
+			h := newHandoverNode(ctx, t)
+			c, core, ec2, ledgerPath := h.c, h.core, h.ec2, h.ledgerPath
+			const node = handoverNodeName
 
-			ec2 := sharedEC2(core)
 			f1, f2 := newFront(t, ec2), newFront(t, ec2)
 			v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1", "--shutdown-grace", tc.grace), awsEnv())
 			v1.waitReady(t, func() {})
@@ -301,15 +313,11 @@ func TestHandOverWithACreateInFlight(t *testing.T) {
 func TestHandbackWhenTheNewCaaFails(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
-	c := cluster.Start(ctx, t)
-	core := cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{ec2Image}}))
-	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
-	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
+	h := newHandoverNode(ctx, t)
+	c, core, ec2, ledgerPath := h.c, h.core, h.ec2, h.ledgerPath
+	const node = handoverNodeName
 	pods := createPods(ctx, t, c, "team", "web", node, 5)
 
-	ec2 := sharedEC2(core)
 	f1, f2 := newFront(t, ec2), newFront(t, ec2)
 	v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1",
 		"--handover-ready-timeout", "4s", "--shutdown-grace", "2s"), awsEnv())
@@ -362,13 +370,10 @@ func TestHandbackWhenTheNewCaaFails(t *testing.T) {
 func TestBrokenNewVersionNeverAsks(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
-	c := cluster.Start(ctx, t)
-	core := cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{ec2Image}}))
-	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
-	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
-	f1 := newFront(t, sharedEC2(core))
+	h := newHandoverNode(ctx, t)
+	c, core, ec2, ledgerPath := h.c, h.core, h.ec2, h.ledgerPath
+	const node = handoverNodeName
+	f1 := newFront(t, ec2)
 	v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1"), awsEnv())
 	v1.waitReady(t, func() {})
 
@@ -398,18 +403,15 @@ func TestSigkillDuringHandOver(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
-	c := cluster.Start(ctx, t)
-	core := cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{ec2Image}}))
-	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
-	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
+	h := newHandoverNode(ctx, t)
+	c, core, ec2, ledgerPath := h.c, h.core, h.ec2, h.ledgerPath
+	const node = handoverNodeName
 	all := createPods(ctx, t, c, "team", "web", node, 6)
 
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 7))
-	f := newFront(t, sharedEC2(core))
+	f := newFront(t, ec2)
 	args := func(name string) []string {
 		return append(f.args(), "--pod-name", name, "--shutdown-grace", "2s", "--handover-ready-timeout", "20s")
 	}
