@@ -37,12 +37,12 @@ type roleFake struct {
 	logs     func() string
 }
 
-func newRoleFake(t testing.TB, role *armfake.Role, edit func(*azure.Config)) *roleFake {
+func newRoleFake(t testing.TB, role *armfake.Role, edit func(*azure.Config), fakeOpts ...armfake.Option) *roleFake {
 	t.Helper()
 	f := &roleFake{}
 	f.role.Store(role)
 	h, _ := newHarnessOn(t, cloud.Options{Images: []string{lifeImage}, Types: []string{lifeSize}}, staticToken(testToken),
-		[]armfake.Option{armfake.WithRole(f.role.Load), armfake.WithSubnets(subnetID)},
+		append([]armfake.Option{armfake.WithRole(f.role.Load), armfake.WithSubnets(subnetID)}, fakeOpts...),
 		func(c *azure.Config) {
 			c.SecurityGroupID = securityGroupID
 			if edit != nil {
@@ -134,4 +134,28 @@ func TestPreflightNamesAWrongSetting(t *testing.T) {
 			assert.Contains(t, err.Error(), tc.want)
 		})
 	}
+}
+
+// TestPreflightNeedsTheRoleAtBothScopes: the role assigned at the resource
+// group alone leaves the subnet (in the network's own group) without it;
+// the preflight names the subnet's action and scope. Assigned also at the
+// virtual network, as the README says, it passes.
+func TestPreflightNeedsTheRoleAtBothScopes(t *testing.T) {
+	group := "/subscriptions/" + armfake.DefaultSubscription + "/resourceGroups/" + armfake.DefaultResourceGroup
+	vnet := subnetID[:strings.Index(subnetID, "/subnets/")]
+	nsgGroup := securityGroupID[:strings.Index(securityGroupID, "/providers/")]
+
+	f := newRoleFake(t, shippedRole(t), nil, armfake.WithRoleScopes(group))
+	err := f.provider.Preflight(context.Background())
+	require.ErrorIs(t, err, provider.ErrAuth)
+	assert.Contains(t, err.Error(), "Microsoft.Network/virtualNetworks/subnets/read")
+	assert.Contains(t, err.Error(), subnetID)
+
+	f = newRoleFake(t, shippedRole(t), nil, armfake.WithRoleScopes(group, vnet))
+	err = f.provider.Preflight(context.Background())
+	require.ErrorIs(t, err, provider.ErrAuth, "the security group is not under the network")
+	assert.Contains(t, err.Error(), securityGroupID)
+
+	f = newRoleFake(t, shippedRole(t), nil, armfake.WithRoleScopes(group, vnet, nsgGroup))
+	require.NoError(t, f.provider.Preflight(context.Background()))
 }

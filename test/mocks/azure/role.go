@@ -141,9 +141,35 @@ func WithRole(role func() *Role) Option { return func(o *options) { o.role = rol
 // PrincipalID is the object id the fake's refusals name as the caller.
 const PrincipalID = "5c2f0d8e-caa0-4e11-9a7b-00000000ca11"
 
+// WithRoleScopes says where the role of WithRole is assigned: it grants
+// its actions only at these scopes and below them (ARM ids, compared case
+// insensitively, segment by segment). Without it the role holds at every
+// scope. Resource Graph's query, which has no scope of its own, is allowed
+// when the role grants its action anywhere.
+func WithRoleScopes(scopes ...string) Option {
+	return func(o *options) { o.roleScopes = slices.Clone(scopes) }
+}
+
+// covers reports whether the role is assigned at scope or above it.
+func (s *server) covers(scope string) bool {
+	if s.opts.roleScopes == nil || scope == "/" {
+		return true
+	}
+	scope = strings.ToLower(strings.TrimSuffix(scope, "/"))
+	return slices.ContainsFunc(s.opts.roleScopes, func(at string) bool {
+		at = strings.ToLower(strings.TrimSuffix(at, "/"))
+		return scope == at || strings.HasPrefix(scope, at+"/")
+	})
+}
+
+// grants reports whether the role grants action at scope.
+func (s *server) grants(action, scope string) bool {
+	return s.opts.role == nil || (s.covers(scope) && s.opts.role().Allows(action))
+}
+
 // authorize checks one action at scope; the error is ARM's answer.
 func (s *server) authorize(action, scope string) *apiError {
-	if s.opts.role == nil || s.opts.role().Allows(action) {
+	if s.grants(action, scope) {
 		return nil
 	}
 	return &apiError{http.StatusForbidden, "AuthorizationFailed", fmt.Sprintf(
@@ -154,7 +180,7 @@ func (s *server) authorize(action, scope string) *apiError {
 // authorizeLinked checks the join action on a resource that a write at
 // scope references.
 func (s *server) authorizeLinked(action, scope, joinAction, linked string) *apiError {
-	if s.opts.role == nil || s.opts.role().Allows(joinAction) {
+	if s.grants(joinAction, linked) {
 		return nil
 	}
 	return &apiError{http.StatusForbidden, "LinkedAuthorizationFailed", fmt.Sprintf(

@@ -170,3 +170,32 @@ func TestResourceGraphShowsOnlyReadableTypes(t *testing.T) {
 	_, n = count()
 	assert.Zero(t, n)
 }
+
+// TestRoleScopes: a role assigned at the group grants nothing at a subnet
+// in another group; assigned at the subnet's network too, it does.
+func TestRoleScopes(t *testing.T) {
+	all := &armfake.Role{Name: "all", Actions: []string{"*"}}
+	c := cloud.New(cloud.Options{Images: []string{platform}, Types: []string{size}})
+	for _, tc := range []struct {
+		scopes []string
+		subnet int
+	}{
+		{[]string{group}, http.StatusForbidden},
+		{[]string{strings.ToUpper(group), subnet[:strings.Index(subnet, "/subnets/")]}, http.StatusOK},
+	} {
+		srv := httptest.NewServer(armfake.NewServer(c, armfake.WithBearerToken(token), armfake.WithRole(func() *armfake.Role { return all }),
+			armfake.WithRoleScopes(tc.scopes...)))
+		f := &fake{t: t, cloud: c, url: srv.URL}
+		assert.Equal(t, http.StatusOK, f.do(http.MethodGet, group, nil).status, "%v", tc.scopes)
+		assert.Equal(t, http.StatusOK, f.do(http.MethodGet, group+"/providers/Microsoft.Authorization/permissions", nil).status)
+		r := f.do(http.MethodGet, subnet, nil)
+		assert.Equal(t, tc.subnet, r.status, "%v", tc.scopes)
+		r = f.do(http.MethodPut, nics+"/n1", nicBody())
+		if tc.subnet == http.StatusForbidden {
+			assert.Equal(t, "LinkedAuthorizationFailed", r.code(), "the subnet join is checked at the subnet")
+		} else {
+			assert.Equal(t, http.StatusCreated, r.status, r.raw)
+		}
+		srv.Close()
+	}
+}

@@ -71,8 +71,9 @@ func (s *server) getSubnet(w http.ResponseWriter, r *http.Request) {
 }
 
 // listPermissions answers the caller's permissions at a scope: the role's
-// actions and not-actions as one entry (every action, "*", without a
-// role), as ARM lists what every assignment at or above the scope grants.
+// actions and not-actions as one entry when it is assigned at or above the
+// scope, none otherwise (every action, "*", without a role), as ARM lists
+// what every assignment at or above the scope grants.
 // A resource scope in the served group must exist.
 func (s *server) listPermissions(w http.ResponseWriter, r *http.Request) {
 	scope, _ := permissionsScope(r)
@@ -83,7 +84,7 @@ func (s *server) listPermissions(w http.ResponseWriter, r *http.Request) {
 	}
 	entry := map[string][]string{"actions": {"*"}, "notActions": {}, "dataActions": {}, "notDataActions": {}}
 	if s.opts.role != nil {
-		if role := s.opts.role(); role != nil {
+		if role := s.opts.role(); role != nil && s.covers(scope) {
 			entry["actions"] = slices.Clone(role.Actions)
 			entry["notActions"] = append([]string{}, role.NotActions...)
 		} else {

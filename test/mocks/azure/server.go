@@ -100,6 +100,9 @@ type options struct {
 	graphPage int
 	// role, when set, authorizes every call (WithRole).
 	role func() *Role
+	// roleScopes, when set, are where the role is assigned
+	// (WithRoleScopes).
+	roleScopes []string
 	// tokenCheck, when set, decides which bearer tokens are good
 	// (WithAccessTokens).
 	tokenCheck func(token string) error
