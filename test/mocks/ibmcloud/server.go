@@ -7,7 +7,9 @@
 //
 // Routes:
 //
-//	POST   /identity/token      IAM: API key -> bearer token
+//	POST   /identity/token      IAM: API key, or a trusted profile's compute
+//	                            resource token (WithTrustedProfile) -> bearer
+//	                            token, valid until it expires or is revoked
 //	POST   /v1/instances        create (op "create")
 //	GET    /v1/instances        list, filters name, vpc.id, resource_group.id (op "list")
 //	GET    /v1/instances/{id}   (op "get")
@@ -15,6 +17,9 @@
 //	GET    /v1/volumes          list, filter tag (op "volume.list")
 //	GET    /v1/volumes/{id}     (op "volume.get")
 //	DELETE /v1/volumes/{id}     (op "volume.delete")
+//	GET    /v1/subnets/{id}, /v1/vpcs/{id}, /v1/security_groups/{id},
+//	       /v1/images/{id}      reads of what caa's configuration names
+//	                            (WithNetwork; ops "subnet.get", ...)
 //	POST   /v3/resources/search Global Search over the volumes' user tags
 //	                            (op "list", budget class "search"; search.go)
 //	       /_control/...        the core's test controls
@@ -29,6 +34,10 @@
 // implicit boot volume whose user tags are the instance's core tags, written
 // "key:value", so that a seeded core reads as a VPC account would.
 // Deleted instances vanish at once (VPC shows no terminated instances).
+//
+// With WithPolicies every VPC call is authorized against IAM access
+// policies (authz.go): a call outside them is 403 forbidden naming the
+// action, and listings and search leave out what the caller may not read.
 package vpcfake
 
 import (
