@@ -204,8 +204,8 @@ func requestAction(r *http.Request) (action, scope string, skip bool) {
 		return "Microsoft.ResourceGraph/resources/read", "/", false
 	case strings.Contains(lower, "/operations/"):
 		return "", "", true
-	case strings.HasSuffix(lower, "/providers/microsoft.authorization/permissions"):
-		return "Microsoft.Authorization/permissions/read", strings.TrimSuffix(path, path[len(path)-len("/providers/Microsoft.Authorization/permissions"):]), false
+	case strings.HasSuffix(lower, permissionsSuffix):
+		return "Microsoft.Authorization/permissions/read", path[:len(path)-len(permissionsSuffix)], false
 	case strings.Contains(lower, "/microsoft.compute/virtualmachines"):
 		return "Microsoft.Compute/virtualMachines/" + verb, path, false
 	case strings.Contains(lower, "/microsoft.network/networkinterfaces"):

@@ -34,6 +34,18 @@
 // per-user limit (ClassGraphUser) with a 429. Its index lags the VMs by
 // WithSearchLag on the fake's clock (WithClock), 0 by default.
 //
+// Identity and authorization. WithBearerToken takes one token,
+// WithAccessTokens a check (Entra.Check: the short-lived tokens of the fake
+// Entra ID in entra.go, which verifies a federated ServiceAccount token as
+// workload identity does). WithRole authorizes every call against a custom
+// role definition (role.go, the JSON of deploy/overlays/azure/role.json):
+// AuthorizationFailed naming the action and scope, LinkedAuthorizationFailed
+// for the join actions a NIC or VM write needs on what it references, and
+// Resource Graph rows only of the types the role may read; WithRoleScopes
+// says where it is assigned. The fake also serves what caa's preflight
+// reads (scopes.go): the resource group, subnets (WithSubnets), and
+// Microsoft.Authorization/permissions at any scope, from the role.
+//
 // Every request is counted by the core's Admit: the four provider calls under
 // cloud.OpCreate, OpGet, OpList and OpDelete (a Resource Graph query is a
 // list), the rest under the Op* constants below. The test controls are
