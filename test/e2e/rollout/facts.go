@@ -96,7 +96,7 @@ func reconcilerFact(tl Timeline, o Outcome, rows []NodeRow) string {
 		}
 		text := fmt.Sprintf("%s %s (%s to %s)", n, seconds(w[0].Len()), since(o.Start, w[0].From), since(o.Start, w[0].To))
 		if r.CaaGap > 0 {
-			text += fmt.Sprintf(", of which the hand-over gap caa reported: %s", seconds(r.CaaGap))
+			text += fmt.Sprintf(", of which the hand-over gap caa reported: %s", millis(r.CaaGap))
 		}
 		each = append(each, text)
 		switch {

@@ -79,15 +79,15 @@ func (r Report) Markdown() string {
 func (r Report) table(b *strings.Builder) {
 	b.WriteString("Times are seconds after the image change (T0); nodes in the order their old caa was told to stop " +
 		"(asked to hand over, or its pod's deletion). \"No reconciling caa\" is the window in which no caa process of the node " +
-		"answered ready on /status without handing its ledger over, as polled; \"hand-over gap\" is what the new caa reported itself, from the old caa " +
-		"stopping work to its own readiness.\n\n")
+		"answered ready on /status without handing its ledger over, as polled; \"hand-over gap\" is what caa reported itself, from the old caa " +
+		"stopping work to the new caa's reconciler starting on the ledger (before its startup pass).\n\n")
 	b.WriteString("| node | old caa pod | old caa told to stop | new caa pod | new caa ready | no reconciling caa | hand-over gap | " +
 		"node without a Ready caa pod | new pod Ready | old pod gone | peer pods | VMs adopted | VMs recreated | VMs of added pods | caa time to ready |\n")
 	b.WriteString("|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, row := range r.Rows {
 		fmt.Fprintf(b, "| %s | %s | %s | %s | %s | %s | %s | %s | %s | %s | %d | %d | %d | %d | %s |\n",
 			row.Node, row.OldPod, r.at(row.OldStopAt), row.NewPod, r.at(row.CaaReadyAt), r.window(row.NoReconciler),
-			seconds(row.CaaGap), seconds(row.PodGap), r.at(row.NewReadyAt), r.at(row.OldGoneAt),
+			millis(row.CaaGap), seconds(row.PodGap), r.at(row.NewReadyAt), r.at(row.OldGoneAt),
 			row.PeerPods, row.Adopted, row.Recreated, row.Added, seconds(row.CaaTimeToReady))
 	}
 }
@@ -110,6 +110,15 @@ func (r Report) at(t time.Time) string {
 		return "—"
 	}
 	return fmt.Sprintf("%+.1fs", t.Sub(r.Start).Seconds())
+}
+
+// millis is d to the millisecond, for the hand-over gap caa reports,
+// which is often a few milliseconds.
+func millis(d time.Duration) string {
+	if d == 0 {
+		return "—"
+	}
+	return d.Round(time.Millisecond).String()
 }
 
 func seconds(d time.Duration) string {

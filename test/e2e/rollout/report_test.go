@@ -119,7 +119,7 @@ func TestReportMarkdown(t *testing.T) {
 	}
 	md := r.Markdown()
 	assert.Contains(t, md, "# caa rollout: 2 nodes\n")
-	assert.Contains(t, md, "| node-a | a1 | +1.0s | a2 | +4.8s | 3.60s (+1.2s to +4.8s) | 3.00s | 4.00s | +5.0s | +3.0s | 11 | 10 | 0 | 1 | 1.20s |\n")
+	assert.Contains(t, md, "| node-a | a1 | +1.0s | a2 | +4.8s | 3.60s (+1.2s to +4.8s) | 3s | 4.00s | +5.0s | +3.0s | 11 | 10 | 0 | 1 | 1.20s |\n")
 	assert.Contains(t, md, "| node-b | b1 | +6.0s | b2 | — | — | — | — | +10.0s | +7.0s | 10 | 7 | 3 | 0 | — |\n")
 	assert.Contains(t, md, "- at most 1 node without a ready caa\n")
 	assert.Contains(t, md, "](rollout-timeline.svg)")
