@@ -61,7 +61,19 @@ type nodeDaemon struct {
 	requests chan *handover.Request // set while hold takes requests
 	refusal  string                 // why requests are refused otherwise
 	listener *handover.Listener
+	// failed holds, by pod name, the hand-overs that failed and until
+	// when that pod is refused: a new pod whose container the kubelet
+	// restarts must not cost the node another ready timeout each time.
+	failed map[string]failedHandover
 }
+
+type failedHandover struct {
+	reason string
+	until  time.Time
+}
+
+// failedCooldown is how long a pod whose hand-over failed is refused.
+func (n *nodeDaemon) failedCooldown() time.Duration { return 5 * n.f.handoverReady }
 
 // holdEnd says how a hold ended.
 type holdEnd int
@@ -373,6 +385,7 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 			n.refuse("this caa is handing the ledger over to " + req.From.String())
 			log.Info("hand-over requested: stopping work and releasing the ledger", "to", req.From.String())
 			n.status.SetHandover(health.Handover{Role: health.RoleHandedOver, Peer: req.From.String(), Outcome: health.HandoverUnderway, StartedAt: asked})
+			n.events.NodeEvent(f.node, false, "CaaHandingOver", fmt.Sprintf("caa %s is handing the ledger over to %s", n.me, req.From))
 			epoch := led.Meta().OpenEpoch
 			stopWork()
 			stopped := time.Now()
@@ -398,6 +411,14 @@ func (n *nodeDaemon) afterRelease(ctx context.Context, out holdOutcome) bool {
 		n.status.SetHandover(health.Handover{Role: health.RoleHandedOver, Peer: peer, Outcome: health.HandoverHandedBack,
 			Reason: reason, StartedAt: out.asked, Took: health.Duration(time.Since(out.asked))})
 		n.events.NodeEvent(n.f.node, true, "CaaHandedBack", fmt.Sprintf("caa %s took the ledger back from %s: %s", n.me, peer, reason))
+		if pod := out.req.From.Pod; pod != "" {
+			n.mu.Lock()
+			if n.failed == nil {
+				n.failed = map[string]failedHandover{}
+			}
+			n.failed[pod] = failedHandover{reason: reason, until: time.Now().Add(n.failedCooldown())}
+			n.mu.Unlock()
+		}
 		return false
 	}
 	if out.releaseErr != nil {
@@ -519,6 +540,14 @@ func (n *nodeDaemon) refuse(reason string) {
 func (n *nodeDaemon) handle(r *handover.Request) {
 	n.mu.Lock()
 	ch, reason := n.requests, n.refusal
+	if f, ok := n.failed[r.From.Pod]; ok && ch != nil {
+		if time.Now().Before(f.until) {
+			ch, reason = nil, fmt.Sprintf("pod %s failed a hand-over (%s); it is refused until %s: roll back, or delete the pod to try a new one at once",
+				r.From.Pod, f.reason, f.until.UTC().Format(time.RFC3339))
+		} else {
+			delete(n.failed, r.From.Pod)
+		}
+	}
 	n.mu.Unlock()
 	if ch != nil {
 		t := time.NewTimer(2 * time.Second)

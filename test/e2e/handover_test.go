@@ -340,6 +340,15 @@ func TestHandbackWhenTheNewCaaFails(t *testing.T) {
 	requireOneEach(t, core, pods, time.Minute)
 	v2.stop(t)
 
+	// The kubelet restarts the failed pod's container: the same pod asks
+	// again and is refused for a while, so the node keeps its reconciler.
+	again := launchCaa(t, c, node, ledgerPath, "v2-restarted", append(f2.args(), "--pod-name", "caa-v2", "--shutdown-grace", "1s"), awsEnv())
+	require.Eventually(t, func() bool { return strings.Contains(again.readyBody(), "failed a hand-over") }, time.Minute, condPoll,
+		"the pod that failed a hand-over is refused")
+	assert.Equal(t, http.StatusOK, v1.readyz())
+	assert.Equal(t, health.HandoverHandedBack, v1.handoverOutcome(), "no new hand-over began")
+	again.stop(t)
+
 	// A new version killed after the release: the old caa sees the
 	// connection drop and takes the ledger back at once.
 	f3 := newFront(t, ec2)
