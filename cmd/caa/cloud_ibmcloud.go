@@ -23,6 +23,7 @@ func ibmcloudCloud() *cloud {
 			if err != nil {
 				return nil, cloudDefaults{}, err
 			}
+			log.Info("ibmcloud credentials", "route", p.Credentials())
 			return p, cloudDefaults{instanceType: cfg.InstanceType, image: cfg.Image}, nil
 		},
 	}

@@ -197,6 +197,7 @@ func TestIBMCloudIdentityTrustedProfile(t *testing.T) {
 	d := launchCaa(t, c, node, ledgerPath, "ibmcloud trusted profile", ic.args, ic.env)
 	d.waitReady(t, func() { assert.Len(t, ibmLiveVMs(t, ic.core), 3, "at the first 200 every pod has its VM") })
 	require.Positive(t, ic.usedSince(0), "VPC accepted the access tokens the profile was issued")
+	assert.Contains(t, d.logs.String(), "trusted profile "+ibmProfileName, "caa says which credential route it uses")
 
 	// Rotation: a new CR token; the old one is refused from now on.
 	old, err := os.ReadFile(ic.tokenAt)

@@ -218,7 +218,9 @@ func TestTrustedProfileRoute(t *testing.T) {
 		assert.Equal(t, "https://iam.sdk.example", ca.URL)
 		p, err := New(t.Context(), Config{Region: "us-south", Zone: "us-south-1", SubnetID: "s", BootVolumeProfile: "general-purpose"})
 		require.NoError(t, err)
-		assert.Equal(t, defaultCRTokenFile, p.crTokenFile, "the preflight looks where IBM's Kubernetes service projects the token")
+		assert.Equal(t, defaultCRTokenFiles, p.crTokenFiles, "the preflight looks where the SDK looks")
+		assert.Contains(t, p.Credentials(), "caa-peer-pods")
+		assert.Contains(t, p.Credentials(), "/var/run/secrets/tokens/sa-token")
 	})
 	t.Run("IBMCLOUD_REGION alone selects nothing", func(t *testing.T) {
 		isolateCredentials(t)

@@ -117,6 +117,7 @@ func TestPreflightUnderTheShippedPolicies(t *testing.T) {
 	r := newProfileRig(t, wallClockOptions(), time.Hour)
 	require.NoError(t, r.p.Preflight(context.Background()))
 	assert.Equal(t, int64(1), r.profile.Issued.Load(), "one token exchange for every check")
+	assert.Equal(t, "trusted profile "+profileID+" with the compute-resource token in "+r.file+" (IBMCLOUD_AUTH_TYPE=container)", r.p.Credentials())
 }
 
 // TestPreflightNamesEachMissingReadGrant takes each grant out in turn:

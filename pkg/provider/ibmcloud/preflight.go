@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"sync"
 
@@ -19,11 +20,25 @@ const (
 	opPreflight = "preflight"
 	// policyFile is where the access policies caa needs are written down.
 	policyFile = "deploy/overlays/ibmcloud/access-policies.json"
-	// defaultCRTokenFile is the file IBM's Kubernetes service projects the
-	// compute-resource token to, the SDK's second default (its first,
-	// vault-token, is for IBM's own pods).
-	defaultCRTokenFile = "/var/run/secrets/tokens/sa-token"
 )
+
+// defaultCRTokenFiles are where the SDK's ContainerAuthenticator looks for
+// the compute-resource token when IBMCLOUD_CR_TOKEN_FILENAME is not set,
+// in its order; the second is where IBM's Kubernetes service projects it.
+var defaultCRTokenFiles = []string{
+	"/var/run/secrets/tokens/vault-token",
+	"/var/run/secrets/tokens/sa-token",
+	"/var/run/secrets/codeengine.cloud.ibm.com/compute-resource-token/token",
+}
+
+func readable(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	_ = f.Close()
+	return true
+}
 
 var _ provider.Preflighter = (*Provider)(nil)
 
@@ -47,12 +62,11 @@ var _ provider.Preflighter = (*Provider)(nil)
 // actions, Viewer on the resource group) cannot be read without making
 // something, and shows at the first create, with the action VPC names.
 func (p *Provider) Preflight(ctx context.Context) error {
-	if p.crTokenFile != "" {
-		if _, err := os.Stat(p.crTokenFile); err != nil {
-			return &provider.Error{Kind: provider.ErrAuth, Provider: providerName, Op: opPreflight, Code: "cr_token_unreadable",
-				Message: fmt.Sprintf("the trusted profile's compute-resource token file %s (%s) cannot be read: mount the projected ServiceAccount token there (deploy/overlays/ibmcloud/README.md)",
-					p.crTokenFile, EnvCRTokenFile), Err: err}
-		}
+	if len(p.crTokenFiles) > 0 && !slices.ContainsFunc(p.crTokenFiles, readable) {
+		_, err := os.Stat(p.crTokenFiles[0])
+		return &provider.Error{Kind: provider.ErrAuth, Provider: providerName, Op: opPreflight, Code: "cr_token_unreadable",
+			Message: fmt.Sprintf("the trusted profile's compute-resource token file %s (%s) cannot be read: mount the projected ServiceAccount token there (deploy/overlays/ibmcloud-trusted-profile)",
+				strings.Join(p.crTokenFiles, " or "), EnvCRTokenFile), Err: err}
 	}
 	// The checks go out together (the SDK makes one token exchange for
 	// them all), so a start waits about two round trips, not one per

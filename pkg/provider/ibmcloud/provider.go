@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"net/http"
+	"strings"
 	"time"
 	"unicode/utf8"
 
@@ -42,9 +43,12 @@ type Provider struct {
 	api    vpcAPI
 	search searchAPI
 	cfg    Config
-	// crTokenFile is the compute-resource token file of the trusted
-	// profile route, for Preflight ("" on other routes).
-	crTokenFile string
+	// crTokenFiles are where the trusted-profile route looks for its
+	// compute-resource token, the first found being used (nil on other
+	// routes), for Preflight.
+	crTokenFiles []string
+	// route describes the credential route, for the log; no secret.
+	route string
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -79,14 +83,32 @@ func New(_ context.Context, cfg Config) (*Provider, error) {
 		return nil, fmt.Errorf("ibmcloud: Global Search client for %s: %w", searchURL, err)
 	}
 	p := &Provider{api: svc, search: gs, cfg: cfg}
-	if ca, ok := auth.(*core.ContainerAuthenticator); ok {
-		p.crTokenFile = ca.CRTokenFilename
-		if p.crTokenFile == "" {
-			p.crTokenFile = defaultCRTokenFile
+	switch a := auth.(type) {
+	case *core.ContainerAuthenticator:
+		p.crTokenFiles = []string{a.CRTokenFilename}
+		if a.CRTokenFilename == "" {
+			p.crTokenFiles = defaultCRTokenFiles
 		}
+		profile := a.IAMProfileID
+		if profile == "" {
+			profile = a.IAMProfileName
+		}
+		p.route = fmt.Sprintf("trusted profile %s with the compute-resource token in %s (%s=container)",
+			profile, strings.Join(p.crTokenFiles, " or "), EnvAuthType)
+	case *core.IamAuthenticator:
+		p.route = "IAM API key"
+		if cfg.APIKeyFile != "" {
+			p.route += " from " + cfg.APIKeyFile
+		}
+	default:
+		p.route = "the IBM SDK's " + auth.AuthenticationType() + " authenticator"
 	}
 	return p, nil
 }
+
+// Credentials says which credential route the provider uses (never a key
+// or token), for the daemon's log at start.
+func (p *Provider) Credentials() string { return p.route }
 
 // Name is "ibmcloud".
 func (p *Provider) Name() string { return providerName }
