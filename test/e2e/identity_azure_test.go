@@ -181,7 +181,9 @@ func TestAzureIdentityWorkloadIdentity(t *testing.T) {
 		"tokens keep being renewed after the rotation")
 	assert.Equal(t, http.StatusOK, d.readyz(), "still ready")
 	status := httpGet(t, d.health+"/status")
-	t.Logf("workload identity: %d access tokens issued (%d at ready), %d requests refused", entra.Issued.Load(), atReady, entra.Refused.Load())
+	t.Logf("workload identity: %d access tokens issued (%d at ready, %d for the rotated file's token: azidentity rereads the file every 10 minutes), %d requests refused",
+		entra.Issued.Load(), atReady, entra.IssuedFor(rotated), entra.Refused.Load())
+	assert.ErrorIs(t, entra.Check(entra.Tokens()[0]), armfake.ErrAccessTokenExpired, "the first access token expired during the run")
 	d.stop(t)
 	assert.NotContains(t, d.logs.String(), "AuthorizationFailed", "no call was refused by the role")
 
