@@ -5,6 +5,7 @@ package main
 import (
 	"context"
 	"log/slog"
+	"os"
 
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/provider/azure"
@@ -19,6 +20,9 @@ func azureCloud() *cloud {
 			if err := cfg.Validate(); err != nil {
 				return nil, cloudDefaults{}, err
 			}
+			// Which credential route the SDK's chain will take: names and
+			// paths, never a secret or a token.
+			log.InfoContext(ctx, "azure credential route", "route", azure.CredentialRoute(os.Getenv))
 			p, err := azure.New(ctx, *cfg, azure.WithLogger(log))
 			if err != nil {
 				return nil, cloudDefaults{}, err

@@ -186,6 +186,7 @@ func TestAzureIdentityWorkloadIdentity(t *testing.T) {
 	assert.ErrorIs(t, entra.Check(entra.Tokens()[0]), armfake.ErrAccessTokenExpired, "the first access token expired during the run")
 	d.stop(t)
 	assert.NotContains(t, d.logs.String(), "AuthorizationFailed", "no call was refused by the role")
+	assert.Contains(t, d.logs.String(), "workload identity (client "+azureClientID, "caa logs its credential route")
 
 	// Invariant I7: no federated or access token anywhere caa writes.
 	for i, tok := range entra.Tokens() {
