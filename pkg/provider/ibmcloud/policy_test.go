@@ -14,11 +14,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/provider/ibmcloud"
-	"github.com/caa-project/caa/pkg/reconcile"
 	"github.com/caa-project/caa/test/conformance"
+	"github.com/caa-project/caa/test/lifetest"
 	"github.com/caa-project/caa/test/mocks/cloud"
 	vpcfake "github.com/caa-project/caa/test/mocks/ibmcloud"
 )
@@ -238,101 +237,42 @@ func TestTokensRotateWithoutARestart(t *testing.T) {
 	}
 }
 
-// policyLife is one node on the trusted-profile route under the shipped
-// policies: a ledger, the real reconciler and its pods.
-type policyLife struct {
-	t     *testing.T
-	r     *profileRig
-	clock *testClock
-	path  string
-	led   *ledger.Ledger
-	rec   *reconcile.Reconciler
-	pods  []*reconcile.Pod
-}
-
 const policyNode = "node-policy"
 
-func newPolicyLife(t *testing.T) *policyLife {
-	clk := &testClock{now: time.Now()}
+// lifeConfig is one node on the trusted-profile route under the shipped
+// policies, on a fake whose clock is the node's.
+func lifeConfig(t *testing.T) lifetest.Config {
+	clk := lifetest.NewClock(time.Now())
 	opts := conformance.Options(nil)
 	opts.Now = clk.Now
-	l := &policyLife{t: t, r: newProfileRig(t, opts, time.Hour), clock: clk, path: filepath.Join(t.TempDir(), "ledger.db")}
-	l.open()
-	for i := range 3 {
-		l.pods = append(l.pods, &reconcile.Pod{UID: fmt.Sprintf("uid-%d", i), Namespace: "team", Name: fmt.Sprintf("pod-%d", i), RuntimeClass: "kata-remote"})
+	r := newProfileRig(t, opts, time.Hour)
+	full := r.policy.Load()
+	grants := map[string]vpcfake.Grant{}
+	for _, g := range full.Grants() {
+		grants[g.String()] = g
 	}
-	return l
-}
-
-// open opens the ledger and a new reconciler on it: a restart of caa.
-func (l *policyLife) open() {
-	if l.led != nil {
-		require.NoError(l.t, l.led.Close())
+	require.Len(t, grants, len(full.Grants()), "each grant has its own name")
+	return lifetest.Config{
+		Provider: r.p, Cloud: r.cloud, Clock: clk, Name: "ibmcloud", Events: noEvents{},
+		Cluster: conformance.Cluster, Node: policyNode, Type: conformance.TypeSmall, Image: conformance.ImageGood,
+		ConfirmMissing: 2 * time.Second,
+		PreflightFirst: true,
+		// The fake's tags are its own: a VM's pod is read through the SDK.
+		OwnersByList: true,
+		// An orphan: a VM tagged for this node whose pod is gone, made
+		// through the provider.
+		Orphan: func(t *testing.T) string {
+			orphan, err := r.p.Create(context.Background(), provider.Spec{Key: "uid-gone-a1", Cluster: conformance.Cluster, Node: policyNode,
+				PodUID: "uid-gone", PodNamespace: "team", PodName: "gone", InstanceType: conformance.TypeSmall, Image: conformance.ImageGood})
+			require.NoError(t, err)
+			return orphan.ID
+		},
+		Logs: r.logs, Refused: "forbidden",
+		Deny:    func(grant string) { r.policy.Store(full.Without(grants[grant])) },
+		Restore: func() { r.policy.Store(full) },
+		// Looking lists through the SDK: around the policies.
+		Lift: func() { r.policy.Store(nil) },
 	}
-	led, err := ledger.Open(ledger.Options{Path: l.path, Node: policyNode, Cluster: conformance.Cluster, Timeout: time.Second, Now: l.clock.Now})
-	require.NoError(l.t, err)
-	l.t.Cleanup(func() { _ = led.Close() })
-	l.led = led
-	ex := &reconcile.Executor{Ledger: led, Provider: l.r.p, Events: noEvents{}, Cluster: conformance.Cluster, Node: policyNode,
-		RetryBase: time.Millisecond, RetryMax: time.Millisecond, Now: l.clock.Now}
-	l.rec = &reconcile.Reconciler{Exec: ex, Config: reconcile.Config{
-		Spec:           provider.SpecConfig{DefaultType: conformance.TypeSmall, DefaultImage: conformance.ImageGood},
-		ConfirmMissing: 2 * time.Second, Provider: "ibmcloud",
-	}, OrphanGrace: time.Minute, Now: l.clock.Now}
-}
-
-func (l *policyLife) pass() reconcile.PassResult {
-	l.clock.Advance(time.Second)
-	return l.rec.Pass(context.Background(), l.pods, true)
-}
-
-// converge runs passes until one converges with nothing left to do, and
-// returns the cloud writes they made.
-func (l *policyLife) converge(what string) int {
-	l.t.Helper()
-	writes := 0
-	for range 10 {
-		res := l.pass()
-		require.NoError(l.t, res.Err, "%s: pass error", what)
-		writes += res.CloudWrites
-		if res.Converged() && res.CloudWrites == 0 && len(res.Orphans) == 0 {
-			return writes
-		}
-	}
-	l.t.Fatalf("%s: no convergence in 10 passes", what)
-	return 0
-}
-
-// vms maps each pod UID to its live VM, failing on a pod with two.
-func (l *policyLife) vms() map[string]string {
-	l.t.Helper()
-	vms, err := l.r.p.List(context.Background(), provider.Selector{Cluster: conformance.Cluster, Node: policyNode})
-	require.NoError(l.t, err)
-	out := map[string]string{}
-	for _, in := range l.r.cloud.Live() {
-		for _, vm := range vms {
-			if vm.ID != in.ID {
-				continue
-			}
-			uid := vm.Owner().PodUID
-			if old, dup := out[uid]; dup {
-				l.t.Errorf("pod %s has two live VMs: %s and %s", uid, old, in.ID)
-			}
-			out[uid] = in.ID
-		}
-	}
-	require.Len(l.t, out, len(l.r.cloud.Live()), "every live VM is listed")
-	return out
-}
-
-func (l *policyLife) records() map[string]string {
-	rs, err := l.led.List(ledger.Filter{})
-	require.NoError(l.t, err)
-	out := map[string]string{}
-	for _, r := range rs {
-		out[r.PodUID] = r.VMID
-	}
-	return out
 }
 
 // TestWholeLifeUnderTheShippedPolicies: start and create, restart and
@@ -341,63 +281,7 @@ func (l *policyLife) records() map[string]string {
 // trusted-profile route under exactly deploy/overlays/ibmcloud's
 // policies, none refused.
 func TestWholeLifeUnderTheShippedPolicies(t *testing.T) {
-	l := newPolicyLife(t)
-	ctx := context.Background()
-	require.NoError(t, l.r.p.Preflight(ctx))
-
-	assert.Equal(t, 3, l.converge("start"))
-	first := l.vms()
-	assert.Len(t, first, 3)
-	assert.Equal(t, first, l.records())
-
-	l.open()
-	assert.Zero(t, l.converge("adopt"), "adopting writes nothing")
-	assert.Equal(t, first, l.vms())
-
-	require.NoError(t, l.r.cloud.Kill(first["uid-1"]))
-	assert.Equal(t, 1, l.converge("recreate"))
-	now := l.vms()
-	assert.NotEqual(t, first["uid-1"], now["uid-1"])
-	assert.Equal(t, first["uid-0"], now["uid-0"])
-
-	l.pods = l.pods[:2]
-	assert.Equal(t, 1, l.converge("delete"))
-	assert.Len(t, l.vms(), 2)
-
-	// An orphan: a VM tagged for this node whose pod is gone.
-	orphan, err := l.r.p.Create(ctx, provider.Spec{Key: "uid-gone-a1", Cluster: conformance.Cluster, Node: policyNode,
-		PodUID: "uid-gone", PodNamespace: "team", PodName: "gone", InstanceType: conformance.TypeSmall, Image: conformance.ImageGood})
-	require.NoError(t, err)
-	res := l.pass()
-	require.NoError(t, res.Err)
-	require.Len(t, res.Orphans, 1, "the orphan waits out its grace")
-	l.clock.Advance(2 * time.Minute)
-	res = l.pass()
-	require.NoError(t, res.Err)
-	assert.Equal(t, 1, res.OrphansDeleted)
-	assert.NotContains(t, l.vms(), "uid-gone", "orphan %s deleted", orphan.ID)
-
-	// rebuild: what `caa ledger rebuild` does, one listing then adopt.
-	before := l.vms()
-	require.NoError(t, l.led.Close())
-	l.led = nil
-	l.path = filepath.Join(t.TempDir(), "rebuilt.db")
-	l.open()
-	vms, err := l.r.p.List(ctx, provider.Selector{Cluster: conformance.Cluster, Node: policyNode})
-	require.NoError(t, err)
-	for _, vm := range vms {
-		for _, p := range l.pods {
-			if vm.State.Alive() && p.UID == vm.Owner().PodUID {
-				_, err := l.rec.Exec.Apply(ctx, reconcile.Input{Pod: p, VM: &vm},
-					reconcile.Action{Kind: reconcile.KindAdopt, Reason: reconcile.ReasonRebuilt})
-				require.NoError(t, err)
-			}
-		}
-	}
-	assert.Equal(t, before, l.records())
-	assert.Zero(t, l.converge("after rebuild"))
-	assert.Equal(t, before, l.vms())
-	assert.NotContains(t, l.r.logs(), "forbidden")
+	lifetest.WholeLife(t, lifeConfig(t))
 }
 
 // TestEachMissingGrantStopsTheNodeAndLosesNothing takes each grant of the
@@ -407,52 +291,9 @@ func TestWholeLifeUnderTheShippedPolicies(t *testing.T) {
 // crashes, no VM is deleted or made twice and no record lost; once the
 // grant is back, the same reconciler converges.
 func TestEachMissingGrantStopsTheNodeAndLosesNothing(t *testing.T) {
-	full := shippedPolicies(t)
-	for _, g := range full.Grants() {
-		t.Run(g.String(), func(t *testing.T) {
-			l := newPolicyLife(t)
-			third := l.pods[2]
-			l.pods = l.pods[:2]
-			l.converge("start")
-			before := l.vms()
-			l.pods = []*reconcile.Pod{l.pods[0], third}
-
-			l.r.policy.Store(full.Without(g))
-			var res reconcile.PassResult
-			for range 3 {
-				res = l.pass()
-				if res.Err != nil {
-					break
-				}
-			}
-			require.Error(t, res.Err, "a pass without %s fails", g)
-			assert.ErrorIs(t, res.Err, reconcile.ErrDaemon, "a missing grant blocks the node")
-			assert.ErrorIs(t, res.Err, provider.ErrAuth)
-			assert.Contains(t, res.Err.Error(), g.ActionPrefix(), "the error names the action")
-			assert.False(t, res.Converged())
-			t.Logf("without %s: %v", g, res.Err)
-			// Nothing lost, nothing made twice.
-			l.r.policy.Store(nil)
-			now := l.vms()
-			assert.Equal(t, before["uid-0"], now["uid-0"])
-			assert.Equal(t, before["uid-0"], l.records()["uid-0"])
-			assert.LessOrEqual(t, len(now), 3)
-
-			l.r.policy.Store(full)
-			l.converge("the grant given back")
-			l.r.policy.Store(nil)
-			after := l.vms()
-			assert.ElementsMatch(t, []string{"uid-0", "uid-2"}, keysOf(after))
-			assert.Equal(t, before["uid-0"], after["uid-0"], "the kept pod's VM was never replaced")
-			assert.Equal(t, after, l.records())
-		})
+	var perms []lifetest.Permission
+	for _, g := range shippedPolicies(t).Grants() {
+		perms = append(perms, lifetest.Permission{Name: g.String(), Named: g.ActionPrefix()})
 	}
-}
-
-func keysOf(m map[string]string) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	return out
+	lifetest.EachMissing(t, perms, lifetest.Missing{Noun: "grant", Passes: 3}, lifeConfig)
 }
