@@ -1,17 +1,12 @@
 package deploy_test
 
 import (
-	"context"
-	"os"
 	"path/filepath"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
-
-	"github.com/caa-project/caa/test/e2e/cluster"
 )
 
 // ibmTrustedProfile is the overlay that runs caa on an IBM Cloud trusted
@@ -32,31 +27,16 @@ const ibmTrustedProfile = "overlays/ibmcloud-trusted-profile"
 func TestIBMCloudTrustedProfileOverlay(t *testing.T) {
 	needBinaries(t)
 	bin := kubectl(t)
-	pairs := map[string][2][]byte{"alone": {render(t, bin, "overlays/ibmcloud"), render(t, bin, ibmTrustedProfile)}}
-	for _, component := range components {
-		pairs[component] = [2][]byte{withComponent(t, bin, "overlays/ibmcloud", component), withComponent(t, bin, ibmTrustedProfile, component)}
-	}
-	for name, pair := range pairs {
+	for name, pair := range withComponents(t, bin, "overlays/ibmcloud", ibmTrustedProfile) {
 		t.Run(name, func(t *testing.T) {
-			static, keyless := decode(t, pair[0]), decode(t, pair[1])
-			require.Len(t, keyless, len(static), "the overlay renders the objects of overlays/ibmcloud")
-			for i, want := range static {
-				want, got := want.DeepCopy(), keyless[i].DeepCopy()
-				if want.GetKind() == "DaemonSet" {
-					dropSecretRefs(t, want)
+			assertOnlyCredentialsDiffer(t, "the overlay", "overlays/ibmcloud", decode(t, pair[0]), decode(t, pair[1]), func(t *testing.T, got *unstructured.Unstructured) {
+				if got.GetKind() == "DaemonSet" {
 					checkTrustedProfileRoute(t, got)
 				}
-				assert.Equal(t, want.Object, got.Object, "%s %s differs from overlays/ibmcloud beyond the credentials", want.GetKind(), want.GetName())
-			}
-			for _, o := range keyless {
-				assert.Empty(t, findKeys(o.Object, "secretRef", "secretKeyRef"), "%s %s reads a Secret", o.GetKind(), o.GetName())
-				assert.NotEqual(t, "Secret", o.GetKind())
-			}
+			})
 		})
 	}
-	readme, err := os.ReadFile(filepath.Join(deployDir(t), ibmTrustedProfile, "README.md"))
-	require.NoError(t, err)
-	assert.Contains(t, string(readme), "../ibmcloud/access-policies.json", "the README says where the policies are")
+	assertReadmeSays(t, ibmTrustedProfile, "../ibmcloud/access-policies.json", "the README says where the policies are")
 }
 
 // checkTrustedProfileRoute checks what the overlay adds to the DaemonSet
@@ -123,16 +103,5 @@ func checkTrustedProfileRoute(t *testing.T, ds *unstructured.Unstructured) {
 // TestIBMCloudTrustedProfileOverlayOnTheAPIServer dry-runs the overlay
 // against a real kube-apiserver.
 func TestIBMCloudTrustedProfileOverlayOnTheAPIServer(t *testing.T) {
-	needBinaries(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	bin := kubectl(t)
-	c := cluster.Start(ctx, t)
-	require.NoError(t, c.EnsureNamespace(ctx, namespace))
-	out, err := runKubectl(ctx, bin, render(t, bin, ibmTrustedProfile), "--kubeconfig", c.Kubeconfig(),
-		"apply", "--server-side", "--dry-run=server", "--field-manager=caa-deploy-test", "-f", "-")
-	require.NoError(t, err, "refused by the apiserver")
-	for _, obj := range []string{"daemonset.apps/caa", "serviceaccount/caa", "configmap/caa-config-"} {
-		assert.Contains(t, string(out), obj)
-	}
+	dryRunOnTheAPIServer(t, ibmTrustedProfile)
 }
