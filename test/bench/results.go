@@ -207,6 +207,9 @@ func mergeInto(dir string, res Results) (Results, error) {
 			"load average before: %s; after: %s.", res.Started.UTC().Format("2006-01-02 15:04 MST"), strings.ToLower(sc.ID),
 			sc.Took, res.LoadBefore, res.LoadAfter)
 		if i := slices.IndexFunc(old.Scenarios, func(o Scenario) bool { return o.ID == sc.ID }); i >= 0 {
+			if sc.Pivot && old.Scenarios[i].Pivot {
+				sc = mergeByCloud(old.Scenarios[i], sc)
+			}
 			old.Scenarios[i] = sc
 		} else {
 			old.Scenarios = append(old.Scenarios, sc)
@@ -219,4 +222,70 @@ func mergeInto(dir string, res Results) (Results, error) {
 		old.GoBench = res.GoBench
 	}
 	return old, nil
+}
+
+// cloudOf is the cloud a pivot scenario's case or detail begins with.
+func cloudOf(s string) string {
+	if i := strings.IndexAny(s, ",:"); i >= 0 {
+		return s[:i]
+	}
+	return s
+}
+
+// mergeByCloud is a pivot scenario (one column per cloud) whose clouds
+// measured in next (a row with runs) come from next and the others from
+// prev: a run on one cloud replaces that cloud's figures only.
+func mergeByCloud(prev, next Scenario) Scenario {
+	measured := map[string]bool{}
+	var order []string
+	for _, r := range prev.Rows {
+		if c := cloudOf(r.Case); !slices.Contains(order, c) {
+			order = append(order, c)
+		}
+	}
+	for _, r := range next.Rows {
+		c := cloudOf(r.Case)
+		if len(r.Runs) > 0 {
+			measured[c] = true
+		}
+		if !slices.Contains(order, c) {
+			order = append(order, c)
+		}
+	}
+	var kept []string
+	for _, c := range order {
+		if !measured[c] {
+			kept = append(kept, c)
+		}
+	}
+	if len(kept) == 0 {
+		return next
+	}
+	out := next
+	out.Rows, out.Details = nil, nil
+	for _, c := range order {
+		from := prev
+		if measured[c] {
+			from = next
+		}
+		for _, r := range from.Rows {
+			if cloudOf(r.Case) == c {
+				out.Rows = append(out.Rows, r)
+			}
+		}
+		for _, d := range from.Details {
+			if cloudOf(d) == c {
+				out.Details = append(out.Details, d)
+			}
+		}
+	}
+	var ran []string
+	for _, c := range order {
+		if measured[c] {
+			ran = append(ran, c)
+		}
+	}
+	out.Ran = fmt.Sprintf("%s Only %s from that run; %s from the run before it: %s", next.Ran, strings.Join(ran, ", "),
+		strings.Join(kept, ", "), prev.Ran)
+	return out
 }

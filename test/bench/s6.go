@@ -130,9 +130,15 @@ type fleet struct {
 	nodes   []string
 	ledgers []string
 	daemons []*Daemon
+	// extra are the flags each node's caa was last started with.
+	extra [][]string
 }
 
 func (fl *fleet) start(i int, extra ...string) error {
+	if fl.extra == nil {
+		fl.extra = make([][]string, len(fl.nodes))
+	}
+	fl.extra[i] = extra
 	d, err := StartCaa(fl.b.caa, fl.b.caaArgs(fl.f, fl.nodes[i], fl.e.kubeconfig, fl.ledgers[i], extra...),
 		hermeticEnv(fl.f.env...), fl.b.logPath("s6-"+fl.f.name+"-"+fl.nodes[i]))
 	if err != nil {
@@ -161,13 +167,13 @@ func (fl *fleet) startAtOnce(ctx context.Context, limit time.Duration, extra ...
 			return 0, 0, err
 		}
 	}
-	for i, d := range fl.daemons {
+	for i := range fl.daemons {
 		wait := limit - time.Since(start)
 		if wait <= 0 {
 			wait = readyPoll
 		}
-		if _, err := d.WaitReady(ctx, wait); err != nil {
-			if d.exited() {
+		if _, err := fl.waitReady(ctx, i, wait); err != nil {
+			if fl.daemons[i].exited() {
 				return ready, last, fmt.Errorf("%s: %w", fl.nodes[i], err)
 			}
 			continue
@@ -177,13 +183,31 @@ func (fl *fleet) startAtOnce(ctx context.Context, limit time.Duration, extra ...
 	return ready, last, nil
 }
 
+// waitReady waits for node i's caa to be ready. A caa that exited because
+// its health port was taken meanwhile (the bench picks a free port before
+// the exec, and other processes on the machine may take it) is started
+// again on another, at most twice.
+func (fl *fleet) waitReady(ctx context.Context, i int, limit time.Duration) (time.Duration, error) {
+	for try := 0; ; try++ {
+		d := fl.daemons[i]
+		ttr, err := d.WaitReady(ctx, limit)
+		if err == nil || try == 2 || !d.exited() || !strings.Contains(tail(d.logPath, 3), "address already in use") {
+			return ttr, err
+		}
+		fl.b.logf("S6 %s: %s's health port was taken; starting it again", fl.f.name, fl.nodes[i])
+		if err := fl.start(i, fl.extra[i]...); err != nil {
+			return 0, err
+		}
+	}
+}
+
 // waitAll waits for every running caa to be ready.
 func (fl *fleet) waitAll(ctx context.Context, limit time.Duration) error {
 	for i, d := range fl.daemons {
 		if d == nil {
 			continue
 		}
-		if _, err := d.WaitReady(ctx, limit); err != nil {
+		if _, err := fl.waitReady(ctx, i, limit); err != nil {
 			return fmt.Errorf("%s: %w", fl.nodes[i], err)
 		}
 	}
@@ -527,7 +551,7 @@ func (b *bench) s6Cloud(ctx context.Context, e *env, cfg s6Config, name string, 
 		if err := fl.start(i, defaultAudit...); err != nil {
 			return nil, err
 		}
-		if _, err := fl.daemons[i].WaitReady(ctx, 5*time.Minute); err != nil {
+		if _, err := fl.waitReady(ctx, i, 5*time.Minute); err != nil {
 			return nil, fmt.Errorf("rolling restart: %w", err)
 		}
 		if err := waitQuiet(ctx, f, 500*time.Millisecond, time.Minute); err != nil {
@@ -562,7 +586,7 @@ func (b *bench) s6Cloud(ctx context.Context, e *env, cfg s6Config, name string, 
 			if err := fl.start(0, defaultAudit...); err != nil {
 				return nil, err
 			}
-			ttr, err := fl.daemons[0].WaitReady(ctx, 10*time.Minute)
+			ttr, err := fl.waitReady(ctx, 0, 10*time.Minute)
 			if err != nil {
 				return nil, fmt.Errorf("startup with %d others: %w", others, err)
 			}

@@ -157,3 +157,19 @@ func TestBusiestBucketLeadsThePivot(t *testing.T) {
 	sc.WriteMarkdown(&b, "##", true)
 	assert.Contains(t, b.String(), "vm-list", "results.md keeps every bucket")
 }
+
+func TestMergeByCloudKeepsTheCloudsNotRun(t *testing.T) {
+	prev := Scenario{ID: "S6", Pivot: true, Ran: "Measured at ten.", Rows: []Row{
+		{Case: "aws, idle", Metric: "reads"}, {Case: "azure, idle", Metric: "reads", Runs: []float64{6}},
+	}, Details: []string{"aws: not measured: port taken", "azure, idle: 6 audits"}}
+	next := Scenario{ID: "S6", Pivot: true, Ran: "Measured at eleven.", Rows: []Row{
+		{Case: "aws, idle", Metric: "reads", Runs: []float64{6}}, {Case: "azure, idle", Metric: "reads"},
+	}, Details: []string{"aws, idle: 7 audits", "azure: not measured: port taken"}}
+	got := mergeByCloud(prev, next)
+	assert.Equal(t, []float64{6}, got.Rows[0].Runs)
+	assert.Equal(t, []float64{6}, got.Rows[1].Runs)
+	assert.Equal(t, []string{"aws, idle: 7 audits", "azure, idle: 6 audits"}, got.Details)
+	assert.Equal(t, "Measured at eleven. Only aws from that run; azure from the run before it: Measured at ten.", got.Ran)
+	all := Scenario{ID: "S6", Pivot: true, Rows: []Row{{Case: "aws, idle", Runs: []float64{5}}}}
+	assert.Equal(t, all, mergeByCloud(Scenario{Rows: []Row{{Case: "aws, idle"}}}, all), "every cloud measured again: the new run whole")
+}
