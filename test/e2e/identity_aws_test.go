@@ -1,13 +1,8 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"io"
-	"maps"
-	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -20,9 +15,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	authenticationv1 "k8s.io/api/authentication/v1"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/caa-project/caa/test/e2e/cluster"
 	ec2fake "github.com/caa-project/caa/test/mocks/aws"
@@ -54,11 +46,9 @@ const (
 	awsType   = "t3.small"
 	awsSubnet = "subnet-0123456789abcdef0"
 	awsGroup  = "sg-0123456789abcdef0"
-	// saNamespace and saName are the deploy/ ServiceAccount, whose token
-	// the role's trust policy admits.
-	saNamespace = "caa-system"
-	saName      = "caa"
-	roleARN     = "arn:aws:iam::123456789012:role/caa-e2e"
+	// roleARN is the role whose trust policy admits the token of caa's
+	// ServiceAccount (saNamespace/saName).
+	roleARN = "arn:aws:iam::123456789012:role/caa-e2e"
 )
 
 // shippedAWSPolicy is deploy/overlays/aws/iam-policy.json.
@@ -80,8 +70,7 @@ type identityCloud struct {
 	env     []string
 	tokenAt string // the token file the route reads
 
-	mu      sync.Mutex
-	secrets map[string]string // every token and key in play, by name
+	secrets secretSet // every token and key in play, by name
 }
 
 func newIdentityCloud(t *testing.T) *identityCloud {
@@ -91,7 +80,6 @@ func newIdentityCloud(t *testing.T) *identityCloud {
 		// A key is good 30s past its expiration: a request signed just
 		// before it is not refused for arriving just after.
 		keys:    ec2fake.NewKeyring(nil, 30*time.Second),
-		secrets: map[string]string{},
 		tokenAt: filepath.Join(t.TempDir(), "token"),
 	}
 	ic.policy.Store(shippedAWSPolicy(t))
@@ -106,17 +94,11 @@ func newIdentityCloud(t *testing.T) *identityCloud {
 	return ic
 }
 
-func (ic *identityCloud) secret(name, value string) {
-	ic.mu.Lock()
-	defer ic.mu.Unlock()
-	ic.secrets[name] = value
-}
+func (ic *identityCloud) secret(name, value string) { ic.secrets.add(name, value) }
 
 // allSecrets are the tokens and every key the keyring issued.
 func (ic *identityCloud) allSecrets() map[string]string {
-	ic.mu.Lock()
-	out := maps.Clone(ic.secrets)
-	ic.mu.Unlock()
+	out := ic.secrets.all()
 	for i, c := range ic.keys.Issued() {
 		out[fmt.Sprintf("secret access key %d", i)] = c.SecretAccessKey
 		out[fmt.Sprintf("session token %d", i)] = c.SessionToken
@@ -125,32 +107,7 @@ func (ic *identityCloud) allSecrets() map[string]string {
 }
 
 // writeToken replaces the token file atomically, as the kubelet does.
-func (ic *identityCloud) writeToken(t *testing.T, token string) {
-	t.Helper()
-	tmp := ic.tokenAt + ".new"
-	require.NoError(t, os.WriteFile(tmp, []byte(token), 0o600))
-	require.NoError(t, os.Rename(tmp, ic.tokenAt))
-}
-
-// saToken asks the apiserver for a token of caa's ServiceAccount with
-// audience aud, through the TokenRequest API the kubelet uses for
-// projected tokens.
-func saToken(ctx context.Context, t *testing.T, c *cluster.Cluster, aud string) string {
-	t.Helper()
-	require.NoError(t, c.EnsureNamespace(ctx, saNamespace))
-	_, err := c.Client().CoreV1().ServiceAccounts(saNamespace).Get(ctx, saName, metav1.GetOptions{})
-	if err != nil {
-		_, err = c.Client().CoreV1().ServiceAccounts(saNamespace).Create(ctx,
-			&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: saName}}, metav1.CreateOptions{})
-		require.NoError(t, err)
-	}
-	expiry := int64(3600)
-	tok, err := c.Client().CoreV1().ServiceAccounts(saNamespace).CreateToken(ctx, saName, &authenticationv1.TokenRequest{
-		Spec: authenticationv1.TokenRequestSpec{Audiences: []string{aud}, ExpirationSeconds: &expiry},
-	}, metav1.CreateOptions{})
-	require.NoError(t, err)
-	return tok.Status.Token
-}
+func (ic *identityCloud) writeToken(t *testing.T, token string) { writeTokenFile(t, ic.tokenAt, token) }
 
 // route is one keyless credential route: it sets up its endpoint on ic,
 // and rotate hands out a new token (and stops accepting the old one).
@@ -169,17 +126,7 @@ func irsa() *route {
 	var revoked sync.Map // tokens no longer good, once rotated
 	r := &route{name: "IRSA"}
 	r.setup = func(ctx context.Context, t *testing.T, c *cluster.Cluster, ic *identityCloud) {
-		rc := c.Client().CoreV1().RESTClient()
-		disco, err := rc.Get().AbsPath("/.well-known/openid-configuration").DoRaw(ctx)
-		require.NoError(t, err, "the apiserver's OIDC discovery document")
-		var oidc struct {
-			Issuer string `json:"issuer"`
-		}
-		require.NoError(t, json.Unmarshal(disco, &oidc))
-		jwks, err := rc.Get().AbsPath("/openid/v1/jwks").DoRaw(ctx)
-		require.NoError(t, err, "the apiserver's JWKS")
-		verify, err := ec2fake.JWKSVerifier(jwks, oidc.Issuer, ec2fake.STSAudience, nil)
-		require.NoError(t, err)
+		verify := apiserverVerifier(ctx, t, c, ec2fake.STSAudience)
 		sts = &ec2fake.STS{Keyring: ic.keys, RoleARN: roleARN, Subject: "system:serviceaccount:" + saNamespace + ":" + saName,
 			Lifetime: 3 * time.Second, Refusal: func(why string) { t.Logf("fake STS refused a request: %s", why) },
 			Verify: func(token string) (string, error) {
@@ -257,16 +204,7 @@ func runIdentity(t *testing.T, r *route) {
 	c := cluster.Start(ctx, t)
 	ic := newIdentityCloud(t)
 	r.setup(ctx, t, c, ic)
-	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
-	for i := range 3 {
-		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%d", i), node, nil)
-		require.NoError(t, err)
-	}
-	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
-	d := launchCaa(t, c, node, ledgerPath, "aws "+r.name, ic.args, ic.env)
-	d.waitReady(t, func() { assert.Len(t, liveVMs(ic.core), 3, "at the first 200 every pod has its VM") })
+	run := startIdentityRun(ctx, t, c, "aws "+r.name, ic.args, ic.env, func() map[string]string { return liveVMs(ic.core) })
 	issued := ic.keys.Issued()
 	require.NotEmpty(t, issued)
 	firstKey := issued[len(issued)-1].AccessKeyID
@@ -290,22 +228,7 @@ func runIdentity(t *testing.T, r *route) {
 	}
 
 	// Work with the new keys, no restart: a new pod, a deleted pod.
-	_, err = c.CreatePeerPod(ctx, "team", "pod-new", node, nil)
-	require.NoError(t, err)
-	require.NoError(t, c.DeletePod(ctx, "team", "pod-0"))
-	require.Eventually(t, func() bool {
-		live := liveVMs(ic.core)
-		pods, err := c.Client().CoreV1().Pods("team").List(ctx, metav1.ListOptions{})
-		if err != nil || len(live) != 3 {
-			return false
-		}
-		for _, p := range pods.Items {
-			if _, ok := live[string(p.UID)]; !ok {
-				return false
-			}
-		}
-		return true
-	}, time.Minute, 100*time.Millisecond, "the new pod got a VM and the deleted pod's VM went, with the rotated credentials")
+	run.churn(ctx, t, "the new pod got a VM and the deleted pod's VM went, with the rotated credentials")
 	// The keys keep expiring and being renewed from the new token.
 	require.Eventually(t, func() bool {
 		used := 0
@@ -316,52 +239,14 @@ func runIdentity(t *testing.T, r *route) {
 		}
 		return used >= 2
 	}, time.Minute, 100*time.Millisecond, "a second set of keys from the rotated token, once the first expired")
-	assert.Equal(t, http.StatusOK, d.readyz(), "still ready")
-	status := httpGet(t, d.health+"/status")
+	status := run.status(t)
 	issuedKeys, refused := r.exchanges()
 	t.Logf("%s: %d keys issued, %d requests refused (the old token, after rotation), %d keys in all", r.name, issuedKeys, refused, len(ic.keys.Issued()))
 	assert.GreaterOrEqual(t, issuedKeys, int64(3))
-	d.stop(t)
+	run.d.stop(t)
 
 	// Invariant I7: no token or key anywhere caa writes.
-	events, err := c.Client().CoreV1().Events("").List(ctx, metav1.ListOptions{})
-	require.NoError(t, err)
-	var eventText strings.Builder
-	for _, e := range events.Items {
-		eventText.WriteString(e.Reason + " " + e.Message + "\n")
-	}
-	ledger, err := os.ReadFile(ledgerPath)
-	require.NoError(t, err)
-	places := map[string][]byte{"logs": []byte(d.logs.String()), "events": []byte(eventText.String()), "/status": status, "ledger": ledger}
-	require.NotEmpty(t, places["logs"])
-	for name, s := range ic.allSecrets() {
-		for where, text := range places {
-			assert.False(t, bytes.Contains(text, []byte(s)), "the %s is in caa's %s (I7)", name, where)
-		}
-	}
-}
-
-// httpGet returns the body of a 200 answer.
-func httpGet(t *testing.T, url string) []byte {
-	t.Helper()
-	resp, err := http.Get(url)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode, "GET %s: %s", url, body)
-	return body
-}
-
-// readyzBody returns /readyz's status and body.
-func readyzBody(d *daemon) (int, string) {
-	resp, err := http.Get(d.health + "/readyz")
-	if err != nil {
-		return 0, ""
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body)
+	run.assertNoSecrets(ctx, t, status, ic.allSecrets())
 }
 
 // staticKeyCloud is the fake EC2 with the shipped policy, for caa on the
@@ -390,60 +275,10 @@ func TestAWSLeastPrivilegeLife(t *testing.T) {
 	defer cancel()
 	c := cluster.Start(ctx, t)
 	ic := staticKeyCloud(t)
-	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
-	for i := range 4 {
-		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%d", i), node, nil)
-		require.NoError(t, err)
-	}
-	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
-	args := append(slices.Clone(ic.args), "--gc-grace", "1s")
-	start := func() *daemon { return launchCaa(t, c, node, ledgerPath, "aws least privilege", args, ic.env) }
-	noRefusal := func(d *daemon) {
-		t.Helper()
-		assert.NotContains(t, d.logs.String(), "UnauthorizedOperation", "no call was refused by the policy")
-	}
-
-	d := start() // start, create
-	d.waitReady(t, func() { assert.Len(t, liveVMs(ic.core), 4) })
-	first := liveVMs(ic.core)
-	d.stop(t)
-	noRefusal(d)
-
-	require.NoError(t, ic.core.Kill(first[firstUID(ctx, t, c, "pod-1")])) // recreate on restart
-	d = start()                                                           // adopt
-	d.waitReady(t, func() { assert.Len(t, liveVMs(ic.core), 4) })
-	require.NoError(t, c.DeletePod(ctx, "team", "pod-2")) // delete
-	// orphan: a VM tagged for this cluster and node that no pod owns
-	kube, err := c.Client().CoreV1().Namespaces().Get(ctx, "kube-system", metav1.GetOptions{})
-	require.NoError(t, err)
-	orphan, err := ic.core.Create(cloud.CreateRequest{Token: "orphan", Image: awsImage, InstanceType: awsType, Tags: map[string]string{
-		"caa-cluster": string(kube.UID), "caa-node": node, "caa-managed-by": "caa", "caa-pod-uid": "gone", "caa-key": "gone-1"}})
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		live := liveVMs(ic.core)
-		_, orphanLive := live["gone"]
-		return len(live) == 3 && !orphanLive
-	}, time.Minute, 100*time.Millisecond, "the deleted pod's VM and the orphan %s were deleted", orphan.ID)
-	d.stop(t)
-	noRefusal(d)
-
-	// rebuild under the same policy
-	require.NoError(t, os.Remove(ledgerPath))
-	out := runCaa(t, append([]string{"ledger", "rebuild", "--node-name", node, "--kubeconfig", c.Kubeconfig(), "--ledger", ledgerPath}, ic.args...)...)
-	assert.Contains(t, out, "recorded 3 VMs")
-	d = start()
-	d.waitReady(t, func() {})
-	d.stop(t)
-	noRefusal(d)
-}
-
-func firstUID(ctx context.Context, t *testing.T, c *cluster.Cluster, name string) string {
-	t.Helper()
-	pod, err := c.Client().CoreV1().Pods("team").Get(ctx, name, metav1.GetOptions{})
-	require.NoError(t, err)
-	return string(pod.UID)
+	leastPrivilegeLife(ctx, t, c, leastPrivilege{label: "aws least privilege", args: ic.args, env: ic.env,
+		core: ic.core, live: func() map[string]string { return liveVMs(ic.core) },
+		refusal: "UnauthorizedOperation", refusalMsg: "no call was refused by the policy",
+		orphan: cloud.CreateRequest{Token: "orphan", Image: awsImage, InstanceType: awsType}})
 }
 
 // TestAWSPreflightNamesTheMissingPermission starts caa under the shipped
@@ -466,33 +301,9 @@ func TestAWSPreflightNamesTheMissingPermission(t *testing.T) {
 			require.NoError(t, err)
 			ic.policy.Store(full.Without(action))
 			node := fmt.Sprintf("preflight-%d", i)
-			_, err = c.CreateNode(ctx, node)
-			require.NoError(t, err)
-			_, err = c.CreatePeerPod(ctx, "team", node+"-pod", node, nil)
-			require.NoError(t, err)
+			nodeWithPod(ctx, t, c, node)
 			d := launchCaa(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"), "aws preflight", ic.args, ic.env)
-			var reason string
-			require.Eventually(t, func() bool {
-				code, body := readyzBody(d)
-				reason = body
-				return code == http.StatusServiceUnavailable && strings.Contains(body, "preflight failed") && strings.Contains(body, action)
-			}, time.Minute, 100*time.Millisecond, "the readiness reason names %s", action)
-			t.Logf("readiness without %s: %.300s...", action, reason)
-			require.Eventually(t, func() bool {
-				events, err := c.Client().CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + node})
-				require.NoError(t, err)
-				for _, e := range events.Items {
-					if e.Reason == "CaaPreflightFailed" && strings.Contains(e.Message, action) {
-						return true
-					}
-				}
-				return false
-			}, time.Minute, 100*time.Millisecond, "a Node event names %s", action)
-			assert.Len(t, ic.core.Live(), 1, "no pod was touched")
-
-			ic.policy.Store(full) // the operator fixes the role; caa retries
-			d.waitReady(t, func() { assert.Len(t, ic.core.Live(), 2, "the pod got its VM") })
-			d.stop(t)
+			preflightNamesMissing(ctx, t, c, d, node, action, action, ic.core, 1, func() { ic.policy.Store(full) })
 		})
 	}
 	// A wrong setting is named the same way: a subnet EC2 does not know.
@@ -503,12 +314,6 @@ func TestAWSPreflightNamesTheMissingPermission(t *testing.T) {
 		require.NoError(t, err)
 		args := append(slices.Clone(ic.args), "--aws-subnet-id", "subnet-0badbadbadbadbad0")
 		d := launchCaa(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"), "aws preflight", args, ic.env)
-		require.Eventually(t, func() bool {
-			code, body := readyzBody(d)
-			return code == http.StatusServiceUnavailable && strings.Contains(body, "InvalidSubnetID.NotFound") &&
-				strings.Contains(body, "--aws-subnet-id or CAA_AWS_SUBNET_ID")
-		}, time.Minute, 100*time.Millisecond, "the readiness reason names the setting")
-		d.stop(t)
-		assert.Empty(t, ic.core.Instances(), "nothing was launched")
+		settingNamed(t, d, ic.core, "InvalidSubnetID.NotFound", "--aws-subnet-id or CAA_AWS_SUBNET_ID")
 	})
 }

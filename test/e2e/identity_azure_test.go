@@ -1,15 +1,11 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"encoding/pem"
 	"fmt"
-	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -19,10 +15,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/caa-project/caa/test/e2e/cluster"
-	ec2fake "github.com/caa-project/caa/test/mocks/aws"
 	armfake "github.com/caa-project/caa/test/mocks/azure"
 	"github.com/caa-project/caa/test/mocks/cloud"
 )
@@ -102,17 +96,7 @@ func TestAzureIdentityWorkloadIdentity(t *testing.T) {
 	c := cluster.Start(ctx, t)
 
 	// The fake Entra ID trusts the apiserver's service-account issuer.
-	rc := c.Client().CoreV1().RESTClient()
-	disco, err := rc.Get().AbsPath("/.well-known/openid-configuration").DoRaw(ctx)
-	require.NoError(t, err, "the apiserver's OIDC discovery document")
-	var oidc struct {
-		Issuer string `json:"issuer"`
-	}
-	require.NoError(t, json.Unmarshal(disco, &oidc))
-	jwks, err := rc.Get().AbsPath("/openid/v1/jwks").DoRaw(ctx)
-	require.NoError(t, err, "the apiserver's JWKS")
-	verify, err := ec2fake.JWKSVerifier(jwks, oidc.Issuer, armfake.EntraAudience, nil)
-	require.NoError(t, err)
+	verify := apiserverVerifier(ctx, t, c, armfake.EntraAudience)
 	entra := &armfake.Entra{TenantID: azureTenantID, ClientID: azureClientID, Subject: "system:serviceaccount:" + saNamespace + ":" + saName,
 		Lifetime: 3 * time.Second, Grace: 2 * time.Second,
 		Verify:  func(tok string) (string, error) { return verify(tok) },
@@ -124,28 +108,15 @@ func TestAzureIdentityWorkloadIdentity(t *testing.T) {
 
 	ac := newAzureRoleCloud(t, armfake.WithAccessTokens(entra.Check))
 	tokenFile := filepath.Join(t.TempDir(), "azure-identity-token")
-	writeFile := func(tok string) {
-		require.NoError(t, os.WriteFile(tokenFile+".new", []byte(tok), 0o600))
-		require.NoError(t, os.Rename(tokenFile+".new", tokenFile))
-	}
 	secrets := map[string]string{}
 	first := saToken(ctx, t, c, armfake.EntraAudience)
 	secrets["federated token"] = first
-	writeFile(first)
+	writeTokenFile(t, tokenFile, first)
 	env := append(hermeticEnv(), "AZURE_CLIENT_ID="+azureClientID, "AZURE_TENANT_ID="+azureTenantID,
 		"AZURE_FEDERATED_TOKEN_FILE="+tokenFile, "AZURE_AUTHORITY_HOST="+idp.URL+"/",
 		"CAA_AZURE_DISABLE_INSTANCE_DISCOVERY=true", "SSL_CERT_FILE="+certFile)
 
-	const node = "worker-1"
-	_, err = c.CreateNode(ctx, node)
-	require.NoError(t, err)
-	for i := range 3 {
-		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%d", i), node, nil)
-		require.NoError(t, err)
-	}
-	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
-	d := launchCaa(t, c, node, ledgerPath, "azure workload identity", ac.args, env)
-	d.waitReady(t, func() { assert.Len(t, liveVMs(ac.core), 3, "at the first 200 every pod has its VM") })
+	run := startIdentityRun(ctx, t, c, "azure workload identity", ac.args, env, func() map[string]string { return liveVMs(ac.core) })
 	require.Positive(t, entra.IssuedFor(first), "Entra ID issued tokens for the ServiceAccount token")
 	atReady := entra.Issued.Load()
 
@@ -158,55 +129,25 @@ func TestAzureIdentityWorkloadIdentity(t *testing.T) {
 	rotated := saToken(ctx, t, c, armfake.EntraAudience)
 	require.NotEqual(t, first, rotated)
 	secrets["rotated federated token"] = rotated
-	writeFile(rotated)
+	writeTokenFile(t, tokenFile, rotated)
 	atRotation := entra.Issued.Load()
 
-	_, err = c.CreatePeerPod(ctx, "team", "pod-new", node, nil)
-	require.NoError(t, err)
-	require.NoError(t, c.DeletePod(ctx, "team", "pod-0"))
-	require.Eventually(t, func() bool {
-		live := liveVMs(ac.core)
-		pods, err := c.Client().CoreV1().Pods("team").List(ctx, metav1.ListOptions{})
-		if err != nil || len(live) != 3 {
-			return false
-		}
-		for _, p := range pods.Items {
-			if _, ok := live[string(p.UID)]; !ok {
-				return false
-			}
-		}
-		return true
-	}, time.Minute, 100*time.Millisecond, "the new pod got a VM and the deleted pod's VM went, after the rotation, without a restart")
+	run.churn(ctx, t, "the new pod got a VM and the deleted pod's VM went, after the rotation, without a restart")
 	require.Eventually(t, func() bool { return entra.Issued.Load() >= atRotation+3 }, time.Minute, 100*time.Millisecond,
 		"tokens keep being renewed after the rotation")
-	assert.Equal(t, http.StatusOK, d.readyz(), "still ready")
-	status := httpGet(t, d.health+"/status")
+	status := run.status(t)
 	t.Logf("workload identity: %d access tokens issued (%d at ready, %d for the rotated file's token: azidentity rereads the file every 10 minutes), %d requests refused",
 		entra.Issued.Load(), atReady, entra.IssuedFor(rotated), entra.Refused.Load())
 	assert.ErrorIs(t, entra.Check(entra.Tokens()[0]), armfake.ErrAccessTokenExpired, "the first access token expired during the run")
-	d.stop(t)
-	assert.NotContains(t, d.logs.String(), "AuthorizationFailed", "no call was refused by the role")
-	assert.Contains(t, d.logs.String(), "workload identity (client "+azureClientID, "caa logs its credential route")
+	run.d.stop(t)
+	assert.NotContains(t, run.d.logs.String(), "AuthorizationFailed", "no call was refused by the role")
+	assert.Contains(t, run.d.logs.String(), "workload identity (client "+azureClientID, "caa logs its credential route")
 
 	// Invariant I7: no federated or access token anywhere caa writes.
 	for i, tok := range entra.Tokens() {
 		secrets[fmt.Sprintf("access token %d", i)] = tok
 	}
-	events, err := c.Client().CoreV1().Events("").List(ctx, metav1.ListOptions{})
-	require.NoError(t, err)
-	var eventText strings.Builder
-	for _, e := range events.Items {
-		eventText.WriteString(e.Reason + " " + e.Message + "\n")
-	}
-	ledger, err := os.ReadFile(ledgerPath)
-	require.NoError(t, err)
-	places := map[string][]byte{"logs": []byte(d.logs.String()), "events": []byte(eventText.String()), "/status": status, "ledger": ledger}
-	require.NotEmpty(t, places["logs"])
-	for name, s := range secrets {
-		for where, text := range places {
-			assert.False(t, bytes.Contains(text, []byte(s)), "the %s is in caa's %s (I7)", name, where)
-		}
-	}
+	run.assertNoSecrets(ctx, t, status, secrets)
 }
 
 // TestAzurePreflightNamesTheMissingAction starts caa (on a managed
@@ -224,10 +165,7 @@ func TestAzurePreflightNamesTheMissingAction(t *testing.T) {
 		ac := newAzureRoleCloud(t, armfake.WithBearerToken(token))
 		ac.role.Store(role) // before caa starts
 		mi, miURL := newManagedIdentity(t, token)
-		_, err := c.CreateNode(ctx, node)
-		require.NoError(t, err)
-		_, err = c.CreatePeerPod(ctx, "team", node+"-pod", node, nil)
-		require.NoError(t, err)
+		nodeWithPod(ctx, t, c, node)
 		args := append(slices.Clone(ac.args), extra...)
 		d := launchCaa(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"), "azure preflight", args,
 			append(hermeticEnv(), "IDENTITY_ENDPOINT="+miURL, "IDENTITY_HEADER="+mi.Header))
@@ -237,28 +175,7 @@ func TestAzurePreflightNamesTheMissingAction(t *testing.T) {
 		t.Run(action, func(t *testing.T) {
 			node := fmt.Sprintf("preflight-%d", i)
 			ac, d := start(t, node, full.Without(action))
-			var reason string
-			require.Eventually(t, func() bool {
-				code, body := readyzBody(d)
-				reason = body
-				return code == http.StatusServiceUnavailable && strings.Contains(body, "preflight failed") && strings.Contains(body, action)
-			}, time.Minute, 100*time.Millisecond, "the readiness reason names %s", action)
-			t.Logf("readiness without %s: %.300s...", action, reason)
-			require.Eventually(t, func() bool {
-				events, err := c.Client().CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + node})
-				require.NoError(t, err)
-				for _, e := range events.Items {
-					if e.Reason == "CaaPreflightFailed" && strings.Contains(e.Message, action) {
-						return true
-					}
-				}
-				return false
-			}, time.Minute, 100*time.Millisecond, "a Node event names %s", action)
-			assert.Empty(t, ac.core.Live(), "no pod was touched")
-
-			ac.role.Store(full) // the operator fixes the role; caa retries
-			d.waitReady(t, func() { assert.Len(t, ac.core.Live(), 1, "the pod got its VM") })
-			d.stop(t)
+			preflightNamesMissing(ctx, t, c, d, node, action, action, ac.core, 0, func() { ac.role.Store(full) })
 		})
 	}
 	for name, tc := range map[string]struct{ flag, value, want string }{
@@ -268,12 +185,7 @@ func TestAzurePreflightNamesTheMissingAction(t *testing.T) {
 	} {
 		t.Run(name, func(t *testing.T) {
 			ac, d := start(t, "preflight-"+strings.ReplaceAll(name, " ", "-"), full, tc.flag, tc.value)
-			require.Eventually(t, func() bool {
-				code, body := readyzBody(d)
-				return code == http.StatusServiceUnavailable && strings.Contains(body, tc.want)
-			}, time.Minute, 100*time.Millisecond, "the readiness reason names the setting")
-			d.stop(t)
-			assert.Empty(t, ac.core.Instances(), "nothing was created")
+			settingNamed(t, d, ac.core, tc.want)
 		})
 	}
 }
@@ -290,63 +202,8 @@ func TestAzureLeastPrivilegeLife(t *testing.T) {
 	ac := newAzureRoleCloud(t, armfake.WithBearerToken(token))
 	mi, miURL := newManagedIdentity(t, token)
 	env := append(hermeticEnv(), "IDENTITY_ENDPOINT="+miURL, "IDENTITY_HEADER="+mi.Header)
-	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
-	for i := range 4 {
-		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%d", i), node, nil)
-		require.NoError(t, err)
-	}
-	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
-	args := append(slices.Clone(ac.args), "--gc-grace", "1s")
-	start := func() *daemon { return launchCaa(t, c, node, ledgerPath, "azure least privilege", args, env) }
-	noRefusal := func(d *daemon) {
-		t.Helper()
-		assert.NotContains(t, d.logs.String(), "AuthorizationFailed", "no call was refused by the role")
-	}
-
-	d := start() // start, create
-	d.waitReady(t, func() { assert.Len(t, liveVMs(ac.core), 4) })
-	first := liveVMs(ac.core)
-	d.stop(t)
-	noRefusal(d)
-
-	require.NoError(t, ac.core.Kill(first[firstUID(ctx, t, c, "pod-1")])) // recreate on restart
-	before := ac.core.Counters()
-	d = start() // adopt
-	d.waitReady(t, func() { assert.Len(t, liveVMs(ac.core), 4) })
-	after := ac.core.Counters()
-	assert.Equal(t, int64(1), after[cloud.OpCreate]-before[cloud.OpCreate], "one VM recreated, the others adopted")
-	require.NoError(t, c.DeletePod(ctx, "team", "pod-2")) // delete
-	kube, err := c.Client().CoreV1().Namespaces().Get(ctx, "kube-system", metav1.GetOptions{})
-	require.NoError(t, err)
-	orphan, err := ac.core.Create(cloud.CreateRequest{Name: "caa-orphan-0123456789ab", UniqueName: true, Image: azureImage, InstanceType: azureSize,
-		Tags: map[string]string{"caa-cluster": string(kube.UID), "caa-node": node, "caa-managed-by": "caa", "caa-pod-uid": "gone", "caa-key": "gone-1"}})
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		live := liveVMs(ac.core)
-		_, orphanLive := live["gone"]
-		return len(live) == 3 && !orphanLive
-	}, time.Minute, 100*time.Millisecond, "the deleted pod's VM and the orphan %s were deleted", orphan.ID)
-	d.stop(t)
-	noRefusal(d)
-
-	// rebuild under the same role
-	require.NoError(t, os.Remove(ledgerPath))
-	out := runCaaEnv(t, env, append([]string{"ledger", "rebuild", "--node-name", node, "--kubeconfig", c.Kubeconfig(), "--ledger", ledgerPath}, ac.args...)...)
-	assert.Contains(t, out, "recorded 3 VMs")
-	d = start()
-	d.waitReady(t, func() { assert.Len(t, liveVMs(ac.core), 3) })
-	d.stop(t)
-	noRefusal(d)
-}
-
-// runCaaEnv runs a caa command in env and returns its output.
-func runCaaEnv(t *testing.T, env []string, args ...string) string {
-	t.Helper()
-	cmd := exec.Command(caaBin, args...)
-	cmd.Env = env
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "caa %v:\n%s", args, out)
-	return string(out)
+	leastPrivilegeLife(ctx, t, c, leastPrivilege{label: "azure least privilege", args: ac.args, env: env,
+		core: ac.core, live: func() map[string]string { return liveVMs(ac.core) },
+		refusal: "AuthorizationFailed", refusalMsg: "no call was refused by the role",
+		orphan: cloud.CreateRequest{Name: "caa-orphan-0123456789ab", UniqueName: true, Image: azureImage, InstanceType: azureSize}})
 }

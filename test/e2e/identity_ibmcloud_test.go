@@ -1,17 +1,12 @@
 package e2e
 
 import (
-	"bytes"
 	"context"
-	"encoding/json"
 	"fmt"
-	"net/http"
 	"net/http/httptest"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"slices"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -19,11 +14,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/caa-project/caa/test/e2e/cluster"
-	ec2fake "github.com/caa-project/caa/test/mocks/aws"
 	"github.com/caa-project/caa/test/mocks/cloud"
 	vpcfake "github.com/caa-project/caa/test/mocks/ibmcloud"
 )
@@ -83,9 +75,8 @@ type ibmIdentityCloud struct {
 	env     []string
 	tokenAt string
 
-	revoked sync.Map // CR tokens no longer good, once rotated
-	mu      sync.Mutex
-	secrets map[string]string
+	revoked sync.Map  // CR tokens no longer good, once rotated
+	secrets secretSet // the CR tokens, by name
 }
 
 func newIBMIdentityCloud(ctx context.Context, t *testing.T, c *cluster.Cluster) *ibmIdentityCloud {
@@ -93,21 +84,10 @@ func newIBMIdentityCloud(ctx context.Context, t *testing.T, c *cluster.Cluster) 
 	ic := &ibmIdentityCloud{
 		core:    cloud.New(cloud.Options{IDPrefix: "0717_", PageSize: 5, Images: []string{ibmImage}, Types: []string{ibmProfile}, Zone: ibmZone}),
 		tokenAt: filepath.Join(t.TempDir(), "sa-token"),
-		secrets: map[string]string{},
 	}
 	ic.policy.Store(shippedIBMPolicies(t))
 
-	rc := c.Client().CoreV1().RESTClient()
-	disco, err := rc.Get().AbsPath("/.well-known/openid-configuration").DoRaw(ctx)
-	require.NoError(t, err, "the apiserver's OIDC discovery document")
-	var oidc struct {
-		Issuer string `json:"issuer"`
-	}
-	require.NoError(t, json.Unmarshal(disco, &oidc))
-	jwks, err := rc.Get().AbsPath("/openid/v1/jwks").DoRaw(ctx)
-	require.NoError(t, err, "the apiserver's JWKS")
-	verify, err := ec2fake.JWKSVerifier(jwks, oidc.Issuer, ibmAudience, nil)
-	require.NoError(t, err)
+	verify := apiserverVerifier(ctx, t, c, ibmAudience)
 	ic.profile = &vpcfake.TrustedProfile{ID: ibmProfileID, Name: ibmProfileName,
 		Subject: "system:serviceaccount:" + saNamespace + ":" + saName, Lifetime: 12 * time.Second,
 		Refusal: func(why string) { t.Logf("fake IAM refused a CR token exchange: %s", why) },
@@ -135,20 +115,11 @@ func newIBMIdentityCloud(ctx context.Context, t *testing.T, c *cluster.Cluster) 
 	return ic
 }
 
-func (ic *ibmIdentityCloud) secret(name, value string) {
-	ic.mu.Lock()
-	defer ic.mu.Unlock()
-	ic.secrets[name] = value
-}
+func (ic *ibmIdentityCloud) secret(name, value string) { ic.secrets.add(name, value) }
 
 // allSecrets are the CR tokens and every access token IAM issued.
 func (ic *ibmIdentityCloud) allSecrets() map[string]string {
-	ic.mu.Lock()
-	out := map[string]string{}
-	for k, v := range ic.secrets {
-		out[k] = v
-	}
-	ic.mu.Unlock()
+	out := ic.secrets.all()
 	for i, tok := range ic.profile.AccessTokens() {
 		out[fmt.Sprintf("access token %d", i)] = tok
 	}
@@ -157,10 +128,7 @@ func (ic *ibmIdentityCloud) allSecrets() map[string]string {
 
 // writeToken replaces the token file atomically, as the kubelet does.
 func (ic *ibmIdentityCloud) writeToken(t *testing.T, token string) {
-	t.Helper()
-	tmp := ic.tokenAt + ".new"
-	require.NoError(t, os.WriteFile(tmp, []byte(token), 0o600))
-	require.NoError(t, os.Rename(tmp, ic.tokenAt))
+	writeTokenFile(t, ic.tokenAt, token)
 }
 
 // usedSince counts the access tokens issued from index from on that VPC or
@@ -186,18 +154,9 @@ func TestIBMCloudIdentityTrustedProfile(t *testing.T) {
 	defer cancel()
 	c := cluster.Start(ctx, t)
 	ic := newIBMIdentityCloud(ctx, t, c)
-	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
-	for i := range 3 {
-		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%d", i), node, nil)
-		require.NoError(t, err)
-	}
-	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
-	d := launchCaa(t, c, node, ledgerPath, "ibmcloud trusted profile", ic.args, ic.env)
-	d.waitReady(t, func() { assert.Len(t, ibmLiveVMs(t, ic.core), 3, "at the first 200 every pod has its VM") })
+	run := startIdentityRun(ctx, t, c, "ibmcloud trusted profile", ic.args, ic.env, func() map[string]string { return ibmLiveVMs(t, ic.core) })
 	require.Positive(t, ic.usedSince(0), "VPC accepted the access tokens the profile was issued")
-	assert.Contains(t, d.logs.String(), "trusted profile "+ibmProfileName, "caa says which credential route it uses")
+	assert.Contains(t, run.d.logs.String(), "trusted profile "+ibmProfileName, "caa says which credential route it uses")
 
 	// Rotation: a new CR token; the old one is refused from now on.
 	old, err := os.ReadFile(ic.tokenAt)
@@ -213,50 +172,20 @@ func TestIBMCloudIdentityTrustedProfile(t *testing.T) {
 	ic.vpc.Revoke(ic.profile.AccessTokens()[:rotatedAt]...) // only tokens from the new CR token work from here on
 
 	// Work on the new tokens, no restart: a new pod, a deleted pod.
-	_, err = c.CreatePeerPod(ctx, "team", "pod-new", node, nil)
-	require.NoError(t, err)
-	require.NoError(t, c.DeletePod(ctx, "team", "pod-0"))
-	require.Eventually(t, func() bool {
-		live := ibmLiveVMs(t, ic.core)
-		pods, err := c.Client().CoreV1().Pods("team").List(ctx, metav1.ListOptions{})
-		if err != nil || len(live) != 3 {
-			return false
-		}
-		for _, p := range pods.Items {
-			if _, ok := live[string(p.UID)]; !ok {
-				return false
-			}
-		}
-		return true
-	}, time.Minute, 100*time.Millisecond, "the new pod got a VM and the deleted pod's VM went, on the rotated token")
+	run.churn(ctx, t, "the new pod got a VM and the deleted pod's VM went, on the rotated token")
 	require.Eventually(t, func() bool { return ic.usedSince(rotatedAt) >= 2 }, time.Minute, 100*time.Millisecond,
 		"a second access token from the rotated CR token, once the first expired")
-	assert.Equal(t, http.StatusOK, d.readyz(), "still ready")
-	status := httpGet(t, d.health+"/status")
+	status := run.status(t)
 	t.Logf("trusted profile: %d access tokens issued, %d exchanges refused (the old CR token, after rotation)",
 		ic.profile.Issued.Load(), ic.profile.Refused.Load())
 	assert.GreaterOrEqual(t, ic.profile.Issued.Load(), int64(3))
-	d.stop(t)
-	assert.NotContains(t, d.logs.String(), "forbidden", "no call was refused by the policies")
+	run.d.stop(t)
+	assert.NotContains(t, run.d.logs.String(), "forbidden", "no call was refused by the policies")
 
 	// Invariant I7: no token anywhere caa writes.
-	events, err := c.Client().CoreV1().Events("").List(ctx, metav1.ListOptions{})
-	require.NoError(t, err)
-	var eventText strings.Builder
-	for _, e := range events.Items {
-		eventText.WriteString(e.Reason + " " + e.Message + "\n")
-	}
-	ledger, err := os.ReadFile(ledgerPath)
-	require.NoError(t, err)
-	places := map[string][]byte{"logs": []byte(d.logs.String()), "events": []byte(eventText.String()), "/status": status, "ledger": ledger}
-	require.NotEmpty(t, places["logs"])
 	secrets := ic.allSecrets()
 	require.Greater(t, len(secrets), 4)
-	for name, s := range secrets {
-		for where, text := range places {
-			assert.False(t, bytes.Contains(text, []byte(s)), "the %s is in caa's %s (I7)", name, where)
-		}
-	}
+	run.assertNoSecrets(ctx, t, status, secrets)
 }
 
 // TestIBMCloudPreflightNamesTheMissingGrant starts caa under the shipped
@@ -283,30 +212,9 @@ func TestIBMCloudPreflightNamesTheMissingGrant(t *testing.T) {
 			ic := newIBMIdentityCloud(ctx, t, c)
 			ic.policy.Store(full.Without(g))
 			node := fmt.Sprintf("preflight-%d", n)
-			_, err := c.CreateNode(ctx, node)
-			require.NoError(t, err)
-			_, err = c.CreatePeerPod(ctx, "team", node+"-pod", node, nil)
-			require.NoError(t, err)
+			nodeWithPod(ctx, t, c, node)
 			d := launchCaa(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"), "ibmcloud preflight", ic.args, ic.env)
-			var reason string
-			require.Eventually(t, func() bool {
-				code, body := readyzBody(d)
-				reason = body
-				return code == http.StatusServiceUnavailable && strings.Contains(body, "preflight failed") && strings.Contains(body, action)
-			}, time.Minute, 100*time.Millisecond, "the readiness reason names %s", action)
-			t.Logf("readiness without %s: %.400s", g, reason)
-			require.Eventually(t, func() bool {
-				events, err := c.Client().CoreV1().Events("").List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + node})
-				require.NoError(t, err)
-				return slices.ContainsFunc(events.Items, func(e corev1.Event) bool {
-					return e.Reason == "CaaPreflightFailed" && strings.Contains(e.Message, action)
-				})
-			}, time.Minute, 100*time.Millisecond, "a Node event names %s", action)
-			assert.Empty(t, ic.core.Live(), "no pod was touched")
-
-			ic.policy.Store(full) // the operator grants it; caa retries
-			d.waitReady(t, func() { assert.Len(t, ic.core.Live(), 1, "the pod got its VM") })
-			d.stop(t)
+			preflightNamesMissing(ctx, t, c, d, node, action, g.String(), ic.core, 0, func() { ic.policy.Store(full) })
 		})
 	}
 	require.Equal(t, len(reads), n, "a grant for every read of the preflight")
@@ -321,13 +229,7 @@ func TestIBMCloudPreflightNamesTheMissingGrant(t *testing.T) {
 		require.NoError(t, err)
 		args := append(slices.Clone(ic.args), "--ibmcloud-subnet-id", "0717-no-such-subnet")
 		d := launchCaa(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"), "ibmcloud preflight", args, ic.env)
-		require.Eventually(t, func() bool {
-			code, body := readyzBody(d)
-			return code == http.StatusServiceUnavailable && strings.Contains(body, "0717-no-such-subnet") &&
-				strings.Contains(body, "--ibmcloud-subnet-id")
-		}, time.Minute, 100*time.Millisecond, "the readiness reason names the setting")
-		d.stop(t)
-		assert.Empty(t, ic.core.Instances(), "nothing was created")
+		settingNamed(t, d, ic.core, "0717-no-such-subnet", "--ibmcloud-subnet-id")
 	})
 }
 
@@ -341,62 +243,10 @@ func TestIBMCloudLeastPrivilegeLife(t *testing.T) {
 	defer cancel()
 	c := cluster.Start(ctx, t)
 	ic := newIBMIdentityCloud(ctx, t, c)
-	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
-	for i := range 4 {
-		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%d", i), node, nil)
-		require.NoError(t, err)
-	}
-	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
-	args := append(slices.Clone(ic.args), "--gc-grace", "1s")
-	start := func() *daemon { return launchCaa(t, c, node, ledgerPath, "ibmcloud least privilege", args, ic.env) }
-	noRefusal := func(d *daemon) {
-		t.Helper()
-		assert.NotContains(t, d.logs.String(), "forbidden", "no call was refused by the policies")
-	}
-
-	d := start() // start, create
-	d.waitReady(t, func() { assert.Len(t, ibmLiveVMs(t, ic.core), 4) })
-	first := ibmLiveVMs(t, ic.core)
-	d.stop(t)
-	noRefusal(d)
-
-	require.NoError(t, ic.core.Kill(first[firstUID(ctx, t, c, "pod-1")])) // recreate on restart
-	d = start()                                                           // adopt
-	d.waitReady(t, func() { assert.Len(t, ibmLiveVMs(t, ic.core), 4) })
-	assert.NotEqual(t, first[firstUID(ctx, t, c, "pod-1")], ibmLiveVMs(t, ic.core)[firstUID(ctx, t, c, "pod-1")])
-	require.NoError(t, c.DeletePod(ctx, "team", "pod-2")) // delete
-	require.Eventually(t, func() bool { return len(ibmLiveVMs(t, ic.core)) == 3 }, time.Minute, 100*time.Millisecond,
-		"the deleted pod's VM was deleted")
-	// orphan: a VM tagged for this cluster and node that no pod owns (put
-	// straight into the cloud: its implicit boot volume carries the tags)
-	kube, err := c.Client().CoreV1().Namespaces().Get(ctx, "kube-system", metav1.GetOptions{})
-	require.NoError(t, err)
-	orphan, err := ic.core.Create(cloud.CreateRequest{Token: "orphan", Name: "caa-orphan", Image: ibmImage, InstanceType: ibmProfile, Tags: map[string]string{
-		"caa-cluster": string(kube.UID), "caa-node": node, "caa-managed-by": "caa", "caa-pod-uid": "gone", "caa-key": "gone-1"}})
-	require.NoError(t, err)
-	require.Eventually(t, func() bool {
-		in, err := ic.core.Get(orphan.ID)
-		return err != nil || !in.State.Alive()
-	}, time.Minute, 100*time.Millisecond, "the orphan %s was deleted", orphan.ID)
-	assert.Len(t, ibmLiveVMs(t, ic.core), 3)
-	d.stop(t)
-	noRefusal(d)
-
-	// rebuild under the same identity and policies
-	require.NoError(t, os.Remove(ledgerPath))
-	cmd := exec.Command(caaBin, append([]string{"ledger", "rebuild", "--node-name", node, "--kubeconfig", c.Kubeconfig(), "--ledger", ledgerPath}, ic.args...)...)
-	cmd.Env = ic.env
-	out, err := cmd.CombinedOutput()
-	require.NoError(t, err, "caa ledger rebuild:\n%s", out)
-	assert.Contains(t, string(out), "recorded 3 VMs")
-	assert.NotContains(t, string(out), "forbidden")
-	d = start()
-	d.waitReady(t, func() { assert.Len(t, ibmLiveVMs(t, ic.core), 3) })
-	d.stop(t)
-	noRefusal(d)
-	for name, s := range ic.allSecrets() {
-		assert.NotContains(t, string(out), s, "the %s is in the rebuild's output", name)
-	}
+	leastPrivilegeLife(ctx, t, c, leastPrivilege{label: "ibmcloud least privilege", args: ic.args, env: ic.env,
+		core: ic.core, live: func() map[string]string { return ibmLiveVMs(t, ic.core) },
+		refusal: "forbidden", refusalMsg: "no call was refused by the policies",
+		// put straight into the cloud: its implicit boot volume carries the tags
+		orphan:  cloud.CreateRequest{Token: "orphan", Name: "caa-orphan", Image: ibmImage, InstanceType: ibmProfile},
+		secrets: ic.allSecrets})
 }
