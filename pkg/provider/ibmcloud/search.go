@@ -2,10 +2,12 @@ package ibmcloud
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/IBM/go-sdk-core/v5/core"
 	"github.com/IBM/platform-services-go-sdk/globalsearchv2"
@@ -181,6 +183,33 @@ func (p *Provider) inScope(in *vpcv1.Instance) bool {
 	return true
 }
 
+// throttleRetries bounds how often one read of a listing is tried again
+// after the cloud refused it for rate.
+const throttleRetries = 5
+
+// vmOfVolumePatiently is vmOfVolume, tried again after the wait the cloud
+// asks for when it refuses a read for rate. A listing is many reads; if
+// one refusal failed the whole listing, a fleet starting at once would
+// retry whole listings into an empty bucket and none would ever finish.
+func (p *Provider) vmOfVolumePatiently(ctx context.Context, sel provider.Selector, id string) (provider.VM, bool, error) {
+	vm, ok, err := p.vmOfVolume(ctx, sel, id)
+	for try := 1; try < throttleRetries && errors.Is(err, provider.ErrThrottled); try++ {
+		wait, given := provider.RetryAfter(err)
+		if !given {
+			wait = time.Second
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return vm, ok, err
+		case <-t.C:
+		}
+		vm, ok, err = p.vmOfVolume(ctx, sel, id)
+	}
+	return vm, ok, err
+}
+
 // readVMs reads the VMs of the volumes ids, readConcurrency at a time,
 // in the order of ids; the first failure cancels the rest and is returned.
 func (p *Provider) readVMs(ctx context.Context, sel provider.Selector, ids []string) ([]provider.VM, error) {
@@ -197,7 +226,7 @@ func (p *Provider) readVMs(ctx context.Context, sel provider.Selector, ids []str
 	for range min(readConcurrency, len(ids)) {
 		wg.Go(func() {
 			for i := range next {
-				vm, ok, err := p.vmOfVolume(ctx, sel, ids[i])
+				vm, ok, err := p.vmOfVolumePatiently(ctx, sel, ids[i])
 				if err != nil {
 					once.Do(func() { first = err; cancel() })
 					continue

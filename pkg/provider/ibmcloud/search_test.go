@@ -11,6 +11,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/IBM/go-sdk-core/v5/core"
 	"github.com/IBM/vpc-go-sdk/vpcv1"
@@ -240,4 +241,30 @@ func TestABigNodeIsListedTheCheaperWay(t *testing.T) {
 	}
 	assert.Equal(t, 1+1+1+1, list(0), "search, instance count, one page of volumes, one page of instances")
 	assert.Equal(t, 1+1+2*60, list(15000), "search, instance count (151 pages would cost more), two reads per VM")
+}
+
+// TestAListingOutlastsRefusalsForRate lists a node's VMs against a read
+// bucket far smaller than the listing's reads: the refused reads wait the
+// Retry-After and go again, so the listing finishes, where failing on the
+// first refusal would leave a fleet starting at once retrying whole
+// listings into an empty bucket.
+func TestAListingOutlastsRefusalsForRate(t *testing.T) {
+	opts := conformance.Options(&conformance.Clock{})
+	opts.PageSize = 100
+	c := cloud.New(opts)
+	budget := cloud.NewBudget(time.Now, map[string]cloud.Limit{vpcfake.ClassRead: cloud.PerSecond(6, 50)})
+	srv := httptest.NewServer(vpcfake.NewServer(c, vpcfake.WithAPIKey(testAPIKey), vpcfake.WithAccessToken(testAccessToken), vpcfake.WithBudget(budget)))
+	t.Cleanup(srv.Close)
+	t.Setenv(ibmcloud.EnvAPIKey, testAPIKey)
+	p, err := ibmcloud.New(context.Background(), testConfig(srv.URL))
+	require.NoError(t, err)
+	sel := provider.Selector{Cluster: conformance.Cluster, Node: "node-mine"}
+	seed(t, c, sel.Node, 10)
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	vms, err := p.List(ctx, sel)
+	require.NoError(t, err)
+	assert.Len(t, vms, 10)
+	assert.Positive(t, budget.Throttled(), "the bucket did refuse reads (the test works)")
 }
