@@ -374,7 +374,8 @@ func TestHandbackWhenTheNewCaaFails(t *testing.T) {
 }
 
 // TestBrokenNewVersionNeverAsks: a new caa with a setting that fails before
-// the hand-over (here, credentials the cloud refuses) never disturbs the
+// the hand-over (here, a flag that fails validation; refused credentials
+// fail the preflight, which also runs before the ask) never disturbs the
 // running one.
 func TestBrokenNewVersionNeverAsks(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
