@@ -374,10 +374,12 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 			n.refuse("this caa gave the ledger back")
 			log.Warn("the old caa took the ledger back: stopping work and closing the ledger", "reason", reason)
 			stopWork()
-			ho.Returned()
+			// Say so before the old caa hears it: once it resumes, this
+			// caa's status must already read aborted.
 			n.status.SetHandover(health.Handover{Role: health.RoleTookOver, Peer: ho.From.String(), Outcome: health.HandoverAborted,
 				Reason: reason, StartedAt: n.asked, Took: health.Duration(time.Since(n.asked))})
 			n.events.NodeEvent(f.node, true, "CaaHandoverAborted", fmt.Sprintf("caa %s gave the ledger back to %s: %s", n.me, ho.From, reason))
+			ho.Returned()
 			return holdOutcome{end: endReturned, reason: reason}
 
 		case req := <-requests:

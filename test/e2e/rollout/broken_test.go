@@ -157,10 +157,13 @@ func (e *env) stallAndUndo(ctx context.Context, old PodSample, name string, r re
 			last := e.lastProc(old.UID)
 			return last.Ready, nil
 		})
-		aborted, ok := e.rec.timeline().handoverOf(newPod.UID, health.RoleTookOver)
-		if assert.True(t, ok, "the broken caa showed its hand-over on /status") {
-			assert.Equal(t, health.HandoverAborted, aborted.Outcome, "the broken caa gave the ledger back")
-		}
+		// The recorder samples each process in turn: the broken caa's
+		// aborted status can reach the timeline a poll after the old
+		// caa's handback.
+		e.eventually(ctx, 30*time.Second, "the broken caa shows it gave the ledger back", func() (bool, error) {
+			h, ok := e.rec.timeline().handoverOf(newPod.UID, health.RoleTookOver)
+			return ok && h.Outcome == health.HandoverAborted, nil
+		})
 		assert.Contains(t, ph.HandbackReason, "--handover-ready-timeout", "the old caa says why it took the ledger back")
 		ev := e.waitNodeEvents(ctx, node, "CaaHandedBack", "CaaHandoverAborted")
 		assert.Contains(t, ev["CaaHandedBack"], "--handover-ready-timeout", "the Node's event says why")
