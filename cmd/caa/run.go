@@ -406,9 +406,9 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	// Everything that can fail for this build or its settings (the cloud's
 	// credentials and resource ids, the pod cache) is made ready before the
 	// ledger is asked for: a broken new version fails here, while the caa
-	// beside it still holds the ledger and keeps reconciling.
-	// The pod cache syncs from the apiserver while the preflight asks the
-	// cloud: each waits on a different server.
+	// beside it still holds the ledger and keeps reconciling. The pod
+	// cache syncs from the apiserver while the preflight asks the cloud:
+	// each waits on a different server.
 	pods, err := reconcile.NewPodSource(client, f.node, f.runtimeClasses, 0)
 	if err != nil {
 		return err
