@@ -1,0 +1,315 @@
+package podvmfake
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// CloudNetwork is a node and a VM, each a network namespace, joined by a veth
+// pair: the "cloud network" between a worker and its pod VMs.
+type CloudNetwork struct {
+	// NodeNS and VMNS are the namespaces' paths.
+	NodeNS, VMNS string
+	// NodeIP and VMIP are their addresses on the cloud network (a /24).
+	NodeIP, VMIP netip.Prefix
+
+	prefix string
+	named  []string
+}
+
+// Pod is a pod's network namespace on the node, wired as a CNI would: eth0
+// (a veth whose peer is in the node's namespace) with the pod's IP, and a
+// default route through the node's end.
+type Pod struct {
+	NSPath    string
+	IP        netip.Prefix
+	MAC       string
+	GatewayIP netip.Addr
+	// HostVeth is the veth's end in the node's namespace.
+	HostVeth string
+}
+
+// RequireNetNS stops t when namespaces cannot be built: it skips, saying so,
+// only when the kernel lacks network namespaces or VXLAN; anything else
+// (not root, for one) fails the test, because CI runs these as root.
+func RequireNetNS(t testing.TB) {
+	t.Helper()
+	for _, p := range []string{"/proc/self/ns/net", "/sys/module/vxlan"} {
+		if _, err := os.Stat(p); errors.Is(err, os.ErrNotExist) {
+			if p == "/sys/module/vxlan" && kernelHasBuiltinVXLAN() {
+				continue
+			}
+			t.Skipf("kernel lacks %s: the namespace/VXLAN parts of this test cannot run here", p)
+		}
+	}
+	if os.Geteuid() != 0 {
+		t.Fatalf("network namespace tests need root (CI runs them as root); run: sudo go test %s", t.Name())
+	}
+}
+
+func kernelHasBuiltinVXLAN() bool {
+	// A built-in driver has no /sys/module entry until used; a throwaway
+	// namespace that can create a VXLAN device says for sure.
+	ok := false
+	_ = inNewNS(func(h *netlink.Handle) error {
+		err := h.LinkAdd(&netlink.Vxlan{LinkAttrs: netlink.LinkAttrs{Name: "probe0"}, VxlanId: 1, Port: 4789})
+		ok = err == nil
+		return nil
+	})
+	return ok
+}
+
+func inNewNS(fn func(h *netlink.Handle) error) error {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return err
+	}
+	defer orig.Close()
+	ns, err := netns.New()
+	if err != nil {
+		return err
+	}
+	defer ns.Close()
+	if err := netns.Set(orig); err != nil {
+		return err
+	}
+	h, err := netlink.NewHandleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	return fn(h)
+}
+
+func randomName() string {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	return "caa" + hex.EncodeToString(b)
+}
+
+// newNamed creates a named network namespace (/run/netns/name) without
+// leaving the calling thread in it.
+func newNamed(name string) (string, error) {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return "", err
+	}
+	defer orig.Close()
+	ns, err := netns.NewNamed(name)
+	if err != nil {
+		_ = netns.Set(orig)
+		return "", fmt.Errorf("create netns %s: %w", name, err)
+	}
+	ns.Close()
+	if err := netns.Set(orig); err != nil {
+		// This thread is in the wrong namespace: never hand it back.
+		runtime.Goexit()
+	}
+	return filepath.Join("/run/netns", name), nil
+}
+
+// InNetNS runs fn with the calling goroutine's thread in the namespace at
+// path; sockets fn opens stay in that namespace.
+func InNetNS(path string, fn func() error) error {
+	target, err := netns.GetFromPath(path)
+	if err != nil {
+		return fmt.Errorf("open netns %s: %w", path, err)
+	}
+	defer target.Close()
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	orig, err := netns.Get()
+	if err != nil {
+		return err
+	}
+	defer orig.Close()
+	if err := netns.Set(target); err != nil {
+		return fmt.Errorf("enter netns %s: %w", path, err)
+	}
+	defer func() {
+		if err := netns.Set(orig); err != nil {
+			runtime.Goexit()
+		}
+	}()
+	return fn()
+}
+
+func handleAt(path string) (*netlink.Handle, error) {
+	ns, err := netns.GetFromPath(path)
+	if err != nil {
+		return nil, err
+	}
+	defer ns.Close()
+	return netlink.NewHandleAt(ns)
+}
+
+// NewCloudNetwork builds a node and a VM namespace joined by a veth pair,
+// node 10.123.0.1/24, VM 10.123.0.2/24; t.Cleanup removes them.
+func NewCloudNetwork(t testing.TB) *CloudNetwork {
+	t.Helper()
+	RequireNetNS(t)
+	cn := &CloudNetwork{prefix: randomName(), NodeIP: netip.MustParsePrefix("10.123.0.1/24"), VMIP: netip.MustParsePrefix("10.123.0.2/24")}
+	t.Cleanup(cn.Close)
+	var err error
+	if cn.NodeNS, err = cn.newNS("node"); err != nil {
+		t.Fatal(err)
+	}
+	if cn.VMNS, err = cn.newNS("vm"); err != nil {
+		t.Fatal(err)
+	}
+	if err := link(cn.NodeNS, "cloud0", cn.NodeIP, cn.VMNS, "eth0", cn.VMIP, ""); err != nil {
+		t.Fatal(err)
+	}
+	return cn
+}
+
+func (cn *CloudNetwork) newNS(role string) (string, error) {
+	name := cn.prefix + "-" + role
+	p, err := newNamed(name)
+	if err != nil {
+		return "", err
+	}
+	cn.named = append(cn.named, name)
+	h, err := handleAt(p)
+	if err != nil {
+		return "", err
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return "", err
+	}
+	return p, h.LinkSetUp(lo)
+}
+
+// NewPod adds a pod namespace on the node: eth0 with ip (e.g. 10.244.1.5/24)
+// and a default route via the subnet's first address, which the node's end of
+// the veth holds.
+func (cn *CloudNetwork) NewPod(t testing.TB, ip netip.Prefix) *Pod {
+	t.Helper()
+	p := &Pod{IP: ip, GatewayIP: ip.Masked().Addr().Next(), HostVeth: fmt.Sprintf("veth%d", len(cn.named))}
+	var err error
+	if p.NSPath, err = cn.newNS(fmt.Sprintf("pod%d", len(cn.named))); err != nil {
+		t.Fatal(err)
+	}
+	gw := netip.PrefixFrom(p.GatewayIP, ip.Bits())
+	if err := link(cn.NodeNS, p.HostVeth, gw, p.NSPath, "eth0", ip, p.GatewayIP.String()); err != nil {
+		t.Fatal(err)
+	}
+	h, err := handleAt(p.NSPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	eth0, err := h.LinkByName("eth0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.MAC = eth0.Attrs().HardwareAddr.String()
+	return p
+}
+
+// link creates a veth pair, aName in namespace a and bName in b, addresses
+// them and sets them up; gwB, if set, becomes b's default route.
+func link(a, aName string, aIP netip.Prefix, b, bName string, bIP netip.Prefix, gwB string) error {
+	ha, err := handleAt(a)
+	if err != nil {
+		return err
+	}
+	defer ha.Close()
+	hb, err := handleAt(b)
+	if err != nil {
+		return err
+	}
+	defer hb.Close()
+	nsB, err := netns.GetFromPath(b)
+	if err != nil {
+		return err
+	}
+	defer nsB.Close()
+	tmp := "t" + randomName()
+	if err := ha.LinkAdd(&netlink.Veth{LinkAttrs: netlink.LinkAttrs{Name: aName}, PeerName: tmp}); err != nil {
+		return fmt.Errorf("veth %s: %w", aName, err)
+	}
+	peer, err := ha.LinkByName(tmp)
+	if err != nil {
+		return err
+	}
+	if err := ha.LinkSetNsFd(peer, int(nsB)); err != nil {
+		return err
+	}
+	if peer, err = hb.LinkByName(tmp); err != nil {
+		return err
+	}
+	if err := hb.LinkSetName(peer, bName); err != nil {
+		return err
+	}
+	for _, s := range []struct {
+		h    *netlink.Handle
+		name string
+		ip   netip.Prefix
+	}{{ha, aName, aIP}, {hb, bName, bIP}} {
+		l, err := s.h.LinkByName(s.name)
+		if err != nil {
+			return err
+		}
+		addr := &netlink.Addr{IPNet: &net.IPNet{IP: s.ip.Addr().AsSlice(), Mask: net.CIDRMask(s.ip.Bits(), 32)}}
+		if err := s.h.AddrAdd(l, addr); err != nil {
+			return fmt.Errorf("address %s on %s: %w", s.ip, s.name, err)
+		}
+		if err := s.h.LinkSetUp(l); err != nil {
+			return err
+		}
+	}
+	if gwB != "" {
+		l, err := hb.LinkByName(bName)
+		if err != nil {
+			return err
+		}
+		r := &netlink.Route{LinkIndex: l.Attrs().Index, Gw: net.ParseIP(gwB), Protocol: unix.RTPROT_BOOT}
+		if err := hb.RouteAdd(r); err != nil {
+			return fmt.Errorf("default route via %s: %w", gwB, err)
+		}
+	}
+	return nil
+}
+
+// Close removes the namespaces (their devices go with them).
+func (cn *CloudNetwork) Close() {
+	for _, n := range cn.named {
+		_ = netns.DeleteNamed(n)
+	}
+	cn.named = nil
+}
+
+// DialIn returns a dial function whose sockets are opened in the namespace at
+// path (for relay.Config.Dial when the "node" is a namespace).
+func DialIn(path string) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		var c net.Conn
+		err := InNetNS(path, func() error {
+			var err error
+			c, err = (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, network, addr)
+			return err
+		})
+		return c, err
+	}
+}
