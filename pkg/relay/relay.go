@@ -278,9 +278,13 @@ func (r *Relay) WaitReachable(ctx context.Context) error {
 		if r.isClosed() {
 			return errors.New("relay: closed")
 		}
-		last = r.probe(ctx)
-		if last == nil {
+		err := r.probe(ctx)
+		if err == nil {
 			return nil
+		}
+		// A probe cut short by ctx says less than the one before it.
+		if ctx.Err() == nil || last == nil {
+			last = err
 		}
 		t := time.NewTimer(delay)
 		select {

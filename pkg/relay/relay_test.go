@@ -193,7 +193,7 @@ func TestWaitReachableWantsAServingAgent(t *testing.T) {
 	tc, err := f.ca.ClientTLS()
 	require.NoError(t, err)
 	r, _ := startRelay(t, vm.Addr().String(), tc)
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	err = r.WaitReachable(ctx)
 	require.ErrorIs(t, err, context.DeadlineExceeded)

@@ -91,7 +91,7 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 		return err
 	}
 	if o.NetNS != "" {
-		if err := podNetwork(o.NetNS, cfg.Network); err != nil {
+		if err := BuildVMEnd(o.NetNS, cfg.Network); err != nil {
 			return nil, fmt.Errorf("fake pod VM: pod network: %w", err)
 		}
 		err = InNetNS(o.NetNS, listen)
@@ -198,11 +198,11 @@ func (vm *VM) Close() error {
 	return nil
 }
 
-// podNetwork builds the VM's end of the tunnel as the image's podnode side
+// BuildVMEnd builds the VM's end of the tunnel as the image's podnode side
 // does (pkg/podnetwork/tunneler/vxlan/podnode.go upstream): a VXLAN device to
 // the worker with the sandbox's id and port, carrying the pod's MAC, IP and
 // MTU (capped at 1450). The fake puts it straight into the VM's namespace.
-func podNetwork(nsPath string, n podvm.Network) error {
+func BuildVMEnd(nsPath string, n podvm.Network) error {
 	h, err := handleAt(nsPath)
 	if err != nil {
 		return err
