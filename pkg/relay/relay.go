@@ -296,6 +296,15 @@ func (r *Relay) WaitReachable(ctx context.Context) error {
 	}
 }
 
+// Probe makes one WaitReachable attempt: nil if the forwarder and the agent
+// behind it answer now. For a periodic check of a running sandbox's VM.
+func (r *Relay) Probe(ctx context.Context) error {
+	if err := r.probe(ctx); err != nil {
+		return fmt.Errorf("relay: forwarder %s: %w", r.cfg.Addr, err)
+	}
+	return nil
+}
+
 func (r *Relay) probe(ctx context.Context) error {
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()

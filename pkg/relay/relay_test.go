@@ -26,7 +26,7 @@ type fixture struct {
 	userData []byte
 }
 
-func newFixture(t *testing.T) fixture {
+func newFixture(t testing.TB) fixture {
 	t.Helper()
 	ca, err := pki.LoadOrCreateCA(t.TempDir())
 	require.NoError(t, err)
@@ -44,7 +44,7 @@ func newFixture(t *testing.T) fixture {
 	return fixture{ca: ca, userData: ud}
 }
 
-func boot(t *testing.T, f fixture, addr string) *podvmfake.VM {
+func boot(t testing.TB, f fixture, addr string) *podvmfake.VM {
 	t.Helper()
 	vm, err := podvmfake.Boot(context.Background(), podvmfake.Options{UserData: f.userData, ListenAddr: addr})
 	require.NoError(t, err)
@@ -146,7 +146,7 @@ func TestVMGoneEndsTheShimsConnection(t *testing.T) {
 	vm := boot(t, f, "")
 	tc, err := f.ca.ClientTLS()
 	require.NoError(t, err)
-	_, sock := startRelay(t, vm.Addr().String(), tc)
+	r, sock := startRelay(t, vm.Addr().String(), tc)
 	ctx := ctxT(t)
 	cl := shim(t, sock)
 	errc := make(chan error, 1)
@@ -155,6 +155,7 @@ func TestVMGoneEndsTheShimsConnection(t *testing.T) {
 		errc <- err
 	}()
 	require.NoError(t, vm.Agent.AwaitWaiting(ctx, "c1"))
+	require.NoError(t, r.Probe(ctx))
 	vm.Close()
 	select {
 	case err := <-errc:
@@ -162,6 +163,7 @@ func TestVMGoneEndsTheShimsConnection(t *testing.T) {
 	case <-ctx.Done():
 		t.Fatal("the shim did not see its VM go")
 	}
+	require.Error(t, r.Probe(ctx), "a probe must see the VM gone")
 }
 
 func TestWaitReachableRetriesUntilTheVMBoots(t *testing.T) {
