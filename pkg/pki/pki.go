@@ -7,8 +7,8 @@
 //	<dir>/agent-ca.pem           current CA: certificate and private key, mode 0600
 //	<dir>/agent-ca-previous.pem  optional: the CA before a rotation, same format
 //
-// Every pod VM gets, in its user data, a server certificate for its IP signed by
-// the current CA and the CA's certificate as the only client CA it trusts. caa
+// Every pod VM gets, in its user data, a server certificate for its name signed
+// by the current CA and the CA's certificate as the only client CA it trusts. caa
 // presents a client certificate signed by the same CA. The CA survives restarts,
 // so a restarted caa still authenticates to the VMs it created before (upstream's
 // adaptor makes a fresh CA per process and cannot: see proxy/factory.go in
@@ -47,8 +47,7 @@ const (
 )
 
 const (
-	caValidity     = 10 * 365 * 24 * time.Hour
-	clientValidity = 365 * 24 * time.Hour
+	caValidity = 10 * 365 * 24 * time.Hour
 	// clockSkew backdates NotBefore so a VM whose clock is slightly behind the
 	// node's accepts a certificate issued a moment ago.
 	clockSkew = 5 * time.Minute
@@ -120,7 +119,10 @@ func LoadOrCreateCA(dir string) (*CA, error) {
 func (ca *CA) CertPEM() []byte { return bytes.Clone(ca.certPEM) }
 
 // IssueServer issues a server certificate for a pod VM: its IPs and DNS names
-// become SANs (caa dials the VM by IP, so the IP is what the relay verifies).
+// become SANs. The user data is built before the cloud gives the VM an IP, so
+// usually the VM's name is the SAN and the relay verifies it
+// (relay.Config.ServerName), as upstream's proxy does with the instance name.
+// The VM cannot renew it: give ttl the longest life a pod VM may have.
 // serial is the certificate's serial number in hex, for the ledger; keyPEM is
 // the VM's private key, which belongs in its user data only, never in the
 // ledger or a log.
@@ -161,8 +163,9 @@ func (ca *CA) IssueServer(ips []net.IP, dnsNames []string, ttl time.Duration) (c
 // ClientTLS returns the TLS configuration of caa's side of the relay: caa's
 // client certificate (from the CA the VM asks for, so VMs from before a
 // rotation still accept it), the current and previous CA as roots, TLS 1.2 at
-// least (the floor the forwarder enforces too). Set ServerName per VM, or
-// leave it empty to verify the dialled IP.
+// least (the floor the forwarder enforces too). Set ServerName per VM (the
+// name its certificate was issued for), or leave it empty to verify the
+// dialled IP.
 func (ca *CA) ClientTLS() (*tls.Config, error) {
 	roots := x509.NewCertPool()
 	roots.AddCert(ca.cert)
@@ -194,7 +197,9 @@ func (ca *CA) issueClient() (tls.Certificate, error) {
 	if err != nil {
 		return tls.Certificate{}, fmt.Errorf("pki: generate client key: %w", err)
 	}
-	tmpl, _, err := leafTemplate("caa", clientValidity, x509.ExtKeyUsageClientAuth)
+	// Valid as long as its CA: it is made afresh at every start and its key
+	// never leaves memory, so a long-running caa never outlives it.
+	tmpl, _, err := leafTemplate("caa", time.Until(ca.cert.NotAfter), x509.ExtKeyUsageClientAuth)
 	if err != nil {
 		return tls.Certificate{}, err
 	}

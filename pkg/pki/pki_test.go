@@ -238,3 +238,22 @@ func TestIssueServerRejectsBadInput(t *testing.T) {
 	require.True(t, strings.Contains(string(keyPEM), "PRIVATE KEY"))
 	require.False(t, errors.Is(err, os.ErrNotExist))
 }
+
+func TestServerCertificateForTheVMsName(t *testing.T) {
+	ca, err := pki.LoadOrCreateCA(t.TempDir())
+	require.NoError(t, err)
+	certPEM, keyPEM, _, err := ca.IssueServer(nil, []string{"podvm-a"}, time.Hour)
+	require.NoError(t, err)
+	for name, wantOK := range map[string]bool{"podvm-a": true, "podvm-b": false} {
+		addr, _ := serveOnce(t, certPEM, keyPEM, ca.CertPEM())
+		cfg, err := ca.ClientTLS()
+		require.NoError(t, err)
+		cfg.ServerName = name
+		err = dial(t, addr, cfg)
+		if wantOK {
+			require.NoError(t, err, name)
+		} else {
+			require.Error(t, err, "a certificate for another VM's name must not pass")
+		}
+	}
+}

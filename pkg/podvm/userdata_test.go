@@ -7,7 +7,6 @@ import (
 	"encoding/pem"
 	"flag"
 	"fmt"
-	"net"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -29,7 +28,7 @@ func testConfig(t *testing.T) podvm.Config {
 	t.Helper()
 	ca, err := pki.LoadOrCreateCA(t.TempDir())
 	require.NoError(t, err)
-	certPEM, keyPEM, _, err := ca.IssueServer([]net.IP{net.ParseIP("10.123.0.2")}, nil, time.Hour)
+	certPEM, keyPEM, _, err := ca.IssueServer(nil, []string{"podvm-web-0-01234567"}, time.Hour)
 	require.NoError(t, err)
 	return podvm.Config{
 		PodName:      "web-0",
@@ -78,7 +77,7 @@ var sources = map[string]string{
 	"/run/peerpod/apf.json":                        "caa: always written (the forwarder's configuration)",
 	"apf.json pod-name":                            "CreateVM annotation io.kubernetes.cri.sandbox-name -> Config.PodName",
 	"apf.json pod-namespace":                       "CreateVM annotation io.kubernetes.cri.sandbox-namespace -> Config.PodNamespace",
-	"apf.json tls-server-cert":                     "pki.CA.IssueServer for the VM's IP -> Config.TLSServerCertPEM",
+	"apf.json tls-server-cert":                     "pki.CA.IssueServer for the VM's name (the relay's ServerName) -> Config.TLSServerCertPEM",
 	"apf.json tls-server-key":                      "pki.CA.IssueServer (never in the ledger) -> Config.TLSServerKeyPEM",
 	"apf.json tls-client-ca":                       "pki.CA.CertPEM, the cluster's agent CA -> Config.TLSClientCAPEM",
 	"apf.json pod-network.tunnel-type":             "constant podvm.TunnelType",
@@ -146,7 +145,7 @@ func describe(key string, v any) string {
 		if c.IsCA {
 			what = "CA"
 		}
-		return fmt.Sprintf("PEM CERTIFICATE (%s, IPs %v, usage %v)", what, c.IPAddresses, c.ExtKeyUsage)
+		return fmt.Sprintf("PEM CERTIFICATE (%s, DNS %v, IPs %v, usage %v)", what, c.DNSNames, c.IPAddresses, c.ExtKeyUsage)
 	}
 	return "PEM " + b.Type
 }

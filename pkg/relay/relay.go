@@ -39,8 +39,9 @@ type Config struct {
 	Addr string
 	// TLS is caa's client side (pki.CA.ClientTLS); it is cloned, not changed.
 	TLS *tls.Config
-	// ServerName is the name the VM's certificate must carry; empty verifies
-	// the IP of Addr (caa issues the VM's certificate for its IP).
+	// ServerName is the name the VM's certificate was issued for (its VM
+	// name: the user data is made before the VM has an IP); empty verifies
+	// the IP of Addr instead.
 	ServerName string
 	// DialTimeout bounds one attempt to reach the forwarder for a shim
 	// connection (default 30s): the shim's call fails rather than hangs.

@@ -51,7 +51,9 @@ type Config struct {
 	// networkNamespacePath).
 	NetNSPath string
 	// VXLANID is the tunnel's id (as in the VM's user data); Port its UDP
-	// port (0: 4789).
+	// port (0: 4789). The id must be unique on the node: the kernel keeps one
+	// VXLAN device per id and port in the worker's namespace, and a second
+	// sandbox with the same id fails Setup (the first keeps its tunnel).
 	VXLANID int
 	Port    int
 	// RemoteIP is the VM's IP; LocalIP optionally the worker's source address.

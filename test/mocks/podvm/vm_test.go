@@ -35,7 +35,10 @@ func TestPodVMEndToEnd(t *testing.T) {
 	ca, err := pki.LoadOrCreateCA(t.TempDir())
 	require.NoError(t, err)
 	vmIP := cn.VMIP.Addr()
-	certPEM, keyPEM, _, err := ca.IssueServer([]net.IP{vmIP.AsSlice()}, nil, time.Hour)
+	// As caa does: the user data is made before the VM has an IP, so the
+	// certificate names the VM and the relay checks that name.
+	const vmName = "podvm-web-0-sbe2e"
+	certPEM, keyPEM, _, err := ca.IssueServer(nil, []string{vmName}, time.Hour)
 	require.NoError(t, err)
 	n, err := tunnel.Inspect(pod.NSPath)
 	require.NoError(t, err)
@@ -60,7 +63,7 @@ func TestPodVMEndToEnd(t *testing.T) {
 	require.NoError(t, err)
 	addr := net.JoinHostPort(vmIP.String(), fmt.Sprint(podvm.ForwarderPort))
 	sock := filepath.Join(t.TempDir(), "pods", cfg.SandboxID, "agent.ttrpc")
-	r, err := relay.Start(ctx, relay.Config{SocketPath: sock, Addr: addr, TLS: tc, Dial: podvmfake.DialIn(cn.NodeNS)})
+	r, err := relay.Start(ctx, relay.Config{SocketPath: sock, Addr: addr, TLS: tc, ServerName: vmName, Dial: podvmfake.DialIn(cn.NodeNS)})
 	require.NoError(t, err)
 	defer r.Close()
 	require.NoError(t, r.WaitReachable(ctx))
@@ -105,7 +108,7 @@ func TestPodVMEndToEnd(t *testing.T) {
 	otc, err := other.ClientTLS()
 	require.NoError(t, err)
 	otc.RootCAs.AppendCertsFromPEM(ca.CertPEM())
-	r2, err := relay.Start(ctx, relay.Config{SocketPath: filepath.Join(t.TempDir(), "x.ttrpc"), Addr: addr, TLS: otc, Dial: podvmfake.DialIn(cn.NodeNS)})
+	r2, err := relay.Start(ctx, relay.Config{SocketPath: filepath.Join(t.TempDir(), "x.ttrpc"), Addr: addr, TLS: otc, ServerName: vmName, Dial: podvmfake.DialIn(cn.NodeNS)})
 	require.NoError(t, err)
 	defer r2.Close()
 	before := len(vm.Stats().Rejected)
