@@ -9,7 +9,15 @@
 // proxy, pkg/adaptor/proxy/proxy.go, uses the "/agent" URL only for its host
 // and port). The forwarder requires a client certificate from its client CA and
 // TLS 1.2 at least. So the relay copies bytes: the shim's ttrpc frames go
-// unchanged through a TLS connection per shim connection.
+// unchanged through a TLS connection per shim connection. kata's shim dials the
+// agent socket as a plain unix socket (kata-containers at 7c6ba40c,
+// src/runtime/virtcontainers/pkg/agent/protocols/client/client.go,
+// RemoteSockDialer).
+//
+// Upstream's proxy terminates ttrpc instead and rewrites one call,
+// CreateContainer, for two features caa does not offer (a CDI annotation for
+// GPU pods, CSI cloud volumes; pkg/adaptor/proxy/service.go); every other call
+// passes through unchanged there as here.
 package relay
 
 import (

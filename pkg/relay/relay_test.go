@@ -30,18 +30,7 @@ func newFixture(t testing.TB) fixture {
 	t.Helper()
 	ca, err := pki.LoadOrCreateCA(t.TempDir())
 	require.NoError(t, err)
-	certPEM, keyPEM, _, err := ca.IssueServer([]net.IP{net.ParseIP("127.0.0.1")}, nil, time.Hour)
-	require.NoError(t, err)
-	ud, err := podvm.UserData(podvm.Config{
-		PodName: "p", PodNamespace: "ns", SandboxID: "sb1",
-		Network: podvm.Network{
-			VXLANID: 555000, VXLANPort: 4789, WorkerIP: netip.MustParsePrefix("127.0.0.1/8"),
-			Interface: "eth0", PodIP: netip.MustParsePrefix("10.244.0.9/24"), PodMAC: "02:00:00:00:00:09", MTU: 1450,
-		},
-		TLSServerCertPEM: certPEM, TLSServerKeyPEM: keyPEM, TLSClientCAPEM: ca.CertPEM(),
-	})
-	require.NoError(t, err)
-	return fixture{ca: ca, userData: ud}
+	return fixture{ca: ca, userData: userDataFor(t, ca)}
 }
 
 func boot(t testing.TB, f fixture, addr string) *podvmfake.VM {
@@ -282,4 +271,56 @@ func TestUnreachableForwarderClosesTheShimConnection(t *testing.T) {
 	var ne net.Error
 	require.False(t, errors.As(err, &ne) && ne.Timeout(), "the relay must close, not hang, a connection it cannot relay")
 	require.Equal(t, 1, r.Stats().Failed)
+}
+
+// TestRestartServesTheSamePathAgain plays caa's restart under a live sandbox:
+// the old relay is gone (its connections with it, as stock kata sees it), a
+// new one on the same path reaches the same VM with the CA from disk.
+func TestRestartServesTheSamePathAgain(t *testing.T) {
+	dir := t.TempDir()
+	ca, err := pki.LoadOrCreateCA(dir)
+	require.NoError(t, err)
+	f := fixture{ca: ca, userData: userDataFor(t, ca)}
+	vm := boot(t, f, "")
+	ctx := ctxT(t)
+	sock := filepath.Join(t.TempDir(), "agent.ttrpc")
+
+	tc, err := ca.ClientTLS()
+	require.NoError(t, err)
+	r1, err := relay.Start(ctx, relay.Config{SocketPath: sock, Addr: vm.Addr().String(), TLS: tc})
+	require.NoError(t, err)
+	old := shim(t, sock)
+	_, err = agentproto.Check(ctx, old)
+	require.NoError(t, err)
+	require.NoError(t, r1.Close())
+
+	// The restarted caa: a new CA object loaded from the same directory.
+	ca2, err := pki.LoadOrCreateCA(dir)
+	require.NoError(t, err)
+	tc2, err := ca2.ClientTLS()
+	require.NoError(t, err)
+	r2, err := relay.Start(ctx, relay.Config{SocketPath: sock, Addr: vm.Addr().String(), TLS: tc2})
+	require.NoError(t, err)
+	defer r2.Close()
+	require.NoError(t, r2.WaitReachable(ctx))
+	_, err = agentproto.Check(ctx, old)
+	require.Error(t, err, "stock kata's connection does not survive the relay's restart")
+	_, err = agentproto.Check(ctx, shim(t, sock))
+	require.NoError(t, err, "a new connection after the restart reaches the same VM")
+}
+
+func userDataFor(t testing.TB, ca *pki.CA) []byte {
+	t.Helper()
+	certPEM, keyPEM, _, err := ca.IssueServer([]net.IP{net.ParseIP("127.0.0.1")}, nil, time.Hour)
+	require.NoError(t, err)
+	ud, err := podvm.UserData(podvm.Config{
+		PodName: "p", PodNamespace: "ns", SandboxID: "sb1",
+		Network: podvm.Network{
+			VXLANID: 555000, VXLANPort: 4789, WorkerIP: netip.MustParsePrefix("127.0.0.1/8"),
+			Interface: "eth0", PodIP: netip.MustParsePrefix("10.244.0.9/24"), PodMAC: "02:00:00:00:00:09", MTU: 1450,
+		},
+		TLSServerCertPEM: certPEM, TLSServerKeyPEM: keyPEM, TLSClientCAPEM: ca.CertPEM(),
+	})
+	require.NoError(t, err)
+	return ud
 }
