@@ -282,3 +282,41 @@ func TestSetupRefusesBadConfig(t *testing.T) {
 	err := tunnel.Setup(tunnel.Config{NetNSPath: "/run/netns/caa-does-not-exist", VXLANID: 1, RemoteIP: net.ParseIP("10.0.0.1")})
 	require.ErrorContains(t, err, "does not exist")
 }
+
+// TestTwoSandboxesKeepTheirOwnTunnels: two pods on one node, each with its VM
+// and its VXLAN id; each pod's traffic reaches its own VM only, and tearing one
+// down leaves the other working.
+func TestTwoSandboxesKeepTheirOwnTunnels(t *testing.T) {
+	cn := podvmfake.NewCloudNetwork(t)
+	type sb struct {
+		pod *podvmfake.Pod
+		vm  podvmfake.VMHost
+		cfg tunnel.Config
+		rx  *net.UDPConn
+	}
+	var sbs []sb
+	for i, vm := range []podvmfake.VMHost{{NS: cn.VMNS, IP: cn.VMIP}, cn.AddVM(t)} {
+		pod := cn.NewPod(t, netip.MustParsePrefix(fmt.Sprintf("10.244.%d.5/24", i+1)))
+		n, err := tunnel.Inspect(pod.NSPath)
+		require.NoError(t, err)
+		n.VXLANID, n.VXLANPort, n.WorkerIP = vxlanID+i, 4789, cn.NodeIP
+		require.NoError(t, podvmfake.BuildVMEnd(vm.NS, n))
+		cfg := tunnel.Config{NetNSPath: pod.NSPath, VXLANID: n.VXLANID, RemoteIP: vm.IP.Addr().AsSlice(), HostNetNSPath: cn.NodeNS}
+		require.NoError(t, tunnel.Setup(cfg))
+		sbs = append(sbs, sb{pod: pod, vm: vm, cfg: cfg, rx: udpListen(t, vm.NS, pod.IP.Addr().String()+":9996")})
+	}
+	for _, s := range sbs {
+		_, ok := delivered(t, cn.NodeNS, s.pod.IP.Addr().String()+":9996", s.rx, 10*time.Second)
+		require.True(t, ok, "pod %s did not reach its VM", s.pod.IP)
+	}
+	// The same VXLAN id twice on one node is refused, and the first keeps working.
+	dup := sbs[1].cfg
+	dup.VXLANID = sbs[0].cfg.VXLANID
+	require.NoError(t, tunnel.Teardown(sbs[1].cfg))
+	require.Error(t, tunnel.Setup(dup))
+	_, ok := delivered(t, cn.NodeNS, sbs[0].pod.IP.Addr().String()+":9996", sbs[0].rx, 10*time.Second)
+	require.True(t, ok, "the first sandbox lost its tunnel to another's mistake")
+	st, err := tunnel.Check(sbs[0].cfg)
+	require.NoError(t, err)
+	require.True(t, st.Complete(), "%+v", st)
+}

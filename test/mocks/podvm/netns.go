@@ -19,16 +19,20 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// CloudNetwork is a node and a VM, each a network namespace, joined by a veth
-// pair: the "cloud network" between a worker and its pod VMs.
+// CloudNetwork is a node and its VMs, each a network namespace, joined by a
+// bridge in the node's namespace: the "cloud network" between a worker and
+// its pod VMs. A caa under test runs "on the node" through InNetNS (a child
+// process started inside InNetNS(cn.NodeNS, cmd.Start) is born there), or
+// with relay.Config.Dial = DialIn(cn.NodeNS) and tunnel.Config.HostNetNSPath.
 type CloudNetwork struct {
 	// NodeNS and VMNS are the namespaces' paths.
 	NodeNS, VMNS string
-	// NodeIP and VMIP are their addresses on the cloud network (a /24).
+	// NodeIP and VMIP are their addresses on the cloud network (a /16).
 	NodeIP, VMIP netip.Prefix
 
 	prefix string
 	named  []string
+	vms    int
 }
 
 // Pod is a pod's network namespace on the node, wired as a CNI would: eth0
@@ -161,24 +165,80 @@ func handleAt(path string) (*netlink.Handle, error) {
 	return netlink.NewHandleAt(ns)
 }
 
-// NewCloudNetwork builds a node and a VM namespace joined by a veth pair,
-// node 10.123.0.1/24, VM 10.123.0.2/24; t.Cleanup removes them.
+// NewCloudNetwork builds a node namespace with a bridge, the "cloud network"
+// (node 10.123.0.1/16), and a first VM namespace on it (VMNS, VMIP
+// 10.123.0.2/16); AddVM adds more. t.Cleanup removes them all.
 func NewCloudNetwork(t testing.TB) *CloudNetwork {
 	t.Helper()
 	RequireNetNS(t)
-	cn := &CloudNetwork{prefix: randomName(), NodeIP: netip.MustParsePrefix("10.123.0.1/24"), VMIP: netip.MustParsePrefix("10.123.0.2/24")}
+	cn := &CloudNetwork{prefix: randomName(), NodeIP: netip.MustParsePrefix("10.123.0.1/16")}
 	t.Cleanup(cn.Close)
 	var err error
 	if cn.NodeNS, err = cn.newNS("node"); err != nil {
 		t.Fatal(err)
 	}
-	if cn.VMNS, err = cn.newNS("vm"); err != nil {
+	h, err := handleAt(cn.NodeNS)
+	if err != nil {
 		t.Fatal(err)
 	}
-	if err := link(cn.NodeNS, "cloud0", cn.NodeIP, cn.VMNS, "eth0", cn.VMIP, ""); err != nil {
+	defer h.Close()
+	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "cloud0"}}
+	if err := h.LinkAdd(br); err != nil {
+		t.Fatalf("bridge: %v", err)
+	}
+	if err := h.AddrAdd(br, toAddr(cn.NodeIP)); err != nil {
 		t.Fatal(err)
 	}
+	if err := h.LinkSetUp(br); err != nil {
+		t.Fatal(err)
+	}
+	vm := cn.AddVM(t)
+	cn.VMNS, cn.VMIP = vm.NS, vm.IP
 	return cn
+}
+
+// VMHost is one VM's namespace on the cloud network.
+type VMHost struct {
+	NS string
+	IP netip.Prefix
+}
+
+// AddVM adds a VM namespace on the cloud network, with the next address
+// (10.123.0.2, .3, ...; up to about 65000 of them).
+func (cn *CloudNetwork) AddVM(t testing.TB) VMHost {
+	t.Helper()
+	cn.vms++
+	n := cn.vms + 1
+	ip := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 123, byte(n >> 8), byte(n)}), 16)
+	ns, err := cn.newNS(fmt.Sprintf("vm%d", cn.vms))
+	if err != nil {
+		t.Fatal(err)
+	}
+	port := fmt.Sprintf("cvm%d", cn.vms)
+	if err := link(cn.NodeNS, port, netip.Prefix{}, ns, "eth0", ip, ""); err != nil {
+		t.Fatal(err)
+	}
+	h, err := handleAt(cn.NodeNS)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer h.Close()
+	l, err := h.LinkByName(port)
+	if err != nil {
+		t.Fatal(err)
+	}
+	br, err := h.LinkByName("cloud0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := h.LinkSetMaster(l, br); err != nil {
+		t.Fatalf("attach %s to the cloud network: %v", port, err)
+	}
+	return VMHost{NS: ns, IP: ip}
+}
+
+func toAddr(p netip.Prefix) *netlink.Addr {
+	return &netlink.Addr{IPNet: &net.IPNet{IP: p.Addr().AsSlice(), Mask: net.CIDRMask(p.Bits(), 32)}}
 }
 
 func (cn *CloudNetwork) newNS(role string) (string, error) {
@@ -202,7 +262,7 @@ func (cn *CloudNetwork) newNS(role string) (string, error) {
 
 // NewPod adds a pod namespace on the node: eth0 with ip (e.g. 10.244.1.5/24)
 // and a default route via the subnet's first address, which the node's end of
-// the veth holds.
+// the veth holds. Give each pod of one CloudNetwork its own subnet.
 func (cn *CloudNetwork) NewPod(t testing.TB, ip netip.Prefix) *Pod {
 	t.Helper()
 	p := &Pod{IP: ip, GatewayIP: ip.Masked().Addr().Next(), HostVeth: fmt.Sprintf("veth%d", len(cn.named))}
@@ -271,9 +331,10 @@ func link(a, aName string, aIP netip.Prefix, b, bName string, bIP netip.Prefix, 
 		if err != nil {
 			return err
 		}
-		addr := &netlink.Addr{IPNet: &net.IPNet{IP: s.ip.Addr().AsSlice(), Mask: net.CIDRMask(s.ip.Bits(), 32)}}
-		if err := s.h.AddrAdd(l, addr); err != nil {
-			return fmt.Errorf("address %s on %s: %w", s.ip, s.name, err)
+		if s.ip.IsValid() {
+			if err := s.h.AddrAdd(l, toAddr(s.ip)); err != nil {
+				return fmt.Errorf("address %s on %s: %w", s.ip, s.name, err)
+			}
 		}
 		if err := s.h.LinkSetUp(l); err != nil {
 			return err
