@@ -26,6 +26,11 @@
 //     holds the kata cc_init_data annotation's document gzipped then base64'd.
 //   - src/cloud-providers/util/cloudinit/cloudconfig.go: auth.json is capped
 //     at 12288 bytes.
+//   - podvm/misc-settings.sh and the forwarder's systemd unit: an image built
+//     with certificates in /etc/certificates takes them (and its own CA) over
+//     apf.json's, an image built with FORWARDER_PORT listens elsewhere, one
+//     built with TLS_OPTIONS=-disable-tls speaks no TLS. caa supports the
+//     default build: no baked certificates, port 15150, TLS on.
 package podvm
 
 import (
