@@ -99,13 +99,15 @@ type State struct {
 	Link, LinkMatches bool
 	// ToTunnel and FromTunnel: the two redirects are in place.
 	ToTunnel, FromTunnel bool
-	// HostLeftover: a device of this id is still in the worker's namespace.
-	HostLeftover bool
+	// HostLeftover: a device of this id is still in the worker's namespace;
+	// PodLeftover: one was moved into the pod's but not renamed (a crash in
+	// either moment).
+	HostLeftover, PodLeftover bool
 }
 
 // Complete reports whether the tunnel is whole.
 func (s State) Complete() bool {
-	return s.PodNetNS && s.Link && s.LinkMatches && s.ToTunnel && s.FromTunnel && !s.HostLeftover
+	return s.PodNetNS && s.Link && s.LinkMatches && s.ToTunnel && s.FromTunnel && !s.HostLeftover && !s.PodLeftover
 }
 
 type handles struct {
@@ -225,6 +227,9 @@ func ensureLink(h *handles, cfg Config) (netlink.Link, error) {
 	if err := deleteHostLeftover(h, cfg); err != nil {
 		return nil, err
 	}
+	if err := deletePodLeftover(h, cfg); err != nil {
+		return nil, err
+	}
 	name := cfg.hostLinkName()
 	vx := &netlink.Vxlan{
 		LinkAttrs: netlink.LinkAttrs{Name: name},
@@ -270,6 +275,26 @@ func deleteHostLeftover(h *handles, cfg Config) error {
 	}
 	if err := h.host.LinkDel(l); err != nil && !isNotFound(err) {
 		return fmt.Errorf("tunnel: remove leftover %s: %w", cfg.hostLinkName(), err)
+	}
+	return nil
+}
+
+// deletePodLeftover removes a device moved into the pod's namespace but not
+// yet renamed (a crash in that moment): it still holds the id in the worker's
+// namespace, so a new device could not be made.
+func deletePodLeftover(h *handles, cfg Config) error {
+	l, err := h.pod.LinkByName(cfg.hostLinkName())
+	if isNotFound(err) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("tunnel: look up %s in %s: %w", cfg.hostLinkName(), cfg.NetNSPath, err)
+	}
+	if _, ok := l.(*netlink.Vxlan); !ok {
+		return fmt.Errorf("tunnel: %s in %s is a %s, not caa's VXLAN", cfg.hostLinkName(), cfg.NetNSPath, l.Type())
+	}
+	if err := h.pod.LinkDel(l); err != nil && !isNotFound(err) {
+		return fmt.Errorf("tunnel: remove leftover %s from %s: %w", cfg.hostLinkName(), cfg.NetNSPath, err)
 	}
 	return nil
 }
@@ -384,6 +409,9 @@ func Teardown(cfg Config) error {
 	if h.podNSMissing {
 		return errors.Join(errs...)
 	}
+	if cfg.VXLANID > 0 {
+		errs = append(errs, deletePodLeftover(h, cfg))
+	}
 	links, err := h.pod.LinkList()
 	if err != nil {
 		return fmt.Errorf("tunnel: list links of %s: %w", cfg.NetNSPath, err)
@@ -456,6 +484,9 @@ func Check(cfg Config) (State, error) {
 		return s, nil
 	}
 	s.PodNetNS = true
+	if _, err := h.pod.LinkByName(cfg.hostLinkName()); err == nil {
+		s.PodLeftover = true
+	}
 	vx, err := h.pod.LinkByName(LinkName)
 	if err != nil {
 		if isNotFound(err) {
