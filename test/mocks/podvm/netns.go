@@ -11,6 +11,7 @@ import (
 	"os"
 	"path/filepath"
 	"runtime"
+	"slices"
 	"testing"
 	"time"
 
@@ -27,7 +28,8 @@ import (
 type CloudNetwork struct {
 	// NodeNS and VMNS are the namespaces' paths.
 	NodeNS, VMNS string
-	// NodeIP and VMIP are their addresses on the cloud network (a /16).
+	// NodeIP is the node's address on the cloud network (a /16), VMIP the
+	// first VM's (a /32, as every VM's: see AddVMAt).
 	NodeIP, VMIP netip.Prefix
 
 	prefix string
@@ -203,38 +205,77 @@ type VMHost struct {
 	IP netip.Prefix
 }
 
-// AddVM adds a VM namespace on the cloud network, with the next address
-// (10.123.0.2, .3, ...; up to about 65000 of them).
+// AddVM adds a VM namespace on the cloud network with the next free address
+// (10.123.0.2, .3, ...).
 func (cn *CloudNetwork) AddVM(t testing.TB) VMHost {
 	t.Helper()
+	n := cn.vms + 2
+	return cn.AddVMAt(t, netip.AddrFrom4([4]byte{10, 123, byte(n >> 8), byte(n)}))
+}
+
+// AddVMAt adds a VM namespace whose eth0 has ip (any IPv4 address, e.g. the
+// one a fake cloud gave the instance): ip/32 on the VM's side, a host route to
+// it on the node's, and the node's address as the VM's gateway.
+func (cn *CloudNetwork) AddVMAt(t testing.TB, ip netip.Addr) VMHost {
+	t.Helper()
 	cn.vms++
-	n := cn.vms + 1
-	ip := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 123, byte(n >> 8), byte(n)}), 16)
 	ns, err := cn.newNS(fmt.Sprintf("vm%d", cn.vms))
 	if err != nil {
 		t.Fatal(err)
 	}
 	port := fmt.Sprintf("cvm%d", cn.vms)
-	if err := link(cn.NodeNS, port, netip.Prefix{}, ns, "eth0", ip, ""); err != nil {
+	host := netip.PrefixFrom(ip, 32)
+	if err := link(cn.NodeNS, port, netip.Prefix{}, ns, "eth0", host, ""); err != nil {
 		t.Fatal(err)
 	}
+	if err := cn.attachVM(port, ns, host); err != nil {
+		t.Fatalf("VM %s on the cloud network: %v", ip, err)
+	}
+	return VMHost{NS: ns, IP: host}
+}
+
+func (cn *CloudNetwork) attachVM(port, ns string, ip netip.Prefix) error {
 	h, err := handleAt(cn.NodeNS)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer h.Close()
 	l, err := h.LinkByName(port)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	br, err := h.LinkByName("cloud0")
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	if err := h.LinkSetMaster(l, br); err != nil {
-		t.Fatalf("attach %s to the cloud network: %v", port, err)
+		return err
 	}
-	return VMHost{NS: ns, IP: ip}
+	if err := h.RouteReplace(&netlink.Route{LinkIndex: br.Attrs().Index, Dst: toAddr(ip).IPNet, Scope: netlink.SCOPE_LINK}); err != nil {
+		return fmt.Errorf("route to %s: %w", ip, err)
+	}
+	vh, err := handleAt(ns)
+	if err != nil {
+		return err
+	}
+	defer vh.Close()
+	eth0, err := vh.LinkByName("eth0")
+	if err != nil {
+		return err
+	}
+	node := netip.PrefixFrom(cn.NodeIP.Addr(), 32)
+	if err := vh.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Dst: toAddr(node).IPNet, Scope: netlink.SCOPE_LINK}); err != nil {
+		return fmt.Errorf("route to the node: %w", err)
+	}
+	return vh.RouteAdd(&netlink.Route{LinkIndex: eth0.Attrs().Index, Gw: cn.NodeIP.Addr().AsSlice()})
+}
+
+// RemoveVM deletes a VM's namespace: the VM is gone from the network, as when
+// the cloud kills it.
+func (cn *CloudNetwork) RemoveVM(vm VMHost) error {
+	name := filepath.Base(vm.NS)
+	cn.named = slices.DeleteFunc(cn.named, func(n string) bool { return n == name })
+	return netns.DeleteNamed(name)
 }
 
 func toAddr(p netip.Prefix) *netlink.Addr {

@@ -150,3 +150,38 @@ func TestBootRefusesUserDataThePodVMWouldNot(t *testing.T) {
 	_, err = podvmfake.Boot(context.Background(), podvmfake.Options{UserData: []byte("#cloud-config\nwrite_files:\n- path: /run/peerpod/apf.json\n  content: '{}'\n")})
 	require.ErrorContains(t, err, "server certificate")
 }
+
+// TestVMAtACloudsAddress boots a fake VM at an address a fake cloud would
+// give (outside the cloud network's subnet), reaches it from the node, and
+// loses it when the VM is removed behind caa's back.
+func TestVMAtACloudsAddress(t *testing.T) {
+	cn := podvmfake.NewCloudNetwork(t)
+	host := cn.AddVMAt(t, netip.MustParseAddr("10.0.0.7"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ca, err := pki.LoadOrCreateCA(t.TempDir())
+	require.NoError(t, err)
+	certPEM, keyPEM, _, err := ca.IssueServer(nil, []string{"podvm-x"}, time.Hour)
+	require.NoError(t, err)
+	ud, err := podvm.UserData(podvm.Config{
+		PodName: "x", PodNamespace: "default", SandboxID: "sb-x",
+		Network: podvm.Network{VXLANID: podvm.VXLANIDBase, VXLANPort: podvm.DefaultVXLANPort, WorkerIP: cn.NodeIP,
+			Interface: "eth0", PodIP: netip.MustParsePrefix("10.244.9.5/24"), PodMAC: "02:00:00:00:09:05", MTU: 1450},
+		TLSServerCertPEM: certPEM, TLSServerKeyPEM: keyPEM, TLSClientCAPEM: ca.CertPEM(),
+	})
+	require.NoError(t, err)
+	vm, err := podvmfake.Boot(ctx, podvmfake.Options{UserData: ud, NetNS: host.NS})
+	require.NoError(t, err)
+	tc, err := ca.ClientTLS()
+	require.NoError(t, err)
+	r, err := relay.Start(ctx, relay.Config{SocketPath: filepath.Join(t.TempDir(), "a.ttrpc"), Addr: "10.0.0.7:15150", TLS: tc, ServerName: "podvm-x", Dial: podvmfake.DialIn(cn.NodeNS)})
+	require.NoError(t, err)
+	defer r.Close()
+	require.NoError(t, r.WaitReachable(ctx))
+
+	vm.Close()
+	require.NoError(t, cn.RemoveVM(host))
+	pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
+	defer pcancel()
+	require.Error(t, r.Probe(pctx), "a removed VM must not answer")
+}
