@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -184,4 +186,17 @@ func TestVMAtACloudsAddress(t *testing.T) {
 	pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
 	defer pcancel()
 	require.Error(t, r.Probe(pctx), "a removed VM must not answer")
+}
+
+// TestChildProcessStartedInTheNodesNamespace checks what the hypervisor's e2e
+// relies on to run caa "on the node": a process started inside InNetNS is born
+// in that namespace.
+func TestChildProcessStartedInTheNodesNamespace(t *testing.T) {
+	cn := podvmfake.NewCloudNetwork(t)
+	cmd := exec.Command("cat", "/proc/self/net/dev")
+	var out strings.Builder
+	cmd.Stdout = &out
+	require.NoError(t, podvmfake.InNetNS(cn.NodeNS, cmd.Start))
+	require.NoError(t, cmd.Wait())
+	require.Contains(t, out.String(), "cloud0:", "the child does not see the node's interfaces")
 }
