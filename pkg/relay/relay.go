@@ -157,15 +157,25 @@ func removeStaleSocket(path string) error {
 
 func (r *Relay) accept() {
 	defer r.wg.Done()
+	var delay time.Duration
 	for {
 		c, err := r.ln.Accept()
 		if err != nil {
-			if !r.isClosed() {
-				r.log.Error("agent socket accept failed; closing the relay", "err", err)
-				go r.Close()
+			if r.isClosed() || errors.Is(err, net.ErrClosed) {
+				return
 			}
-			return
+			// Out of file descriptors and the like: closing the socket
+			// would fail the sandbox, so wait and accept again.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			r.log.Warn("agent socket accept failed; retrying", "err", err, "in", delay)
+			select {
+			case <-time.After(delay):
+			case <-r.ctx.Done():
+				return
+			}
+			continue
 		}
+		delay = 0
 		if !r.track(c) {
 			c.Close()
 			return
@@ -340,7 +350,7 @@ func (r *Relay) Stats() Stats {
 	return Stats{Accepted: r.accepted, Relayed: r.relayed, Failed: r.failed, Open: r.open}
 }
 
-// Done is closed once the relay is closed (Close, ctx, or a dead listener).
+// Done is closed once the relay is closed (Close or ctx).
 func (r *Relay) Done() <-chan struct{} { return r.ctx.Done() }
 
 func (r *Relay) isClosed() bool {
