@@ -241,10 +241,12 @@ func Parse(userData []byte) (Files, error) {
 		return f, fmt.Errorf("podvm: %s: %w", ForwarderConfigPath, err)
 	}
 	f.Config = fromWire(w)
-	if w.PodNetwork != nil {
-		if err := f.Config.Network.Validate(); err != nil {
-			return f, fmt.Errorf("podvm: %s: %w", ForwarderConfigPath, err)
-		}
+	if w.PodNetwork == nil {
+		// The forwarder's pod network setup reads it unconditionally.
+		return f, fmt.Errorf("podvm: %s has no pod-network: the forwarder would not start", ForwarderConfigPath)
+	}
+	if err := f.Config.Network.Validate(); err != nil {
+		return f, fmt.Errorf("podvm: %s: %w", ForwarderConfigPath, err)
 	}
 	if a, ok := f.Written[AuthJSONPath]; ok {
 		f.Config.AuthJSON = a

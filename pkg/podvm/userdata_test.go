@@ -239,6 +239,10 @@ func TestParseIsTheProvisioningsReading(t *testing.T) {
 		_, err := podvm.Parse([]byte("#cloud-config\nwrite_files: []\n"))
 		require.ErrorContains(t, err, podvm.ForwarderConfigPath)
 	})
+	t.Run("no pod network, no forwarder", func(t *testing.T) {
+		_, err := podvm.Parse([]byte("#cloud-config\nwrite_files:\n- path: /run/peerpod/apf.json\n  content: '{\"pod-name\": \"x\"}'\n"))
+		require.ErrorContains(t, err, "pod-network")
+	})
 	t.Run("a route protocol the forwarder does not know", func(t *testing.T) {
 		bad := bytes.Replace(ud, []byte(`"protocol": "boot"`), []byte(`"protocol": "bird"`), 1)
 		require.NotEqual(t, ud, bad)

@@ -150,7 +150,7 @@ func TestBootRefusesUserDataThePodVMWouldNot(t *testing.T) {
 	_, err := podvmfake.Boot(context.Background(), podvmfake.Options{UserData: []byte("#cloud-config\nruncmd: [x]\n")})
 	require.Error(t, err)
 	_, err = podvmfake.Boot(context.Background(), podvmfake.Options{UserData: []byte("#cloud-config\nwrite_files:\n- path: /run/peerpod/apf.json\n  content: '{}'\n")})
-	require.ErrorContains(t, err, "server certificate")
+	require.ErrorContains(t, err, "pod-network")
 }
 
 // TestVMAtACloudsAddress boots a fake VM at an address a fake cloud would
