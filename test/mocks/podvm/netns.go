@@ -12,6 +12,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -33,8 +34,10 @@ type CloudNetwork struct {
 	NodeIP, VMIP netip.Prefix
 
 	prefix string
+	mu     sync.Mutex
 	named  []string
 	vms    int
+	pods   int
 }
 
 // Pod is a pod's network namespace on the node, wired as a CNI would: eth0
@@ -209,7 +212,9 @@ type VMHost struct {
 // (10.123.0.2, .3, ...).
 func (cn *CloudNetwork) AddVM(t testing.TB) VMHost {
 	t.Helper()
+	cn.mu.Lock()
 	n := cn.vms + 2
+	cn.mu.Unlock()
 	return cn.AddVMAt(t, netip.AddrFrom4([4]byte{10, 123, byte(n >> 8), byte(n)}))
 }
 
@@ -218,20 +223,31 @@ func (cn *CloudNetwork) AddVM(t testing.TB) VMHost {
 // it on the node's, and the node's address as the VM's gateway.
 func (cn *CloudNetwork) AddVMAt(t testing.TB, ip netip.Addr) VMHost {
 	t.Helper()
-	cn.vms++
-	ns, err := cn.newNS(fmt.Sprintf("vm%d", cn.vms))
+	vm, err := cn.addVMAt(ip)
 	if err != nil {
 		t.Fatal(err)
 	}
-	port := fmt.Sprintf("cvm%d", cn.vms)
+	return vm
+}
+
+func (cn *CloudNetwork) addVMAt(ip netip.Addr) (VMHost, error) {
+	cn.mu.Lock()
+	cn.vms++
+	n := cn.vms
+	cn.mu.Unlock()
+	ns, err := cn.newNS(fmt.Sprintf("vm%d", n))
+	if err != nil {
+		return VMHost{}, err
+	}
+	port := fmt.Sprintf("cvm%d", n)
 	host := netip.PrefixFrom(ip, 32)
 	if err := link(cn.NodeNS, port, netip.Prefix{}, ns, "eth0", host, ""); err != nil {
-		t.Fatal(err)
+		return VMHost{}, err
 	}
 	if err := cn.attachVM(port, ns, host); err != nil {
-		t.Fatalf("VM %s on the cloud network: %v", ip, err)
+		return VMHost{}, fmt.Errorf("VM %s on the cloud network: %w", ip, err)
 	}
-	return VMHost{NS: ns, IP: host}
+	return VMHost{NS: ns, IP: host}, nil
 }
 
 func (cn *CloudNetwork) attachVM(port, ns string, ip netip.Prefix) error {
@@ -274,7 +290,9 @@ func (cn *CloudNetwork) attachVM(port, ns string, ip netip.Prefix) error {
 // the cloud kills it.
 func (cn *CloudNetwork) RemoveVM(vm VMHost) error {
 	name := filepath.Base(vm.NS)
+	cn.mu.Lock()
 	cn.named = slices.DeleteFunc(cn.named, func(n string) bool { return n == name })
+	cn.mu.Unlock()
 	return netns.DeleteNamed(name)
 }
 
@@ -288,7 +306,9 @@ func (cn *CloudNetwork) newNS(role string) (string, error) {
 	if err != nil {
 		return "", err
 	}
+	cn.mu.Lock()
 	cn.named = append(cn.named, name)
+	cn.mu.Unlock()
 	h, err := handleAt(p)
 	if err != nil {
 		return "", err
@@ -306,9 +326,13 @@ func (cn *CloudNetwork) newNS(role string) (string, error) {
 // the veth holds. Give each pod of one CloudNetwork its own subnet.
 func (cn *CloudNetwork) NewPod(t testing.TB, ip netip.Prefix) *Pod {
 	t.Helper()
-	p := &Pod{IP: ip, GatewayIP: ip.Masked().Addr().Next(), HostVeth: fmt.Sprintf("veth%d", len(cn.named))}
+	cn.mu.Lock()
+	cn.pods++
+	k := cn.pods
+	cn.mu.Unlock()
+	p := &Pod{IP: ip, GatewayIP: ip.Masked().Addr().Next(), HostVeth: fmt.Sprintf("vethpod%d", k)}
 	var err error
-	if p.NSPath, err = cn.newNS(fmt.Sprintf("pod%d", len(cn.named))); err != nil {
+	if p.NSPath, err = cn.newNS(fmt.Sprintf("pod%d", k)); err != nil {
 		t.Fatal(err)
 	}
 	gw := netip.PrefixFrom(p.GatewayIP, ip.Bits())
@@ -396,6 +420,8 @@ func link(a, aName string, aIP netip.Prefix, b, bName string, bIP netip.Prefix, 
 
 // Close removes the namespaces (their devices go with them).
 func (cn *CloudNetwork) Close() {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
 	for _, n := range cn.named {
 		_ = netns.DeleteNamed(n)
 	}

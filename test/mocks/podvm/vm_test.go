@@ -19,6 +19,7 @@ import (
 	"github.com/caa-project/caa/pkg/podvm"
 	"github.com/caa-project/caa/pkg/relay"
 	"github.com/caa-project/caa/pkg/tunnel"
+	"github.com/caa-project/caa/test/mocks/cloud"
 	podvmfake "github.com/caa-project/caa/test/mocks/podvm"
 )
 
@@ -199,4 +200,52 @@ func TestChildProcessStartedInTheNodesNamespace(t *testing.T) {
 	require.NoError(t, podvmfake.InNetNS(cn.NodeNS, cmd.Start))
 	require.NoError(t, cmd.Wait())
 	require.Contains(t, out.String(), "cloud0:", "the child does not see the node's interfaces")
+}
+
+// TestFleetPlaysTheFakeCloudsInstances: an instance created in the fake
+// cloud with caa's user data gets a pod VM at its IP, reachable through the
+// relay; killed behind caa's back, the VM leaves the network; an instance
+// whose user data the image would refuse is reported, not booted.
+func TestFleetPlaysTheFakeCloudsInstances(t *testing.T) {
+	cn := podvmfake.NewCloudNetwork(t)
+	c := cloud.New(cloud.Options{IDPrefix: "i-"})
+	fleet := podvmfake.NewFleet(cn, c, nil)
+	defer fleet.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	ca, err := pki.LoadOrCreateCA(t.TempDir())
+	require.NoError(t, err)
+	certPEM, keyPEM, _, err := ca.IssueServer(nil, []string{"podvm-a"}, time.Hour)
+	require.NoError(t, err)
+	ud, err := podvm.UserData(podvm.Config{
+		PodName: "a", PodNamespace: "default", SandboxID: "sb-a",
+		Network: podvm.Network{VXLANID: podvm.VXLANIDBase, VXLANPort: podvm.DefaultVXLANPort, WorkerIP: cn.NodeIP,
+			Interface: "eth0", PodIP: netip.MustParsePrefix("10.244.7.5/24"), PodMAC: "02:00:00:00:07:05", MTU: 1450},
+		TLSServerCertPEM: certPEM, TLSServerKeyPEM: keyPEM, TLSClientCAPEM: ca.CertPEM(),
+	})
+	require.NoError(t, err)
+	good, err := c.Create(cloud.CreateRequest{Name: "podvm-a", UserData: ud})
+	require.NoError(t, err)
+	bad, err := c.Create(cloud.CreateRequest{Name: "podvm-b", UserData: []byte("#cloud-config\nruncmd: [x]\n")})
+	require.NoError(t, err)
+	fleet.Sync(ctx)
+	require.NotNil(t, fleet.VM(good.ID))
+	require.Nil(t, fleet.VM(bad.ID))
+	require.Contains(t, fleet.Failed(), bad.ID)
+
+	tc, err := ca.ClientTLS()
+	require.NoError(t, err)
+	r, err := relay.Start(ctx, relay.Config{SocketPath: filepath.Join(t.TempDir(), "a.ttrpc"), Addr: net.JoinHostPort(good.IPs[0], "15150"), TLS: tc, ServerName: "podvm-a", Dial: podvmfake.DialIn(cn.NodeNS)})
+	require.NoError(t, err)
+	defer r.Close()
+	require.NoError(t, r.WaitReachable(ctx))
+	require.Equal(t, 1, fleet.VM(good.ID).Agent.Checks())
+
+	require.NoError(t, c.Kill(good.ID))
+	fleet.Sync(ctx)
+	require.Nil(t, fleet.VM(good.ID))
+	pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
+	defer pcancel()
+	require.Error(t, r.Probe(pctx), "a killed instance's VM must not answer")
 }
