@@ -324,3 +324,34 @@ func userDataFor(t testing.TB, ca *pki.CA) []byte {
 	require.NoError(t, err)
 	return ud
 }
+
+// TestShimConnectionWaitsForTheBootingVM: a connection accepted before the
+// forwarder listens is held (within DialTimeout) and relayed once it does.
+func TestShimConnectionWaitsForTheBootingVM(t *testing.T) {
+	f := newFixture(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close()
+	tc, err := f.ca.ClientTLS()
+	require.NoError(t, err)
+	sock := filepath.Join(t.TempDir(), "agent.ttrpc")
+	r, err := relay.Start(context.Background(), relay.Config{SocketPath: sock, Addr: addr, TLS: tc, DialTimeout: 20 * time.Second})
+	require.NoError(t, err)
+	defer r.Close()
+	ctx := ctxT(t)
+	cl := shim(t, sock)
+	got := make(chan error, 1)
+	go func() {
+		_, err := agentproto.Check(ctx, cl)
+		got <- err
+	}()
+	select {
+	case err := <-got:
+		t.Fatalf("answered before the VM booted: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	vm := boot(t, f, addr)
+	require.NoError(t, <-got)
+	require.Equal(t, 1, vm.Agent.Checks())
+}
