@@ -287,5 +287,10 @@ func mergeByCloud(prev, next Scenario) Scenario {
 	}
 	out.Ran = fmt.Sprintf("%s Only %s from that run; %s from the run before it: %s", next.Ran, strings.Join(ran, ", "),
 		strings.Join(kept, ", "), prev.Ran)
+	if prev.Setup != "" && prev.Setup != next.Setup {
+		// A smaller fleet on a busy machine, say: the rows kept were
+		// measured under the other setup, and the reader must see it.
+		out.Ran += fmt.Sprintf(" The setup below is that run's; %s ran with the setup before it: %s", strings.Join(kept, ", "), prev.Setup)
+	}
 	return out
 }

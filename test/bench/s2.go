@@ -20,7 +20,8 @@ import (
 // limiter (rate and burst), as a shared cloud account is when other nodes
 // spend it too: caa's limiter lets writes through faster than the cloud
 // takes them, so the cloud throttles, and the run shows caa absorbing it
-// (Retry-After, backoff) with every VM still created once.
+// (its own backoff: EC2 says nothing of when to come back) with every VM
+// still created once.
 const (
 	s2Pods       = 1000
 	s2Killed     = 100
@@ -42,7 +43,7 @@ func (b *bench) s2(ctx context.Context) (Scenario, error) {
 	schedule := max(caaSchedule, cloudSchedule)
 	sc := Scenario{ID: "S2", Title: "recreate storm",
 		Setup: fmt.Sprintf("%d peer pods on one node (EC2 fake), %d VMs killed while caa is down; caa runs with `--create-rate %s --create-burst %d`, "+
-			"and the fake cloud is stricter: it throttles creates and deletes above %s/s with burst %d (Retry-After 1 s), so caa's limiter "+
+			"and the fake cloud is stricter: it throttles creates and deletes above %s/s with burst %d (with no Retry-After, as EC2), so caa's limiter "+
 			"lets through more than the cloud accepts and throttling has to be absorbed. The fake boots a VM in %s; no latency injected. "+
 			"caa's startup pass holds `/readyz` until the new VMs have booted (reason VMBooting, looked at again every second, bounded by "+
 			"`--boot-timeout`), so both times share one bound.",

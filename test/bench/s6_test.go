@@ -170,6 +170,10 @@ func TestMergeByCloudKeepsTheCloudsNotRun(t *testing.T) {
 	assert.Equal(t, []float64{6}, got.Rows[1].Runs)
 	assert.Equal(t, []string{"aws, idle: 7 audits", "azure, idle: 6 audits"}, got.Details)
 	assert.Equal(t, "Measured at eleven. Only aws from that run; azure from the run before it: Measured at ten.", got.Ran)
+	prev.Setup, next.Setup = "24 caa processes.", "12 caa processes."
+	assert.Equal(t, "Measured at eleven. Only aws from that run; azure from the run before it: Measured at ten. "+
+		"The setup below is that run's; azure ran with the setup before it: 24 caa processes.", mergeByCloud(prev, next).Ran,
+		"a smaller fleet's run says what the rows it kept were measured with")
 	all := Scenario{ID: "S6", Pivot: true, Rows: []Row{{Case: "aws, idle", Runs: []float64{5}}}}
 	assert.Equal(t, all, mergeByCloud(Scenario{Rows: []Row{{Case: "aws, idle"}}}, all), "every cloud measured again: the new run whole")
 }

@@ -48,6 +48,10 @@ type Harness struct {
 	// Secrets are the credentials the harness configured; they must never
 	// show in an error or a log line.
 	Secrets []string
+	// NoRetryAfter says the cloud's throttling reply never says when to
+	// come back (EC2's), whatever the fault asks for: the caller then
+	// gets no Retry-After and paces itself.
+	NoRetryAfter bool
 }
 
 // Factory builds a harness on a fresh cloud made with opts.
@@ -467,8 +471,12 @@ func testThrottling(t *testing.T, e env) {
 	_, err = e.Provider.Get(e.ctx, vm.ID)
 	require.ErrorIs(t, err, provider.ErrThrottled)
 	d, ok := provider.RetryAfter(err)
-	assert.True(t, ok, "the cloud's Retry-After reaches the caller: %v", err)
-	assert.Equal(t, 7*time.Second, d)
+	if e.NoRetryAfter {
+		assert.False(t, ok, "the cloud said nothing of when to retry, nor may the provider: %v", err)
+	} else {
+		assert.True(t, ok, "the cloud's Retry-After reaches the caller: %v", err)
+		assert.Equal(t, 7*time.Second, d)
+	}
 	assert.Equal(t, int64(1), e.Cloud.Counters()[cloud.OpGet], "throttling is surfaced at once, not retried inside the SDK")
 
 	_, err = e.Provider.Create(e.ctx, Spec(41, "node-a"))

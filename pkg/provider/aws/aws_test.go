@@ -103,6 +103,8 @@ func factory(tb testing.TB, opts cloud.Options) conformance.Harness {
 	return conformance.Harness{
 		Provider: f.provider, Cloud: f.cloud, Logs: f.logs.String,
 		Secrets: []string{testAccessKeyID, testSecretKey},
+		// EC2 throttles with no Retry-After (test/mocks/aws/budget.go).
+		NoRetryAfter: true,
 	}
 }
 

@@ -3,7 +3,6 @@ package ibmcloud
 import (
 	"context"
 	"fmt"
-	"sync"
 	"time"
 
 	"github.com/IBM/go-sdk-core/v5/core"
@@ -21,68 +20,106 @@ const (
 	bulkAbove = 50
 )
 
-// bulkIsCheaper reports, for a node with n VMs, whether listing the VPC's
-// instances costs fewer calls than reading the n VMs by id. It asks VPC
-// for the instance count (one call, one instance).
-func (p *Provider) bulkIsCheaper(ctx context.Context, n int) (bool, error) {
+// cheaperInBulk reports, for a node with n VMs in a VPC of total
+// instances, whether listing the VPC's instances and the node's boot
+// volumes costs fewer calls than reading the n VMs by id (two reads each).
+func cheaperInBulk(total int64, n int) bool {
+	pagesOfInstances := (total + pageLimit - 1) / pageLimit
+	pagesOfVolumes := int64(n+pageLimit-1) / pageLimit
+	return pagesOfInstances+pagesOfVolumes < int64(2*n)
+}
+
+// listBig is List for a node whose search found more than bulkAbove
+// volumes (ids). Two things go out at once: the first page of the VPC's
+// instances, whose total_count says whether VPC's listings are cheaper
+// than two reads per VM, and the node's boot volumes by tag, which the
+// listings need. When the listings are cheaper, the instance pages go on
+// from the first while the volumes arrive, and the two are joined on the
+// boot volume's attachment; the answer costs no separate count and one
+// round trip less than asking first. Otherwise the volume listing is
+// cancelled (at most its first page spent) and the VMs are read by id.
+func (p *Provider) listBig(ctx context.Context, sel provider.Selector, ids []string) ([]provider.VM, error) {
+	type tagged struct {
+		owned map[string]map[string]string
+		err   error
+	}
+	vctx, vcancel := context.WithCancel(ctx)
+	defer vcancel()
+	volumes := make(chan tagged, 1)
+	go func() {
+		owned, err := p.taggedInstances(vctx, sel)
+		volumes <- tagged{owned, err}
+	}()
+	stopVolumes := func() { vcancel(); <-volumes }
+
 	opts := p.instanceListOptions()
-	opts.Limit = ptr(int64(1))
-	coll, resp, err := call(ctx, p.cfg.ReadTimeout, provider.DefaultReadTimeout, func(ctx context.Context) (*vpcv1.InstanceCollection, *core.DetailedResponse, error) {
+	opts.Limit = ptr(int64(pageLimit))
+	first, resp, err := call(ctx, p.cfg.ReadTimeout, provider.DefaultReadTimeout, func(ctx context.Context) (*vpcv1.InstanceCollection, *core.DetailedResponse, error) {
 		return p.api.ListInstancesWithContext(ctx, opts)
 	})
 	if err != nil {
-		return false, classify(opList, resp, fmt.Errorf("count the instances: %w", err))
+		stopVolumes()
+		return nil, classify(opList, resp, fmt.Errorf("list the instances: %w", err))
 	}
-	total := int64(0)
-	if coll.TotalCount != nil {
-		total = *coll.TotalCount
+	total := int64(len(first.Instances))
+	if first.TotalCount != nil {
+		total = *first.TotalCount
 	}
-	pagesOfInstances := (total + pageLimit - 1) / pageLimit
-	pagesOfVolumes := int64(n+pageLimit-1) / pageLimit
-	return pagesOfInstances+pagesOfVolumes < int64(2*n), nil
-}
-
-// listFromVPC is List from VPC's listings alone, for a node whose own VMs
-// outnumber what listing the VPC costs: it lists, side by side, the boot
-// volumes carrying sel's node tag (whose tags say whose VM it is) and the
-// instances (for state, addresses and shape), each to its last page, and
-// joins them on the volume's attachment.
-func (p *Provider) listFromVPC(ctx context.Context, sel provider.Selector) ([]provider.VM, error) {
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	var (
-		once  sync.Once
-		first error
-		owned map[string]map[string]string
-		all   []vpcv1.Instance
-		wg    sync.WaitGroup
-	)
-	fail := func(err error) {
-		once.Do(func() { first = err; cancel() })
+	if !cheaperInBulk(total, len(ids)) {
+		stopVolumes()
+		return p.readVMs(ctx, sel, ids)
 	}
-	wg.Go(func() {
-		var err error
-		if owned, err = p.taggedInstances(ctx, sel); err != nil {
-			fail(err)
-		}
-	})
-	wg.Go(func() {
-		var err error
-		if all, err = p.instances(ctx); err != nil {
-			fail(err)
-		}
-	})
-	wg.Wait()
-	if first != nil {
-		return nil, first
+	all, err := p.restOfInstances(ctx, opts, first)
+	if err != nil {
+		stopVolumes()
+		return nil, err
+	}
+	v := <-volumes
+	if v.err != nil {
+		return nil, v.err
 	}
 	var out []provider.VM
 	for i := range all {
-		if tags, ok := owned[str(all[i].ID)]; ok {
+		if tags, ok := v.owned[str(all[i].ID)]; ok {
 			out = append(out, vmOf(&all[i], tags))
 		}
 	}
 	return out, nil
+}
+
+// restOfInstances follows the instance listing opts from its first page
+// to the last, each page under its own deadline; an instance on two
+// pages is a pagination loop.
+func (p *Provider) restOfInstances(ctx context.Context, opts *vpcv1.ListInstancesOptions, first *vpcv1.InstanceCollection) ([]vpcv1.Instance, error) {
+	seen := map[string]bool{}
+	var all []vpcv1.Instance
+	page := first
+	for {
+		for _, in := range page.Instances {
+			if seen[str(in.ID)] {
+				return nil, &provider.Error{Provider: providerName, Op: opList, Code: "pagination_loop",
+					Message: fmt.Sprintf("%s came back on a later page", str(in.ID))}
+			}
+			seen[str(in.ID)] = true
+			all = append(all, in)
+		}
+		start, err := page.GetNextStart()
+		if err != nil {
+			return nil, classify(opList, nil, fmt.Errorf("the next page of instances: %w", err))
+		}
+		if start == nil {
+			return all, nil
+		}
+		next := *opts
+		next.Start = start
+		var resp *core.DetailedResponse
+		page, resp, err = call(ctx, p.cfg.ReadTimeout, provider.DefaultReadTimeout, func(ctx context.Context) (*vpcv1.InstanceCollection, *core.DetailedResponse, error) {
+			return p.api.ListInstancesWithContext(ctx, &next)
+		})
+		if err != nil {
+			return nil, classify(opList, resp, fmt.Errorf("list the instances: %w", err))
+		}
+	}
 }
 
 // taggedInstances maps instance id to tags for every boot volume tagged
@@ -103,22 +140,6 @@ func (p *Provider) taggedInstances(ctx context.Context, sel provider.Selector) (
 			}
 		}
 		return str(v.ID)
-	})
-	return out, err
-}
-
-// instances lists every instance in the configured VPC and resource group.
-func (p *Provider) instances(ctx context.Context) ([]vpcv1.Instance, error) {
-	opts := p.instanceListOptions()
-	opts.Limit = ptr(int64(pageLimit))
-	pager, err := p.api.NewInstancesPager(opts)
-	if err != nil {
-		return nil, classify(opList, nil, err)
-	}
-	var out []vpcv1.Instance
-	err = pages(ctx, p.cfg.ReadTimeout, pager.HasNext, pager.GetNextWithContext, func(in vpcv1.Instance) string {
-		out = append(out, in)
-		return str(in.ID)
 	})
 	return out, err
 }

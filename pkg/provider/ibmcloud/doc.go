@@ -36,17 +36,21 @@
 // default) for the VPC volumes carrying caa's managed-by tag and the
 // (first piece of the) encoded cluster and node tags, each a quoted phrase
 // of the escaped alphabet, so no node name can change the query; it asks
-// for the CRN only and follows search_cursor until a page comes back empty
-// or without one. Each hit is then read from VPC by id: the volume (its
+// for the CRN only, in pages of 1,000, and follows search_cursor until a
+// page holds fewer hits than that (the service hands a live cursor back on
+// every page, the last one included, so waiting for an empty page would
+// cost every listing a second search). Each hit is then read from VPC by id: the volume (its
 // decoded tags are checked against the selector and name the instance it
 // boots) and the instance (state, addresses, shape; it must be in the
 // configured VPC and resource group). A listing of a node with n VMs costs
 // one search (per thousand hits) and 2n reads, at most four in flight,
-// whatever else the account holds. Above 50 VMs, when the VPC's instance
-// count (one call) says its listings cost fewer calls than 2n reads, List
-// lists boot volumes with the node's tag and the VPC's instances instead,
-// side by side, and joins them on the boot volume's attachment, as it did
-// before Global Search.
+// whatever else the account holds. Above 50 VMs, List asks at once for
+// the first page of the VPC's instances and for the boot volumes with the
+// node's tag; when the instance count on that page says VPC's listings
+// cost fewer calls than 2n reads, it pages on through the instances and
+// joins them with the volumes on the boot volume's attachment, as it did
+// before Global Search; otherwise it drops the volume listing and reads by
+// id.
 //
 // The search index lags VPC by seconds to minutes, so List trusts it for
 // discovery only: a hit VPC answers 404 for (deleted, the index not yet

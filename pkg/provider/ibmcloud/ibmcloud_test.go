@@ -55,6 +55,9 @@ func factory(t testing.TB, opts cloud.Options) conformance.Harness {
 	logs := captureSDKLogs(t)
 	p, err := ibmcloud.New(context.Background(), testConfig(srv.URL))
 	require.NoError(t, err)
+	// Search pages as small as the core's, so the suite's pagination
+	// case crosses Global Search pages too.
+	ibmcloud.SetSearchLimit(p, opts.PageSize)
 	return conformance.Harness{Provider: p, Cloud: c, Logs: logs, Secrets: []string{testAPIKey, testAccessToken}}
 }
 

@@ -49,6 +49,9 @@ type Provider struct {
 	crTokenFiles []string
 	// route describes the credential route, for the log; no secret.
 	route string
+	// searchLimit is the page List asks Global Search for; zero is
+	// searchLimit, the API's largest. Tests lower it to see pages.
+	searchLimit int
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -244,20 +247,14 @@ func (p *Provider) bootVolumeTags(ctx context.Context, op string, in *vpcv1.Inst
 // acts (invariant I3). For a node of up to bulkAbove VMs the cost is one
 // search plus two reads per VM, whatever else the account holds. A node
 // with more VMs than that is listed from VPC's listings instead when they
-// cost fewer calls (see bulkIsCheaper).
+// cost fewer calls (see listBig).
 func (p *Provider) List(ctx context.Context, sel provider.Selector) ([]provider.VM, error) {
 	ids, err := p.searchVolumes(ctx, sel)
 	if err != nil {
 		return nil, err
 	}
 	if len(ids) > bulkAbove {
-		bulk, err := p.bulkIsCheaper(ctx, len(ids))
-		if err != nil {
-			return nil, err
-		}
-		if bulk {
-			return p.listFromVPC(ctx, sel)
-		}
+		return p.listBig(ctx, sel, ids)
 	}
 	return p.readVMs(ctx, sel, ids)
 }

@@ -87,13 +87,20 @@ func volumeIDOfCRN(crn string) string {
 }
 
 // searchVolumes asks Global Search for the volumes tagged for sel and
-// returns their ids, following the cursor to the end: until a page comes
-// back empty or without a cursor. A CRN on two pages is a pagination loop.
+// returns their ids, following the cursor to the end. The service hands
+// out a live cursor on every page, the last one included, so the end is a
+// page with fewer hits than the limit (or an empty one, or one without a
+// cursor): waiting for the empty page would cost every listing one more
+// search. A CRN on two pages is a pagination loop.
 func (p *Provider) searchVolumes(ctx context.Context, sel provider.Selector) ([]string, error) {
+	limit := p.searchLimit
+	if limit <= 0 {
+		limit = searchLimit
+	}
 	opts := &globalsearchv2.SearchOptions{
 		Query:  ptr(searchQuery(sel)),
 		Fields: searchFields,
-		Limit:  ptr(int64(searchLimit)),
+		Limit:  ptr(int64(limit)),
 	}
 	if p.cfg.AccountID != "" {
 		opts.AccountID = ptr(p.cfg.AccountID)
@@ -119,7 +126,7 @@ func (p *Provider) searchVolumes(ctx context.Context, sel provider.Selector) ([]
 			}
 		}
 		cursor := str(res.SearchCursor)
-		if len(res.Items) == 0 || cursor == "" {
+		if len(res.Items) < limit || cursor == "" {
 			return ids, nil
 		}
 		// With a cursor, the API ignores every other field of the body.

@@ -56,10 +56,16 @@ func NewBudget(now func() time.Time) *cloud.Budget {
 }
 
 // WithBudget makes the server enforce b: a call its buckets refuse gets
-// EC2's throttling reply (503 RequestLimitExceeded, with a Retry-After
-// header saying when the bucket has a token again). b counts the calls it
-// sees under cloud.OpCreate, OpGet, OpList and OpDelete. Without this
-// option nothing is metered.
+// EC2's throttling reply, 503 RequestLimitExceeded and nothing that says
+// when to come back. EC2 sends no Retry-After header: its
+// throttling page (the link above) and AWS's knowledge-center article on
+// RequestLimitExceeded
+// (https://repost.aws/knowledge-center/ec2-launch-multiple-requestlimitexceeded)
+// tell callers to retry with exponential backoff and to pace themselves to
+// the bucket's refill, and the SDKs' standard retryer picks its own delay
+// for throttling codes. So a client that waits only as long as the server
+// says gets no help here, as against EC2. b counts the calls it sees under cloud.OpCreate,
+// OpGet, OpList and OpDelete. Without this option nothing is metered.
 func WithBudget(b *cloud.Budget) Option { return func(s *server) { s.budget = b } }
 
 // charges classifies one request for the budget: the class it counts

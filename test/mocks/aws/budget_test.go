@@ -54,7 +54,7 @@ func TestBudgetRefusalOnTheWire(t *testing.T) {
 	}
 	resp, body := post()
 	assert.Equal(t, http.StatusServiceUnavailable, resp.StatusCode)
-	assert.Equal(t, "1", resp.Header.Get("Retry-After"))
+	assert.Empty(t, resp.Header.Get("Retry-After"), "EC2 throttles with no Retry-After")
 	var doc struct {
 		Code      string `xml:"Errors>Error>Code"`
 		Message   string `xml:"Errors>Error>Message"`
@@ -106,9 +106,8 @@ func TestProviderReadsBudgetRefusalAsThrottled(t *testing.T) {
 	throttled := func(t *testing.T, err error) {
 		t.Helper()
 		require.ErrorIs(t, err, provider.ErrThrottled)
-		d, ok := provider.RetryAfter(err)
-		assert.True(t, ok, "the refusal carries the cloud's Retry-After: %v", err)
-		assert.Equal(t, time.Second, d)
+		_, ok := provider.RetryAfter(err)
+		assert.False(t, ok, "EC2 says nothing of when to retry; caa's own backoff decides: %v", err)
 		var pe *provider.Error
 		require.ErrorAs(t, err, &pe)
 		assert.Equal(t, "RequestLimitExceeded", pe.Code)

@@ -6,7 +6,8 @@
 // dies with the instance (DeleteOnTermination). Requests are parsed
 // strictly: an unknown parameter, a malformed id or an out-of-range value
 // gets EC2's own validation error. Faults drawn by the core's Admit become
-// EC2's throttling (503 RequestLimitExceeded with a Retry-After header),
+// EC2's throttling (503 RequestLimitExceeded, with no Retry-After header:
+// see budget.go),
 // 500 InternalError and 403 UnauthorizedOperation replies. WithBudget adds
 // EC2's published request limits (budget.go): a call over them gets the
 // same throttling reply.
@@ -15,11 +16,9 @@ package ec2fake
 import (
 	"fmt"
 	"io"
-	"math"
 	"mime"
 	"net/http"
 	"net/url"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -211,9 +210,7 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if e := faultError(fault); e != nil {
-		if fault.Kind == cloud.FaultThrottle && fault.RetryAfter > 0 {
-			w.Header().Set("Retry-After", strconv.Itoa(int(math.Ceil(fault.RetryAfter.Seconds()))))
-		}
+		// No Retry-After, whatever the fault asks for: see throttleReply.
 		s.writeError(w, e)
 		return
 	}
@@ -229,7 +226,6 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		if op, cs, ok := charges(name, q); ok {
 			if take := s.budget.Take(op, cs...); !take.OK {
 				s.cloud.CountThrottled()
-				w.Header().Set("Retry-After", strconv.Itoa(take.RetryAfterSeconds()))
 				s.writeError(w, faultError(cloud.Fault{Kind: cloud.FaultThrottle}))
 				return
 			}

@@ -104,29 +104,34 @@ func (s *Server) search(w http.ResponseWriter, r *http.Request) {
 		writeSearchProblem(w, http.StatusBadRequest, "bad_request", "The query is not valid: "+err.Error())
 		return
 	}
-	pageSize := min(limit, s.cloud.PageSize())
+	// A page holds as many hits as the limit asks for while there are
+	// more (the core's page size does not cut it), and every answer
+	// carries a live cursor, the last and the empty one included: the
+	// API's reference (the search operation of Global Search v3, and the
+	// search_cursor field of its request body in IBM's platform-services
+	// SDK) says the first call returns a live cursor to use on every later
+	// call until the result set comes back empty, and that a client may
+	// stop once a page holds fewer items than the limit. A client that
+	// stops only on an empty page pays one more search per listing here,
+	// as it does against the real service.
 	items := []map[string]any{}
-	next := ""
+	next := cur
 	// Search shows only what the caller may view: a volume it may not
 	// read is left out, as if it were not there.
 	visible := s.visibleTo(r, "volume")
-	for i, doc := range s.index(cur.After) {
+	docs := s.index(cur.After)
+	next.After = cur.After + len(docs)
+	for i, doc := range docs {
 		if !doc.matches(terms) || !visible(doc.id, doc.group) {
 			continue
 		}
 		items = append(items, doc.item(cur.Fields))
-		if len(items) == pageSize {
-			c := cur
-			c.After = cur.After + i + 1
-			next = encodeCursor(c)
+		if len(items) == limit {
+			next.After = cur.After + i + 1
 			break
 		}
 	}
-	out := map[string]any{"items": items, "limit": limit}
-	if next != "" {
-		out["search_cursor"] = next
-	}
-	writeJSON(w, http.StatusOK, out)
+	writeJSON(w, http.StatusOK, map[string]any{"items": items, "limit": limit, "search_cursor": encodeCursor(next)})
 }
 
 // searchParams checks the query parameters and returns the limit.
