@@ -572,6 +572,9 @@ func toHealthPass(res reconcile.PassResult) health.Pass {
 	for _, o := range res.Orphans {
 		p.Orphans = append(p.Orphans, health.Orphan{ID: o.ID, Pod: o.Pod, FirstSeen: o.FirstSeen})
 	}
+	for _, ps := range res.Degraded {
+		p.Degraded = append(p.Degraded, health.PodNote(ps))
+	}
 	if errors.Is(res.Err, reconcile.ErrStopping) {
 		p.Blocked = "stopping: no new work"
 	}

@@ -101,6 +101,15 @@ func (i instrumented) List(ctx context.Context, sel provider.Selector) ([]provid
 	return vms, err
 }
 
+// Leftovers passes through to a provider that finds leftovers; it makes no
+// call, so there is nothing to count.
+func (i instrumented) Leftovers(sel provider.Selector) []provider.VM {
+	if lf, ok := i.p.(provider.LeftoverFinder); ok {
+		return lf.Leftovers(sel)
+	}
+	return nil
+}
+
 func (i instrumented) Delete(ctx context.Context, id string) error {
 	start := time.Now()
 	err := i.p.Delete(ctx, id)

@@ -46,6 +46,7 @@ type Metrics struct {
 	podsPending    prometheus.Gauge
 	podsFailed     prometheus.Gauge
 	notWatched     prometheus.Gauge
+	vmsDegraded    prometheus.Gauge
 	orphansPending prometheus.Gauge
 	orphanOldest   prometheus.Gauge
 	handovers      *prometheus.CounterVec
@@ -115,6 +116,10 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 			Name: "caa_records_not_watched",
 			Help: "Ledger records whose pod exists with a runtime class caa does not watch (kept, never deleted for that), as of the last pass.",
 		}),
+		vmsDegraded: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "caa_vms_degraded",
+			Help: "Peer pods whose VM runs while the cloud reports it degraded (e.g. Azure provisioning state Failed after an extension failed): kept, never replaced, as of the last pass.",
+		}),
 		orphansPending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "caa_orphans_pending",
 			Help: "Orphan VMs seen and waiting out the grace period before deletion, as of the last pass.",
@@ -144,7 +149,7 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 	cs := []prometheus.Collector{
 		m.passes, m.passDuration, m.actions, m.cloudCalls, m.cloudDuration, m.records,
 		m.orphansDeleted, m.timeToReady, m.ready, m.podsPending, m.podsFailed,
-		m.notWatched, m.orphansPending, m.orphanOldest,
+		m.notWatched, m.vmsDegraded, m.orphansPending, m.orphanOldest,
 		m.handovers, m.handoverTook, m.handoverGap,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -239,6 +244,13 @@ func (m *Metrics) setWatch(notWatched int, orphans []Orphan, now time.Time) {
 		oldest = max(oldest, now.Sub(o.FirstSeen).Seconds())
 	}
 	m.orphanOldest.Set(oldest)
+}
+
+func (m *Metrics) setDegraded(n int) {
+	if m == nil {
+		return
+	}
+	m.vmsDegraded.Set(float64(n))
 }
 
 func (m *Metrics) setReady(ready bool) {

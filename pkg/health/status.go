@@ -93,6 +93,9 @@ type Pass struct {
 	NotWatched []PodNote
 	// Orphans: orphan VMs waiting out their grace period before deletion.
 	Orphans []Orphan
+	// Degraded: pods whose VM runs while the cloud reports it degraded
+	// (kept, never replaced). Listed, never blocking.
+	Degraded []PodNote
 }
 
 // Orphan is an orphan VM waiting out its grace period.
@@ -191,6 +194,7 @@ func (s *Status) PassDone(p Pass) {
 	m.observePass(p)
 	m.setPods(len(p.Pending), len(p.Failed))
 	m.setWatch(len(p.NotWatched), p.Orphans, s.cfg.Now())
+	m.setDegraded(len(p.Degraded))
 	if p.Records != nil {
 		m.setRecords(p.Records)
 	}
@@ -342,6 +346,8 @@ type Snapshot struct {
 	// not watch; Orphans the orphan VMs waiting out their grace.
 	NotWatched []PodNote `json:"notWatched,omitempty"`
 	Orphans    []Orphan  `json:"orphans,omitempty"`
+	// Degraded are pods whose VM runs degraded (kept, never replaced).
+	Degraded []PodNote `json:"degraded,omitempty"`
 	// Handover is the last ledger hand-over this caa took part in.
 	Handover *Handover `json:"handover,omitempty"`
 }
@@ -373,6 +379,7 @@ func (s *Status) Snapshot() Snapshot {
 		Failed:     listed(s.last.Failed, len(s.last.Failed)),
 		NotWatched: listed(s.last.NotWatched, len(s.last.NotWatched)),
 		Orphans:    slices.Clone(s.last.Orphans),
+		Degraded:   listed(s.last.Degraded, len(s.last.Degraded)),
 	}
 	if s.handover != nil {
 		h := *s.handover

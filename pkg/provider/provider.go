@@ -108,6 +108,11 @@ type VM struct {
 	InstanceType string            `json:"instanceType,omitempty"`
 	Image        string            `json:"image,omitempty"`
 	Zone         string            `json:"zone,omitempty"`
+	// Degraded, when set, says why the cloud reports an alive VM unhealthy
+	// while it runs (Azure: the last control-plane operation failed, e.g.
+	// an extension pushed by a policy). A degraded VM is kept and reported,
+	// never replaced: a replacement would meet the same cause.
+	Degraded string `json:"degraded,omitempty"`
 }
 
 // Owner reads the identity tags of a VM.

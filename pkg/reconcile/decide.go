@@ -135,6 +135,7 @@ const (
 	ReasonRetryCreate    = "RetryCreate"
 	ReasonCloudRefused   = "CloudRefusedSpec"
 	ReasonNotPeer        = "RuntimeClassNotWatched"
+	ReasonVMDegraded     = "VMDegraded"
 	ReasonVMUnknown      = "VMUnknown"
 	ReasonBackoff        = "BackingOff"
 	ReasonOtherProvider  = "RecordedOnAnotherProvider"
@@ -218,11 +219,11 @@ func Decide(in Input, cfg Config) Action {
 	}
 	switch {
 	case vm.State.Alive():
-		if rec.Phase == ledger.PhaseRunning && rec.VMID == vm.ID && rec.ReplacesVMID == "" {
+		if rec.Phase == ledger.PhaseRunning && provider.SameVM(rec.VMID, vm.ID) && rec.ReplacesVMID == "" {
 			return Action{Kind: KindNone, Reason: ReasonInSync}
 		}
 		a := Action{Kind: KindAdopt, Reason: ReasonAdopted, Message: fmt.Sprintf("VM %s is %s", vm.ID, vm.State)}
-		if rec.ReplacesVMID != "" && rec.ReplacesVMID != vm.ID {
+		if rec.ReplacesVMID != "" && !provider.SameVM(rec.ReplacesVMID, vm.ID) {
 			// The replacement exists; the dead VM it replaces still has to go.
 			a.OldVMID = rec.ReplacesVMID
 		}

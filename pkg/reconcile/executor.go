@@ -31,6 +31,7 @@ const (
 	EventCreateFailed = "VMCreateFailed"
 	EventDeleteFailed = "VMDeleteFailed"
 	EventNotWatched   = "RuntimeClassNotWatched"
+	EventVMDegraded   = "VMDegraded"
 )
 
 // Executor applies actions: the ledger's intent first (durable when Put

@@ -22,10 +22,10 @@ func Orphans(vms []provider.VM, records []ledger.Record, alive map[string]bool) 
 	for _, r := range records {
 		byPod[r.PodUID] = r
 		if r.VMID != "" {
-			recorded[r.VMID] = true
+			recorded[provider.VMKey(r.VMID)] = true
 		}
 		if r.ReplacesVMID != "" {
-			recorded[r.ReplacesVMID] = true // its record deletes it
+			recorded[provider.VMKey(r.ReplacesVMID)] = true // its record deletes it
 		}
 	}
 	var out []provider.VM
@@ -33,7 +33,7 @@ func Orphans(vms []provider.VM, records []ledger.Record, alive map[string]bool) 
 		owner := vm.Owner()
 		// A dead VM (stopped, failed) is still there and still costs: only
 		// a terminated one is left to the cloud to forget.
-		if !owner.Managed || owner.PodUID == "" || recorded[vm.ID] || isGone(vm.State) {
+		if !owner.Managed || owner.PodUID == "" || recorded[provider.VMKey(vm.ID)] || isGone(vm.State) {
 			continue
 		}
 		r, hasRecord := byPod[owner.PodUID]

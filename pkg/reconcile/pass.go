@@ -51,6 +51,8 @@ type Reconciler struct {
 	booting map[string]bootWatch  // by VM id: the VMs seen booting in the last pass
 	retries map[string]retryState // by pod UID: cloud failures in a row
 	noticed map[string]bool       // by pod UID: records of unwatched pods already reported
+	// degraded are the degraded VMs already reported, by pod UID.
+	degraded map[string]string
 	// bootChecks are the pods whose next look is the one read after a create.
 	bootChecks map[string]bool
 }
@@ -107,6 +109,9 @@ type PassResult struct {
 	NotWatched []PodStatus
 	// Orphans are the orphan VMs waiting out their grace period.
 	Orphans []PendingOrphan
+	// Degraded are desired pods whose VM runs while the cloud reports it
+	// degraded (provider.VM.Degraded): kept, never replaced, reported.
+	Degraded []PodStatus
 	// Requeue asks for another look at these pods (by UID) after the given
 	// time: a VM missing but not yet confirmed, a backoff, a VM in flight.
 	Requeue map[string]time.Duration
@@ -176,7 +181,7 @@ func (r *Reconciler) inputs(ctx context.Context, pods []*Pod, records []ledger.R
 	byPod := map[string][]*provider.VM{}
 	for i := range vms {
 		vm := &vms[i]
-		byID[vm.ID] = vm
+		byID[provider.VMKey(vm.ID)] = vm
 		if uid := vm.Owner().PodUID; uid != "" {
 			byPod[uid] = append(byPod[uid], vm)
 		}
@@ -206,7 +211,7 @@ func (r *Reconciler) inputs(ctx context.Context, pods []*Pod, records []ledger.R
 	for _, uid := range uids {
 		in := Input{Pod: podByUID[uid], Record: recs[uid], CacheSynced: synced, Now: now, Retries: r.retries[uid].n}
 		if in.Record != nil && in.Record.VMID != "" && !foreign(in.Record, r.Config) {
-			in.VM = byID[in.Record.VMID]
+			in.VM = byID[provider.VMKey(in.Record.VMID)]
 			if in.VM == nil && r.Exec.read(ctx) == nil {
 				in.VM = r.confirm(ctx, in.Record.VMID)
 			}
@@ -230,6 +235,7 @@ func (r *Reconciler) inputs(ctx context.Context, pods []*Pod, records []ledger.R
 	maps.DeleteFunc(r.missing, func(uid string, _ missingVM) bool { return !known[uid] })
 	maps.DeleteFunc(r.retries, func(uid string, _ retryState) bool { return !known[uid] })
 	maps.DeleteFunc(r.noticed, func(uid string, _ bool) bool { return !known[uid] })
+	maps.DeleteFunc(r.degraded, func(uid string, _ string) bool { return !known[uid] })
 	maps.DeleteFunc(r.bootChecks, func(uid string, _ bool) bool { return !known[uid] })
 	return out
 }
@@ -246,7 +252,7 @@ func (r *Reconciler) seenMissing(uid, vmID string, missing bool, now time.Time) 
 	if r.missing == nil {
 		r.missing = map[string]missingVM{}
 	}
-	if m, ok := r.missing[uid]; !ok || m.vmID != vmID {
+	if m, ok := r.missing[uid]; !ok || !provider.SameVM(m.vmID, vmID) {
 		r.missing[uid] = missingVM{vmID: vmID, since: now}
 	}
 	return r.missing[uid].since
@@ -313,6 +319,9 @@ func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult)
 			return
 		}
 		st := PodStatus{UID: in.Pod.UID, Pod: podRef(in.Pod), Reason: a.Reason, Message: a.Message}
+		if vm := in.VM; vm != nil && vm.Degraded != "" && vm.State.Alive() {
+			r.noteDegraded(in, res)
+		}
 		switch {
 		case a.Reason == ReasonNotPeer:
 			res.NotWatched = append(res.NotWatched, st)
@@ -383,7 +392,7 @@ func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult)
 			if out.Record != nil {
 				final = append(final, *out.Record)
 				if rec := out.Record; rec.Phase == ledger.PhaseRunning && out.VM != nil &&
-					out.VM.ID == rec.VMID && out.VM.State == provider.StatePending {
+					provider.SameVM(out.VM.ID, rec.VMID) && out.VM.State == provider.StatePending {
 					booting[rec.PodUID] = *out.VM
 				}
 			}
@@ -394,6 +403,25 @@ func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult)
 	}
 	wg.Wait()
 	return final, booting, waiting
+}
+
+// noteDegraded reports a pod whose VM runs degraded: in the pass's result
+// every time, and with a warning event and a log line once per VM.
+func (r *Reconciler) noteDegraded(in Input, res *PassResult) {
+	vm := in.VM
+	res.Degraded = append(res.Degraded, PodStatus{UID: in.Pod.UID, Pod: podRef(in.Pod), Reason: ReasonVMDegraded,
+		Message: fmt.Sprintf("VM %s: %s", vm.ID, vm.Degraded)})
+	r.mu.Lock()
+	if r.degraded == nil {
+		r.degraded = map[string]string{}
+	}
+	first := !provider.SameVM(r.degraded[in.Pod.UID], vm.ID)
+	r.degraded[in.Pod.UID] = vm.ID
+	r.mu.Unlock()
+	if first {
+		r.Exec.log().Warn("a pod's VM runs degraded; it is kept", "pod", podRef(in.Pod), "vm", vm.ID, "why", vm.Degraded)
+		r.Exec.event(in.Pod, true, EventVMDegraded, fmt.Sprintf("VM %s: %s", vm.ID, vm.Degraded))
+	}
 }
 
 // heldBack returns a wait in place of a when the pod's last try of the same
@@ -464,6 +492,11 @@ func (r *Reconciler) collectOrphans(ctx context.Context, vms []provider.VM, reco
 		own = append(own, rec)
 	}
 	orphans := Orphans(vms, own, alive)
+	if lf, ok := r.Exec.Provider.(provider.LeftoverFinder); ok {
+		// What a create made apart from its VM and outlived it: collected
+		// by the same rule.
+		orphans = append(orphans, lf.Leftovers(provider.Selector{Cluster: r.Exec.Cluster, Node: r.Exec.Node})...)
+	}
 	r.mu.Lock()
 	if r.orphans == nil {
 		grace := r.OrphanGrace
@@ -554,11 +587,11 @@ func (r *Reconciler) report(res PassResult, pods []*Pod, records []ledger.Record
 			r.mu.Lock()
 			m, missing := r.missing[p.UID]
 			r.mu.Unlock()
-			if missing && m.vmID == rec.VMID {
+			if missing && provider.SameVM(m.vmID, rec.VMID) {
 				st.Reason, st.Message = ReasonVMMissing, "VM "+rec.VMID+" not found; confirming"
 				break
 			}
-			if vm, ok := booting[p.UID]; ok && vm.ID == rec.VMID {
+			if vm, ok := booting[p.UID]; ok && provider.SameVM(vm.ID, rec.VMID) {
 				st.Reason, st.Message = ReasonVMBooting, "VM "+rec.VMID+" is booting"
 				res.Booting++
 				break

@@ -207,11 +207,14 @@ const (
 	azureSize  = "Standard_D2as_v5"
 )
 
-func newAzureFake(t *testing.T) *fakeCloud {
+// newAzureFake is the fake ARM for the scenarios, made with opts beyond
+// the bearer token (e.g. the fidelity behaviours of
+// test/e2e/azure_fidelity_test.go).
+func newAzureFake(t *testing.T, opts ...armfake.Option) *fakeCloud {
 	t.Helper()
 	token := secret("e2e-arm-token-")
 	core := cloud.New(cloud.Options{PageSize: 5, Images: []string{azureImage}, Types: []string{azureSize}})
-	arm := httptest.NewServer(armfake.NewServer(core, armfake.WithBearerToken(token)))
+	arm := httptest.NewServer(armfake.NewServer(core, append([]armfake.Option{armfake.WithBearerToken(token)}, opts...)...))
 	t.Cleanup(arm.Close)
 	mi, miURL := newManagedIdentity(t, token)
 	subnet := "/subscriptions/" + armfake.DefaultSubscription +

@@ -25,6 +25,11 @@ const (
 	DefaultPollInterval  = 5 * time.Second
 	DefaultMaxRetries    = 2
 	DefaultRetryDelay    = time.Second
+	// DefaultWriteTimeout is longer than the other clouds' (2m): a Linux
+	// VM create with OS provisioning takes one to several minutes on
+	// Azure. It stays under caa's --cloud-timeout (5m), which bounds the
+	// whole Create (a read, the NIC's PUT and the VM's).
+	DefaultWriteTimeout = 4 * time.Minute
 )
 
 // Config is the Azure provider's configuration. Every field has a
@@ -84,9 +89,11 @@ type Config struct {
 	// ReadTimeout bounds each read call (a GET, one page of a listing,
 	// retries included); zero means provider.DefaultReadTimeout (30s).
 	// WriteTimeout bounds each PUT or DELETE together with the wait for its
-	// long-running operation; zero means provider.DefaultWriteTimeout (2m).
-	// A call past its timeout fails with context.DeadlineExceeded,
-	// transient; a create cut short is found again by its name.
+	// long-running operation; zero means DefaultWriteTimeout (4m). A call
+	// past its timeout fails with context.DeadlineExceeded, transient; a
+	// create cut short is found again by its name. A VM create that ARM
+	// accepted and is still running at the timeout is no failure: Create
+	// returns the VM as Pending (see Provider.Create).
 	ReadTimeout  time.Duration
 	WriteTimeout time.Duration
 
@@ -152,8 +159,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	dur(&c.PollInterval, "poll-interval", DefaultPollInterval, "CAA_AZURE_POLL_INTERVAL", "wait between polls of a long-running operation")
 	dur(&c.RetryDelay, "retry-delay", DefaultRetryDelay, "CAA_AZURE_RETRY_DELAY", "first backoff of a retried 5xx or network error")
 	dur(&c.ReadTimeout, "read-timeout", provider.DefaultReadTimeout, "CAA_AZURE_READ_TIMEOUT", "deadline of each read call, its retries included")
-	dur(&c.WriteTimeout, "write-timeout", provider.DefaultWriteTimeout, "CAA_AZURE_WRITE_TIMEOUT",
-		"deadline of each create or delete call, with the wait for its operation")
+	dur(&c.WriteTimeout, "write-timeout", DefaultWriteTimeout, "CAA_AZURE_WRITE_TIMEOUT",
+		"deadline of each create or delete call, with the wait for its operation (a VM create still running at it is reported booting, not failed)")
 
 	retries := DefaultMaxRetries
 	if v := os.Getenv("CAA_AZURE_MAX_RETRIES"); v != "" {
@@ -292,7 +299,7 @@ func (c Config) withDefaults() Config {
 		c.ReadTimeout = provider.DefaultReadTimeout
 	}
 	if c.WriteTimeout == 0 {
-		c.WriteTimeout = provider.DefaultWriteTimeout
+		c.WriteTimeout = DefaultWriteTimeout
 	}
 	return c
 }

@@ -11,7 +11,9 @@
 // NIC "<vm>-nic" (an idempotent PUT) and then the VM with If-None-Match: *,
 // so that two racing creates make one VM and the loser gets ErrConflict
 // (its retry then finds the VM). A VM found by key is returned as it is,
-// Failed included, for the reconciler to replace. When ARM refuses the VM for good (invalid
+// Failed included, for the reconciler to judge; its size and image compare
+// with the spec's without regard to case, as Azure defines them (it may
+// echo another case). When ARM refuses the VM for good (invalid
 // spec, quota, capacity), Create removes the NIC, and the VM too if Azure
 // kept it in the Failed state.
 //
@@ -60,8 +62,25 @@
 // State. Get reads the instance view ($expand=instanceView) and maps the
 // provisioning state and PowerState (see stateOf): a VM stopped or
 // deallocated behind caa's back reads as Stopped, and a VM whose
-// provisioning failed as Failed; both stay in the group, and so in List,
-// until they are deleted.
+// provisioning failed and that is not running as Failed; both stay in the
+// group, and so in List, until they are deleted. The provisioning state is
+// the last control-plane operation's outcome, not the VM's: a VM whose
+// extension failed (one Azure Policy pushes, say) is Failed and running,
+// and its guest serves. That VM reads as Running with VM.Degraded set
+// (the failure's code when the instance view has it): the reconciler keeps
+// and reports it, never replaces it (a replacement would get the same
+// extension).
+//
+// Leftover NICs. A NIC outlives its VM when ARM refused the VM's create:
+// Create deletes the NIC then, but Azure keeps a NIC reserved for the VM
+// that failed for about 180 s and refuses its delete meanwhile (400
+// NicReservedForAnotherVm). The listing brings the node's NICs along; a
+// NIC tagged for the node, attached to no VM and whose VM is not in the
+// listing is a leftover (Leftovers, provider.LeftoverFinder). The
+// reconciler collects leftovers as it collects orphan VMs (seen in two
+// listings a grace period apart), through Delete, which takes a NIC's id
+// too; a delete refused for the reservation is tried again at a later
+// pass, and Azure refuses the delete of a NIC a VM uses (NicInUse).
 //
 // Long-running operations. Create and Delete wait for their operations
 // (Azure-AsyncOperation) with the SDK's Poller.PollUntilDone, which waits
@@ -76,9 +95,12 @@
 //
 // Deadlines. Every call runs under its own deadline, the SDK's retries
 // included: Config.ReadTimeout (30s by default) for a GET or one page of a
-// listing, Config.WriteTimeout (2m) for a PUT or DELETE with the wait for
+// listing, Config.WriteTimeout (4m) for a PUT or DELETE with the wait for
 // its operation. A call past it fails with context.DeadlineExceeded,
-// transient; a create cut short finds its VM by name on the next try.
+// transient; a create cut short finds its VM by name on the next try. The
+// exception is a VM create that ARM accepted and is still provisioning at
+// the write timeout: Create returns the VM as Pending, without an error,
+// and Get and List follow it from there (a real create takes minutes).
 //
 // Retries. The SDK retries 408 and 5xx replies and network errors
 // Config.MaxRetries times (default 2) with exponential backoff from

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -272,6 +273,13 @@ func (p *Provider) fromRows(ctx context.Context, sel provider.Selector, rows []g
 		ips[key] = append(ips[key], r.ip)
 	}
 	out := []provider.VM{}
+	vmNames := map[string]bool{} // every VM of the listing, lower case
+	for _, r := range rows {
+		if r.typ == strings.ToLower(vmType) {
+			vmNames[strings.ToLower(r.name)] = true
+		}
+	}
+	p.noteLeftovers(sel, leftoverNICs(sel, rows, vmNames))
 	for _, r := range rows {
 		if r.typ != strings.ToLower(vmType) || !sel.Matches(r.tags) {
 			continue
@@ -279,6 +287,7 @@ func (p *Provider) fromRows(ctx context.Context, sel provider.Selector, rows []g
 		power, _ := strings.CutPrefix(r.power, "PowerState/")
 		vm := provider.VM{ID: r.id, Name: r.name, State: stateOf(r.provisioning, power), Tags: r.tags, Zone: r.location,
 			InstanceType: r.size, Image: r.image}
+		vm.Degraded = degradedOf(vm.State, r.provisioning, "")
 		if r.zone != "" {
 			vm.Zone = r.zone
 		}
@@ -310,3 +319,47 @@ const (
 	vmType  = "Microsoft.Compute/virtualMachines"
 	nicType = "Microsoft.Network/networkInterfaces"
 )
+
+// leftoverNICs are the NICs of a listing that caa made for sel's node and
+// that outlived their VM: tagged for sel, attached to no VM, and with no VM
+// of the name they were made for in the same listing. A NIC whose VM's
+// create was refused, or whose delete Azure refused while it kept the NIC
+// reserved for the failed VM (NicReservedForAnotherVm, about 180 s), stays
+// otherwise, holding a subnet address. The index may lag: the caller
+// deletes one only after seeing it so in two listings a grace period apart,
+// and Azure refuses the delete of a NIC a VM uses (NicInUse) anyway.
+func leftoverNICs(sel provider.Selector, rows []graphRow, vmNames map[string]bool) []provider.VM {
+	var out []provider.VM
+	for _, r := range rows {
+		if r.typ != strings.ToLower(nicType) || !sel.Matches(r.tags) || r.attachedTo != "" {
+			continue
+		}
+		vm, ok := strings.CutSuffix(strings.ToLower(r.name), nicSuffix)
+		if !ok || vmNames[vm] {
+			continue
+		}
+		out = append(out, provider.VM{ID: r.id, Name: r.name, State: provider.StateTerminated, Tags: r.tags, Zone: r.location})
+	}
+	return out
+}
+
+// noteLeftovers keeps what the last listing for sel showed of leftover
+// NICs, for Leftovers.
+func (p *Provider) noteLeftovers(sel provider.Selector, nics []provider.VM) {
+	p.leftMu.Lock()
+	defer p.leftMu.Unlock()
+	if p.leftovers == nil {
+		p.leftovers = map[provider.Selector][]provider.VM{}
+	}
+	p.leftovers[sel] = nics
+}
+
+var _ provider.LeftoverFinder = (*Provider)(nil)
+
+// Leftovers returns the leftover NICs the last List for sel showed (see
+// leftoverNICs); Delete takes their ids.
+func (p *Provider) Leftovers(sel provider.Selector) []provider.VM {
+	p.leftMu.Lock()
+	defer p.leftMu.Unlock()
+	return slices.Clone(p.leftovers[sel])
+}

@@ -45,7 +45,11 @@ func vmName(key string) string {
 
 // nicName and diskName derive from the VM name, so Delete finds them with
 // nothing but the VM's id.
-func nicName(vm string) string  { return vm + "-nic" }
+func nicName(vm string) string { return vm + nicSuffix }
+
+// nicSuffix ends the name of every NIC caa makes.
+const nicSuffix = "-nic"
+
 func diskName(vm string) string { return vm + "-osdisk" }
 
 // vmTags are the tags of a VM (and its NIC): the configured extra tags,
@@ -192,15 +196,24 @@ func (p *Provider) vmModel(name, nicID string, spec provider.Spec, tags map[stri
 // power state decides. Without a power state, a VM whose provisioning
 // succeeded reads as Running: caa never stops VMs, so that is what it
 // almost always is, and Get, which reads the power state, tells otherwise.
+//
+// A provisioning state of Failed or Canceled is the outcome of the VM's
+// last control-plane operation, not of the VM: a failed extension (often
+// one Azure Policy or Defender pushes) or a failed update leaves a VM
+// Failed while it runs and its guest serves (Azure's "VM provisioning
+// states" and "Troubleshoot extension failures" pages). Such a VM reads as
+// the power state says; only a stopped or deallocated one is dead (Failed),
+// and one whose power state is unknown or missing reads as Running, and
+// degraded (see degradedOf).
 func stateOf(provisioning, power string) provider.State {
-	switch strings.ToLower(provisioning) {
+	prov := strings.ToLower(provisioning)
+	switch prov {
 	case "deleting":
 		return provider.StateStopping
-	case "failed", "canceled":
-		return provider.StateFailed
 	case "creating":
 		return provider.StatePending
 	}
+	failed := failedProvisioning(prov)
 	switch strings.ToLower(power) {
 	case "starting":
 		return provider.StatePending
@@ -209,13 +222,58 @@ func stateOf(provisioning, power string) provider.State {
 	case "stopping", "deallocating":
 		return provider.StateStopping
 	case "stopped", "deallocated":
+		if failed {
+			return provider.StateFailed
+		}
 		return provider.StateStopped
 	case "":
-		if s := strings.ToLower(provisioning); s == "succeeded" || s == "updating" {
+		if prov == "succeeded" || prov == "updating" {
 			return provider.StateRunning
 		}
 	}
+	if failed {
+		return provider.StateRunning
+	}
 	return provider.StateUnknown
+}
+
+// failedProvisioning: the VM's last operation failed or was canceled.
+func failedProvisioning(provisioning string) bool {
+	p := strings.ToLower(provisioning)
+	return p == "failed" || p == "canceled"
+}
+
+// degradedOf says why a VM in state is degraded: alive while its last
+// operation failed (code, from the instance view, when known). Empty for a
+// VM that is not.
+func degradedOf(state provider.State, provisioning, code string) string {
+	if !state.Alive() || !failedProvisioning(provisioning) {
+		return ""
+	}
+	msg := "the VM runs, but Azure reports its provisioning state " + provisioning
+	if code != "" {
+		msg += " (" + code + ")"
+	}
+	return msg + ": kept, never replaced; see the VM's instance view in Azure"
+}
+
+// failureCode is the code of a ProvisioningState/failed/<code> status of an
+// instance view, if any.
+func failureCode(vm armcompute.VirtualMachine) string {
+	if vm.Properties == nil || vm.Properties.InstanceView == nil {
+		return ""
+	}
+	for _, s := range vm.Properties.InstanceView.Statuses {
+		if s == nil || s.Code == nil {
+			continue
+		}
+		if rest, ok := strings.CutPrefix(strings.ToLower(*s.Code), "provisioningstate/"); ok {
+			if _, code, ok := strings.Cut(rest, "/"); ok {
+				return (*s.Code)[len(*s.Code)-len(code):]
+			}
+		}
+	}
+	return ""
 }
 
 // powerState is the PowerState/... status of an instance view, if any.
@@ -248,6 +306,7 @@ func toVM(vm armcompute.VirtualMachine, ips []string) provider.VM {
 		return out
 	}
 	out.State = stateOf(deref(props.ProvisioningState), powerState(vm))
+	out.Degraded = degradedOf(out.State, deref(props.ProvisioningState), failureCode(vm))
 	if props.TimeCreated != nil {
 		out.CreatedAt = *props.TimeCreated
 	}
@@ -300,3 +359,11 @@ func deref[T any](p *T) T {
 	}
 	return *p
 }
+
+// sameShape compares a VM size or an image reference as Azure does: VM
+// sizes, ARM ids (managed images, gallery image versions) and marketplace
+// publisher, offer, SKU and version are case-insensitive, and Azure may echo
+// them in another case than they were sent ("Standard_DS2_V2" for
+// "Standard_DS2_v2": azure-cli issue 9238; resource groups upper-cased in
+// ids: MicrosoftDocs/azure-docs issue 36222).
+func sameShape(a, b string) bool { return strings.EqualFold(a, b) }

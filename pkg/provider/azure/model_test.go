@@ -62,8 +62,17 @@ func TestStateOf(t *testing.T) {
 		{"Succeeded", "stopped", provider.StateStopped},
 		{"Succeeded", "deallocated", provider.StateStopped},
 		{"Deleting", "running", provider.StateStopping},
-		{"Failed", "running", provider.StateFailed},
-		{"Canceled", "", provider.StateFailed},
+		// Failed is the last operation's outcome: a running VM stays
+		// alive (degraded); only a stopped or deallocated one is dead.
+		{"Failed", "running", provider.StateRunning},
+		{"Failed", "", provider.StateRunning},
+		{"Failed", "unknown", provider.StateRunning},
+		{"Failed", "starting", provider.StatePending},
+		{"Canceled", "", provider.StateRunning},
+		{"Failed", "stopped", provider.StateFailed},
+		{"Failed", "deallocated", provider.StateFailed},
+		{"Canceled", "deallocated", provider.StateFailed},
+		{"Failed", "deallocating", provider.StateStopping},
 		{"Succeeded", "", provider.StateRunning},
 		{"Updating", "", provider.StateRunning},
 		{"Succeeded", "unknown", provider.StateUnknown},
@@ -71,7 +80,14 @@ func TestStateOf(t *testing.T) {
 		{"", "", provider.StateUnknown},
 	}
 	for _, tc := range tests {
-		assert.Equal(t, tc.want, stateOf(tc.provisioning, tc.power), "%s + PowerState/%s", tc.provisioning, tc.power)
+		got := stateOf(tc.provisioning, tc.power)
+		assert.Equal(t, tc.want, got, "%s + PowerState/%s", tc.provisioning, tc.power)
+		degraded := degradedOf(got, tc.provisioning, "VMExtensionProvisioningError")
+		if failedProvisioning(tc.provisioning) && got.Alive() {
+			assert.Contains(t, degraded, "VMExtensionProvisioningError", "%s + PowerState/%s is degraded", tc.provisioning, tc.power)
+		} else {
+			assert.Empty(t, degraded, "%s + PowerState/%s is not degraded", tc.provisioning, tc.power)
+		}
 	}
 }
 

@@ -32,10 +32,12 @@ const (
 	actionSubnetRead        = "Microsoft.Network/virtualNetworks/subnets/read"
 	actionSubnetJoin        = "Microsoft.Network/virtualNetworks/subnets/join/action"
 	actionSecurityGroupJoin = "Microsoft.Network/networkSecurityGroups/join/action"
+	actionDiskWrite         = "Microsoft.Compute/disks/write"
+	actionDiskDelete        = "Microsoft.Compute/disks/delete"
 )
 
 // GroupActions are the RBAC actions caa uses on its resource group: the
-// preflight's reads, the VMs and NICs it creates, reads and deletes, the
+// preflight's reads, the VMs, NICs and OS disks it creates, reads and deletes, the
 // NIC's attachment to its VM, and the Resource Graph query of List.
 var GroupActions = []string{
 	actionGroupRead,
@@ -43,6 +45,11 @@ var GroupActions = []string{
 	"Microsoft.Compute/virtualMachines/read",
 	"Microsoft.Compute/virtualMachines/write",
 	"Microsoft.Compute/virtualMachines/delete",
+	// The OS disk a VM's create makes from the image, and deletes with the
+	// VM (deleteOption Delete): ARM checks these on the disk too (a linked
+	// access check), though caa never calls the disks API itself.
+	actionDiskWrite,
+	actionDiskDelete,
 	"Microsoft.Network/networkInterfaces/read",
 	"Microsoft.Network/networkInterfaces/write",
 	"Microsoft.Network/networkInterfaces/delete",

@@ -100,7 +100,7 @@ func TestPreflightNamesEachMissingAction(t *testing.T) {
 // wildcards passes; a NotAction takes an action away again and is named.
 func TestPreflightHonoursWildcardsAndNotActions(t *testing.T) {
 	wide := &armfake.Role{Name: "wide", IsCustom: true, AssignableScopes: []string{"/subscriptions/x/resourceGroups/y"},
-		Actions: []string{"Microsoft.Compute/virtualMachines/*", "microsoft.network/*", "Microsoft.Resources/subscriptions/resourceGroups/read",
+		Actions: []string{"Microsoft.Compute/virtualMachines/*", "Microsoft.Compute/disks/*", "microsoft.network/*", "Microsoft.Resources/subscriptions/resourceGroups/read",
 			"Microsoft.Authorization/*/read", "Microsoft.ResourceGraph/resources/read"}}
 	f := newRoleFake(t, wide, nil)
 	require.NoError(t, f.provider.Preflight(context.Background()))

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net/http"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore"
@@ -49,6 +50,9 @@ type Provider struct {
 	now func() time.Time
 	// quota is Resource Graph's per-user quota as its last answer left it.
 	quota quotaGate
+	// leftovers are the leftover NICs of the last listing per selector.
+	leftMu    sync.Mutex
+	leftovers map[provider.Selector][]provider.VM
 }
 
 var _ provider.Provider = (*Provider)(nil)
@@ -210,13 +214,15 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM,
 
 // existing answers Create for a VM that is already there: the key's own
 // VM is returned; a VM of that name with another key or shape is a
-// conflict, never silently adopted.
+// conflict, never silently adopted. The key is caa's tag value and compares
+// exactly; the size and the image compare as Azure defines them, without
+// regard to case (sameShape).
 func (p *Provider) existing(ctx context.Context, spec provider.Spec, vm armcompute.VirtualMachine) (provider.VM, error) {
 	out := toVM(vm, nil)
 	if k := out.Tags[provider.TagKey]; k != spec.Key {
 		return provider.VM{}, fmt.Errorf("%s %s: %w: VM %s exists with key %q, not %q", ProviderName, opCreate, provider.ErrConflict, out.Name, k, spec.Key)
 	}
-	if out.InstanceType != spec.InstanceType || out.Image != spec.Image {
+	if !sameShape(out.InstanceType, spec.InstanceType) || !sameShape(out.Image, spec.Image) {
 		return provider.VM{}, fmt.Errorf("%s %s: %w: VM %s for key %s has size %s and image %s, the spec asks for %s and %s",
 			ProviderName, opCreate, provider.ErrConflict, out.Name, spec.Key, out.InstanceType, out.Image, spec.InstanceType, spec.Image)
 	}
@@ -254,6 +260,7 @@ func (p *Provider) pollOptions() *runtime.PollUntilDoneOptions {
 // putVM creates the VM and waits for the operation. accepted reports
 // whether ARM took the request, i.e. whether a VM may exist after a failure.
 func (p *Provider) putVM(ctx context.Context, name, nicID string, spec provider.Spec, tags map[string]*string) (vm armcompute.VirtualMachine, accepted bool, err error) {
+	parent := ctx
 	ctx, cancel := p.writeCtx(ctx)
 	defer cancel()
 	var initial *http.Response
@@ -265,6 +272,23 @@ func (p *Provider) putVM(ctx context.Context, name, nicID string, spec provider.
 	res, err := poller.PollUntilDone(ctx, p.pollOptions())
 	if err == nil {
 		return res.VirtualMachine, true, nil
+	}
+	if !poller.Done() && errors.Is(err, context.DeadlineExceeded) && parent.Err() == nil && initial != nil {
+		// The write timeout ran out, not the caller's time, while ARM is
+		// still at a create it took: a VM create with OS provisioning takes
+		// minutes. The VM exists from the accepted PUT on; report it as
+		// still being created (Pending) rather than a failure of a create
+		// that may well succeed. Get and List follow it from here, and a
+		// create that fails later shows in the VM's own state.
+		if raw, perr := runtime.Payload(initial); perr == nil && json.Unmarshal(raw, &vm) == nil && vm.ID != nil {
+			if vm.Properties == nil {
+				vm.Properties = &armcompute.VirtualMachineProperties{}
+			}
+			vm.Properties.ProvisioningState = new("Creating")
+			p.log.InfoContext(parent, "azure: VM create still running at the write timeout; following it as Pending", "vm", name,
+				"writeTimeout", p.cfg.WriteTimeout)
+			return vm, true, nil
+		}
 	}
 	if poller.Done() && missing(err) && initial != nil {
 		// The operation succeeded but the VM cannot be read back yet (ARM
@@ -284,7 +308,9 @@ func (p *Provider) cleanup(ctx context.Context, name string, accepted bool) {
 	if accepted {
 		got, err := p.getVM(ctx, name)
 		switch {
-		case err == nil && toVM(got.VirtualMachine, nil).State == provider.StateFailed:
+		// The create was refused, so no pod runs on this VM, whatever its
+		// power state says.
+		case err == nil && got.Properties != nil && failedProvisioning(deref(got.Properties.ProvisioningState)):
 			if err := p.deleteVM(ctx, opCreate, name); err != nil {
 				p.log.WarnContext(ctx, "azure: could not delete the VM of a failed create", "vm", name, "err", err)
 			}
@@ -340,8 +366,15 @@ func (p *Provider) ipsOf(ctx context.Context, op string, vm armcompute.VirtualMa
 
 // Delete deletes the VM (its OS disk and NIC go with it, by their
 // deleteOption) and then the NIC if it is still there, waiting for each
-// operation. Anything already gone is fine.
+// operation. Anything already gone is fine. It also takes the id of a
+// leftover NIC of caa's (Leftovers) and deletes just that NIC; Azure
+// refuses it while a VM uses the NIC (NicInUse, ErrConflict) or keeps it
+// reserved for a VM that failed (NicReservedForAnotherVm, about 180 s,
+// transient): the caller tries again at a later pass.
 func (p *Provider) Delete(ctx context.Context, id string) error {
+	if vm, ok := p.leftoverNIC(id); ok {
+		return p.deleteNIC(ctx, opDelete, vm)
+	}
 	name, err := p.nameOf(opDelete, id)
 	if err != nil {
 		return err
@@ -392,4 +425,17 @@ func (p *Provider) nameOf(op, id string) (string, error) {
 			ProviderName, op, provider.ErrInvalidSpec, rid.Name, rid.ResourceGroupName, rid.SubscriptionID, p.cfg.ResourceGroup, p.cfg.SubscriptionID)
 	}
 	return rid.Name, nil
+}
+
+// leftoverNIC reads the id of a NIC caa made in this provider's group (its
+// name ends in the NIC suffix) and returns the name of the VM it was made
+// for.
+func (p *Provider) leftoverNIC(id string) (string, bool) {
+	rid, err := arm.ParseResourceID(id)
+	if err != nil || !strings.EqualFold(rid.ResourceType.String(), nicType) ||
+		!strings.EqualFold(rid.SubscriptionID, p.cfg.SubscriptionID) || !strings.EqualFold(rid.ResourceGroupName, p.cfg.ResourceGroup) {
+		return "", false
+	}
+	vm, ok := strings.CutSuffix(rid.Name, nicSuffix)
+	return vm, ok && vm != ""
 }

@@ -150,6 +150,9 @@ func (s *server) documents() []doc {
 // it for virtual machines (none for a failed VM, as in the instance view).
 func (s *server) graphVM(in cloud.Instance) map[string]any {
 	d := toDocument(s.renderVM(in, s.metaOf(in.ID), "", false), vmType, s.opts.resourceGroup)
+	// Resource Graph keeps the id as the group was created, whatever case
+	// the compute API echoes (fidelity.go, WithEchoedCase).
+	d["id"] = s.armID(vmType, in.Name)
 	_, power := armStates(in)
 	if power != "" {
 		props, _ := d["properties"].(map[string]any)

@@ -113,6 +113,10 @@ func (s *server) getNIC(w http.ResponseWriter, r *http.Request) {
 func (s *server) deleteNIC(w http.ResponseWriter, r *http.Request) {
 	s.writes.Lock()
 	defer s.writes.Unlock()
+	if e := s.nicReserved(s.armID(nicType, r.PathValue("name"))); e != nil {
+		writeError(w, *e)
+		return
+	}
 	err := s.cloud.DeleteResource(key(s.armID(nicType, r.PathValue("name"))))
 	switch {
 	case err == nil:

@@ -18,8 +18,10 @@ type operation struct {
 	status  string
 	err     *apiError
 	started time.Time
-	// pending is how many more polls report InProgress.
+	// pending is how many more polls report InProgress; until, when set,
+	// is the time on the fake's clock before which every poll does.
 	pending int
+	until   time.Time
 }
 
 // askToWait sets the header with which a reply of a slow operation asks the
@@ -34,7 +36,17 @@ func (s *server) askToWait(w http.ResponseWriter) {
 // the status code, an Azure-AsyncOperation header to poll, and the body
 // (nil for none). fail, when set, is how the operation ends.
 func (s *server) accepted(w http.ResponseWriter, r *http.Request, status int, namespace string, body any, fail *apiError) {
-	op := operation{status: "Succeeded", started: time.Now(), pending: s.opts.slowPolls}
+	s.acceptedUntil(w, r, status, namespace, body, fail, time.Time{})
+}
+
+// acceptedUntil is accepted for an operation that stays InProgress until
+// until on the fake's clock (zero: no such wait).
+func (s *server) acceptedUntil(w http.ResponseWriter, r *http.Request, status int, namespace string, body any, fail *apiError, until time.Time) {
+	op := operation{status: "Succeeded", started: time.Now(), pending: s.opts.slowPolls, until: until}
+	if !until.IsZero() && w.Header().Get("Retry-After") == "" {
+		// ARM asks to poll a long-running operation again in a while.
+		w.Header().Set("Retry-After", "1")
+	}
 	if fail != nil {
 		op.status, op.err = "Failed", fail
 	}
@@ -64,7 +76,13 @@ func (s *server) getOperation(w http.ResponseWriter, r *http.Request) {
 		op.pending--
 		s.ops[id] = op
 	}
+	waiting := ok && !op.until.IsZero() && s.opts.now().Before(op.until)
 	s.mu.Unlock()
+	if waiting {
+		w.Header().Set("Retry-After", "1")
+		writeJSON(w, http.StatusOK, operationStatus{ID: r.URL.Path, Name: id, Status: "InProgress", StartTime: op.started})
+		return
+	}
 	if !ok {
 		writeError(w, apiError{http.StatusNotFound, "NotFound", fmt.Sprintf("The operation '%s' was not found.", id), ""})
 		return

@@ -120,6 +120,12 @@ type options struct {
 	tokenCheck func(token string) error
 	// subnets, when set, are the subnets that exist (WithSubnets).
 	subnets []string
+	// Fidelity to the real cloud (fidelity.go): extensions that fail,
+	// case echoed otherwise, NIC reservations, creates that take time.
+	failingExtension bool
+	echoCase         bool
+	nicReservation   time.Duration
+	createDuration   time.Duration
 }
 
 // WithSubscription sets the subscription id the fake serves.
@@ -169,6 +175,8 @@ type server struct {
 	meta  map[string]vmMeta // by core instance id
 	ops   map[string]operation
 	opSeq int
+	// reserved are the NICs held for a VM whose create failed, by key.
+	reserved map[string]reservation
 }
 
 // NewServer returns the fake ARM endpoint over c, with the core's test
@@ -200,6 +208,7 @@ func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
 	mux.Handle("GET "+nics, s.route(OpNICList, false, s.listNICs))
 	mux.Handle("GET /subscriptions/{sub}/providers/{ns}/locations/{loc}/operations/{id}", s.route(OpOperation, false, s.getOperation))
 	mux.Handle("POST "+GraphPath, s.route(cloud.OpList, false, s.queryResources))
+	mux.HandleFunc("POST "+ControlFailExtension, s.controlFailExtension)
 	for _, groups := range []string{"resourceGroups", "resourcegroups"} {
 		mux.Handle("GET /subscriptions/{sub}/"+groups+"/{rg}", s.route(OpGroupGet, false, s.getGroup))
 	}

@@ -8,6 +8,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/mocks/cloud"
@@ -27,6 +28,11 @@ type vmMeta struct {
 	os       *osProfile // without customData or password
 	osDisk   *osDisk
 	nics     []nicReference
+	// createdAt is when the fake took the VM's create, on its clock
+	// (WithCreateDuration); extensionFailed marks a VM whose extension
+	// failed (WithFailingPolicyExtension, FailExtension).
+	createdAt       time.Time
+	extensionFailed bool
 }
 
 // putVM creates a VM, or answers for the live one of that name: an
@@ -60,6 +66,18 @@ func (s *server) putVM(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
+	// The OS disk a VM's create makes from the image is a resource of the
+	// caller's, made on its behalf: the write on it is checked too. No
+	// Microsoft reference page lists the VM's linked access checks; the
+	// disks actions are what operators report a custom role needs for VMs
+	// with managed disks (MicrosoftDocs/azure-docs issues 6250 and 31800)
+	// and what other VM managers' roles grant (karpenter-provider-azure,
+	// Gardener's and OpenShift's Azure permission lists).
+	if e := s.authorizeLinked("Microsoft.Compute/virtualMachines/write", r.URL.Path,
+		"Microsoft.Compute/disks/write", meta.osDisk.ManagedDisk.ID); e != nil {
+		writeError(w, *e)
+		return
+	}
 
 	s.writes.Lock()
 	defer s.writes.Unlock()
@@ -84,10 +102,16 @@ func (s *server) putVM(w http.ResponseWriter, r *http.Request) {
 	}
 	switch {
 	case err == nil:
+		meta.createdAt = s.opts.now()
+		meta.extensionFailed = s.opts.failingExtension
 		s.mu.Lock()
 		s.meta[in.ID] = meta
 		s.mu.Unlock()
-		s.accepted(w, r, http.StatusCreated, "Microsoft.Compute", s.renderVM(in, &meta, "Creating", false), nil)
+		var until time.Time
+		if s.opts.createDuration > 0 {
+			until = meta.createdAt.Add(s.opts.createDuration)
+		}
+		s.acceptedUntil(w, r, http.StatusCreated, "Microsoft.Compute", s.renderVM(in, &meta, "Creating", false), nil, until)
 	case errors.Is(err, cloud.ErrNameConflict) && ifNoneMatch == "*":
 		writeError(w, apiError{http.StatusPreconditionFailed, "PreconditionFailed",
 			fmt.Sprintf("The virtual machine %s already exists and If-None-Match is '*'.", name), ""})
@@ -102,6 +126,13 @@ func (s *server) putVM(w http.ResponseWriter, r *http.Request) {
 		// tried; the core kept nothing, so the VM is gone afterwards.
 		ghost := cloud.Instance{Name: name, Tags: req.Tags, InstanceType: req.InstanceType, Image: req.Image}
 		fail := coreError(err, req.Image, req.InstanceType, meta.location)
+		// Its NICs stay reserved for the VM that failed a while: a NIC
+		// delete meanwhile is refused (fidelity.go).
+		var nicIDs []string
+		for _, ref := range meta.nics {
+			nicIDs = append(nicIDs, ref.ID)
+		}
+		s.reserveNIC(nicIDs, name)
 		s.accepted(w, r, http.StatusCreated, "Microsoft.Compute", s.renderVM(ghost, &meta, "Creating", false), &fail)
 	default:
 		writeError(w, coreError(err, req.Image, req.InstanceType, meta.location))
@@ -312,6 +343,15 @@ func (s *server) deleteVM(w http.ResponseWriter, r *http.Request) {
 		w.WriteHeader(http.StatusNoContent)
 		return
 	}
+	// A disk that goes with its VM (deleteOption Delete) is deleted on the
+	// caller's behalf: the delete on it is checked (see putVM).
+	if m := s.metaOf(in.ID); m != nil && m.osDisk != nil && m.osDisk.DeleteOption == "Delete" && m.osDisk.ManagedDisk != nil {
+		if e := s.authorizeLinked("Microsoft.Compute/virtualMachines/delete", r.URL.Path,
+			"Microsoft.Compute/disks/delete", m.osDisk.ManagedDisk.ID); e != nil {
+			writeError(w, *e)
+			return
+		}
+	}
 	if err := s.cloud.Delete(in.ID); err != nil {
 		if errors.Is(err, cloud.ErrNotFound) {
 			w.WriteHeader(http.StatusNoContent)
@@ -429,7 +469,11 @@ func armStates(in cloud.Instance) (provisioning, power string) {
 	case provider.StateTerminated:
 		return "Deleting", "deallocating"
 	case provider.StateFailed:
-		return "Failed", ""
+		// A VM the core failed is one that is not running either (e.g. its
+		// start failed for allocation: Azure leaves it Failed and
+		// deallocated). A Failed VM that runs is an extension failure
+		// (vmMeta.extensionFailed), which the core does not model.
+		return "Failed", "deallocated"
 	}
 	return "Succeeded", "unknown"
 }
@@ -438,13 +482,19 @@ func armStates(in cloud.Instance) (provisioning, power string) {
 // state-derived provisioning state when set.
 func (s *server) renderVM(in cloud.Instance, m *vmMeta, provisioning string, withView bool) vmWire {
 	prov, power := armStates(in)
-	if provisioning != "" {
+	code := failedCode
+	switch {
+	case provisioning != "":
 		prov = provisioning
+	case m != nil && s.creating(m.createdAt) && in.State != provider.StateTerminated:
+		prov = "Creating"
+	case extensionFailed(in, m):
+		prov, code = "Failed", ExtensionFailedCode
 	}
 	vm := vmWire{
-		ID: s.armID(vmType, in.Name), Name: in.Name, Type: vmType, Location: s.opts.location, Tags: in.Tags,
+		ID: s.computeID(in.Name), Name: in.Name, Type: vmType, Location: s.opts.location, Tags: in.Tags,
 		Properties: &vmProperties{
-			HardwareProfile:   &hardwareProfile{VMSize: in.InstanceType},
+			HardwareProfile:   &hardwareProfile{VMSize: s.echoSize(in.InstanceType)},
 			StorageProfile:    &storageProfile{ImageReference: imageRefOf(in.Image)},
 			ProvisioningState: prov,
 			VMID:              in.ID,
@@ -462,7 +512,7 @@ func (s *server) renderVM(in cloud.Instance, m *vmMeta, provisioning string, wit
 	if withView {
 		status := instanceStatus{Code: "ProvisioningState/" + strings.ToLower(prov), Level: "Info", DisplayStatus: "Provisioning " + strings.ToLower(prov)}
 		if prov == "Failed" {
-			status = instanceStatus{Code: "ProvisioningState/failed/" + failedCode, Level: "Error", DisplayStatus: "Provisioning failed"}
+			status = instanceStatus{Code: "ProvisioningState/failed/" + code, Level: "Error", DisplayStatus: "Provisioning failed"}
 		}
 		view := &instanceView{Statuses: []instanceStatus{status}}
 		if power != "" {

@@ -52,6 +52,8 @@ type config struct {
 	limits bool
 	// awsPolicy is an IAM policy file the EC2 fake enforces.
 	awsPolicy *ec2fake.Policy
+	// cloudTiming makes operations take as long as on the real cloud.
+	cloudTiming bool
 }
 
 func parse(args []string, out io.Writer) (config, error) {
@@ -73,6 +75,7 @@ func parse(args []string, out io.Writer) (config, error) {
 	fs.BoolVar(&c.faults.ThrottleWriteOnly, "throttle-writes-only", false, "meter only creates and deletes")
 	fs.Float64Var(&c.faults.ServerErrorRate, "server-error-rate", 0, "fraction of calls answered with a 5xx")
 	fs.BoolVar(&c.limits, "published-limits", false, "enforce the cloud's published per-account request limits (token buckets by operation class)")
+	fs.BoolVar(&c.cloudTiming, "cloud-timing", false, "operations take as long as on the real cloud (Azure: a VM create 2m30s, a failed VM's NIC reserved 180s)")
 	policyFile := fs.String("aws-policy", "", "IAM policy file the EC2 fake enforces, answering what it does not allow UnauthorizedOperation (e.g. deploy/overlays/aws/iam-policy.json; empty: allow all)")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -125,6 +128,9 @@ func handler(c config) (*cloud.Cloud, http.Handler) {
 		var o []armfake.Option
 		if c.limits {
 			o = append(o, armfake.WithBudget(armfake.NewBudget(nil)))
+		}
+		if c.cloudTiming {
+			o = append(o, armfake.WithCloudTiming())
 		}
 		h = armfake.NewServer(core, o...)
 	default:
