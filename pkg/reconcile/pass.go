@@ -581,6 +581,8 @@ func (r *Reconciler) report(res PassResult, pods []*Pod, records []ledger.Record
 			st.Reason, st.Message = rec.Reason, rec.Message
 			res.Failed = append(res.Failed, st)
 			continue
+		case ok && rec.Reason == ReasonNodeRefused:
+			st.Reason, st.Message = rec.Reason, rec.Message
 		case ok:
 			st.Reason, st.Message = string(rec.Phase), rec.Message
 		default:

@@ -154,6 +154,9 @@ func (r *Reconciler) Standing(uid string, pod *Pod) (PodStatus, PodStanding) {
 		return st, StandingDone
 	}
 	st.Reason, st.Message = string(rec.Phase), rec.Message
+	if rec.Reason == ReasonNodeRefused {
+		st.Reason = rec.Reason
+	}
 	return st, StandingPending
 }
 
