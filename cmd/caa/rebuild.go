@@ -79,6 +79,16 @@ func rebuildLedger(ctx context.Context, f *runFlags, dryRun bool, stdout, stderr
 		defer led.Close()
 	}
 	exec := &reconcile.Executor{Ledger: led, Provider: prov, Cluster: clusterID, Node: f.node, Log: log}
+	// Every VM of a pod, terminated ones too, says which attempts' keys
+	// were used: the rebuilt record starts above all of them, so no key
+	// whose VM may have existed is used again (EC2 keeps a token longer
+	// than it lists the instance, and answers its reuse with an error).
+	highest := map[string]int{}
+	for _, vm := range vms {
+		if uid := vm.Owner().PodUID; uid != "" {
+			highest[uid] = max(highest[uid], reconcile.AttemptOf(vm.Owner().Key))
+		}
+	}
 	var adopted, kept, orphaned int
 	for _, vm := range vms {
 		owner := vm.Owner()
@@ -103,7 +113,7 @@ func rebuildLedger(ctx context.Context, f *runFlags, dryRun bool, stdout, stderr
 			} else if !errors.Is(err, ledger.ErrNotFound) {
 				return err
 			}
-			in := reconcile.Input{Pod: pod, VM: &vm}
+			in := reconcile.Input{Pod: pod, VM: &vm, HighestAttempt: highest[pod.UID]}
 			if _, err := exec.Apply(ctx, in, reconcile.Action{Kind: reconcile.KindAdopt, Reason: reconcile.ReasonRebuilt}); err != nil {
 				return err
 			}

@@ -24,6 +24,8 @@ const (
 	CallQuota       = "quota"
 	CallCapacity    = "capacity"
 	CallInvalidSpec = "invalid_spec"
+	CallNodeConfig  = "node_config"
+	CallKeySpent    = "key_spent"
 	CallAuth        = "auth"
 	CallConflict    = "conflict"
 	CallCanceled    = "canceled"
@@ -42,6 +44,8 @@ func CloudResult(err error) string {
 		{provider.ErrNotFound, CallNotFound},
 		{provider.ErrAuth, CallAuth},
 		{provider.ErrInvalidSpec, CallInvalidSpec},
+		{provider.ErrNodeConfig, CallNodeConfig},
+		{provider.ErrKeySpent, CallKeySpent},
 		{provider.ErrQuota, CallQuota},
 		{provider.ErrCapacity, CallCapacity},
 		{provider.ErrConflict, CallConflict},
@@ -116,3 +120,7 @@ func (i instrumented) Delete(ctx context.Context, id string) error {
 	i.m.ObserveCloudCall(OpDelete, CloudResult(err), time.Since(start))
 	return err
 }
+
+// NodeConfig passes the provider's node configuration through, so the
+// reconciler still sees it behind the instrumentation.
+func (i instrumented) NodeConfig() string { return provider.NodeConfigOf(i.p) }

@@ -45,6 +45,7 @@ const (
 	tagRevision     = 21
 	tagReplacesVMID = 22
 	tagFailedSpec   = 23
+	tagOpenKey      = 24 // repeated
 )
 
 // Event field tags.
@@ -85,6 +86,9 @@ func encodeRecord(r Record) []byte {
 	b = appendUint(b, tagRevision, r.Revision)
 	b = appendString(b, tagReplacesVMID, r.ReplacesVMID)
 	b = appendString(b, tagFailedSpec, r.FailedSpec)
+	for _, k := range r.OpenKeys {
+		b = appendField(b, tagOpenKey, []byte(k))
+	}
 	// Fields of a newer caa go back as they came (a rollback keeps them).
 	b = append(b, r.unknown...)
 	return buildRecordFields(b, r)
@@ -153,6 +157,8 @@ func decodeRecord(data []byte) (Record, error) {
 			r.ReplacesVMID = string(v)
 		case tagFailedSpec:
 			r.FailedSpec = string(v)
+		case tagOpenKey:
+			r.OpenKeys = append(r.OpenKeys, string(v))
 		default:
 			r.unknown = appendField(r.unknown, tag, v)
 		}

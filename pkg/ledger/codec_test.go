@@ -34,6 +34,7 @@ func fullRecord() Record {
 		UpdatedAt:    time.Date(2026, 1, 2, 3, 4, 5, 999999999, time.UTC),
 		LastSeenAt:   time.Date(1969, 12, 31, 23, 59, 59, 1, time.UTC),
 		Revision:     1<<64 - 1,
+		OpenKeys:     []string{"uid-a2", "uid-a3"},
 	}
 }
 
@@ -81,6 +82,24 @@ func TestDecodeKeepsUnknownTags(t *testing.T) {
 	gotE, err := decodeEvent(edata)
 	require.NoError(t, err)
 	assert.Equal(t, e, gotE)
+}
+
+// TestOpenKeysAreARepeatedFieldOfTheirOwn: the open keys of a record take
+// a new tag (24), one field per key, in order, so an older caa keeps them
+// as unknown fields and writes them back (TestDecodeKeepsUnknownTags), and
+// a record written before they existed reads with none.
+func TestOpenKeysAreARepeatedFieldOfTheirOwn(t *testing.T) {
+	r := Record{PodUID: "u", Key: "u-a1"}
+	old := encodeRecord(r)
+	got, err := decodeRecord(old)
+	require.NoError(t, err)
+	assert.Nil(t, got.OpenKeys)
+
+	data := appendField(appendField(bytes.Clone(old), tagOpenKey, []byte("u-a2")), tagOpenKey, []byte("u-a3"))
+	got, err = decodeRecord(data)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"u-a2", "u-a3"}, got.OpenKeys)
+	assert.Empty(t, got.unknown)
 }
 
 func uvarint(n uint64) []byte { return binary.AppendUvarint(nil, n) }

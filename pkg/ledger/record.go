@@ -64,6 +64,11 @@ type Record struct {
 	// FailedSpec fingerprints the pod's VM annotations when the record went
 	// Failed; the failure stands until the annotations change.
 	FailedSpec string `json:"failedSpec,omitempty"`
+	// OpenKeys are the idempotency keys of the pod's other attempts whose
+	// VM may exist (a create was sent with them and no VM of theirs has
+	// been adopted or deleted since), Key excepted. A VM that carries one
+	// of them, beside the record's live VM, is the pod's own duplicate.
+	OpenKeys []string `json:"openKeys,omitempty"`
 
 	CreatedAt  time.Time `json:"createdAt"`
 	UpdatedAt  time.Time `json:"updatedAt"`

@@ -17,8 +17,21 @@ var (
 	ErrQuota = errors.New("quota exceeded")
 	// ErrCapacity: the cloud has no capacity for this type/zone right now.
 	ErrCapacity = errors.New("insufficient capacity")
-	// ErrInvalidSpec: terminal for the pod (bad instance type or image).
+	// ErrInvalidSpec: the cloud refused what the VM was asked to be (its
+	// instance type or image; Error.Refused says which when the cloud named
+	// it). Terminal for the pod when the pod chose what was refused; when
+	// the node's defaults chose it, the node's configuration is at fault.
 	ErrInvalidSpec = errors.New("invalid VM spec")
+	// ErrNodeConfig: the cloud refused a create for something of the node's
+	// configuration, not of the pod (a subnet or security group it does not
+	// know, an image still being prepared, the node's tags). No pod can fix
+	// it; the operator can, so it is retried with backoff and reported on
+	// the node, never recorded as a pod's terminal failure.
+	ErrNodeConfig = errors.New("refused for the node's configuration")
+	// ErrKeySpent: the idempotency key belongs to an earlier VM that the
+	// cloud has already terminated (EC2's IdempotentInstanceTerminated).
+	// That key can never make a VM again: create with the next attempt's.
+	ErrKeySpent = errors.New("idempotency key already spent")
 	// ErrAuth: terminal for the daemon (bad credentials or permissions).
 	ErrAuth = errors.New("not authorized")
 	// ErrConflict: the request clashes with the cloud's state (a name taken,
@@ -38,6 +51,9 @@ type Error struct {
 	Status     int           // HTTP status, when known
 	RetryAfter time.Duration // from the cloud, when it said
 	Err        error         // the SDK error underneath
+	// Refused names what of the spec the cloud refused, when it said so
+	// (RefusedInstanceType, RefusedImage); "" when it did not.
+	Refused string
 }
 
 func (e *Error) Error() string {
@@ -66,6 +82,21 @@ func (e *Error) Unwrap() []error {
 	return errs
 }
 
+// What a refusal of the spec names (Error.Refused).
+const (
+	RefusedInstanceType = "instanceType"
+	RefusedImage        = "image"
+)
+
+// RefusedPart returns what of the spec the cloud refused, if err carries it.
+func RefusedPart(err error) string {
+	var pe *Error
+	if errors.As(err, &pe) {
+		return pe.Refused
+	}
+	return ""
+}
+
 // RetryAfter returns the wait the cloud asked for, if any error in err's
 // chain carries one.
 func RetryAfter(err error) (time.Duration, bool) {
@@ -77,7 +108,9 @@ func RetryAfter(err error) (time.Duration, bool) {
 }
 
 // Terminal reports whether retrying err can never succeed without a change
-// of spec or credentials.
+// of spec or credentials. ErrNodeConfig is not terminal: the node's
+// configuration can change under a running caa (a subnet created late, an
+// image that finishes copying), so it is retried with backoff.
 func Terminal(err error) bool {
 	return errors.Is(err, ErrInvalidSpec) || errors.Is(err, ErrAuth)
 }

@@ -8,6 +8,8 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"slices"
+	"strings"
 	"time"
 
 	"github.com/caa-project/caa/pkg/ledger"
@@ -47,7 +49,15 @@ type Input struct {
 	// Retries counts the failed cloud calls in a row for this pod before
 	// this decision (0 on the first try): a retry is not a restart.
 	Retries int
-	Now     time.Time
+	// HighestAttempt is the highest attempt that any VM of this pod in the
+	// cloud's listing carries in its key tag, terminated ones included (0:
+	// none seen). A new attempt never goes below it: a key whose VM
+	// existed may be spent (invariant I6 rebuilds from these tags).
+	HighestAttempt int
+	// Siblings are the pod's other VMs in the listing (not VM, not gone):
+	// those that carry one of the record's open keys are its duplicates.
+	Siblings []*provider.VM
+	Now      time.Time
 }
 
 // Config is the policy the decision applies.
@@ -63,6 +73,11 @@ type Config struct {
 	// never replaced nor deleted from here: this cloud cannot see its VM,
 	// so a NotFound here proves nothing. Empty: not checked.
 	Provider string
+	// NodeConfig is the provider's node-level settings (its NodeConfig:
+	// subnet, security groups, zone, tags). A spec the cloud refused is
+	// remembered with it, so a change of the node's configuration retries
+	// what was refused. The Reconciler fills it in from its provider.
+	NodeConfig string
 }
 
 // Kind names what to do.
@@ -102,6 +117,16 @@ type Action struct {
 	Attempt   int
 	Key       string
 	Selection provider.Selection
+	// DefaultType and DefaultImage: the selection's type (image) is the
+	// node's default rather than the pod's own choice, so a cloud refusing
+	// it is the node's configuration at fault, not the pod's.
+	DefaultType, DefaultImage bool
+	// Fingerprint names the selection and the node's configuration, kept
+	// with a refusal of the pod's spec (Record.FailedSpec).
+	Fingerprint string
+	// Duplicates, for KindAdopt: other VMs of the pod, made by attempts the
+	// record names as open, to delete now that one VM is kept.
+	Duplicates []string
 	// Recreate: this create replaces a VM that is gone or dead; OldVMID,
 	// when set, is a dead VM (stopped or failed) to delete once the new
 	// intent is durable, so it is never leaked.
@@ -139,6 +164,8 @@ const (
 	ReasonVMUnknown      = "VMUnknown"
 	ReasonBackoff        = "BackingOff"
 	ReasonOtherProvider  = "RecordedOnAnotherProvider"
+	ReasonNodeRefused    = "NodeConfigRefused"
+	ReasonDuplicates     = "DuplicateVMs"
 )
 
 // Decide returns what to do for one pod UID. It never returns a delete on
@@ -167,7 +194,7 @@ func Decide(in Input, cfg Config) Action {
 				Message: fmt.Sprintf("VM %s carries this pod's tags but the ledger had no record", vm.ID)}
 		case vm != nil && isDead(vm.State):
 			// The next attempt's key: the dead VM's own key would find it again.
-			a := decideCreate(in, cfg, AttemptOf(vm.Owner().Key)+1, ReasonVMDead,
+			a := decideCreate(in, cfg, max(AttemptOf(vm.Owner().Key), in.HighestAttempt)+1, ReasonVMDead,
 				fmt.Sprintf("VM %s of this pod is %s and the ledger had no record", vm.ID, vm.State))
 			if a.Kind == KindCreate {
 				a.Recreate, a.OldVMID = true, vm.ID
@@ -176,6 +203,11 @@ func Decide(in Input, cfg Config) Action {
 		case vm != nil && !isGone(vm.State):
 			return Action{Kind: KindWait, Reason: ReasonVMTransitional, RequeueAfter: transitionalWait(cfg),
 				Message: fmt.Sprintf("VM %s of this pod is %s and the ledger had no record", vm.ID, vm.State)}
+		}
+		if in.HighestAttempt > 0 {
+			// Only terminated VMs of the pod show: their keys may be spent.
+			return decideCreate(in, cfg, in.HighestAttempt+1, ReasonVMGone,
+				fmt.Sprintf("the ledger had no record and the pod's VMs up to attempt %d are gone", in.HighestAttempt))
 		}
 		return decideCreate(in, cfg, 1, ReasonNewPod, "first VM for this pod")
 	}
@@ -212,30 +244,34 @@ func Decide(in Input, cfg Config) Action {
 			return Action{Kind: KindWait, Reason: ReasonVMMissing, RequeueAfter: wait,
 				Message: fmt.Sprintf("VM %s not found; confirming before recreating", rec.VMID)}
 		}
-		a := decideCreate(in, cfg, rec.Attempt+1, ReasonVMGone,
+		a := decideCreate(in, cfg, nextAttempt(in), ReasonVMGone,
 			fmt.Sprintf("VM %s not found for %s", rec.VMID, in.Now.Sub(in.MissingSince).Round(time.Second)))
 		a.Recreate = a.Kind == KindCreate
 		return a
 	}
 	switch {
 	case vm.State.Alive():
-		if rec.Phase == ledger.PhaseRunning && provider.SameVM(rec.VMID, vm.ID) && rec.ReplacesVMID == "" {
+		dups := duplicates(in, vm)
+		if rec.Phase == ledger.PhaseRunning && provider.SameVM(rec.VMID, vm.ID) && rec.ReplacesVMID == "" && len(dups) == 0 {
 			return Action{Kind: KindNone, Reason: ReasonInSync}
 		}
-		a := Action{Kind: KindAdopt, Reason: ReasonAdopted, Message: fmt.Sprintf("VM %s is %s", vm.ID, vm.State)}
+		a := Action{Kind: KindAdopt, Reason: ReasonAdopted, Message: fmt.Sprintf("VM %s is %s", vm.ID, vm.State), Duplicates: dups}
+		if rec.Phase == ledger.PhaseRunning && provider.SameVM(rec.VMID, vm.ID) && rec.ReplacesVMID == "" {
+			a.Reason, a.Message = ReasonDuplicates, fmt.Sprintf("VM %s is kept; other attempts made %s", vm.ID, strings.Join(dups, ", "))
+		}
 		if rec.ReplacesVMID != "" && !provider.SameVM(rec.ReplacesVMID, vm.ID) {
 			// The replacement exists; the dead VM it replaces still has to go.
 			a.OldVMID = rec.ReplacesVMID
 		}
 		return a
 	case isGone(vm.State):
-		a := decideCreate(in, cfg, rec.Attempt+1, ReasonVMGone, fmt.Sprintf("VM %s is %s", vm.ID, vm.State))
+		a := decideCreate(in, cfg, nextAttempt(in), ReasonVMGone, fmt.Sprintf("VM %s is %s", vm.ID, vm.State))
 		a.Recreate = a.Kind == KindCreate
 		return a
 	case isDead(vm.State):
 		// Stopped or failed, but still there: replace it, and delete it once
 		// the replacement's intent is durable, so it never leaks.
-		a := decideCreate(in, cfg, rec.Attempt+1, ReasonVMDead, fmt.Sprintf("VM %s is %s", vm.ID, vm.State))
+		a := decideCreate(in, cfg, nextAttempt(in), ReasonVMDead, fmt.Sprintf("VM %s is %s", vm.ID, vm.State))
 		if a.Kind == KindCreate {
 			a.Recreate, a.OldVMID = true, vm.ID
 		}
@@ -248,6 +284,39 @@ func Decide(in Input, cfg Config) Action {
 	}
 	return Action{Kind: KindWait, Reason: reason, RequeueAfter: transitionalWait(cfg),
 		Message: fmt.Sprintf("VM %s is %s", vm.ID, vm.State)}
+}
+
+// nextAttempt is the attempt after every one the record or the cloud shows.
+func nextAttempt(in Input) int { return max(in.Record.Attempt, in.HighestAttempt) + 1 }
+
+// duplicates returns the ids of the pod's other VMs that one of the
+// record's attempts made, other than keep: the record's open keys and its
+// own key, unless keep carries it. They are the pod's own, so no orphan
+// grace applies; a VM whose key the record does not name is left to the
+// orphan rules.
+func duplicates(in Input, keep *provider.VM) []string {
+	rec := in.Record
+	if rec == nil || len(in.Siblings) == 0 {
+		return nil
+	}
+	open := map[string]bool{}
+	for _, k := range rec.OpenKeys {
+		open[k] = true
+	}
+	if rec.Key != "" {
+		open[rec.Key] = true
+	}
+	delete(open, keep.Owner().Key)
+	var out []string
+	for _, s := range in.Siblings {
+		k := s.Owner().Key
+		if provider.SameVM(s.ID, keep.ID) || provider.SameVM(s.ID, rec.ReplacesVMID) || isGone(s.State) || k == "" || !open[k] {
+			continue
+		}
+		out = append(out, s.ID)
+	}
+	slices.Sort(out)
+	return out
 }
 
 // foreign: the record was made on another cloud than this caa's.
@@ -274,15 +343,15 @@ func decideFailed(in Input, cfg Config) Action {
 	if vm != nil && vm.State.Alive() {
 		return Action{Kind: KindAdopt, Reason: ReasonAdopted, Message: "a live VM of this pod exists"}
 	}
-	if rec.FailedSpec != "" && rec.FailedSpec == SelectionFingerprint(sel) {
+	if rec.FailedSpec != "" && rec.FailedSpec == Fingerprint(sel, cfg) {
 		// The cloud refused exactly this; asking again changes nothing.
 		return Action{Kind: KindNone, Reason: rec.Reason, Message: rec.Message}
 	}
 	what := "the pod's spec is valid now"
 	if rec.FailedSpec != "" {
-		what = fmt.Sprintf("the pod now asks for %s with image %s", sel.InstanceType, sel.Image)
+		what = fmt.Sprintf("the pod now asks for %s with image %s, or the node's configuration changed", sel.InstanceType, sel.Image)
 	}
-	a := decideCreate(in, cfg, rec.Attempt+1, ReasonSpecFixed, what)
+	a := decideCreate(in, cfg, nextAttempt(in), ReasonSpecFixed, what)
 	if a.Kind == KindCreate && vm != nil && isDead(vm.State) {
 		a.Recreate, a.OldVMID = true, vm.ID
 	}
@@ -307,10 +376,13 @@ func decideNotPeer(in Input) Action {
 	return Action{Kind: KindNone, Reason: ReasonNotPeer, Message: msg}
 }
 
-// SelectionFingerprint names a selection in the ledger (FailedSpec), short
-// and free of anything secret.
-func SelectionFingerprint(sel provider.Selection) string {
-	sum := sha256.Sum256([]byte(sel.InstanceType + "\x00" + sel.Image))
+// Fingerprint names, in the ledger (FailedSpec), a selection the cloud
+// refused together with the node's configuration it was refused under
+// (the default type and image, the provider's node settings): a change of
+// either retries it. Short and free of anything secret (a hash).
+func Fingerprint(sel provider.Selection, cfg Config) string {
+	sum := sha256.Sum256([]byte(strings.Join([]string{sel.InstanceType, sel.Image,
+		cfg.Spec.DefaultType, cfg.Spec.DefaultImage, cfg.NodeConfig}, "\x00")))
 	return hex.EncodeToString(sum[:8])
 }
 
@@ -341,5 +413,7 @@ func decideCreate(in Input, cfg Config, attempt int, reason, msg string) Action 
 	if err != nil { // always ErrInvalidSpec: the pod's to fix
 		return Action{Kind: KindFail, Reason: ReasonInvalidSpec, Message: err.Error()}
 	}
-	return Action{Kind: KindCreate, Reason: reason, Message: msg, Attempt: attempt, Key: Key(in.Pod.UID, attempt), Selection: sel}
+	return Action{Kind: KindCreate, Reason: reason, Message: msg, Attempt: attempt, Key: Key(in.Pod.UID, attempt), Selection: sel,
+		DefaultType: sel.InstanceType == cfg.Spec.DefaultType, DefaultImage: sel.Image == cfg.Spec.DefaultImage,
+		Fingerprint: Fingerprint(sel, cfg)}
 }

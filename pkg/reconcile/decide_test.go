@@ -27,6 +27,21 @@ func rec(phase ledger.Phase, vmID string, attempt int) *ledger.Record {
 
 func vm(id string, s provider.State) *provider.VM { return &provider.VM{ID: id, State: s} }
 
+func keyed(id string, s provider.State, attempt int) *provider.VM {
+	return &provider.VM{ID: id, State: s, Tags: map[string]string{provider.TagPodUID: "uid-1", provider.TagKey: Key("uid-1", attempt)}}
+}
+
+func withOpen(r *ledger.Record, keys ...string) *ledger.Record {
+	r.OpenKeys = keys
+	return r
+}
+
+func withNodeConfig(nc string) Config {
+	c := cfg
+	c.NodeConfig = nc
+	return c
+}
+
 func replacing(phase ledger.Phase, vmID string, attempt int, old string) *ledger.Record {
 	r := rec(phase, vmID, attempt)
 	r.ReplacesVMID = old
@@ -52,8 +67,26 @@ func TestDecide(t *testing.T) {
 		// I6: the ledger lost the record, the cloud still has the tagged VM.
 		{"no record, tagged VM alive: adopt", Input{Pod: pod, VM: vm("i-1", provider.StateRunning)},
 			Action{Kind: KindAdopt, Reason: ReasonRebuilt}},
-		{"no record, tagged VM terminated: create", Input{Pod: pod, VM: vm("i-1", provider.StateTerminated)},
-			Action{Kind: KindCreate, Attempt: 1}},
+		{"no record, tagged VM terminated: create above its attempt", Input{Pod: pod, VM: keyed("i-1", provider.StateTerminated, 1), HighestAttempt: 1},
+			Action{Kind: KindCreate, Attempt: 2}},
+		// 18.4: a key whose VM may have existed is never used again.
+		{"no record, the cloud shows attempts up to 3: create attempt 4", Input{Pod: pod, HighestAttempt: 3},
+			Action{Kind: KindCreate, Reason: ReasonVMGone, Attempt: 4}},
+		{"no record, dead VM of attempt 1 beside a terminated one of attempt 3: attempt 4", Input{Pod: pod, VM: keyed("i-1", provider.StateStopped, 1), HighestAttempt: 3},
+			Action{Kind: KindCreate, Reason: ReasonVMDead, Attempt: 4, Recreate: true, OldVMID: "i-1"}},
+		{"recorded attempt 1, the cloud shows attempt 2: recreate as 3", Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 1), VM: vm("i-1", provider.StateTerminated), HighestAttempt: 2},
+			Action{Kind: KindCreate, Reason: ReasonVMGone, Attempt: 3, Recreate: true}},
+
+		// 17.3: the record names its other attempts; their VMs beside the kept one go.
+		{"creating a2, a1's VM shows: adopt it, a2's VM beside it is a duplicate", Input{Pod: pod, Record: rec(ledger.PhaseCreating, "", 2),
+			VM: keyed("i-1", provider.StateRunning, 1), Siblings: []*provider.VM{keyed("i-2", provider.StateRunning, 2)}},
+			Action{Kind: KindAdopt, Reason: ReasonAdopted, Duplicates: []string{"i-2"}}},
+		{"in sync, an open key's VM shows: delete it", Input{Pod: pod, Record: withOpen(rec(ledger.PhaseRunning, "i-1", 1), Key("uid-1", 2)),
+			VM: keyed("i-1", provider.StateRunning, 1), Siblings: []*provider.VM{keyed("i-2", provider.StateRunning, 2)}},
+			Action{Kind: KindAdopt, Reason: ReasonDuplicates, Duplicates: []string{"i-2"}}},
+		{"in sync, a VM of a key the record does not name: left to the orphan rules", Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 1),
+			VM: keyed("i-1", provider.StateRunning, 1), Siblings: []*provider.VM{keyed("i-7", provider.StateRunning, 7)}},
+			Action{Kind: KindNone, Reason: ReasonInSync}},
 
 		// DESIGN row 2: record and VM alive -> adopt, no cloud write.
 		{"running and recorded", Input{Pod: pod, Record: rec(ledger.PhaseRunning, "i-1", 1), VM: vm("i-1", provider.StateRunning)},
@@ -105,10 +138,16 @@ func TestDecide(t *testing.T) {
 		{"failed but fixed: next attempt", Input{Pod: pod, Record: &ledger.Record{PodUID: "uid-1", Phase: ledger.PhaseFailed, Attempt: 1}},
 			Action{Kind: KindCreate, Reason: ReasonSpecFixed, Attempt: 2, Key: "uid-1-a2"}},
 		{"cloud refused this very selection: stays failed", Input{Pod: pod, Record: &ledger.Record{PodUID: "uid-1", Phase: ledger.PhaseFailed,
-			Reason: ReasonCloudRefused, Attempt: 4, FailedSpec: SelectionFingerprint(provider.Selection{InstanceType: "small", Image: "img"})}},
+			Reason: ReasonCloudRefused, Attempt: 4, FailedSpec: Fingerprint(provider.Selection{InstanceType: "small", Image: "img"}, cfg)}},
 			Action{Kind: KindNone, Reason: ReasonCloudRefused}},
+		{"cloud refused this selection under another node configuration: next attempt", Input{Pod: pod, Record: &ledger.Record{PodUID: "uid-1", Phase: ledger.PhaseFailed,
+			Reason: ReasonCloudRefused, Attempt: 4, FailedSpec: Fingerprint(provider.Selection{InstanceType: "small", Image: "img"}, withNodeConfig("subnet=old"))}},
+			Action{Kind: KindCreate, Reason: ReasonSpecFixed, Attempt: 5}},
+		{"a record refused before the node configuration was fingerprinted: one more attempt", Input{Pod: pod, Record: &ledger.Record{PodUID: "uid-1", Phase: ledger.PhaseFailed,
+			Reason: ReasonCloudRefused, Attempt: 4, FailedSpec: "0011223344556677"}},
+			Action{Kind: KindCreate, Reason: ReasonSpecFixed, Attempt: 5}},
 		{"cloud refused another selection: next attempt", Input{Pod: pod, Record: &ledger.Record{PodUID: "uid-1", Phase: ledger.PhaseFailed,
-			Reason: ReasonCloudRefused, Attempt: 4, FailedSpec: SelectionFingerprint(provider.Selection{InstanceType: "small", Image: "img-missing"})}},
+			Reason: ReasonCloudRefused, Attempt: 4, FailedSpec: Fingerprint(provider.Selection{InstanceType: "small", Image: "img-missing"}, cfg)}},
 			Action{Kind: KindCreate, Reason: ReasonSpecFixed, Attempt: 5}},
 
 		// Configuration selects which pods get VMs, never which are deleted (I3).
@@ -166,6 +205,7 @@ func match(t *testing.T, want, got Action) {
 	}
 	assert.Equal(t, want.Recreate, got.Recreate, "recreate")
 	assert.Equal(t, want.OldVMID, got.OldVMID, "old VM to delete")
+	assert.Equal(t, want.Duplicates, got.Duplicates, "duplicates to delete")
 	if want.RequeueAfter != 0 {
 		assert.Equal(t, want.RequeueAfter, got.RequeueAfter)
 	}

@@ -6,8 +6,10 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -64,6 +66,9 @@ type Executor struct {
 	Stop context.Context
 	Log  *slog.Logger
 	Now  func() time.Time
+
+	nodeMu          sync.Mutex
+	lastNodeRefusal string // the last node refusal raised on the Node
 }
 
 // ErrStopping: the daemon is shutting down (or handing over); the work was
@@ -100,6 +105,8 @@ type Result struct {
 	// CloudErr is the cloud failure this apply ended on, if any: the caller
 	// counts failures in a row per pod for its backoff.
 	CloudErr error
+	// NodeRefused: CloudErr is a refusal of the node's configuration.
+	NodeRefused bool
 }
 
 // Apply carries out a for the pod described by in.
@@ -137,6 +144,12 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 	pod := in.Pod
 	r := e.base(in)
 	if r.Key != a.Key {
+		if r.Key != "" && r.Phase != ledger.PhaseFailed {
+			// The earlier attempt's VM may exist yet (a NotFound that
+			// lied, a reply lost): the record keeps naming its key until
+			// that VM is adopted or deleted.
+			r.OpenKeys = openKey(r.OpenKeys, r.Key)
+		}
 		r.VMID, r.VMName, r.IPs, r.Zone, r.LastSeenAt = "", "", nil, "", time.Time{}
 	}
 	if a.OldVMID != "" {
@@ -145,22 +158,13 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 		r.ReplacesVMID = a.OldVMID
 	}
 	r.Phase, r.Attempt, r.Key = ledger.PhaseCreating, a.Attempt, a.Key
+	r.OpenKeys = slices.DeleteFunc(r.OpenKeys, func(k string) bool { return k == a.Key })
 	r.InstanceType, r.Image = a.Selection.InstanceType, a.Selection.Image
 	r.FailedSpec = ""
-	var intent ledger.Record
 	res := Result{Record: in.Record}
-	if in.Record == nil || !sameIntent(*in.Record, r) {
-		r.Reason, r.Message = a.Reason, a.Message
-		// The intent is durable before the cloud hears of the VM (I2).
-		stored, err := e.Ledger.Put(r)
-		if err != nil {
-			return res, e.ledgerErr("record the create intent", in, err)
-		}
-		intent = stored
-	} else {
-		// Retrying the same intent: it is durable already, and rewriting it
-		// on every retry would only churn the ledger's history.
-		intent = *in.Record
+	intent, err := e.putIntent(in, r, a.Reason, a.Message)
+	if err != nil {
+		return res, err
 	}
 	res.Record = &intent
 
@@ -180,17 +184,40 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 			return res, fmt.Errorf("user data for pod %s/%s: %w", pod.Namespace, pod.Name, err)
 		}
 	}
-	if err := e.wait(ctx); err != nil {
-		return res, err
+	var vm provider.VM
+	for skipped := 0; ; skipped++ {
+		if err := e.wait(ctx); err != nil {
+			return res, err
+		}
+		cctx, cancel := e.call(ctx)
+		vm, err = e.Provider.Create(cctx, spec)
+		cancel()
+		res.CloudWrites++
+		if !errors.Is(err, provider.ErrKeySpent) || skipped == maxKeySkips {
+			break
+		}
+		// The key made a VM that is terminated now (a rebuilt ledger, or
+		// a record older than the cloud's memory of its tokens): it can
+		// never make another. Take the next attempt's, durably first.
+		next := intent
+		next.Attempt++
+		next.Key = Key(pod.UID, next.Attempt)
+		e.log().Info("idempotency key already spent; taking the next attempt's", "pod", podRef(pod), "uid", pod.UID,
+			"spent", spec.Key, "next", next.Key)
+		if intent, err = e.putIntent(Input{Pod: pod, Record: &intent}, next, ReasonKeySpent,
+			fmt.Sprintf("key %s belongs to a terminated VM", spec.Key)); err != nil {
+			return res, err
+		}
+		res.Record = &intent
+		spec.Key, a.Attempt = next.Key, next.Attempt
 	}
-	cctx, cancel := e.call(ctx)
-	vm, err := e.Provider.Create(cctx, spec)
-	cancel()
-	res.CloudWrites++
 	if err != nil {
+		in.Record = &intent
+		if nodeCaused(err, a) {
+			return e.nodeRefused(res, in, err)
+		}
 		if errors.Is(err, provider.ErrInvalidSpec) {
-			in.Record = &intent
-			failed, ferr := e.failRecord(in, ReasonCloudRefused, err.Error(), SelectionFingerprint(a.Selection))
+			failed, ferr := e.failRecord(in, ReasonCloudRefused, err.Error(), a.Fingerprint)
 			failed.CloudWrites = res.CloudWrites
 			return failed, ferr
 		}
@@ -215,6 +242,113 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 	return res, nil
 }
 
+// maxKeySkips bounds the spent keys one create skips in a row; more is
+// left to the next try, after a backoff.
+const maxKeySkips = 8
+
+// ReasonKeySpent: the record moved to the next attempt because the cloud
+// called its key spent.
+const ReasonKeySpent = "KeySpent"
+
+// maxOpenKeys bounds Record.OpenKeys. A key dropped from it loses only the
+// prompt collection of its VM: the orphan rules still collect it.
+const maxOpenKeys = 8
+
+// openKey adds key to keys, once, dropping the oldest past maxOpenKeys.
+func openKey(keys []string, key string) []string {
+	if key == "" || slices.Contains(keys, key) {
+		return keys
+	}
+	keys = append(slices.Clone(keys), key)
+	if len(keys) > maxOpenKeys {
+		keys = keys[len(keys)-maxOpenKeys:]
+	}
+	return keys
+}
+
+// putIntent writes the create intent r, durably, unless in's record holds
+// it already (a retry: rewriting it would only churn the history).
+func (e *Executor) putIntent(in Input, r ledger.Record, reason, message string) (ledger.Record, error) {
+	if in.Record != nil && sameIntent(*in.Record, r) {
+		return *in.Record, nil
+	}
+	r.Reason, r.Message = reason, message
+	// The intent is durable before the cloud hears of the VM (I2).
+	stored, err := e.Ledger.Put(r)
+	if err != nil {
+		return ledger.Record{}, e.ledgerErr("record the create intent", in, err)
+	}
+	return stored, nil
+}
+
+// nodeCaused: the cloud refused the create for the node's configuration,
+// not for what the pod chose. A refusal of the type or the image is the
+// node's when that is the node's default; one that names neither is the
+// pod's only if the pod chose something of its own.
+func nodeCaused(err error, a Action) bool {
+	switch {
+	case errors.Is(err, provider.ErrNodeConfig):
+		return true
+	case !errors.Is(err, provider.ErrInvalidSpec):
+		return false
+	}
+	switch provider.RefusedPart(err) {
+	case provider.RefusedInstanceType:
+		return a.DefaultType
+	case provider.RefusedImage:
+		return a.DefaultImage
+	}
+	return a.DefaultType && a.DefaultImage
+}
+
+// EventNodeRefused is the Node event of a create the cloud refused for the
+// node's configuration.
+const EventNodeRefused = "CaaNodeConfigRefused"
+
+// NodeEventSink is an EventSink that can also raise events on the Node.
+type NodeEventSink interface {
+	NodeEvent(node string, warning bool, reason, message string)
+}
+
+// nodeRefused handles a create refused for the node's configuration: a
+// node condition, never the pod's terminal failure. The intent stays
+// (Creating), its reason says why, the pod backs off and is retried, and
+// the Node gets an event once per distinct refusal.
+func (e *Executor) nodeRefused(res Result, in Input, err error) (Result, error) {
+	msg := fmt.Sprintf("the cloud refused the node's configuration (not the pod's spec); fix caa's settings and it is retried: %v", err)
+	if rec := in.Record; rec.Reason != ReasonNodeRefused || rec.Message != msg {
+		r := *rec
+		r.Reason, r.Message = ReasonNodeRefused, msg
+		stored, perr := e.Ledger.Put(r)
+		if perr != nil {
+			return res, e.ledgerErr("record the refusal", in, perr)
+		}
+		res.Record, in.Record = &stored, &stored
+	}
+	if ns, ok := e.Events.(NodeEventSink); ok && e.noteNodeRefusal(err) {
+		ns.NodeEvent(e.Node, true, EventNodeRefused, msg)
+	}
+	res.NodeRefused = true
+	return e.cloudFailure(res, in, EventCreateFailed, "create", err)
+}
+
+// noteNodeRefusal reports whether err is a refusal of the node not yet
+// raised on the Node (the last one raised is remembered).
+func (e *Executor) noteNodeRefusal(err error) bool {
+	key := err.Error()
+	var pe *provider.Error
+	if errors.As(err, &pe) {
+		key = pe.Code + " " + pe.Message
+	}
+	e.nodeMu.Lock()
+	defer e.nodeMu.Unlock()
+	if e.lastNodeRefusal == key {
+		return false
+	}
+	e.lastNodeRefusal = key
+	return true
+}
+
 // sameIntent: a record already holds this create's intent.
 func sameIntent(old, next ledger.Record) bool {
 	return old.Phase == ledger.PhaseCreating && old.Key == next.Key && old.Attempt == next.Attempt &&
@@ -224,9 +358,16 @@ func sameIntent(old, next ledger.Record) bool {
 
 func (e *Executor) adopt(ctx context.Context, in Input, a Action) (Result, error) {
 	r := e.base(in)
-	if in.Record == nil {
-		owner := in.VM.Owner()
-		r.Key, r.Attempt = owner.Key, AttemptOf(owner.Key)
+	if owner := in.VM.Owner(); owner.Key != "" {
+		// The record's key is the kept VM's: a VM that carries the key the
+		// record had is then another attempt's, and goes (Duplicates), or
+		// waits as an open key until it shows.
+		if r.Key != owner.Key && r.Key != "" && in.Record != nil && in.Record.Phase != ledger.PhaseFailed {
+			r.OpenKeys = openKey(r.OpenKeys, r.Key)
+		}
+		r.Key = owner.Key
+		r.OpenKeys = slices.DeleteFunc(slices.Clone(r.OpenKeys), func(k string) bool { return k == owner.Key })
+		r.Attempt = max(r.Attempt, AttemptOf(owner.Key), in.HighestAttempt)
 	}
 	res := Result{Record: in.Record, VM: in.VM}
 	if a.OldVMID != "" {
@@ -238,14 +379,70 @@ func (e *Executor) adopt(ctx context.Context, in Input, a Action) (Result, error
 	}
 	r = e.record(r, *in.VM, ledger.PhaseRunning)
 	r.Reason, r.Message, r.ReplacesVMID, r.FailedSpec = a.Reason, "", "", ""
-	stored, err := e.Ledger.Put(r)
-	if err != nil {
-		return res, e.ledgerErr("record the adopted VM "+in.VM.ID, in, err)
+	if in.Record == nil || !sameAdoption(*in.Record, r) {
+		stored, err := e.Ledger.Put(r)
+		if err != nil {
+			return res, e.ledgerErr("record the adopted VM "+in.VM.ID, in, err)
+		}
+		r = stored
+		if in.Record == nil || in.Record.Phase != ledger.PhaseRunning {
+			e.event(in.Pod, false, EventVMAdopted, fmt.Sprintf("VM %s is %s: %s", in.VM.ID, in.VM.State, a.Message))
+		}
 	}
-	if in.Record == nil || in.Record.Phase != ledger.PhaseRunning {
-		e.event(in.Pod, false, EventVMAdopted, fmt.Sprintf("VM %s is %s: %s", in.VM.ID, in.VM.State, a.Message))
+	res.Record = &r
+	return e.deleteDuplicates(ctx, in, a, res)
+}
+
+// sameAdoption: the record already says what adopting would write, so
+// only duplicates are left to delete.
+func sameAdoption(old, next ledger.Record) bool {
+	return old.Phase == ledger.PhaseRunning && old.VMID == next.VMID && old.Key == next.Key &&
+		old.Attempt == next.Attempt && slices.Equal(old.OpenKeys, next.OpenKeys) && old.ReplacesVMID == ""
+}
+
+// EventDuplicateDeleted is the event of a duplicate VM of the pod deleted.
+const EventDuplicateDeleted = "VMDuplicateDeleted"
+
+// deleteDuplicates deletes the VMs of the pod's other attempts beside the
+// kept one (invariant I1): the pod's own, so no orphan grace, but each is
+// logged and raised on the pod. The record then no longer names their keys.
+func (e *Executor) deleteDuplicates(ctx context.Context, in Input, a Action, res Result) (Result, error) {
+	if len(a.Duplicates) == 0 {
+		return res, nil
 	}
-	res.Record = &stored
+	keys := map[string]string{}
+	for _, s := range in.Siblings {
+		keys[s.ID] = s.Owner().Key
+	}
+	done := map[string]bool{}
+	var failure error
+	var failedID string
+	for _, id := range a.Duplicates {
+		if err := e.cloudDelete(ctx, id); err != nil {
+			failure, failedID = err, id
+			break
+		}
+		res.CloudWrites++
+		done[keys[id]] = true
+		msg := fmt.Sprintf("VM %s (key %s) was another attempt's VM of this pod beside VM %s: deleted", id, keys[id], in.VM.ID)
+		e.log().Info("duplicate VM deleted", "pod", podRef(in.Pod), "uid", podUID(in), "vm", id, "key", keys[id], "kept", in.VM.ID)
+		e.event(in.Pod, true, EventDuplicateDeleted, msg)
+	}
+	if len(done) > 0 {
+		r := *res.Record
+		r.OpenKeys = slices.DeleteFunc(slices.Clone(r.OpenKeys), func(k string) bool { return done[k] })
+		if !slices.Equal(r.OpenKeys, res.Record.OpenKeys) {
+			stored, err := e.Ledger.Put(r)
+			if err != nil {
+				return res, e.ledgerErr("record the duplicates deleted", in, err)
+			}
+			res.Record = &stored
+		}
+	}
+	if failure != nil {
+		in.Record = res.Record
+		return e.cloudFailure(res, in, EventDeleteFailed, "delete the duplicate VM "+failedID, failure)
+	}
 	return res, nil
 }
 
@@ -352,7 +549,9 @@ func (e *Executor) Backoff(err error, retries int) time.Duration {
 	switch {
 	case errors.Is(err, provider.ErrQuota):
 		base = max(base, 60*time.Second)
-	case errors.Is(err, provider.ErrCapacity):
+	case errors.Is(err, provider.ErrCapacity), errors.Is(err, provider.ErrNodeConfig), errors.Is(err, provider.ErrInvalidSpec):
+		// Nothing changes by itself soon: the operator fixes a node's
+		// configuration in minutes, not seconds.
 		base = max(base, 30*time.Second)
 	case errors.Is(err, provider.ErrThrottled):
 		// The cloud says when: follow its Retry-After closely, so its

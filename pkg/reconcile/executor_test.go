@@ -148,20 +148,177 @@ func (p lostReply) Create(ctx context.Context, spec provider.Spec) (provider.VM,
 	return provider.VM{}, errors.New("connection reset")
 }
 
+// TestCreateResumedAfterALostReplyMakesOneVM: the create's reply is lost
+// and the cloud's listing does not show the VM yet (it lags), so the only
+// way to find the VM is the resume: a create with the same key, which the
+// cloud answers with the VM the first call made.
 func TestCreateResumedAfterALostReplyMakesOneVM(t *testing.T) {
 	c := cloud.New(cloud.Options{Images: []string{"img"}})
+	c.SetFaults(cloud.Faults{InvisibleFor: time.Hour})
 	f := newFixture(t, lostReply{memory.New(c)}, c)
-	_, res := f.step(t, pod, time.Time{}, t0)
+	first, res := f.step(t, pod, time.Time{}, t0)
 	assert.Equal(t, time.Second, res.RequeueAfter.Truncate(time.Second), "retried after the base backoff")
 	require.Equal(t, ledger.PhaseCreating, res.Record.Phase)
+	require.Len(t, c.Live(), 1, "the VM landed; only its reply was lost")
 
-	// Restarted: the intent is still Creating with the same key.
+	// Restarted: the intent is still Creating with the same key, and the
+	// listing still shows nothing.
 	f.ex.Provider = memory.New(c)
 	a, res := f.step(t, pod, time.Time{}, t0)
-	assert.Contains(t, []Kind{KindAdopt, KindCreate}, a.Kind)
+	require.Equal(t, KindCreate, a.Kind, "%s: %s", a.Reason, a.Message)
+	assert.Equal(t, ReasonResumeCreate, a.Reason)
+	assert.Equal(t, first.Key, a.Key, "the resume reuses the key")
 	assert.Equal(t, ledger.PhaseRunning, res.Record.Phase)
-	assert.Len(t, c.Live(), 1, "one VM per pod (I1)")
-	assert.Equal(t, c.Live()[0].ID, res.Record.VMID)
+	assert.Len(t, c.Instances(), 1, "one VM per pod (I1)")
+	assert.Equal(t, c.Instances()[0].ID, res.Record.VMID)
+	assert.Equal(t, int64(1), c.Counters()["created"])
+}
+
+// refusing answers every create with err, as a cloud refusing the node's
+// configuration or the pod's spec does; it makes no VM.
+type refusing struct {
+	provider.Provider
+	mu      sync.Mutex
+	err     error
+	creates int
+}
+
+func (p *refusing) Create(ctx context.Context, spec provider.Spec) (provider.VM, error) {
+	p.mu.Lock()
+	err := p.err
+	p.creates++
+	p.mu.Unlock()
+	if err != nil {
+		return provider.VM{}, err
+	}
+	return p.Provider.Create(ctx, spec)
+}
+
+type nodeEvents struct {
+	events
+	node []event
+}
+
+func (s *nodeEvents) NodeEvent(node string, warning bool, reason, message string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.node = append(s.node, event{warning, reason, node + ": " + message})
+}
+
+// TestANodeLevelRefusalIsNoPodsFailure (issue 17.2): the cloud refuses a
+// create for the node's configuration (a subnet it does not know, or the
+// node's default type not offered in its zone). The pod is not recorded
+// Failed: it stays Creating, says why, backs off, and is created once the
+// configuration is fixed; the Node gets one event for the refusal.
+func TestANodeLevelRefusalIsNoPodsFailure(t *testing.T) {
+	for name, refusal := range map[string]error{
+		"subnet": &provider.Error{Kind: provider.ErrNodeConfig, Provider: "memory", Op: "create", Code: "InvalidSubnetID.NotFound"},
+		"default type not offered": &provider.Error{Kind: provider.ErrInvalidSpec, Provider: "memory", Op: "create", Code: "Unsupported",
+			Refused: provider.RefusedInstanceType},
+	} {
+		t.Run(name, func(t *testing.T) {
+			f := memoryFixture(t)
+			ev := &nodeEvents{}
+			f.ex.Events = ev
+			p := &refusing{Provider: f.ex.Provider, err: refusal}
+			f.ex.Provider = p
+			for i := range 3 {
+				in := Input{Pod: pod, CacheSynced: true, Now: t0, Retries: i}
+				if r, err := f.ledger.Get(pod.UID); err == nil {
+					in.Record = &r
+				}
+				a := Decide(in, cfg)
+				require.Equal(t, KindCreate, a.Kind, "%s: %s", a.Reason, a.Message)
+				res, err := f.ex.Apply(f.ctx, in, a)
+				require.NoError(t, err)
+				assert.Equal(t, ledger.PhaseCreating, res.Record.Phase, "never the pod's terminal failure")
+				assert.Equal(t, ReasonNodeRefused, res.Record.Reason)
+				assert.True(t, res.NodeRefused)
+				assert.GreaterOrEqual(t, res.RequeueAfter, 30*time.Second, "backs off")
+			}
+			assert.Len(t, ev.node, 1, "one Node event per distinct refusal")
+			assert.Equal(t, EventNodeRefused, ev.node[0].reason)
+
+			// The operator fixes the configuration: the next try creates.
+			p.mu.Lock()
+			p.err = nil
+			p.mu.Unlock()
+			r, err := f.ledger.Get(pod.UID)
+			require.NoError(t, err)
+			in := Input{Pod: pod, Record: &r, CacheSynced: true, Now: t0, Retries: 3}
+			res, err := f.ex.Apply(f.ctx, in, Decide(in, cfg))
+			require.NoError(t, err)
+			assert.Equal(t, ledger.PhaseRunning, res.Record.Phase)
+			assert.Len(t, f.cloud.Live(), 1)
+		})
+	}
+}
+
+// TestARefusalOfThePodsOwnChoiceFailsThePodUntilTheNodeChanges: the cloud
+// refuses the type the pod asked for: that pod fails (terminal, reported),
+// and stays failed while nothing changes; a change of the node's
+// configuration (another subnet, so another zone) retries it once.
+func TestARefusalOfThePodsOwnChoiceFailsThePodUntilTheNodeChanges(t *testing.T) {
+	f := memoryFixture(t)
+	p := &refusing{Provider: f.ex.Provider, err: &provider.Error{Kind: provider.ErrInvalidSpec, Provider: "memory", Op: "create",
+		Code: "Unsupported", Refused: provider.RefusedInstanceType}}
+	f.ex.Provider = p
+	big := cfg
+	big.Spec.Types = append(big.Spec.Types, provider.InstanceType{Name: "big", VCPUs: 8, MemoryMiB: 32768})
+	big.NodeConfig = "subnet=a"
+	asks := &Pod{UID: "uid-1", Namespace: "ns", Name: "web", Annotations: map[string]string{provider.AnnotationMachineType: "big"}}
+	in := Input{Pod: asks, CacheSynced: true, Now: t0}
+	res, err := f.ex.Apply(f.ctx, in, Decide(in, big))
+	require.NoError(t, err)
+	require.Equal(t, ledger.PhaseFailed, res.Record.Phase)
+	assert.Equal(t, ReasonCloudRefused, res.Record.Reason)
+
+	in = Input{Pod: asks, Record: res.Record, CacheSynced: true, Now: t0}
+	assert.Equal(t, KindNone, Decide(in, big).Kind, "the same ask under the same node: not sent again")
+	moved := big
+	moved.NodeConfig = "subnet=b"
+	a := Decide(in, moved)
+	assert.Equal(t, KindCreate, a.Kind, "the node's configuration changed: retried")
+	assert.Equal(t, ReasonSpecFixed, a.Reason)
+}
+
+// TestASpentKeyTakesTheNextAttempts (issue 18.4): the cloud says the key
+// belongs to a VM it terminated (EC2's IdempotentInstanceTerminated). The
+// record moves to the next attempt's key, durably before that create, and
+// the VM is made with it.
+func TestASpentKeyTakesTheNextAttempts(t *testing.T) {
+	f := memoryFixture(t)
+	spent := map[string]bool{Key("uid-1", 1): true, Key("uid-1", 2): true}
+	f.ex.Provider = &spentKeys{Provider: f.ex.Provider, spent: spent, t: t, ledger: f.ledger}
+	in := Input{Pod: pod, CacheSynced: true, Now: t0}
+	res, err := f.ex.Apply(f.ctx, in, Decide(in, cfg))
+	require.NoError(t, err)
+	require.Equal(t, ledger.PhaseRunning, res.Record.Phase)
+	assert.Equal(t, 3, res.Record.Attempt)
+	assert.Equal(t, Key("uid-1", 3), res.Record.Key)
+	live := f.cloud.Live()
+	require.Len(t, live, 1)
+	assert.Equal(t, Key("uid-1", 3), live[0].Tags[provider.TagKey])
+	assert.Equal(t, 3, res.CloudWrites)
+}
+
+// spentKeys refuses the keys in spent with ErrKeySpent, and checks that
+// every create's key is the record's durable intent (I2).
+type spentKeys struct {
+	provider.Provider
+	spent  map[string]bool
+	t      *testing.T
+	ledger *ledger.Ledger
+}
+
+func (p *spentKeys) Create(ctx context.Context, spec provider.Spec) (provider.VM, error) {
+	r, err := p.ledger.Get(spec.PodUID)
+	require.NoError(p.t, err)
+	assert.Equal(p.t, spec.Key, r.Key, "the intent names the key before the create")
+	if p.spent[spec.Key] {
+		return provider.VM{}, &provider.Error{Kind: provider.ErrKeySpent, Provider: "memory", Op: "create", Code: "IdempotentInstanceTerminated"}
+	}
+	return p.Provider.Create(ctx, spec)
 }
 
 func TestCloudRefusesTheSpecOnceUntilThePodAsksForSomethingElse(t *testing.T) {

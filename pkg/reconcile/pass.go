@@ -64,6 +64,7 @@ type retryState struct {
 	kind  Kind
 	until time.Time
 	err   string
+	node  bool // the cloud refused the node's configuration
 }
 
 // bootWatch is a booting VM: since when, and whether its overrun was logged.
@@ -219,6 +220,12 @@ func (r *Reconciler) inputs(ctx context.Context, pods []*Pod, records []ledger.R
 		if in.VM == nil {
 			in.VM = pickByTag(byPod[uid], in.Record)
 		}
+		for _, vm := range byPod[uid] {
+			in.HighestAttempt = max(in.HighestAttempt, AttemptOf(vm.Owner().Key))
+			if (in.VM == nil || vm.ID != in.VM.ID) && !isGone(vm.State) {
+				in.Siblings = append(in.Siblings, vm)
+			}
+		}
 		if in.Record != nil && in.Record.VMID != "" {
 			in.MissingSince = r.seenMissing(uid, in.Record.VMID, in.VM == nil, now)
 		} else {
@@ -345,8 +352,9 @@ func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult)
 		}
 	}
 	sem := make(chan struct{}, limit)
+	cfg := r.config()
 	for _, in := range inputs {
-		a := Decide(in, r.Config)
+		a := Decide(in, cfg)
 		if held, wait := r.heldBack(in, a); held != nil {
 			res.Actions[KindWait]++
 			if res.RequeueAfter == 0 || wait < res.RequeueAfter {
@@ -435,6 +443,11 @@ func (r *Reconciler) heldBack(in Input, a Action) (*Action, time.Duration) {
 		return nil, 0
 	}
 	wait := st.until.Sub(in.Now)
+	if st.node {
+		return &Action{Kind: KindWait, Reason: ReasonNodeRefused, RequeueAfter: wait,
+			Message: fmt.Sprintf("the cloud refused the node's configuration %d times in a row, next try in %s: %s",
+				st.n, wait.Round(time.Second), st.err)}, wait
+	}
 	return &Action{Kind: KindWait, Reason: ReasonBackoff, RequeueAfter: wait,
 		Message: fmt.Sprintf("%d failed cloud calls in a row, next try in %s: %s", st.n, wait.Round(time.Second), st.err)}, wait
 }
@@ -452,7 +465,7 @@ func (r *Reconciler) track(in Input, a Action, out Result) {
 		}
 		st := r.retries[uid]
 		st.n++
-		st.kind, st.err = a.Kind, out.CloudErr.Error()
+		st.kind, st.err, st.node = a.Kind, out.CloudErr.Error(), out.NodeRefused
 		st.until = in.Now.Add(out.RequeueAfter)
 		r.retries[uid] = st
 	case a.Kind != KindWait && a.Kind != KindNone:
@@ -601,6 +614,8 @@ func (r *Reconciler) report(res PassResult, pods []*Pod, records []ledger.Record
 			st.Reason, st.Message = rec.Reason, rec.Message
 			res.Failed = append(res.Failed, st)
 			continue
+		case ok && rec.Reason == ReasonNodeRefused:
+			st.Reason, st.Message = rec.Reason, rec.Message
 		case ok:
 			st.Reason, st.Message = string(rec.Phase), rec.Message
 		default:
@@ -613,6 +628,15 @@ func (r *Reconciler) report(res PassResult, pods []*Pod, records []ledger.Record
 	slices.SortFunc(res.Failed, byPod)
 	slices.SortFunc(res.NotWatched, byPod)
 	return res
+}
+
+// config is Config with the provider's node configuration filled in.
+func (r *Reconciler) config() Config {
+	cfg := r.Config
+	if cfg.NodeConfig == "" {
+		cfg.NodeConfig = provider.NodeConfigOf(r.Exec.Provider)
+	}
+	return cfg
 }
 
 func (r *Reconciler) now() time.Time {

@@ -79,7 +79,7 @@ func (r *Reconciler) ReconcilePod(ctx context.Context, uid string, pod *Pod, syn
 		r.mu.Unlock()
 	}
 
-	a := Decide(in, r.Config)
+	a := Decide(in, r.config())
 	if held, wait := r.heldBack(in, a); held != nil {
 		return PodResult{Action: *held, RequeueAfter: wait, CloudReads: out.CloudReads}
 	}
@@ -154,6 +154,9 @@ func (r *Reconciler) Standing(uid string, pod *Pod) (PodStatus, PodStanding) {
 		return st, StandingDone
 	}
 	st.Reason, st.Message = string(rec.Phase), rec.Message
+	if rec.Reason == ReasonNodeRefused {
+		st.Reason = rec.Reason
+	}
 	return st, StandingPending
 }
 

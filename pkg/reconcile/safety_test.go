@@ -73,8 +73,11 @@ func TestAConfigurationChangeDeletesNoVM(t *testing.T) {
 	assert.Zero(t, c[cloud.OpDelete]+c[cloud.OpCreate])
 }
 
-// TestNoWorkStartsAfterStop: once the stop context is done, a pass starts no
-// cloud call and no ledger write, whatever it finds to do.
+// TestNoWorkStartsAfterStop: a stop that lands once a pass has listed the
+// cloud (so it has creates, deletes and a recreate to do) lets no cloud
+// call and no ledger write start after it. The pass's own guard stops its
+// loop (no action is even counted); the executor's guard stops an Apply
+// handed an action after the stop (TestApplyAfterStopWritesNothing).
 func TestNoWorkStartsAfterStop(t *testing.T) {
 	f := newPassFixture(t, time.Hour)
 	ctx := context.Background()
@@ -85,20 +88,54 @@ func TestNoWorkStartsAfterStop(t *testing.T) {
 	require.NoError(t, err)
 
 	stop, cancel := context.WithCancel(ctx)
-	cancel()
 	f.rec.Exec.Stop = stop
+	f.rec.Exec.Provider = &stopOnList{Provider: f.rec.Exec.Provider, stop: cancel}
 	f.cloud.ResetCounters()
 	// New pods to create, pods gone to delete, a dead VM to recreate.
 	res := f.rec.Pass(ctx, append(peerPods(3)[1:], &Pod{UID: "uid-new", Namespace: "ns", Name: "new"}), true)
-	assert.ErrorIs(t, res.Err, ErrStopping)
-	assert.Empty(t, f.cloud.Counters(), "no cloud call of any kind after stop")
+	assert.Equal(t, map[string]int64{cloud.OpList: 1, "total": 1}, f.cloud.Counters(), "the listing, and no cloud call after the stop")
+	for _, k := range []Kind{KindCreate, KindDelete, KindAdopt, KindForget, KindFail} {
+		assert.Zero(t, res.Actions[k], "no %s applied after the stop", k)
+	}
 	after, err := f.ledger.Stats()
 	require.NoError(t, err)
 	assert.Equal(t, stats, after, "no ledger write after stop")
+	assert.False(t, res.Converged())
+}
+
+// stopOnList stops caa (as SIGTERM would) right after the pass's listing.
+type stopOnList struct {
+	provider.Provider
+	stop func()
+}
+
+func (p *stopOnList) List(ctx context.Context, sel provider.Selector) ([]provider.VM, error) {
+	vms, err := p.Provider.List(ctx, sel)
+	p.stop()
+	return vms, err
+}
+
+// TestApplyAfterStopWritesNothing: an action handed to the executor after
+// the stop starts neither its ledger intent nor its cloud call.
+func TestApplyAfterStopWritesNothing(t *testing.T) {
+	f := memoryFixture(t)
+	stop, cancel := context.WithCancel(context.Background())
+	cancel()
+	f.ex.Stop = stop
+	before, err := f.ledger.Stats()
+	require.NoError(t, err)
+	in := Input{Pod: pod, CacheSynced: true, Now: t0}
+	_, err = f.ex.Apply(f.ctx, in, Decide(in, cfg))
+	require.ErrorIs(t, err, ErrStopping)
+	after, err := f.ledger.Stats()
+	require.NoError(t, err)
+	assert.Equal(t, before, after, "no intent written after stop")
+	assert.Empty(t, f.cloud.Counters())
 }
 
 // TestStopMidPassStartsNothingMore: a stop that lands while a pass is busy
-// lets the calls in flight finish and starts none after it.
+// lets the calls in flight finish (and their outcome be recorded) and
+// starts none after it: no other cloud call, no other ledger intent.
 func TestStopMidPassStartsNothingMore(t *testing.T) {
 	f := newPassFixture(t, time.Hour)
 	stop, cancel := context.WithCancel(context.Background())
@@ -116,6 +153,10 @@ func TestStopMidPassStartsNothingMore(t *testing.T) {
 	assert.Equal(t, 1, gate.count(), "the create in flight finished; no other started")
 	assert.Len(t, f.cloud.Live(), 1)
 	assert.False(t, res.Converged())
+	stats, err := f.ledger.Stats()
+	require.NoError(t, err)
+	assert.Equal(t, 1, stats.Records, "only the pod whose create was in flight has a record")
+	assert.Equal(t, 2, stats.HistoryEntries, "its intent and its outcome; no intent after the stop")
 }
 
 type gatedCreates struct {

@@ -3,6 +3,7 @@ package aws
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	awshttp "github.com/aws/aws-sdk-go-v2/aws/transport/http"
@@ -28,17 +29,32 @@ var codeKinds = map[string]error{
 	"InstanceLimitExceeded": provider.ErrQuota,
 	"VcpuLimitExceeded":     provider.ErrQuota,
 
-	"InvalidAMIID.NotFound":    provider.ErrInvalidSpec,
-	"InvalidAMIID.Malformed":   provider.ErrInvalidSpec,
-	"InvalidAMIID.Unavailable": provider.ErrInvalidSpec,
-	"InvalidParameterValue":    provider.ErrInvalidSpec, // e.g. an instance type EC2 does not offer
-	"TagLimitExceeded":         provider.ErrInvalidSpec,
-	// A bad subnet or security group in the configuration fails every
-	// launch alike; retrying cannot help until the operator fixes it.
-	"InvalidSubnetID.NotFound":  provider.ErrInvalidSpec,
-	"InvalidSubnetID.Malformed": provider.ErrInvalidSpec,
-	"InvalidGroup.NotFound":     provider.ErrInvalidSpec,
-	"InvalidGroupId.Malformed":  provider.ErrInvalidSpec,
+	// What the pod may choose: its image and its instance type.
+	"InvalidAMIID.NotFound":  provider.ErrInvalidSpec,
+	"InvalidAMIID.Malformed": provider.ErrInvalidSpec,
+	// e.g. an instance type EC2 does not know at all; refusedOf reads the
+	// message for what was refused.
+	"InvalidParameterValue": provider.ErrInvalidSpec,
+	// An instance type EC2 knows but does not offer in the subnet's zone,
+	// also answered to a dry run ("Your requested instance type (...) is
+	// not supported in your requested Availability Zone (...)").
+	"Unsupported": provider.ErrInvalidSpec,
+	// What only the node's configuration names: its subnet and security
+	// groups, its extra tags. No pod can fix these; the operator can, and
+	// caa retries them with backoff. An image still being prepared
+	// (InvalidAMIID.Unavailable: a copy or registration that has not
+	// finished) passes by itself.
+	"InvalidAMIID.Unavailable":  provider.ErrNodeConfig,
+	"TagLimitExceeded":          provider.ErrNodeConfig,
+	"InvalidSubnetID.NotFound":  provider.ErrNodeConfig,
+	"InvalidSubnetID.Malformed": provider.ErrNodeConfig,
+	"InvalidGroup.NotFound":     provider.ErrNodeConfig,
+	"InvalidGroupId.Malformed":  provider.ErrNodeConfig,
+
+	// The client token was used by an instance that is terminated now:
+	// EC2 remembers tokens for longer than it lists terminated instances,
+	// and the token can never launch again.
+	"IdempotentInstanceTerminated": provider.ErrKeySpent,
 
 	"InvalidInstanceID.NotFound":  provider.ErrNotFound,
 	"InvalidInstanceID.Malformed": provider.ErrNotFound,
@@ -95,6 +111,9 @@ func classify(op string, err error) error {
 		Kind: kindOf(apiErr.ErrorCode()), Provider: Name, Op: op,
 		Code: apiErr.ErrorCode(), Message: apiErr.ErrorMessage(), Err: err,
 	}
+	if e.Kind == provider.ErrInvalidSpec {
+		e.Refused = refusedOf(e.Code, e.Message)
+	}
 	var opErr *smithy.OperationError
 	if errors.As(err, &opErr) && opErr.OperationName != "" {
 		e.Message = authHint(opErr.OperationName, apiErr.ErrorCode(), e.Message)
@@ -105,4 +124,20 @@ func classify(op string, err error) error {
 		e.RetryAfter = provider.ParseRetryAfter(respErr.Response.Header, time.Now())
 	}
 	return e
+}
+
+// refusedOf reads what of the spec a refusal names: the image codes name
+// the image; Unsupported and InvalidParameterValue name the instance type
+// in their message when it is the type EC2 refused.
+func refusedOf(code, message string) string {
+	lower := strings.ToLower(message)
+	switch {
+	case strings.HasPrefix(code, "InvalidAMIID."):
+		return provider.RefusedImage
+	case strings.Contains(lower, "instance type") || strings.Contains(lower, "instancetype"):
+		return provider.RefusedInstanceType
+	case strings.Contains(lower, "image"):
+		return provider.RefusedImage
+	}
+	return ""
 }

@@ -33,13 +33,15 @@ func TestErrorCodesMapToKinds(t *testing.T) {
 		{"VcpuLimitExceeded", 400, provider.ErrQuota},
 		{"InvalidAMIID.NotFound", 400, provider.ErrInvalidSpec},
 		{"InvalidAMIID.Malformed", 400, provider.ErrInvalidSpec},
-		{"InvalidAMIID.Unavailable", 400, provider.ErrInvalidSpec},
+		{"InvalidAMIID.Unavailable", 400, provider.ErrNodeConfig},
 		{"InvalidParameterValue", 400, provider.ErrInvalidSpec},
-		{"TagLimitExceeded", 400, provider.ErrInvalidSpec},
-		{"InvalidSubnetID.NotFound", 400, provider.ErrInvalidSpec},
-		{"InvalidSubnetID.Malformed", 400, provider.ErrInvalidSpec},
-		{"InvalidGroup.NotFound", 400, provider.ErrInvalidSpec},
-		{"InvalidGroupId.Malformed", 400, provider.ErrInvalidSpec},
+		{"Unsupported", 400, provider.ErrInvalidSpec},
+		{"TagLimitExceeded", 400, provider.ErrNodeConfig},
+		{"InvalidSubnetID.NotFound", 400, provider.ErrNodeConfig},
+		{"InvalidSubnetID.Malformed", 400, provider.ErrNodeConfig},
+		{"InvalidGroup.NotFound", 400, provider.ErrNodeConfig},
+		{"InvalidGroupId.Malformed", 400, provider.ErrNodeConfig},
+		{"IdempotentInstanceTerminated", 400, provider.ErrKeySpent},
 		{"InvalidInstanceID.NotFound", 400, provider.ErrNotFound},
 		{"InvalidInstanceID.Malformed", 400, provider.ErrNotFound},
 		{"IdempotentParameterMismatch", 400, provider.ErrConflict},
@@ -52,7 +54,7 @@ func TestErrorCodesMapToKinds(t *testing.T) {
 		{"SomethingNew", 400, nil},
 	}
 	kinds := []error{provider.ErrNotFound, provider.ErrThrottled, provider.ErrQuota, provider.ErrCapacity,
-		provider.ErrInvalidSpec, provider.ErrAuth, provider.ErrConflict}
+		provider.ErrInvalidSpec, provider.ErrAuth, provider.ErrConflict, provider.ErrNodeConfig, provider.ErrKeySpent}
 	for _, tc := range tests {
 		t.Run(tc.code, func(t *testing.T) {
 			sdkErr := sdkError(tc.code, tc.status, http.Header{})
@@ -61,7 +63,7 @@ func TestErrorCodesMapToKinds(t *testing.T) {
 			require.ErrorAs(t, err, &pe)
 			assert.Equal(t, &provider.Error{
 				Kind: tc.kind, Provider: "aws", Op: "get", Code: tc.code, Message: authHint("Op", tc.code, "message for "+tc.code),
-				Status: tc.status, Err: sdkErr,
+				Status: tc.status, Err: sdkErr, Refused: pe.Refused,
 			}, pe)
 			for _, k := range kinds {
 				assert.Equal(t, k == tc.kind, errors.Is(err, k), "kind %v", k)

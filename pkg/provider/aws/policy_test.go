@@ -178,25 +178,32 @@ func TestTagConditionsAreEnforced(t *testing.T) {
 }
 
 // TestPreflightNamesTheSettingToFix: a subnet, security group, image or
-// instance type EC2 does not know fails Preflight with ErrInvalidSpec
-// naming the flag and environment variable, and makes nothing.
+// instance type EC2 does not know fails Preflight naming the flag and
+// environment variable (a type EC2 does not offer in the subnet's zone
+// also names the zone), and makes nothing. The subnet and the groups are
+// the node's configuration (ErrNodeConfig); the image and type, what a pod
+// may also choose (ErrInvalidSpec).
 func TestPreflightNamesTheSettingToFix(t *testing.T) {
 	ctx := context.Background()
 	policy := shippedPolicy(t)
 	for _, tc := range []struct {
 		setting string
+		kind    error
 		edit    func(*Config)
+		also    string
 	}{
-		{"--aws-subnet-id", func(c *Config) { c.SubnetID = "subnet-0badbadbadbadbad0" }},
-		{"--aws-security-group-ids", func(c *Config) { c.SecurityGroupIDs = []string{testGroup, "sg-0badbadbadbadbad0"} }},
-		{"--aws-image", func(c *Config) { c.Image = "ami-0badbadbadbadbad0" }},
-		{"--aws-instance-type", func(c *Config) { c.InstanceType = "x9.colossal" }},
+		{"--aws-subnet-id", provider.ErrNodeConfig, func(c *Config) { c.SubnetID = "subnet-0badbadbadbadbad0" }, ""},
+		{"--aws-security-group-ids", provider.ErrNodeConfig, func(c *Config) { c.SecurityGroupIDs = []string{testGroup, "sg-0badbadbadbadbad0"} }, ""},
+		{"--aws-image", provider.ErrInvalidSpec, func(c *Config) { c.Image = "ami-0badbadbadbadbad0" }, ""},
+		{"--aws-instance-type", provider.ErrInvalidSpec, func(c *Config) { c.InstanceType = "x9.colossal" }, "zone us-east-1a"},
+		{"--aws-instance-type", provider.ErrInvalidSpec, func(c *Config) { c.InstanceType = "not a type" }, ""},
 	} {
 		t.Run(tc.setting, func(t *testing.T) {
 			f := newPolicyFake(t, func() *ec2fake.Policy { return policy }, tc.edit)
 			err := f.provider.Preflight(ctx)
-			require.ErrorIs(t, err, provider.ErrInvalidSpec)
+			require.ErrorIs(t, err, tc.kind)
 			assert.Contains(t, err.Error(), tc.setting)
+			assert.Contains(t, err.Error(), tc.also)
 			assert.Contains(t, err.Error(), "ec2:RunInstances")
 			assert.Empty(t, f.cloud.Instances(), "a dry run makes nothing")
 		})

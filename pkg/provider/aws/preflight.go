@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"regexp"
 	"strings"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
@@ -125,6 +126,10 @@ func (p *Provider) preflightTerminate(ctx context.Context, id string) error {
 	return preflightError("TerminateInstances", "a dry-run terminate of caa's instance "+id, "", err)
 }
 
+// zoneInMessage finds the zone in EC2's Unsupported message, which names
+// it as "Availability Zone (us-east-1e)".
+var zoneInMessage = regexp.MustCompile(`Availability Zone \(([a-z0-9-]+)\)`)
+
 // settingOf names the setting behind an EC2 code that refuses a
 // configured value of a launch, or "" for any other error.
 func (p *Provider) settingOf(err error) string {
@@ -142,6 +147,13 @@ func (p *Provider) settingOf(err error) string {
 		return fmt.Sprintf("check %s (%q)", setImage.both(), p.cfg.Image)
 	case code == "InvalidParameterValue":
 		return fmt.Sprintf("check %s (%q) and the other launch settings", setInstanceType.both(), p.cfg.InstanceType)
+	case code == "Unsupported":
+		zone := "the zone of " + p.cfg.SubnetID
+		if m := zoneInMessage.FindStringSubmatch(apiErr.ErrorMessage()); m != nil {
+			zone = "zone " + m[1] + " (of " + p.cfg.SubnetID + ")"
+		}
+		return fmt.Sprintf("EC2 does not offer %s (%q) in %s: choose a type offered there, or a subnet in another zone (%s)",
+			setInstanceType.both(), p.cfg.InstanceType, zone, setSubnet.both())
 	}
 	return ""
 }

@@ -51,7 +51,9 @@ var codeKinds = map[string]error{
 	// not exist at all is InvalidParameter on vmSize.
 	"skunotavailable": provider.ErrCapacity,
 
-	// Whatever parameter ARM refuses, sending it again cannot work.
+	// Whatever parameter ARM refuses, sending it again cannot work; whose
+	// fault it is (the pod's size or image, or the node's configuration)
+	// depends on the parameter ARM names: see refusal.
 	"invalidparameter":      provider.ErrInvalidSpec,
 	"imagenotfound":         provider.ErrInvalidSpec,
 	"platformimagenotfound": provider.ErrInvalidSpec,
@@ -118,6 +120,9 @@ func classify(op string, err error) error {
 		e.Message += " (target " + body.Target + ")"
 	}
 	e.Kind = kindOf(op, re.StatusCode, code, body.Message)
+	if e.Kind == provider.ErrInvalidSpec || strings.EqualFold(code, "InvalidResourceReference") && op == opCreate {
+		e.Refused, e.Kind = refusal(code, body.Target, body.Message)
+	}
 	if c := strings.ToLower(code); c == "authorizationfailed" || c == "linkedauthorizationfailed" {
 		// ARM's message names the action and the scope; say where the
 		// actions caa needs are listed.
@@ -127,6 +132,32 @@ func classify(op string, err error) error {
 		e.RetryAfter = provider.ParseRetryAfter(re.RawResponse.Header, time.Now())
 	}
 	return e
+}
+
+// refusal splits a refused create by what ARM names: the VM size or the
+// image are what a pod may choose (ErrInvalidSpec, with the part refused);
+// any other parameter (the NIC's subnet, the OS profile, the network
+// profile, tags), or a reference to a resource that is not there, comes
+// from the node's configuration (ErrNodeConfig). ARM puts the parameter in
+// the error's target (e.g. "vmSize", "imageReference"); without a target
+// the message is read for the size or the image.
+func refusal(code, target, message string) (string, error) {
+	code, target, message = strings.ToLower(code), strings.ToLower(target), strings.ToLower(message)
+	switch {
+	case code == "imagenotfound" || code == "platformimagenotfound":
+		return provider.RefusedImage, provider.ErrInvalidSpec
+	case code == "invalidresourcereference":
+		return "", provider.ErrNodeConfig
+	case strings.Contains(target, "vmsize"):
+		return provider.RefusedInstanceType, provider.ErrInvalidSpec
+	case strings.Contains(target, "imagereference"):
+		return provider.RefusedImage, provider.ErrInvalidSpec
+	case target == "" && (strings.Contains(message, "vm size") || strings.Contains(message, "vmsize")):
+		return provider.RefusedInstanceType, provider.ErrInvalidSpec
+	case target == "" && strings.Contains(message, "image"):
+		return provider.RefusedImage, provider.ErrInvalidSpec
+	}
+	return "", provider.ErrNodeConfig
 }
 
 // armError is ARM's error object.

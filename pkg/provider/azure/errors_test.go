@@ -59,6 +59,11 @@ func TestClassify(t *testing.T) {
 		{"ImageNotFound is not NotFound", opCreate, 404, armBody("ImageNotFound", "no such image", ""), nil, provider.ErrInvalidSpec, "ImageNotFound", 0},
 		{"InvalidParameter on the image", opCreate, 400, armBody("InvalidParameter", "The Image cannot be found", "imageReference"), nil, provider.ErrInvalidSpec, "InvalidParameter", 0},
 		{"InvalidParameter on the size", opCreate, 400, armBody("InvalidParameter", "bad size", "vmSize"), nil, provider.ErrInvalidSpec, "InvalidParameter", 0},
+		{"InvalidParameter on the size's full path", opCreate, 400, armBody("InvalidParameter", "missing", "hardwareProfile.vmSize"), nil, provider.ErrInvalidSpec, "InvalidParameter", 0},
+		{"InvalidParameter on the OS profile is the node's", opCreate, 400, armBody("InvalidParameter", "The admin user name is not allowed.", "adminUsername"), nil, provider.ErrNodeConfig, "InvalidParameter", 0},
+		{"InvalidParameter on the subnet is the node's", opCreate, 400, armBody("InvalidParameter", "Subnet is not valid.", "properties.ipConfigurations[0].properties.subnet"), nil, provider.ErrNodeConfig, "InvalidParameter", 0},
+		{"InvalidParameter without a target naming the size", opCreate, 400, armBody("InvalidParameter", "The value zz9 provided for the VM size is not valid.", ""), nil, provider.ErrInvalidSpec, "InvalidParameter", 0},
+		{"a reference to a missing subnet is the node's", opCreate, 400, armBody("InvalidResourceReference", "Resource /subscriptions/s/.../subnets/x referenced by resource nic was not found.", ""), nil, provider.ErrNodeConfig, "InvalidResourceReference", 0},
 		{"AuthorizationFailed", opList, 403, armBody("AuthorizationFailed", "no", ""), nil, provider.ErrAuth, "AuthorizationFailed", 0},
 		{"InvalidAuthenticationToken", opGet, 401, armBody("InvalidAuthenticationToken", "bad token", ""), nil, provider.ErrAuth, "InvalidAuthenticationToken", 0},
 		{"401 without a body", opGet, 401, "", nil, provider.ErrAuth, "", 0},
@@ -77,7 +82,7 @@ func TestClassify(t *testing.T) {
 		{"unknown 400", opCreate, 400, armBody("InvalidRequestContent", "bad json", ""), nil, nil, "InvalidRequestContent", 0},
 	}
 	kinds := []error{provider.ErrNotFound, provider.ErrThrottled, provider.ErrQuota, provider.ErrCapacity,
-		provider.ErrInvalidSpec, provider.ErrAuth, provider.ErrConflict}
+		provider.ErrInvalidSpec, provider.ErrAuth, provider.ErrConflict, provider.ErrNodeConfig}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			sdkErr := responseError(tc.status, tc.body, tc.header)
@@ -97,6 +102,19 @@ func TestClassify(t *testing.T) {
 			var re *azcore.ResponseError
 			assert.ErrorAs(t, err, &re)
 		})
+	}
+}
+
+// TestRefusalsNameWhatWasRefused: a refusal of the size or the image says
+// so, for the reconciler to tell the pod's choice from the node's default.
+func TestRefusalsNameWhatWasRefused(t *testing.T) {
+	for body, want := range map[string]string{
+		armBody("InvalidParameter", "bad size", "vmSize"):                           provider.RefusedInstanceType,
+		armBody("InvalidParameter", "The Image cannot be found", "imageReference"):  provider.RefusedImage,
+		armBody("ImageNotFound", "The platform image is not available.", ""):        provider.RefusedImage,
+		armBody("InvalidParameter", "The admin user name is not allowed.", "admin"): "",
+	} {
+		assert.Equal(t, want, provider.RefusedPart(classify(opCreate, responseError(400, body, nil))), body)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/url"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/IBM/go-sdk-core/v5/core"
@@ -64,6 +65,9 @@ type failure struct {
 	code       string
 	message    string
 	retryAfter time.Duration
+	// target names the field or parameter the error is about, when VPC
+	// said (errors[0].target.name, e.g. "image.id", "profile.name").
+	target string
 	// iam marks an answer from the IAM token service rather than VPC.
 	iam bool
 }
@@ -80,6 +84,9 @@ func readFailure(resp *core.DetailedResponse, now time.Time) failure {
 		first, _ := errs[0].(map[string]any)
 		f.code, _ = first["code"].(string)
 		f.message, _ = first["message"].(string)
+		if t, ok := first["target"].(map[string]any); ok {
+			f.target, _ = t["name"].(string)
+		}
 	} else if code, ok := body["errorCode"].(string); ok {
 		f.iam = true
 		f.code = code
@@ -117,7 +124,12 @@ func kindOf(op string, f failure) error {
 		return provider.ErrAuth
 	case op == opCreate && (specCodes[f.code] || f.status == http.StatusBadRequest || f.status == http.StatusNotFound):
 		// On create, "not_found" names the image, profile or subnet the
-		// prototype refers to, and a 400 is a prototype VPC refused.
+		// prototype refers to, and a 400 is a prototype VPC refused: the
+		// pod's spec when it names the image or the profile, the node's
+		// configuration otherwise (see refused).
+		if refused(f) == "" {
+			return provider.ErrNodeConfig
+		}
 		return provider.ErrInvalidSpec
 	case f.status == http.StatusNotFound || f.code == "not_found":
 		return provider.ErrNotFound
@@ -125,6 +137,33 @@ func kindOf(op string, f failure) error {
 		return provider.ErrConflict
 	}
 	return nil
+}
+
+// refused says what of the spec a refused create names: the image or the
+// profile (what a pod may choose), from the error's target, else its code,
+// else its message; "" when it names neither (the subnet, the VPC, the
+// security groups, the resource group, the keys: the node's configuration).
+func refused(f failure) string {
+	if f.target != "" {
+		return refusedIn(f.target)
+	}
+	if r := refusedIn(f.code); r != "" {
+		return r
+	}
+	return refusedIn(f.message)
+}
+
+// refusedIn reads a target, code or message for the image or the
+// instance profile (not the boot volume's profile, nor a trusted profile).
+func refusedIn(s string) string {
+	s = strings.ToLower(s)
+	switch {
+	case strings.Contains(s, "image"):
+		return provider.RefusedImage
+	case strings.Contains(s, "profile") && !strings.Contains(s, "volume") && !strings.Contains(s, "trusted"):
+		return provider.RefusedInstanceType
+	}
+	return ""
 }
 
 // responseOf is the cloud's reply that err carries, if any: the SDK keeps
@@ -152,6 +191,12 @@ func classify(op string, resp *core.DetailedResponse, err error) error {
 	e := &provider.Error{
 		Kind: kindOf(op, f), Provider: providerName, Op: op, Code: f.code, Message: f.message,
 		Status: f.status, Err: err,
+	}
+	if e.Kind == provider.ErrInvalidSpec {
+		e.Refused = refused(f)
+	}
+	if f.target != "" && (e.Kind == provider.ErrInvalidSpec || e.Kind == provider.ErrNodeConfig) {
+		e.Message += " (target " + f.target + ")"
 	}
 	if e.Kind == provider.ErrThrottled {
 		e.RetryAfter = f.retryAfter

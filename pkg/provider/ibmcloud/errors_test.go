@@ -48,11 +48,14 @@ func TestKindOf(t *testing.T) {
 		{opCreate, 409, "instance_name_exists", false, provider.ErrConflict},
 		{opDelete, 409, "invalid_state", false, provider.ErrConflict},
 		{opDelete, 409, "something_new", false, provider.ErrConflict},
-		// What the prototype names does not exist or is refused.
-		{opCreate, 404, "not_found", false, provider.ErrInvalidSpec},
+		// What the prototype names does not exist or is refused: the pod's
+		// image or profile, or else the node's configuration (see
+		// TestCreateRefusalsSplitByWhatTheyName).
+		{opCreate, 404, "not_found", false, provider.ErrNodeConfig},
 		{opCreate, 400, "image_not_found", false, provider.ErrInvalidSpec},
-		{opCreate, 400, "bad_field", false, provider.ErrInvalidSpec},
-		{opCreate, 400, "", false, provider.ErrInvalidSpec},
+		{opCreate, 400, "instance_profile_not_found", false, provider.ErrInvalidSpec},
+		{opCreate, 400, "bad_field", false, provider.ErrNodeConfig},
+		{opCreate, 400, "", false, provider.ErrNodeConfig},
 		// The instance is gone.
 		{opGet, 404, "not_found", false, provider.ErrNotFound},
 		{opDelete, 404, "not_found", false, provider.ErrNotFound},
@@ -66,6 +69,36 @@ func TestKindOf(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(fmt.Sprintf("%s %d %s iam=%v", tc.op, tc.status, tc.code, tc.iam), func(t *testing.T) {
 			assert.Equal(t, tc.want, kindOf(tc.op, failure{status: tc.status, code: tc.code, iam: tc.iam}))
+		})
+	}
+}
+
+// TestCreateRefusalsSplitByWhatTheyName: VPC answers 400 or 404 to a
+// create for several causes; the image and the instance profile are the
+// pod's choice (ErrInvalidSpec, saying which), anything else the prototype
+// names (subnet, VPC, security groups, the boot volume's profile) is the
+// node's configuration (ErrNodeConfig), retried, never a pod's failure.
+func TestCreateRefusalsSplitByWhatTheyName(t *testing.T) {
+	for _, tc := range []struct {
+		status                int
+		code, message, target string
+		kind                  error
+		refused               string
+	}{
+		{404, "not_found", "Image not found", "image.id", provider.ErrInvalidSpec, provider.RefusedImage},
+		{404, "not_found", "Instance profile not found", "profile.name", provider.ErrInvalidSpec, provider.RefusedInstanceType},
+		{404, "not_found", "Subnet not found", "primary_network_attachment.virtual_network_interface.subnet.id", provider.ErrNodeConfig, ""},
+		{404, "not_found", "Security group not found", "primary_network_interface.security_groups[0].id", provider.ErrNodeConfig, ""},
+		{400, "bad_field", "The profile is not valid.", "boot_volume_attachment.volume.profile.name", provider.ErrNodeConfig, ""},
+		{404, "not_found", "Image not found", "", provider.ErrInvalidSpec, provider.RefusedImage},
+		{404, "not_found", "Subnet not found", "", provider.ErrNodeConfig, ""},
+	} {
+		t.Run(tc.message+" "+tc.target, func(t *testing.T) {
+			f := failure{status: tc.status, code: tc.code, message: tc.message, target: tc.target}
+			assert.Equal(t, tc.kind, kindOf(opCreate, f))
+			if tc.kind == provider.ErrInvalidSpec {
+				assert.Equal(t, tc.refused, refused(f))
+			}
 		})
 	}
 }

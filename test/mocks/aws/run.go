@@ -5,10 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"regexp"
 	"slices"
 	"strings"
 	"unicode/utf8"
 
+	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/mocks/cloud"
 )
 
@@ -66,11 +68,7 @@ func (s *server) runInstances(q query, c caller) (any, *apiError) {
 	}
 	if dry {
 		if err := s.cloud.CheckSpec(req.Image, req.InstanceType); err != nil {
-			subject := req.InstanceType
-			if errors.Is(err, cloud.ErrBadImage) {
-				subject = req.Image
-			}
-			return nil, coreError(err, subject)
+			return nil, s.launchError(err, req)
 		}
 		return nil, dryRunOK
 	}
@@ -88,11 +86,16 @@ func (s *server) runInstances(q query, c caller) (any, *apiError) {
 		_ = s.cloud.DeleteResource(vol.ID)
 	}
 	if err != nil {
-		subject := req.InstanceType
-		if errors.Is(err, cloud.ErrBadImage) {
-			subject = req.Image
-		}
-		return nil, coreError(err, subject)
+		return nil, s.launchError(err, req)
+	}
+	if in.State == provider.StateTerminated {
+		// EC2 keeps a client token for longer than it lists the terminated
+		// instance that used it, and answers a launch that reuses it with
+		// IdempotentInstanceTerminated (400) rather than that instance or
+		// a new one. Source: the EC2 API reference, "Error codes for the
+		// Amazon EC2 API" (client errors), and its idempotency guide.
+		return nil, &apiError{http.StatusBadRequest, "IdempotentInstanceTerminated",
+			"The client token you have provided is associated with an instance that has been terminated."}
 	}
 	l = s.remember(in.ID, l)
 	resp := runInstancesResponse{
@@ -101,6 +104,31 @@ func (s *server) runInstances(q query, c caller) (any, *apiError) {
 	}
 	resp.Groups = resp.Instances[0].Groups
 	return resp, nil
+}
+
+// typePattern is the shape of an EC2 instance type name: family, a dot, a
+// size (t3.micro, m7i-flex.large, u-6tb1.metal).
+var typePattern = regexp.MustCompile(`^[a-z][a-z0-9-]*\.[a-z0-9]+$`)
+
+// launchError is EC2's answer to a launch the core refused. An instance
+// type that has the shape of a real one but is not among the core's types
+// is one EC2 does not offer in the subnet's zone: EC2 answers Unsupported
+// (400), naming the type and the zone, to a launch and to its dry run
+// alike; only a name that is no instance type at all is
+// InvalidParameterValue. Source: the EC2 API's error codes reference
+// (Unsupported) and the field reports of that message, e.g.
+// github.com/skyplane-project/skyplane/issues/172 and
+// github.com/trailofbits/algo/issues/314.
+func (s *server) launchError(err error, req cloud.CreateRequest) *apiError {
+	switch {
+	case errors.Is(err, cloud.ErrBadImage):
+		return coreError(err, req.Image)
+	case errors.Is(err, cloud.ErrBadType) && typePattern.MatchString(req.InstanceType):
+		return &apiError{http.StatusBadRequest, "Unsupported", fmt.Sprintf(
+			"Your requested instance type (%s) is not supported in your requested Availability Zone (%s). "+
+				"Retry without naming an Availability Zone, or in another one.", req.InstanceType, s.zone)}
+	}
+	return coreError(err, req.InstanceType)
 }
 
 // knownNetwork refuses a subnet or security group the server does not

@@ -108,8 +108,15 @@ func WithPolicyFunc(f func() *Policy) Option {
 	return func(s *server) { s.policy = f }
 }
 
+// WithZone names the zone of the subnets, for the messages that name it
+// (default us-east-1a, CloudOptions' zone).
+func WithZone(zone string) Option {
+	return func(s *server) { s.zone = zone }
+}
+
 type server struct {
 	cloud           *cloud.Cloud
+	zone            string
 	accessKeyID     string
 	secretAccessKey string
 	keyring         *Keyring
@@ -126,7 +133,7 @@ type server struct {
 // mounted at cloud.ControlPrefix. Build c with CloudOptions so that its ids
 // look like EC2's (the fake rejects others as malformed).
 func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
-	s := &server{cloud: c, launches: map[string]*launch{}}
+	s := &server{cloud: c, launches: map[string]*launch{}, zone: "us-east-1a"}
 	for _, o := range opts {
 		o(s)
 	}

@@ -32,13 +32,13 @@ type env struct {
 	token string
 }
 
-func newEnv(t *testing.T) *env {
+func newEnv(t *testing.T, opts ...vpcfake.Option) *env {
 	t.Helper()
 	c := cloud.New(cloud.Options{
 		IDPrefix: "0717_", PageSize: 3, Images: []string{image}, Types: []string{profile, "bx2-8x32"},
 		Now: func() time.Time { return time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC) },
 	})
-	srv := httptest.NewServer(vpcfake.NewServer(c, vpcfake.WithAPIKey(apiKey)))
+	srv := httptest.NewServer(vpcfake.NewServer(c, append([]vpcfake.Option{vpcfake.WithAPIKey(apiKey)}, opts...)...))
 	t.Cleanup(srv.Close)
 	e := &env{t: t, cloud: c, url: srv.URL}
 	status, body := e.iam(url.Values{"grant_type": {"urn:ibm:params:oauth:grant-type:apikey"}, "apikey": {apiKey}})

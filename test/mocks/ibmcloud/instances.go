@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/url"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -60,6 +61,10 @@ func (s *Server) createInstance(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	if !s.permit(w, r, s.createAccess(&p)...) {
+		return
+	}
+	if pr := s.unknownNetwork(&p); pr != nil {
+		writeProblem(w, http.StatusNotFound, pr.Code, pr.Message, pr.Target)
 		return
 	}
 
@@ -164,6 +169,37 @@ func validateNetwork(p *instancePrototype) error {
 	for i, g := range groups {
 		if g.ID == "" {
 			return required(fmt.Sprintf("security_groups[%d].id", i))
+		}
+	}
+	return nil
+}
+
+// unknownNetwork refuses, with WithNetwork, a create whose subnet or
+// security group the fake does not know: 404 not_found whose target names
+// the prototype's field. The VPC API's error model puts the offending
+// field in errors[].target (the API reference's "Errors" section); the
+// exact code VPC uses for a missing subnet on create is this fake's
+// assumption (not_found, as for the subnet's own read).
+func (s *Server) unknownNetwork(p *instancePrototype) *problemItem {
+	if s.network == nil {
+		return nil
+	}
+	prefix := "primary_network_interface"
+	subnet, groups := (*idRef)(nil), []idRef(nil)
+	switch a, n := p.PrimaryNetworkAttachment, p.PrimaryNetworkInterface; {
+	case a != nil && a.VirtualNetworkInterface != nil:
+		prefix = "primary_network_attachment.virtual_network_interface"
+		subnet, groups = a.VirtualNetworkInterface.Subnet, a.VirtualNetworkInterface.SecurityGroups
+	case n != nil:
+		subnet, groups = n.Subnet, n.SecurityGroups
+	}
+	if subnet != nil && !slices.Contains(s.network.Subnets, subnet.ID) {
+		return &problemItem{Code: "not_found", Message: "Subnet not found", Target: &problemTarget{Name: prefix + ".subnet.id", Type: "field"}}
+	}
+	for i, g := range groups {
+		if s.network.SecurityGroups != nil && !slices.Contains(s.network.SecurityGroups, g.ID) {
+			return &problemItem{Code: "not_found", Message: "Security group not found",
+				Target: &problemTarget{Name: fmt.Sprintf("%s.security_groups[%d].id", prefix, i), Type: "field"}}
 		}
 	}
 	return nil

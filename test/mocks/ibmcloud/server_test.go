@@ -398,3 +398,17 @@ func TestStatesAndVisibility(t *testing.T) {
 	assert.Equal(t, "validation_unique_failed", code(body))
 	assert.Len(t, e.cloud.Live(), 2, "one instance of that name")
 }
+
+// TestCreateInAnUnknownSubnetNamesTheField: with a known network, a create
+// whose subnet the VPC does not have is refused 404 not_found, its target
+// naming the prototype's subnet field (what caa reads to tell the node's
+// configuration from the pod's spec); nothing is created.
+func TestCreateInAnUnknownSubnetNamesTheField(t *testing.T) {
+	e := newEnv(t, vpcfake.WithNetwork(vpcfake.Network{Subnets: []string{"0717-subnet-other"}}))
+	status, body, _ := e.call("POST", "/v1/instances"+version, prototype("vm-a", "Caa-Key:K1", "plain"))
+	require.Equal(t, http.StatusNotFound, status, "%v", body)
+	first := body["errors"].([]any)[0].(map[string]any)
+	assert.Equal(t, "not_found", first["code"])
+	assert.Contains(t, first["target"].(map[string]any)["name"], "subnet.id")
+	assert.Empty(t, e.cloud.Instances())
+}
