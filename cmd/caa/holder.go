@@ -53,6 +53,7 @@ type nodeDaemon struct {
 	me         handover.Peer
 	started    time.Time
 	asked      time.Time // when this caa asked for the ledger it took over
+	preflight  string    // fingerprint of the passed preflight, recorded at open
 	serve      func(name string, fn func() error)
 
 	readyOnce sync.Once
@@ -201,7 +202,8 @@ func (n *nodeDaemon) open(ctx context.Context, timeout time.Duration, retry bool
 		if err := reconcile.CompareNodeLedger(f.node, n.nodeLedger, f.ledgerPath, existed, ""); err != nil {
 			return nil, err
 		}
-		led, err := ledger.Open(ledger.Options{Path: f.ledgerPath, Node: f.node, Cluster: n.clusterID, Logger: n.log, Timeout: timeout})
+		led, err := ledger.Open(ledger.Options{Path: f.ledgerPath, Node: f.node, Cluster: n.clusterID, Logger: n.log, Timeout: timeout,
+			Preflight: n.preflight})
 		if err != nil {
 			if retry && errors.Is(err, ledger.ErrLocked) && ctx.Err() == nil {
 				n.log.Warn("cannot take the ledger back yet; retrying", "err", err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
@@ -64,6 +65,9 @@ type runFlags struct {
 
 	// clouds are the providers built into this binary, with their settings.
 	clouds []*cloud
+	// flags is the command's flag set, which the preflight's fingerprint
+	// reads the cloud's settings from.
+	flags *pflag.FlagSet
 }
 
 func envOr(key, def string) string {
@@ -120,6 +124,7 @@ func newRunCommand() *cobra.Command {
 // `caa ledger rebuild`, which needs the same cloud and cluster).
 func addRunFlags(cmd *cobra.Command, f *runFlags) {
 	fs := cmd.Flags()
+	f.flags = fs
 	fs.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name (env NODE_NAME, from the downward API)")
 	fs.StringVar(&f.providerName, "provider", os.Getenv("CAA_PROVIDER"), "cloud provider: "+cloudNames(f.clouds)+" (env CAA_PROVIDER)")
 	fs.StringSliceVar(&f.runtimeClasses, "runtime-class", provider.SplitList(envOr("CAA_RUNTIME_CLASSES", "kata-remote")),
@@ -345,6 +350,11 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	}
 	status := health.NewStatus(health.Config{Stale: 3 * f.resync, Metrics: metrics})
 	status.SetBlocked("starting: connecting to the Kubernetes API")
+	// Every wait up to the ledger's acquisition (the apiserver, the
+	// preflight's retries, the pod cache) is a wait by design: liveness
+	// stays true through it (acquire keeps it alive from there).
+	alive := status.KeepAlive(ctx, time.Second)
+	defer alive()
 
 	var userData []byte
 	if f.userDataFile != "" {
@@ -420,9 +430,10 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	}
 	events := reconcile.NewKubeEvents(client, f.node)
 	defer events.Shutdown()
-	if err := preflight(stopCtx, log, status, prov, func(reason string) {
+	passed, err := preflightGate(stopCtx, f, log, status, prov, clusterID, nodeLedger, func(reason string) {
 		events.NodeEvent(f.node, true, "CaaPreflightFailed", reason)
-	}); err != nil {
+	}, serve)
+	if err != nil {
 		return shutdownErr(ctx, err)
 	}
 	prov = health.InstrumentProvider(prov, metrics)
@@ -435,8 +446,9 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 		f: f, log: log, status: status, client: client, events: events, pods: pods,
 		prov: prov, specCfg: specCfg, userData: userData, clusterID: clusterID, nodeLedger: nodeLedger,
 		me: handover.Peer{Pod: f.podName, Version: version, PID: os.Getpid()}, started: started,
-		serve: serve,
+		serve: serve, preflight: passed,
 	}
+	alive()
 	err = n.run(ctx, stopCtx)
 	log.Info("caa stopped")
 	return err
@@ -455,6 +467,7 @@ func shutdownErr(ctx context.Context, err error) error {
 // apiserver being away is not a reason to crash-loop (which would delay
 // recovery by the kubelet's own back-off once it returns).
 func retryAPI(ctx context.Context, log *slog.Logger, status *health.Status, fn func(context.Context) error) error {
+	defer status.KeepAlive(ctx, time.Second)()
 	backoff := time.Second
 	for attempt := 1; ; attempt++ {
 		status.Beat(time.Now())
@@ -482,50 +495,6 @@ func retryAPI(ctx context.Context, log *slog.Logger, status *health.Status, fn f
 		case <-t.C:
 		}
 		backoff = min(2*backoff, 30*time.Second)
-	}
-}
-
-// preflight runs the provider's side-effect-free startup checks, when it
-// has them, until they pass or ctx is done. Each distinct failure is one
-// log line at ERROR, one Warning event on the Node (through event), and
-// the readiness reason, so a missing permission or a wrong resource id is
-// named before any pod is touched; the checks are retried from 5s to 5 min
-// apart, since an operator fixes a permission without restarting caa.
-func preflight(ctx context.Context, log *slog.Logger, status *health.Status, p provider.Provider, event func(reason string)) error {
-	pf, ok := p.(provider.Preflighter)
-	if !ok {
-		return nil
-	}
-	status.SetBlocked("starting: checking the cloud's credentials and settings (preflight)")
-	backoff, last := 5*time.Second, ""
-	for {
-		callCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
-		err := pf.Preflight(callCtx)
-		cancel()
-		if err == nil {
-			if last != "" {
-				log.Info("cloud preflight passed", "provider", p.Name())
-			}
-			return nil
-		}
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		reason := "cloud preflight failed: " + err.Error()
-		status.SetBlocked(reason)
-		if reason != last {
-			log.Error("cloud preflight failed; no pod is touched until it passes", "provider", p.Name(), "retryIn", backoff, "err", err)
-			event(reason)
-			last = reason
-		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
-		}
-		backoff = min(2*backoff, 5*time.Minute)
 	}
 }
 

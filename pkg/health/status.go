@@ -1,6 +1,7 @@
 package health
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"maps"
@@ -131,7 +132,9 @@ type Status struct {
 	last      Pass
 	converged bool // latched by the first converged pass
 	readyAt   time.Time
-	blocked   string // set by SetBlocked, owned by its caller
+	blocked   string        // set by SetBlocked, owned by its caller
+	preflight string        // set by SetPreflight, owned by the background preflight
+	readyCh   chan struct{} // closed at the first moment of readiness
 	records   map[ledger.Phase]int
 	handover  *Handover // the last hand-over, if any
 }
@@ -151,7 +154,7 @@ func NewStatus(cfg Config) *Status {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	s := &Status{cfg: cfg, started: cfg.Now()}
+	s := &Status{cfg: cfg, started: cfg.Now(), readyCh: make(chan struct{})}
 	s.cfg.Metrics.setReady(false)
 	return s
 }
@@ -232,23 +235,66 @@ func (s *Status) SetBlocked(reason string) {
 	s.updateReady()
 }
 
+// SetPreflight sets the reason a re-check of the cloud's settings failed
+// after the startup went ahead on an earlier pass of the same settings (a
+// warm restart), or clears it with "". Like SetBlocked it holds /readyz at
+// 503 with the reason; it is a slot of its own so that the startup's
+// SetBlocked calls neither hide nor clear it.
+func (s *Status) SetPreflight(reason string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.preflight = reason
+	s.updateReady()
+}
+
+// Readied is closed at the first moment /readyz answers 200.
+func (s *Status) Readied() <-chan struct{} { return s.readyCh }
+
+// KeepAlive beats every interval until stop is called or ctx ends. It is
+// for the waits before a reconcile loop runs (the apiserver away, the
+// preflight's retries): waiting there is by design, and a liveness probe
+// that restarted caa for it would only add the kubelet's back-off to the
+// wait. stop may be called more than once.
+func (s *Status) KeepAlive(ctx context.Context, interval time.Duration) (stop func()) {
+	ctx, cancel := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		t := time.NewTicker(interval)
+		defer t.Stop()
+		for {
+			s.Beat(s.cfg.Now())
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+		}
+	}()
+	return func() { cancel(); <-done }
+}
+
 // updateReady stamps the first moment of readiness; the caller holds mu.
 func (s *Status) updateReady() {
 	ready := s.ready()
 	if ready && s.readyAt.IsZero() {
 		s.readyAt = s.cfg.Now()
 		s.cfg.Metrics.setTimeToReady(s.readyAt.Sub(s.started))
+		close(s.readyCh)
 	}
 	s.cfg.Metrics.setReady(ready)
 }
 
 func (s *Status) ready() bool { return s.converged && s.blockedReason() == "" }
 
-// blockedReason is the daemon-level reason, from SetBlocked or else from
-// the last pass; the caller holds mu.
+// blockedReason is the daemon-level reason, from SetBlocked, else from
+// SetPreflight, else from the last pass; the caller holds mu.
 func (s *Status) blockedReason() string {
-	if s.blocked != "" {
+	switch {
+	case s.blocked != "":
 		return s.blocked
+	case s.preflight != "":
+		return s.preflight
 	}
 	return s.last.Blocked
 }

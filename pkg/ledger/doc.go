@@ -13,7 +13,10 @@
 //	 ├── createdAt         RFC 3339 creation time
 //	 ├── epoch             uint64 big-endian: +1 on every writable open
 //	 ├── holderPID         decimal pid of the last writable opener
-//	 └── openedAt          RFC 3339 time of the last writable open
+//	 ├── openedAt          RFC 3339 time of the last writable open
+//	 └── preflight         fingerprint ("sha256:<hex>") of the cloud settings
+//	                       whose startup preflight last passed; a digest, never
+//	                       a setting or a credential (optional, see Rollback)
 //	records
 //	 └── <pod uid>         record value (codec.go): the pod, its VM, phase, revision
 //	vms
@@ -52,15 +55,22 @@
 //   - A new record or event field takes a new tag. Older versions keep
 //     the fields they do not know and write them back unchanged, so a roll
 //     back and forward again loses nothing.
-//   - A layout change is a migration. An additive one (a new bucket, a new
-//     meta key) bumps schema but not compat: an older caa opens the file as
-//     it is, without migrating it down, and logs that a newer caa wrote it.
+//   - A layout change is a migration. An additive one (a new bucket, or a
+//     meta key that every file must hold) bumps schema but not compat: an
+//     older caa opens the file as it is, without migrating it down, and
+//     logs that a newer caa wrote it.
 //   - A change an older caa could not use safely is a Breaking migration:
 //     it raises compat, and every caa whose schema is below compat refuses
 //     the file with ErrSchema, naming the version to run. A breaking
 //     migration must ship one release after a release that can already
 //     read the new layout, so that the rollback of an update never crosses
 //     it. No breaking migration exists after the initial layout.
+//
+// A new optional meta key that older builds never read needs no migration
+// and no schema bump: readMeta and Verify look up the keys they know and
+// ignore the rest, and no writer removes a key it does not know. That is
+// how meta/preflight was added: a ledger with it opens in an older caa as
+// before, and one without it reads as "no preflight recorded".
 //
 // Files written before compat existed have no compat key; their compat is
 // their schema, the rule they were written under.

@@ -50,6 +50,11 @@ type Options struct {
 	Logger *slog.Logger
 	// Now is the clock (default time.Now); tests set it.
 	Now func() time.Time
+	// Preflight, on a writable open, is recorded as meta/preflight in the
+	// open's own transaction: the fingerprint of the cloud settings whose
+	// preflight this caa has passed (or found already recorded). Empty
+	// leaves the recorded one as it is.
+	Preflight string
 }
 
 // Meta is what the meta bucket says about the ledger.
@@ -62,6 +67,10 @@ type Meta struct {
 	OpenEpoch     uint64    `json:"openEpoch"`
 	HolderPID     int       `json:"holderPID,omitempty"`
 	OpenedAt      time.Time `json:"openedAt,omitzero"`
+	// Preflight is the fingerprint of the cloud settings whose preflight
+	// last passed on this ledger ("" when none is recorded); see
+	// Options.Preflight.
+	Preflight string `json:"preflight,omitempty"`
 }
 
 // Ledger is an open ledger file. It is safe for concurrent use.
@@ -93,6 +102,7 @@ var (
 	keyEpoch     = []byte("epoch")
 	keyHolderPID = []byte("holderPID")
 	keyOpenedAt  = []byte("openedAt")
+	keyPreflight = []byte("preflight")
 )
 
 // maxKeyLen keeps keys far below bbolt's limit and sane to print.
@@ -369,6 +379,11 @@ func (l *Ledger) initWritable(opts Options) error {
 			keyOpenedAt, []byte(now.Format(time.RFC3339Nano))); err != nil {
 			return err
 		}
+		if opts.Preflight != "" {
+			if err := putAll(meta, keyPreflight, []byte(opts.Preflight)); err != nil {
+				return err
+			}
+		}
 		l.meta, err = readMeta(tx)
 		return err
 	})
@@ -464,6 +479,7 @@ func readMeta(tx *bolt.Tx) (Meta, error) {
 	if v := b.Get(keyHolderPID); v != nil {
 		m.HolderPID, _ = strconv.Atoi(string(v))
 	}
+	m.Preflight = string(b.Get(keyPreflight))
 	var err error
 	if m.CreatedAt, err = parseMetaTime(b, keyCreatedAt); err != nil {
 		return m, err
