@@ -2,9 +2,12 @@ package deploy_test
 
 import (
 	"context"
+	"os"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -12,6 +15,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/util/intstr"
+	"sigs.k8s.io/yaml"
 
 	"github.com/caa-project/caa/pkg/holder"
 )
@@ -101,4 +105,29 @@ func shippedLimits(t *testing.T, ds *appsv1.DaemonSet, cm *corev1.ConfigMap, def
 		TerminationGrace: time.Duration(*ds.Spec.Template.Spec.TerminationGracePeriodSeconds) * time.Second,
 		StartupWindow:    window(c.StartupProbe), LivenessWindow: window(c.LivenessProbe),
 	}
+}
+
+// TestBaseTimeLimitsAgree is the same check on the base's own files, read
+// as they are (no kustomize, no build): deploy/base/daemonset.yaml, and
+// config.env with the flag defaults of pkg/holder for what it leaves out.
+// It runs in -short too.
+func TestBaseTimeLimitsAgree(t *testing.T) {
+	raw, err := os.ReadFile(filepath.Join("base", "daemonset.yaml"))
+	require.NoError(t, err)
+	var ds appsv1.DaemonSet
+	require.NoError(t, yaml.Unmarshal(raw, &ds))
+	env, err := os.ReadFile(filepath.Join("base", "config.env"))
+	require.NoError(t, err)
+	cm := &corev1.ConfigMap{Data: map[string]string{}}
+	for _, line := range strings.Split(string(env), "\n") {
+		if k, v, ok := strings.Cut(strings.TrimSpace(line), "="); ok && !strings.HasPrefix(k, "#") {
+			cm.Data[k] = v
+		}
+	}
+	defaults := map[string]string{
+		"CAA_HANDOVER_READY_TIMEOUT":   holder.DefaultReadyTimeout.String(),
+		"CAA_HANDOVER_FAILED_COOLDOWN": holder.DefaultFailedCooldown.String(),
+	}
+	l := shippedLimits(t, &ds, cm, defaults)
+	require.NoError(t, l.Check())
 }

@@ -33,37 +33,39 @@ import (
 // runFlags is the daemon's command line; every flag has an environment
 // fallback so the DaemonSet can configure it from a ConfigMap.
 type runFlags struct {
-	node                 string
-	providerName         string
-	runtimeClasses       []string
-	ledgerPath           string
-	healthAddr           string
-	resync               time.Duration
-	gcGrace              time.Duration
-	bootTimeout          time.Duration
-	confirmMissing       time.Duration
-	concurrency          int
-	createRate           float64
-	createBurst          int
-	clusterID            string
-	kubeconfig           string
-	logFormat            string
-	logLevel             string
-	shutdownGrace        time.Duration
-	userDataFile         string
-	instanceTypes        string
-	allowedTypes         []string
-	allowedImages        []string
-	retention            time.Duration
-	cloudTimeout         time.Duration
-	audit                time.Duration
-	readRate             float64
-	readBurst            int
-	handover             bool
-	handoverReady        time.Duration
+	node           string
+	providerName   string
+	runtimeClasses []string
+	ledgerPath     string
+	healthAddr     string
+	resync         time.Duration
+	gcGrace        time.Duration
+	bootTimeout    time.Duration
+	confirmMissing time.Duration
+	concurrency    int
+	createRate     float64
+	createBurst    int
+	clusterID      string
+	kubeconfig     string
+	logFormat      string
+	logLevel       string
+	shutdownGrace  time.Duration
+	userDataFile   string
+	instanceTypes  string
+	allowedTypes   []string
+	allowedImages  []string
+	retention      time.Duration
+	cloudTimeout   time.Duration
+	audit          time.Duration
+	readRate       float64
+	readBurst      int
+	handover       bool
+	handoverReady  time.Duration
+	podName        string
+
+	// The hand-over's own tuning (holder.go, addHandoverFlags).
 	handoverCool         time.Duration
 	handoverCheckProcess bool
-	podName              string
 
 	// clouds are the providers built into this binary, with their settings.
 	clouds []*cloud
