@@ -601,7 +601,11 @@ func TestFrozenHolderAfterTheRelease(t *testing.T) {
 	require.Eventually(t, func() bool {
 		s, ok := v1.snapshot()
 		return ok && s.Handover != nil && s.Handover.Outcome == health.HandoverUnderway && strings.Contains(s.Handover.Peer, "caa-v2")
-	}, time.Minute, condPoll, "the old caa released the ledger")
+	}, time.Minute, condPoll, "the old caa was asked")
+	require.Eventually(t, func() bool {
+		l, err := holder.ReadLease(holder.LeasePath(ledgerPath))
+		return err == nil && l.PID == v2.cmd.Process.Pid
+	}, time.Minute, condPoll, "the old caa released the ledger: the new caa holds it and its lease")
 	v1.signal(t, syscall.SIGSTOP)
 	t.Cleanup(func() { _ = v1.cmd.Process.Signal(syscall.SIGKILL) })
 	f2.hangList.Store(false)
