@@ -353,6 +353,9 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 	// grace (then abandons them: their intents are durable), stops the
 	// session's servers and closes the ledger.
 	stopWork := func() {
+		// The loop's heartbeat ends here; the wait for calls in flight
+		// (up to the grace) must not cost the process its liveness.
+		defer n.keepAlive(stopCtx)()
 		stopSess()
 		select {
 		case <-loopDone:

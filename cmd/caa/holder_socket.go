@@ -49,6 +49,7 @@ func (f *runFlags) limits() holder.Limits {
 // the asker names itself by namespace and UID. Outside a pod nothing is
 // checked (the end-to-end tests run caa processes without pods).
 func (n *nodeDaemon) knowMyPod(ctx context.Context) error {
+	defer n.keepAlive(ctx)()
 	ns := os.Getenv("POD_NAMESPACE")
 	if ns == "" || n.f.podName == "" {
 		n.log.Warn("POD_NAMESPACE is not set: hand-over askers are not checked against the apiserver")
