@@ -77,7 +77,7 @@ func checkObjects(t *testing.T, m manifests) {
 	assert.Equal(t, "privileged", m.one(t, "Namespace").GetLabels()["pod-security.kubernetes.io/enforce"],
 		"the hostPath is outside Pod Security's baseline, so the namespace says so rather than being refused")
 	slices.Sort(kinds)
-	assert.Equal(t, []string{"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Namespace", "ServiceAccount"}, kinds)
+	assert.Equal(t, []string{"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Namespace", "Role", "RoleBinding", "ServiceAccount"}, kinds)
 }
 
 // findKeys walks any decoded object and returns the paths of the keys

@@ -14,6 +14,7 @@ import (
 
 	"github.com/caa-project/caa/pkg/handover"
 	"github.com/caa-project/caa/pkg/health"
+	"github.com/caa-project/caa/pkg/holder"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/ledger/ledgerapi"
 	"github.com/caa-project/caa/pkg/provider"
@@ -21,17 +22,10 @@ import (
 )
 
 // nodeDaemon is the part of the daemon that holds (or waits for, or has
-// handed away) the node's ledger. Its life:
-//
-//	acquire ──> hold ──SIGTERM──> stop
-//	              │
-//	              ├─ a new caa asks ──> release ──ready──> inert until SIGTERM
-//	              │                        └──gone / too slow──> reopen ──> hold
-//	              └─ (as the new caa) the old one takes the ledger back
-//	                                   ──> inert until SIGTERM
-//
-// Only hold writes to the ledger or the cloud; every other state makes no
-// write of either (invariant I4 and the hand-over's "never two writers").
+// handed away) the node's ledger: the effects of the states and moves that
+// pkg/holder decides (holder.Next). Only hold writes to the ledger or the
+// cloud; every other state makes no write of either (invariant I4 and the
+// hand-over's "never two writers").
 //
 // The old caa stays Ready from the request until the new one is ready
 // (and after a handback): with maxSurge the DaemonSet controller deletes
@@ -58,23 +52,38 @@ type nodeDaemon struct {
 
 	readyOnce sync.Once
 
-	mu       sync.Mutex
-	requests chan *handover.Request // set while hold takes requests
-	refusal  string                 // why requests are refused otherwise
-	listener *handover.Listener
-	// failed holds, by pod name, the hand-overs that failed and until
-	// when that pod is refused: a new pod whose container the kubelet
-	// restarts must not cost the node another ready timeout each time.
-	failed map[string]failedHandover
+	// gate admits the hand-over requests that reach hold; it refuses a
+	// pod whose hand-over failed for --handover-failed-cooldown.
+	gate holder.Gate
+	// verify checks an asker's identity (nil: not checked).
+	verify func(ctx context.Context, r *handover.Request) error
+	surge  bool // the DaemonSet's strategy runs two caa pods on a node
+
+	mu        sync.Mutex
+	state     holder.State
+	requests  chan *handover.Request // set while hold takes requests
+	listener  *handover.Listener
+	listening bool // a listen loop is under way
 }
 
-type failedHandover struct {
-	reason string
-	until  time.Time
+// step applies holder.Next to the current state and returns the step.
+func (n *nodeDaemon) step(e holder.Event) holder.Step {
+	n.mu.Lock()
+	from := n.state
+	st, err := holder.Next(from, e)
+	n.state = st.To
+	n.mu.Unlock()
+	if err != nil {
+		n.log.Error("unexpected hand-over event", "err", err)
+	} else if from != st.To {
+		n.log.Debug("hand-over state", "from", from.String(), "event", e.String(), "to", st.To.String())
+	}
+	return st
 }
 
-// failedCooldown is how long a pod whose hand-over failed is refused.
-func (n *nodeDaemon) failedCooldown() time.Duration { return 5 * n.f.handoverReady }
+// readyWait is how long a new caa waits for the old one to answer its
+// ready before it turns ready anyway (the old caa is frozen).
+const readyWait = 10 * time.Second
 
 // holdEnd says how a hold ended.
 type holdEnd int
@@ -98,6 +107,9 @@ type holdOutcome struct {
 // (SIGTERM) ends.
 func (n *nodeDaemon) run(ctx, stopCtx context.Context) error {
 	defer n.closeListener()
+	if err := n.knowMyPod(stopCtx); err != nil {
+		return shutdownErr(ctx, err)
+	}
 	led, ho, err := n.acquire(stopCtx)
 	if err != nil {
 		return shutdownErr(ctx, err)
@@ -118,10 +130,32 @@ func (n *nodeDaemon) run(ctx, stopCtx context.Context) error {
 				out.req.From, out.asked.UTC().Format(time.RFC3339)))
 			return nil
 		}
-		if led, err = n.open(stopCtx, ledger.DefaultOpenTimeout, true); err != nil {
+		if led, err = n.reclaim(stopCtx); err != nil {
 			return shutdownErr(ctx, err)
 		}
 	}
+}
+
+// reclaim takes the ledger back after a failed hand-over. While another
+// process holds the lock (a new caa that hangs: SIGSTOP, a deadlock), it
+// waits live (its own heartbeat) and not ready, saying who holds the lock
+// and whether that holder's lease still runs; it never breaks the lock:
+// the lock frees when that process ends.
+func (n *nodeDaemon) reclaim(ctx context.Context) (*ledger.Ledger, error) {
+	led, err := holder.Wait(ctx, holder.LockWait{
+		LeasePath: holder.LeasePath(n.f.ledgerPath),
+		Locked:    func(err error) bool { return errors.Is(err, ledger.ErrLocked) },
+		Beat:      n.status.Beat,
+		Say: func(reason string) {
+			n.status.SetBlocked(reason)
+			n.log.Warn("cannot take the ledger back yet; waiting for its lock", "reason", reason)
+		},
+		Prefix: "not reconciling: taking the ledger back after a failed hand-over",
+	}, func(ctx context.Context) (*ledger.Ledger, error) { return n.open(ctx, ledger.DefaultOpenTimeout) })
+	if err == nil {
+		n.step(holder.LockFree)
+	}
+	return led, err
 }
 
 // acquire gets the ledger: from the caa that holds it, by hand-over, or
@@ -152,12 +186,13 @@ func (n *nodeDaemon) acquire(ctx context.Context) (*ledger.Ledger, *handover.Han
 			cancel()
 			switch {
 			case err == nil:
+				n.step(holder.Granted)
 				n.log.Info("the running caa released the ledger", "from", ho.From.String(), "waited", time.Since(asked).Round(time.Millisecond))
 				n.status.SetHandover(health.Handover{Role: health.RoleTookOver, Peer: ho.From.String(),
 					Outcome: health.HandoverUnderway, StartedAt: asked})
 				n.status.SetBlocked("taking over from " + ho.From.String() + ": opening the ledger")
 				n.asked = asked
-				led, err := n.open(ctx, 30*time.Second, false)
+				led, err := n.open(ctx, 30*time.Second)
 				if err != nil {
 					ho.Close() // the old caa takes the ledger back
 					return nil, nil, err
@@ -166,37 +201,49 @@ func (n *nodeDaemon) acquire(ctx context.Context) (*ledger.Ledger, *handover.Han
 			case ctx.Err() != nil:
 				return nil, nil, ctx.Err()
 			case errors.Is(err, handover.ErrRefused):
+				n.step(holder.Refused)
 				n.log.Info("the running caa cannot hand over yet; asking again", "err", err, "retryIn", backoff)
 				if err := wait("starting: waiting to take the ledger over: " + err.Error()); err != nil {
 					return nil, nil, err
 				}
 				continue
 			}
-			// Nobody holds the ledger by the protocol: open it directly.
+			// Nobody answers by the protocol (gone, or frozen: the ask
+			// timed out): the file lock decides.
+			if errors.Is(err, context.DeadlineExceeded) {
+				n.step(holder.AskTimeout)
+			} else {
+				n.step(holder.NoHolder)
+			}
 		}
-		led, err := n.open(ctx, ledger.DefaultOpenTimeout, false)
+		n.status.SetBlocked("starting: opening the ledger " + n.f.ledgerPath)
+		led, err := n.open(ctx, ledger.DefaultOpenTimeout)
 		if err == nil {
+			n.step(holder.LockFree)
 			return led, nil, nil
 		}
 		if !errors.Is(err, ledger.ErrLocked) || ctx.Err() != nil {
 			return nil, nil, err
 		}
-		n.log.Warn("the ledger is locked by a process that does not answer on the hand-over socket; waiting for it", "err", err)
-		if err := wait("starting: waiting for the ledger lock: " + err.Error()); err != nil {
+		n.step(holder.LockHeld)
+		why := holder.DescribeLockHolder(holder.LeasePath(n.f.ledgerPath), time.Now())
+		if !n.f.handover && n.surge {
+			// The deadlock of issue 17 item 5: the old pod keeps the lock
+			// until this one is ready, which needs the lock.
+			why += "; " + holder.Limits{Surge: true}.Check().Error()
+		}
+		n.log.Warn("the ledger is locked by a process that does not hand it over; waiting for it", "holder", why, "err", err)
+		if err := wait("starting: waiting for the ledger lock: " + why); err != nil {
 			return nil, nil, err
 		}
 	}
 }
 
 // open opens the ledger for writing and checks it against the Node's
-// record of its ledger (invariant I8). With retry it waits out a held file
-// lock (the hung new caa of a failed hand-over) instead of failing.
-func (n *nodeDaemon) open(ctx context.Context, timeout time.Duration, retry bool) (*ledger.Ledger, error) {
+// record of its ledger (invariant I8).
+func (n *nodeDaemon) open(ctx context.Context, timeout time.Duration) (*ledger.Ledger, error) {
 	f := n.f
-	for {
-		if !retry {
-			n.status.SetBlocked("starting: opening the ledger " + f.ledgerPath)
-		}
+	{
 		_, statErr := os.Stat(f.ledgerPath)
 		existed := statErr == nil
 		if err := reconcile.CompareNodeLedger(f.node, n.nodeLedger, f.ledgerPath, existed, ""); err != nil {
@@ -205,10 +252,6 @@ func (n *nodeDaemon) open(ctx context.Context, timeout time.Duration, retry bool
 		led, err := ledger.Open(ledger.Options{Path: f.ledgerPath, Node: f.node, Cluster: n.clusterID, Logger: n.log, Timeout: timeout,
 			Preflight: n.preflight})
 		if err != nil {
-			if retry && errors.Is(err, ledger.ErrLocked) && ctx.Err() == nil {
-				n.log.Warn("cannot take the ledger back yet; retrying", "err", err)
-				continue
-			}
 			return nil, err
 		}
 		if err := reconcile.CompareNodeLedger(f.node, n.nodeLedger, f.ledgerPath, existed, led.Meta().ID); err != nil {
@@ -252,6 +295,13 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 		return ledgerapi.Serve(sessCtx, ledgerapi.SocketPath(f.ledgerPath), &ledgerapi.Local{L: led, KeepOpen: true}, log)
 	})
 	sessServe("history pruning", func() error { pruneHistory(sessCtx, led, f.retention, log); return nil })
+	// The lease tells a caa waiting on the lock who holds it and whether
+	// it still makes progress: renewed only while /healthz would pass.
+	sessServe("ledger lease", func() error {
+		holder.Renew(sessCtx, holder.LeasePath(f.ledgerPath), n.me.String(), n.me.PID, holder.LeaseTTL,
+			func() bool { live, _ := n.status.Live(); return live })
+		return nil
+	})
 
 	exec := &reconcile.Executor{
 		Ledger: led, Provider: n.prov, Events: n.events, Cluster: n.clusterID, Node: f.node,
@@ -305,6 +355,9 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 	// grace (then abandons them: their intents are durable), stops the
 	// session's servers and closes the ledger.
 	stopWork := func() {
+		// The loop's heartbeat ends here; the wait for calls in flight
+		// (up to the grace) must not cost the process its liveness.
+		defer n.keepAlive(stopCtx)()
 		stopSess()
 		select {
 		case <-loopDone:
@@ -322,7 +375,11 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 
 	requests := make(chan *handover.Request)
 	var aborted <-chan string
+	var retired, gone <-chan struct{}
+	var silence <-chan time.Time
 	var ready <-chan struct{} = converged
+	public := false // as the new caa: ready where the cluster sees it
+	var readyAt time.Time
 	if ho == nil {
 		n.status.SetBlocked("")
 		n.listen(stopCtx)
@@ -331,6 +388,41 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 		aborted = ho.Aborted()
 		n.status.SetBlocked("taking over from " + ho.From.String() + ": running the startup pass")
 		n.refuse("this caa is still taking the ledger over")
+	}
+	// takenOver ends the conversation with the old caa: this caa holds
+	// the ledger for good and answers the next update's requests.
+	takenOver := func(how string) {
+		if !public {
+			n.goPublic(ho, acting, readyAt)
+			public = true
+		}
+		log.Info("the old caa "+how+"; this caa serves the hand-over socket", "from", ho.From.String())
+		ho, aborted, retired, gone, silence = nil, nil, nil, nil, nil
+		n.listen(stopCtx)
+		n.takeRequests(requests)
+	}
+	// onAbort answers the old caa's abort: before this caa turned ready
+	// where the cluster sees it, the abort wins and the ledger goes back;
+	// after, this caa answers kept and keeps it.
+	onAbort := func(reason string) (holdOutcome, bool) {
+		if public {
+			log.Warn("the old caa sent an abort after this caa turned ready: keeping the ledger", "reason", reason)
+			ho.Keep()
+			n.step(holder.HolderGone)
+			takenOver("was answered kept")
+			return holdOutcome{}, false
+		}
+		n.step(holder.Aborted)
+		n.refuse("this caa gave the ledger back")
+		log.Warn("the old caa took the ledger back: stopping work and closing the ledger", "reason", reason)
+		stopWork()
+		// Say so before the old caa hears it: once it resumes, this
+		// caa's status must already read aborted.
+		n.status.SetHandover(health.Handover{Role: health.RoleTookOver, Peer: ho.From.String(), Outcome: health.HandoverAborted,
+			Reason: reason, StartedAt: n.asked, Took: health.Duration(time.Since(n.asked))})
+		n.events.NodeEvent(f.node, true, "CaaHandoverAborted", fmt.Sprintf("caa %s gave the ledger back to %s: %s", n.me, ho.From, reason))
+		ho.Returned()
+		return holdOutcome{end: endReturned, reason: reason}, true
 	}
 	for {
 		select {
@@ -349,42 +441,60 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 				n.readyOnce.Do(func() { log.Info("ready", "timeToReady", time.Since(n.started).Round(time.Millisecond)) })
 				continue
 			}
-			rctx, cancel := context.WithTimeout(stopCtx, 10*time.Second)
-			err := ho.Ready(rctx, acting)
-			cancel()
-			if errors.Is(err, handover.ErrAborted) {
-				continue // the abort is waiting on its channel
+			n.step(holder.Converged)
+			readyAt = time.Now()
+			if err := ho.SayReady(acting); err != nil {
+				takenOver("went away before it heard this caa was ready")
+				continue
 			}
-			readyAt := time.Now()
-			h := health.Handover{Role: health.RoleTookOver, Peer: ho.From.String(), Outcome: health.HandoverDone,
-				StartedAt: n.asked, Took: health.Duration(readyAt.Sub(n.asked))}
-			if !ho.Stopped.IsZero() {
-				h.Gap = health.Duration(acting.Sub(ho.Stopped))
+			retired, gone = ho.Retired(), ho.Gone()
+			silence = time.After(readyWait)
+
+		case <-retired:
+			n.step(holder.Retired)
+			takenOver("retired")
+
+		case <-gone:
+			// An abort also ends the conversation: it goes first.
+			select {
+			case reason := <-aborted:
+				if out, done := onAbort(reason); done {
+					return out
+				}
+				continue
+			default:
 			}
-			n.status.SetHandover(h)
-			log.Info("took the ledger over; the old caa is inert", "from", ho.From.String(),
-				"gap", time.Duration(h.Gap).Round(time.Millisecond), "took", time.Duration(h.Took).Round(time.Millisecond))
-			n.events.NodeEvent(f.node, false, "CaaTookOver", fmt.Sprintf("caa %s took the ledger over from %s; the node had no reconciler for %s",
-				n.me, ho.From, time.Duration(h.Gap).Round(time.Millisecond)))
-			ho, aborted = nil, nil
-			n.status.SetBlocked("")
-			n.readyOnce.Do(func() { log.Info("ready", "timeToReady", time.Since(n.started).Round(time.Millisecond)) })
-			n.listen(stopCtx)
-			n.takeRequests(requests)
+			n.step(holder.HolderGone)
+			takenOver("went away after this caa said ready")
+
+		case <-silence:
+			// The old caa does not answer (frozen after its release):
+			// this caa turns ready, since it holds the ledger and
+			// reconciles, but leaves the old socket alone until the old
+			// caa retires or its process ends; an abort it sends when it
+			// thaws is answered "kept".
+			silence = nil
+			n.step(holder.HolderSilent)
+			log.Warn("the old caa has not answered this caa's ready; reconciling, and waiting for it to retire or end",
+				"from", ho.From.String(), "waited", readyWait)
+			n.goPublic(ho, acting, readyAt)
+			public = true
 
 		case reason := <-aborted:
-			n.refuse("this caa gave the ledger back")
-			log.Warn("the old caa took the ledger back: stopping work and closing the ledger", "reason", reason)
-			stopWork()
-			// Say so before the old caa hears it: once it resumes, this
-			// caa's status must already read aborted.
-			n.status.SetHandover(health.Handover{Role: health.RoleTookOver, Peer: ho.From.String(), Outcome: health.HandoverAborted,
-				Reason: reason, StartedAt: n.asked, Took: health.Duration(time.Since(n.asked))})
-			n.events.NodeEvent(f.node, true, "CaaHandoverAborted", fmt.Sprintf("caa %s gave the ledger back to %s: %s", n.me, ho.From, reason))
-			ho.Returned()
-			return holdOutcome{end: endReturned, reason: reason}
+			if out, done := onAbort(reason); done {
+				return out
+			}
 
 		case req := <-requests:
+			if !req.Alive() {
+				// Queued while this caa could not answer (frozen); the asker
+				// gave up. Nothing stops for it, and it costs it no cooldown.
+				n.step(holder.AskerGone)
+				log.Info("hand-over request dropped: its asker hung up", "from", req.From.String())
+				req.Refuse("the asker hung up")
+				continue
+			}
+			n.step(holder.Request)
 			asked := time.Now()
 			n.refuse("this caa is handing the ledger over to " + req.From.String())
 			log.Info("hand-over requested: stopping work and releasing the ledger", "to", req.From.String())
@@ -395,6 +505,7 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 			stopped := time.Now()
 			err := req.Release(n.me, epoch, stopped)
 			if err == nil {
+				n.step(holder.Released)
 				log.Info("ledger released to the new caa; waiting for it to turn ready", "to", req.From.String(),
 					"stopWork", stopped.Sub(asked).Round(time.Millisecond), "readyTimeout", f.handoverReady)
 			}
@@ -410,29 +521,26 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 func (n *nodeDaemon) afterRelease(ctx context.Context, out holdOutcome) bool {
 	defer n.keepAlive(ctx)()
 	peer := out.req.From.String()
-	back := func(reason string) bool {
+	back := func(st holder.Step, reason string) bool {
 		n.log.Warn("taking the ledger back: the hand-over failed", "to", peer, "reason", reason)
 		n.status.SetHandover(health.Handover{Role: health.RoleHandedOver, Peer: peer, Outcome: health.HandoverHandedBack,
 			Reason: reason, StartedAt: out.asked, Took: health.Duration(time.Since(out.asked))})
 		n.events.NodeEvent(n.f.node, true, "CaaHandedBack", fmt.Sprintf("caa %s took the ledger back from %s: %s", n.me, peer, reason))
-		if pod := out.req.From.Pod; pod != "" {
-			n.mu.Lock()
-			if n.failed == nil {
-				n.failed = map[string]failedHandover{}
-			}
-			n.failed[pod] = failedHandover{reason: reason, until: time.Now().Add(n.failedCooldown())}
-			n.mu.Unlock()
+		if st.Cooldown {
+			n.gate.Failed(askerKey(out.req.From), reason, time.Now())
 		}
 		return false
 	}
 	if out.releaseErr != nil {
-		return back(out.releaseErr.Error())
+		// The asker hung up between its request and the release: its
+		// loss, not its failure; no cooldown.
+		return back(n.step(holder.ReleaseFailed), out.releaseErr.Error())
 	}
 	wctx, cancel := context.WithTimeout(ctx, n.f.handoverReady)
 	acting, err := out.req.WaitReady(wctx)
 	cancel()
-	switch {
-	case err == nil:
+	retire := func() bool {
+		n.step(holder.SuccessorReady)
 		// The new caa binds the socket next; this one stops answering first.
 		n.closeListener()
 		out.req.Retire()
@@ -447,18 +555,33 @@ func (n *nodeDaemon) afterRelease(ctx context.Context, out holdOutcome) bool {
 			"took", now.Sub(out.asked).Round(time.Millisecond), "gap", gap.Round(time.Millisecond))
 		n.events.NodeEvent(n.f.node, false, "CaaHandedOver", fmt.Sprintf("caa %s handed the ledger over to %s", n.me, peer))
 		return true
+	}
+	switch {
+	case err == nil:
+		return retire()
 	case ctx.Err() != nil:
 		return true // stopping: the new caa keeps the ledger
 	case errors.Is(err, handover.ErrSuccessorGone):
-		return back("the new caa went away before it turned ready")
+		return back(n.step(holder.SuccessorGone), "the new caa went away before it turned ready")
 	}
+	st := n.step(holder.ReadyTimeout)
 	reason := fmt.Sprintf("the new caa was not ready within %s (--handover-ready-timeout)", n.f.handoverReady)
-	actx, cancel := context.WithTimeout(ctx, n.f.shutdownGrace+10*time.Second)
-	if err := out.req.Abort(actx, reason); err != nil {
+	actx, cancel := context.WithTimeout(ctx, n.f.shutdownGrace+holder.AbortWait)
+	err = out.req.Abort(actx, reason)
+	cancel()
+	switch {
+	case errors.Is(err, handover.ErrKept):
+		// It turned ready while this caa could not see it (frozen past
+		// its timeout): it keeps the ledger.
+		n.mu.Lock()
+		n.state = holder.AwaitingReady
+		n.mu.Unlock()
+		n.log.Warn("the new caa answered the abort with kept: it was ready already", "to", peer)
+		return retire()
+	case err != nil:
 		n.log.Warn("the new caa did not confirm it gave the ledger back; the file lock decides", "err", err)
 	}
-	cancel()
-	return back(reason)
+	return back(st, reason)
 }
 
 // inert keeps the process up, live and not ready, with reason, until ctx
@@ -489,80 +612,4 @@ func (n *nodeDaemon) keepAlive(ctx context.Context) (stop func()) {
 		}
 	}()
 	return func() { cancel(); <-done }
-}
-
-// listen binds the hand-over socket, once; it retries for a few seconds
-// while the old caa's socket still answers.
-func (n *nodeDaemon) listen(ctx context.Context) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.listener != nil || !n.f.handover {
-		return
-	}
-	path := handover.SocketPath(n.f.ledgerPath)
-	var err error
-	for range 20 {
-		var ln *handover.Listener
-		if ln, err = handover.Listen(path); err == nil {
-			n.listener = ln
-			n.serve("hand-over socket", func() error { return ln.Serve(ctx, n.handle) })
-			return
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-time.After(250 * time.Millisecond):
-		}
-	}
-	n.log.Error("cannot serve the hand-over socket; a new caa will wait for the ledger lock instead", "err", err)
-}
-
-func (n *nodeDaemon) closeListener() {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.listener != nil {
-		_ = n.listener.Close()
-		n.listener = nil
-	}
-}
-
-// takeRequests lets hand-over requests through to hold.
-func (n *nodeDaemon) takeRequests(ch chan *handover.Request) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.requests, n.refusal = ch, ""
-}
-
-// refuse makes every hand-over request get reason as its refusal.
-func (n *nodeDaemon) refuse(reason string) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	n.requests, n.refusal = nil, reason
-}
-
-// handle passes a request to hold, or refuses it.
-func (n *nodeDaemon) handle(r *handover.Request) {
-	n.mu.Lock()
-	ch, reason := n.requests, n.refusal
-	if f, ok := n.failed[r.From.Pod]; ok && ch != nil {
-		if time.Now().Before(f.until) {
-			ch, reason = nil, fmt.Sprintf("pod %s failed a hand-over (%s); it is refused until %s: roll back, or delete the pod to try a new one at once",
-				r.From.Pod, f.reason, f.until.UTC().Format(time.RFC3339))
-		} else {
-			delete(n.failed, r.From.Pod)
-		}
-	}
-	n.mu.Unlock()
-	if ch != nil {
-		t := time.NewTimer(2 * time.Second)
-		defer t.Stop()
-		select {
-		case ch <- r:
-			return
-		case <-t.C:
-			reason = "this caa is busy"
-		}
-	}
-	n.log.Info("hand-over request refused", "from", r.From.String(), "reason", reason)
-	r.Refuse(reason)
 }

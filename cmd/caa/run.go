@@ -25,6 +25,7 @@ import (
 
 	"github.com/caa-project/caa/pkg/handover"
 	"github.com/caa-project/caa/pkg/health"
+	"github.com/caa-project/caa/pkg/holder"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/reconcile"
@@ -62,6 +63,10 @@ type runFlags struct {
 	handover       bool
 	handoverReady  time.Duration
 	podName        string
+
+	// The hand-over's own tuning (holder.go, addHandoverFlags).
+	handoverCool         time.Duration
+	handoverCheckProcess bool
 
 	// clouds are the providers built into this binary, with their settings.
 	clouds []*cloud
@@ -113,8 +118,7 @@ func newRunCommand() *cobra.Command {
 	fs := cmd.Flags()
 	fs.BoolVar(&f.handover, "handover", envOr("CAA_HANDOVER", "true") == "true",
 		"ask a caa already running on this ledger to hand it over (a surge update); false: wait for its file lock instead (env CAA_HANDOVER)")
-	fs.DurationVar(&f.handoverReady, "handover-ready-timeout", envDuration("CAA_HANDOVER_READY_TIMEOUT", 3*time.Minute),
-		"how long a new caa may take to turn ready after this one handed it the ledger; past it, this one takes the ledger back (env CAA_HANDOVER_READY_TIMEOUT)")
+	addHandoverFlags(cmd, f)
 	hostname, _ := os.Hostname()
 	fs.StringVar(&f.podName, "pod-name", envOr("POD_NAME", hostname), "this pod's name, for hand-over logs and events (env POD_NAME, from the downward API)")
 	return cmd
@@ -327,6 +331,9 @@ func runDaemon(ctx context.Context, f *runFlags, stderr io.Writer) error {
 	if err := f.check(); err != nil {
 		return usageError{err}
 	}
+	if err := f.limits().Check(); err != nil {
+		return usageError{err}
+	}
 	log, _ := newLogger(stderr, f.logFormat, f.logLevel)
 	log = log.With("node", f.node)
 	if err := daemon(ctx, f, log); err != nil {
@@ -446,7 +453,7 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 		f: f, log: log, status: status, client: client, events: events, pods: pods,
 		prov: prov, specCfg: specCfg, userData: userData, clusterID: clusterID, nodeLedger: nodeLedger,
 		me: handover.Peer{Pod: f.podName, Version: version, PID: os.Getpid()}, started: started,
-		serve: serve, preflight: passed,
+		serve: serve, preflight: passed, gate: holder.Gate{Cooldown: f.handoverCool},
 	}
 	alive()
 	err = n.run(ctx, stopCtx)

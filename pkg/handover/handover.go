@@ -59,6 +59,11 @@ type Peer struct {
 	Pod     string `json:"pod,omitempty"`
 	Version string `json:"version,omitempty"`
 	PID     int    `json:"pid,omitempty"`
+	// Namespace and UID name the asker's pod for the holder's identity
+	// check (from the downward API); the holder trusts neither: it checks
+	// them against the socket's peer credentials and the apiserver.
+	Namespace string `json:"namespace,omitempty"`
+	UID       string `json:"uid,omitempty"`
 }
 
 func (p Peer) String() string {
@@ -78,6 +83,10 @@ const (
 	msgRetired  = "retired"
 	msgAbort    = "abort"
 	msgReturned = "returned"
+	// msgKept answers an abort that came after the successor turned ready
+	// where the cluster can see it: it keeps the ledger, and the holder
+	// retires instead of taking it back.
+	msgKept = "kept"
 )
 
 type message struct {
@@ -111,6 +120,9 @@ var (
 	// ready; it no longer holds the ledger (its process closed the
 	// connection or died), so take the ledger back.
 	ErrSuccessorGone = errors.New("the new caa went away before it turned ready")
+	// ErrKept: the successor answered an abort with kept: it had turned
+	// ready already and keeps the ledger; the holder retires.
+	ErrKept = errors.New("the new caa was already ready and keeps the ledger")
 )
 
 // conn is one side of the conversation.
@@ -252,7 +264,7 @@ func (l *Listener) Serve(ctx context.Context, handle func(*Request)) error {
 				_ = c.Close()
 				return
 			}
-			handle(&Request{From: *m.Peer, c: cn})
+			handle(&Request{From: *m.Peer, Cred: peerCred(c), c: cn})
 		}()
 	}
 }
@@ -262,8 +274,17 @@ func (l *Listener) Serve(ctx context.Context, handle func(*Request)) error {
 // WaitReady and, if that times out, Abort.
 type Request struct {
 	From Peer
+	// Cred is what the kernel says about the asker's process
+	// (SO_PEERCRED), read when it connected; the PID is 0 when that
+	// process is outside this caa's pid namespace.
+	Cred Cred
 	c    *conn
 }
+
+// Alive reports whether the asker is still connected, without waiting: a
+// request that sat in a frozen holder's queue may come from an asker that
+// gave up long ago, and the holder must not stop work for it.
+func (r *Request) Alive() bool { return connAlive(r.c) }
 
 // Refuse declines the request with a reason the successor reports.
 func (r *Request) Refuse(reason string) {
@@ -292,6 +313,12 @@ func (r *Request) WaitReady(ctx context.Context) (acting time.Time, err error) {
 		m, err := r.c.recvCtx(ctx)
 		if err != nil {
 			if ctx.Err() != nil {
+				// A holder that was frozen past its deadline wakes up to a
+				// timer that already fired: a ready that arrived meanwhile
+				// is in the socket's buffer, and it counts.
+				if m, ok := r.c.buffered(); ok && m.Type == msgReady {
+					return m.At, nil
+				}
 				return time.Time{}, ctx.Err()
 			}
 			return time.Time{}, fmt.Errorf("%w: %w", ErrSuccessorGone, err)
@@ -329,6 +356,9 @@ func (r *Request) Abort(ctx context.Context, reason string) error {
 		if m.Type == msgReturned {
 			return nil
 		}
+		if m.Type == msgKept {
+			return ErrKept
+		}
 		// A ready that crossed the abort on the wire is void: the abort won.
 	}
 }
@@ -345,6 +375,27 @@ type Handover struct {
 	aborted chan string   // the holder's abort reason, once
 	retired chan struct{} // closed when the holder says retired
 	gone    chan struct{} // closed when the connection ends
+}
+
+// Retired is closed when the holder says retired.
+func (h *Handover) Retired() <-chan struct{} { return h.retired }
+
+// Gone is closed when the conversation ends (the holder went away, or
+// after an abort).
+func (h *Handover) Gone() <-chan struct{} { return h.gone }
+
+// SayReady tells the holder the successor is ready (its reconciler started
+// at acting) without waiting for the answer: the caller watches Retired,
+// Aborted and Gone. An error means the holder is gone.
+func (h *Handover) SayReady(acting time.Time) error {
+	return h.c.send(message{Type: msgReady, At: acting})
+}
+
+// Keep answers an abort that came after this successor turned ready where
+// the cluster sees it: it keeps the ledger, and the holder retires.
+func (h *Handover) Keep() {
+	_ = h.c.send(message{Type: msgKept})
+	_ = h.c.c.Close()
 }
 
 // Ask connects to the holder on path and asks it to hand over, waiting up

@@ -1,7 +1,9 @@
 package handover
 
 import (
+	"bufio"
 	"context"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -209,4 +211,74 @@ func TestCloseLeavesAReplacedSocketAlone(t *testing.T) {
 	require.NoError(t, ln.Close())
 	_, err = os.Stat(path)
 	assert.ErrorIs(t, err, os.ErrNotExist, "a listener removes its own socket")
+}
+
+func TestPeerCredentialsNameTheAskingProcess(t *testing.T) {
+	path := sock(t)
+	_, reqs := holder(t, path)
+	go func() { _, _ = Ask(ctxT(t), path, newCaa) }()
+	req := <-reqs
+	defer req.Refuse("test")
+	assert.Equal(t, os.Getpid(), req.Cred.PID, "the kernel's pid, not the one the asker wrote (%d)", newCaa.PID)
+	assert.Equal(t, os.Getuid(), req.Cred.UID)
+}
+
+// A frozen holder thaws with requests queued whose askers gave up while it
+// was stopped: it must see they are gone before it stops work for them.
+func TestARequestWhoseAskerGaveUpIsNotAlive(t *testing.T) {
+	path := sock(t)
+	_, reqs := holder(t, path)
+	actx, cancel := context.WithCancel(context.Background())
+	asked := make(chan error, 1)
+	go func() { _, err := Ask(actx, path, newCaa); asked <- err }()
+	req := <-reqs
+	assert.True(t, req.Alive(), "the asker is waiting for its answer")
+	cancel()
+	require.ErrorIs(t, <-asked, context.Canceled)
+	assert.False(t, req.Alive(), "the asker hung up")
+	assert.Error(t, req.Release(oldCaa, 1, time.Now()), "a release to a gone asker fails")
+}
+
+// A holder frozen (SIGSTOP) past its ready timeout wakes up to a timer that
+// already fired; the successor's ready waiting in the socket still counts.
+func TestAReadyThatArrivedWhileTheHolderWasFrozenCounts(t *testing.T) {
+	req, h := released(t)
+	acting := time.Now().Round(0)
+	require.NoError(t, h.SayReady(acting))
+	// On the thaw the expired timer is handled before the waiting read.
+	frozen := &deadlineFirst{Conn: req.c.c}
+	req.c.c, req.c.r = frozen, bufio.NewReader(frozen)
+	expired, cancel := context.WithDeadline(context.Background(), time.Now().Add(-time.Second))
+	defer cancel()
+	got, err := req.WaitReady(expired)
+	require.NoError(t, err)
+	assert.True(t, got.Equal(acting))
+}
+
+func TestAnAbortAfterTheSuccessorTurnedReadyIsAnsweredKept(t *testing.T) {
+	req, h := released(t)
+	require.NoError(t, h.SayReady(time.Now()))
+	abortDone := make(chan error, 1)
+	go func() { abortDone <- req.Abort(ctxT(t), "too slow") }()
+	select {
+	case <-h.Aborted():
+	case <-ctxT(t).Done():
+		t.Fatal("no abort")
+	}
+	h.Keep()
+	require.ErrorIs(t, <-abortDone, ErrKept)
+}
+
+// deadlineFirst fails its first read as an expired read deadline does.
+type deadlineFirst struct {
+	net.Conn
+	failed bool
+}
+
+func (c *deadlineFirst) Read(b []byte) (int, error) {
+	if !c.failed {
+		c.failed = true
+		return 0, os.ErrDeadlineExceeded
+	}
+	return c.Conn.Read(b)
 }

@@ -11,17 +11,23 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"net/url"
+	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	"sigs.k8s.io/yaml"
 
 	"github.com/caa-project/caa/pkg/health"
+	"github.com/caa-project/caa/pkg/holder"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/e2e/cluster"
 	ec2fake "github.com/caa-project/caa/test/mocks/aws"
@@ -320,7 +326,7 @@ func TestHandbackWhenTheNewCaaFails(t *testing.T) {
 
 	f1, f2 := newFront(t, ec2), newFront(t, ec2)
 	v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1",
-		"--handover-ready-timeout", "4s", "--shutdown-grace", "2s"), awsEnv())
+		"--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "2s"), awsEnv())
 	v1.waitReady(t, func() {})
 	requireOneEach(t, core, pods, time.Minute)
 	before := liveVMs(core)
@@ -345,6 +351,13 @@ func TestHandbackWhenTheNewCaaFails(t *testing.T) {
 	again := launchCaa(t, c, node, ledgerPath, "v2-restarted", append(f2.args(), "--pod-name", "caa-v2", "--shutdown-grace", "1s"), awsEnv())
 	require.Eventually(t, func() bool { return strings.Contains(again.readyBody(), "failed a hand-over") }, time.Minute, condPoll,
 		"the pod that failed a hand-over is refused")
+	// v1 runs the shipped cooldown: it must outlast the shipped startup
+	// probe plus the kubelet's longest back-off, so the restarted
+	// container of a failed pod costs the node no second gap.
+	until := refusedUntil(t, again.readyBody())
+	startup, backoff := shippedStartupWindow(t), 5*time.Minute
+	assert.Greater(t, time.Until(until), startup+backoff,
+		"the refusal (until %s) outlasts the startup probe's %s plus the kubelet's %s back-off", until, startup, backoff)
 	assert.Equal(t, http.StatusOK, v1.readyz())
 	assert.Equal(t, health.HandoverHandedBack, v1.handoverOutcome(), "no new hand-over began")
 	again.stop(t)
@@ -423,7 +436,7 @@ func TestSigkillDuringHandOver(t *testing.T) {
 	rng := rand.New(rand.NewPCG(seed, 7))
 	f := newFront(t, ec2)
 	args := func(name string) []string {
-		return append(f.args(), "--pod-name", name, "--shutdown-grace", "2s", "--handover-ready-timeout", "20s")
+		return append(f.args(), "--pod-name", name, "--shutdown-grace", "2s", "--handover-ready-timeout", "20s", "--boot-timeout", "10s")
 	}
 	cur := launchCaa(t, c, node, ledgerPath, "caa-0", args("caa-0"), awsEnv())
 	cur.waitReady(t, func() {})
@@ -464,4 +477,183 @@ func TestSigkillDuringHandOver(t *testing.T) {
 	assert.Len(t, core.Live(), len(all), "no duplicate and no leaked VM")
 	cur.stop(t)
 	assert.Contains(t, runCaa(t, "ledger", "verify", "--ledger", ledgerPath), "ok")
+}
+
+// refusedUntil is the time in a cooldown refusal's "refused until <time>:".
+func refusedUntil(t *testing.T, body string) time.Time {
+	t.Helper()
+	m := regexp.MustCompile(`refused until (\S+):`).FindStringSubmatch(body)
+	require.NotNil(t, m, "no refusal time in %q", body)
+	until, err := time.Parse(time.RFC3339, m[1])
+	require.NoError(t, err)
+	return until
+}
+
+// shippedStartupWindow is the base DaemonSet's startup probe window.
+func shippedStartupWindow(t *testing.T) time.Duration {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join("..", "..", "deploy", "base", "daemonset.yaml"))
+	require.NoError(t, err)
+	var ds appsv1.DaemonSet
+	require.NoError(t, yaml.Unmarshal(raw, &ds))
+	p := ds.Spec.Template.Spec.Containers[0].StartupProbe
+	require.NotNil(t, p)
+	return time.Duration(p.PeriodSeconds*p.FailureThreshold) * time.Second
+}
+
+// requireLiveFor polls /healthz for d and fails at the first answer that is
+// not 200.
+func (d *daemon) requireLiveFor(t *testing.T, dur time.Duration, what string) {
+	t.Helper()
+	end := time.Now().Add(dur)
+	for time.Now().Before(end) {
+		code, body, err := d.fetch("/healthz")
+		require.NoError(t, err)
+		require.Equal(t, http.StatusOK, code, "%s: /healthz %s", what, body)
+		time.Sleep(condPoll)
+	}
+}
+
+func (d *daemon) signal(t *testing.T, sig syscall.Signal) {
+	t.Helper()
+	require.NoError(t, d.cmd.Process.Signal(sig))
+}
+
+// e2eStale is /healthz's stale bound under launchCaa's --resync 2s; a
+// wait that keeps /healthz 200 three times that long outlives the liveness
+// probe's failure window scaled the same way (the shipped window is the
+// 3 min bound plus 3 x 20s probes).
+const e2eStale = 3 * 2 * time.Second
+
+// TestHungNewCaaAfterItTookTheLedger (issue 17, item 1): the new caa takes
+// the ledger and is then SIGSTOPped (the real binary, through the signal).
+// The old caa aborts at its ready timeout, then waits for the lock: live
+// for longer than the liveness window, not ready and saying who holds the
+// lock, never breaking it; once the hung process ends (the kubelet's probe
+// restarts it) the old caa takes the ledger back and reconciles.
+func TestHungNewCaaAfterItTookTheLedger(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	h := newHandoverNode(ctx, t)
+	c, core, ec2, ledgerPath := h.c, h.core, h.ec2, h.ledgerPath
+	const node = handoverNodeName
+	pods := createPods(ctx, t, c, "team", "web", node, 3)
+	f1, f2 := newFront(t, ec2), newFront(t, ec2)
+	v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1",
+		"--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "1s"), awsEnv())
+	v1.waitReady(t, func() {})
+	requireOneEach(t, core, pods, time.Minute)
+	before := liveVMs(core)
+
+	f2.hangList.Store(true) // keeps v2 in its startup pass, the ledger open
+	v2 := launchCaa(t, c, node, ledgerPath, "v2-hangs", append(f2.args(), "--pod-name", "caa-v2"), awsEnv())
+	require.Eventually(t, func() bool {
+		s, ok := v1.snapshot()
+		return ok && s.Handover != nil && s.Handover.Outcome == health.HandoverUnderway && strings.Contains(s.Handover.Peer, "caa-v2")
+	}, time.Minute, condPoll, "the old caa released the ledger")
+	require.Eventually(t, func() bool {
+		l, err := holder.ReadLease(holder.LeasePath(ledgerPath))
+		return err == nil && l.PID == v2.cmd.Process.Pid
+	}, time.Minute, condPoll, "the new caa holds the ledger and its lease")
+	v2.signal(t, syscall.SIGSTOP)
+	t.Cleanup(func() { _ = v2.cmd.Process.Signal(syscall.SIGKILL) })
+
+	require.Eventually(t, func() bool { return strings.Contains(v1.readyBody(), "the ledger lock is held by caa-v2") }, time.Minute, condPoll,
+		"the old caa says who holds the lock")
+	assert.Equal(t, http.StatusServiceUnavailable, v1.readyz(), "not ready while it does not reconcile")
+	writes := len(f1.writes())
+	v1.requireLiveFor(t, 3*e2eStale, "the old caa waiting on the hung caa's lock")
+	assert.Contains(t, v1.readyBody(), "the ledger lock is held by caa-v2", "still waiting: the lock is never broken on a timeout")
+	assert.Len(t, f1.writes(), writes, "no cloud write while waiting")
+
+	v2.kill(t) // what the kubelet does when the hung caa's probe gives up
+	v1.waitReady(t, func() {})
+	maps.Copy(pods, createPods(ctx, t, c, "team", "api", node, 2))
+	requireOneEach(t, core, pods, time.Minute)
+	for uid, id := range before {
+		assert.Equal(t, id, liveVMs(core)[uid], "no VM replaced")
+	}
+	v1.stop(t)
+	assert.Contains(t, runCaa(t, "ledger", "verify", "--ledger", ledgerPath), "ok")
+}
+
+// TestFrozenHolderAfterTheRelease (issue 17, item 6): the old caa is
+// SIGSTOPped after it released the ledger, before it hears the new caa's
+// ready, and thaws past its ready timeout. The new caa reconciles and turns
+// ready meanwhile; the thawed old caa counts the ready that waited in its
+// socket, retires, and the new caa serves the hand-over socket: a third caa
+// takes the ledger from it.
+func TestFrozenHolderAfterTheRelease(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	h := newHandoverNode(ctx, t)
+	c, core, ec2, ledgerPath := h.c, h.core, h.ec2, h.ledgerPath
+	const node = handoverNodeName
+	pods := createPods(ctx, t, c, "team", "web", node, 3)
+	f1, f2, f3 := newFront(t, ec2), newFront(t, ec2), newFront(t, ec2)
+	v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1",
+		"--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "1s"), awsEnv())
+	v1.waitReady(t, func() {})
+	requireOneEach(t, core, pods, time.Minute)
+
+	f2.hangList.Store(true)
+	v2 := launchCaa(t, c, node, ledgerPath, "v2", append(f2.args(), "--pod-name", "caa-v2", "--cloud-timeout", "2s"), awsEnv())
+	require.Eventually(t, func() bool {
+		s, ok := v1.snapshot()
+		return ok && s.Handover != nil && s.Handover.Outcome == health.HandoverUnderway && strings.Contains(s.Handover.Peer, "caa-v2")
+	}, time.Minute, condPoll, "the old caa was asked")
+	require.Eventually(t, func() bool {
+		l, err := holder.ReadLease(holder.LeasePath(ledgerPath))
+		return err == nil && l.PID == v2.cmd.Process.Pid
+	}, time.Minute, condPoll, "the old caa released the ledger: the new caa holds it and its lease")
+	v1.signal(t, syscall.SIGSTOP)
+	t.Cleanup(func() { _ = v1.cmd.Process.Signal(syscall.SIGKILL) })
+	f2.hangList.Store(false)
+	// Ready after 10s of the old caa's silence: past v1's 4s ready
+	// timeout, so its timer has fired when it thaws.
+	v2.waitReady(t, func() {})
+	v1.signal(t, syscall.SIGCONT)
+
+	v1.waitHandover(t, health.HandoverDone, 30*time.Second)
+	assert.Contains(t, v1.readyBody(), "handed over to caa-v2")
+	v3 := launchCaa(t, c, node, ledgerPath, "v3", append(f3.args(), "--pod-name", "caa-v3"), awsEnv())
+	v3.waitReady(t, func() {})
+	took := v3.waitHandover(t, health.HandoverDone, 30*time.Second)
+	assert.Contains(t, took.Peer, "caa-v2", "the new caa served the hand-over socket")
+	maps.Copy(pods, createPods(ctx, t, c, "team", "api", node, 2))
+	requireOneEach(t, core, pods, time.Minute)
+	v1.stop(t)
+	v2.stop(t)
+	v3.stop(t)
+}
+
+// TestFrozenHolderBeforeTheRelease (issue 17, item 6): the holder is
+// SIGSTOPped before a new caa asks. The new caa waits, live and not ready,
+// saying the holder's lease expired; when the holder thaws it hands over
+// to the new caa, without a cooldown, and the new caa serves the socket.
+func TestFrozenHolderBeforeTheRelease(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	h := newHandoverNode(ctx, t)
+	c, core, ec2, ledgerPath := h.c, h.core, h.ec2, h.ledgerPath
+	const node = handoverNodeName
+	pods := createPods(ctx, t, c, "team", "web", node, 3)
+	f1, f2 := newFront(t, ec2), newFront(t, ec2)
+	v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1"), awsEnv())
+	v1.waitReady(t, func() {})
+	requireOneEach(t, core, pods, time.Minute)
+
+	v1.signal(t, syscall.SIGSTOP)
+	t.Cleanup(func() { _ = v1.cmd.Process.Signal(syscall.SIGKILL) })
+	v2 := launchCaa(t, c, node, ledgerPath, "v2", append(f2.args(), "--pod-name", "caa-v2", "--shutdown-grace", "1s"), awsEnv())
+	require.Eventually(t, func() bool { return strings.Contains(v2.readyBody(), "asking the caa that holds the ledger") }, time.Minute, condPoll)
+	v2.requireLiveFor(t, 3*e2eStale, "the new caa asking a frozen holder")
+	v1.signal(t, syscall.SIGCONT)
+	v2.waitReady(t, func() {})
+	v2.waitHandover(t, health.HandoverDone, 30*time.Second)
+	assert.NotContains(t, v2.readyBody(), "failed a hand-over")
+	maps.Copy(pods, createPods(ctx, t, c, "team", "api", node, 2))
+	requireOneEach(t, core, pods, time.Minute)
+	v1.stop(t)
+	v2.stop(t)
 }

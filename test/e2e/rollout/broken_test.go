@@ -72,6 +72,9 @@ func TestBrokenReleaseStalls(t *testing.T) {
 	e := start(ctx, t, 1, podsPerNode, options{settings: []string{
 		"CAA_HANDOVER_READY_TIMEOUT=" + brokenReadyTimeout.String(),
 		"CAA_SHUTDOWN_GRACE=" + brokenShutdownGrace.String(),
+		// caa refuses a ready timeout that does not exceed the boot
+		// timeout; the fake cloud's VMs boot in well under this.
+		"CAA_BOOT_TIMEOUT=" + (brokenReadyTimeout / 2).String(),
 	}})
 	e.rec.mark("caa:v1 applied")
 	e.apply(ctx, "v1")
