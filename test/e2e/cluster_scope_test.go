@@ -14,7 +14,9 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/e2e/cluster"
@@ -315,4 +317,54 @@ func (f *front) nodeListings() int {
 		}
 	}
 	return n
+}
+
+// TestClusterScopeWithoutANodeListDeletesNothing: a leader whose Node list
+// fails (its identity may not list Nodes) holds the Lease but never has a
+// synced Node cache, so it lists no VM and deletes nothing, however long
+// the VMs of a node that was never there wait.
+func TestClusterScopeWithoutANodeListDeletesNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	require.NoError(t, c.EnsureNamespace(ctx, scopeNamespace))
+	aws := newAWSCloud(t)
+	id := clusterUID(ctx, t, c)
+	ghost := seedVMs(t, aws.core, id, "ghost", 3)
+
+	// An identity with everything the cluster caa needs but the Node list.
+	const user = "e2e-cluster-caa-without-nodes"
+	_, err := c.Client().RbacV1().Roles(scopeNamespace).Create(ctx, &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: user},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create", "get", "update"}},
+			{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+		},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = c.Client().RbacV1().RoleBindings(scopeNamespace).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: user},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: user},
+		Subjects:   []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: user}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	kc, err := clientcmd.LoadFromFile(c.Kubeconfig())
+	require.NoError(t, err)
+	for _, ai := range kc.AuthInfos {
+		ai.Impersonate = user
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, clientcmd.WriteToFile(*kc, kubeconfig))
+
+	front := newFront(t, sharedEC2(aws.core))
+	d := launchClusterCaa(t, c, front.url, "replica-a", "--kubeconfig", kubeconfig, "--cluster-id", id)
+	require.Eventually(t, func() bool { return leaseHolder(ctx, c) == "replica-a" }, 30*time.Second, condPoll, "it leads")
+	deadline := time.Now().Add(3 * scopeGrace)
+	for time.Now().Before(deadline) {
+		require.True(t, allIn(states(aws.core, ghost), provider.StateRunning), "nothing deleted: %v", states(aws.core, ghost))
+		time.Sleep(condPoll)
+	}
+	assert.Zero(t, front.count(), "no cloud call at all without a synced Node cache")
+	assert.Equal(t, 503, d.readyz(), "not ready: the Node cache never synced")
+	d.stop(t)
 }
