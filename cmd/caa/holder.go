@@ -12,6 +12,7 @@ import (
 	"golang.org/x/time/rate"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/caa-project/caa/pkg/cluster"
 	"github.com/caa-project/caa/pkg/handover"
 	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/pkg/holder"
@@ -316,6 +317,10 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 		Exec: exec, Config: reconcile.Config{Spec: n.specCfg, ConfirmMissing: f.confirmMissing, Provider: n.prov.Name()},
 		Concurrency: f.concurrency, OrphanGrace: f.gcGrace, BootTimeout: f.bootTimeout,
 		Progress: func() { n.status.Beat(time.Now()) },
+	}
+	if f.clusterView {
+		// Audits past startup use the cluster caa's view when it is fresh.
+		rec.SetAuditSource(&cluster.NodeAudit{Client: n.client, Provider: n.prov, Log: log})
 	}
 	converged := make(chan struct{})
 	var convergedOnce sync.Once

@@ -63,6 +63,7 @@ type runFlags struct {
 	handover       bool
 	handoverReady  time.Duration
 	podName        string
+	clusterView    bool
 
 	// The hand-over's own tuning (holder.go, addHandoverFlags).
 	handoverCool         time.Duration
@@ -167,6 +168,8 @@ func addRunFlags(cmd *cobra.Command, f *runFlags) {
 		"how long the ledger keeps the history of deleted pods (env CAA_HISTORY_RETENTION)")
 	fs.DurationVar(&f.cloudTimeout, "cloud-timeout", envDuration("CAA_CLOUD_TIMEOUT", 5*time.Minute),
 		"deadline of each cloud call, a create's whole long-running operation included (env CAA_CLOUD_TIMEOUT)")
+	fs.BoolVar(&f.clusterView, "cluster-view", envOr("CAA_CLUSTER_VIEW", "true") == "true",
+		"audit against the cluster caa's view on this Node while it is fresh, listing the cloud only without it (env CAA_CLUSTER_VIEW)")
 	for _, c := range f.clouds {
 		c.addFlags(fs)
 	}

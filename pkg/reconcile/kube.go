@@ -401,6 +401,7 @@ func (l *Loop) Run(ctx context.Context) {
 	// startup pass ran is found by comparing the cache with the ledger (no
 	// cloud call); re-reading every pod the pass just handled would cost a
 	// read per pod at every restart.
+	l.Reconciler.audits.steady.Store(true)
 	l.Pods.Notify(func(uid string) { queue.Add(uid) })
 	defer l.Pods.Notify(nil)
 	l.resync(queue)

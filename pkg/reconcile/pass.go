@@ -55,6 +55,8 @@ type Reconciler struct {
 	degraded map[string]string
 	// bootChecks are the pods whose next look is the one read after a create.
 	bootChecks map[string]bool
+	// audits is the optional cluster view for audits (auditsource.go).
+	audits auditHook
 }
 
 // retryState is a pod's streak of failed cloud calls: how many, for which
@@ -149,13 +151,17 @@ func (r *Reconciler) Pass(ctx context.Context, pods []*Pod, synced bool) (out Pa
 	// Undecodable records are left out; their pods' VMs are still found by
 	// tag and adopted, never duplicated.
 	sel := provider.Selector{Cluster: r.Exec.Cluster, Node: r.Exec.Node}
-	if err := r.Exec.read(ctx); err != nil {
-		res.Err = err
-		return r.report(res, pods, records, nil, nil)
+	vms, fromView := r.viewVMs(ctx, sel, records)
+	err = nil // a corrupt record was tolerated above
+	if !fromView {
+		if err := r.Exec.read(ctx); err != nil {
+			res.Err = err
+			return r.report(res, pods, records, nil, nil)
+		}
+		lctx, cancel := r.Exec.call(ctx)
+		vms, err = r.Exec.Provider.List(lctx, sel)
+		cancel()
 	}
-	lctx, cancel := r.Exec.call(ctx)
-	vms, err := r.Exec.Provider.List(lctx, sel)
-	cancel()
 	if err != nil {
 		res.Err = fmt.Errorf("list VMs: %w", err)
 		if errors.Is(err, provider.ErrAuth) {

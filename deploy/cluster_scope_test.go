@@ -1,0 +1,77 @@
+package deploy_test
+
+import (
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	appsv1 "k8s.io/api/apps/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+)
+
+const clusterScope = "components/cluster-scope"
+
+// TestClusterScopeComponent renders the cluster-scope component on every
+// overlay: two replicas of `caa cluster` from the overlay's image and
+// settings, spread over nodes, and a role that reads Nodes (patching only
+// their annotation in code), the Lease and its events, and nothing else.
+func TestClusterScopeComponent(t *testing.T) {
+	needBinaries(t)
+	bin := kubectl(t)
+	for overlay := range providerOf {
+		t.Run(overlay, func(t *testing.T) {
+			plain := manifests{name: overlay, all: decode(t, render(t, bin, overlay))}
+			with := manifests{name: overlay + "+cluster-scope", all: decode(t, withComponent(t, bin, overlay, clusterScope))}
+			ds := plain.daemonSet(t)
+			assert.Equal(t, ds, with.daemonSet(t), "the DaemonSet is untouched")
+
+			var dep appsv1.Deployment
+			require.NoError(t, k8sruntime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(with.one(t, "Deployment").Object, &dep, true))
+			assert.Equal(t, "caa-cluster", dep.Name)
+			assert.Equal(t, "caa-system", dep.Namespace)
+			require.NotNil(t, dep.Spec.Replicas)
+			assert.Equal(t, int32(2), *dep.Spec.Replicas, "a leader and a stand-by")
+			pod := dep.Spec.Template.Spec
+			assert.Equal(t, "caa-cluster", pod.ServiceAccountName)
+			require.Len(t, pod.Containers, 1)
+			c := pod.Containers[0]
+			assert.Equal(t, []string{"cluster"}, c.Args)
+			assert.Equal(t, ds.Spec.Template.Spec.Containers[0].Image, c.Image, "the overlay's image")
+			cm := with.configMap(t)
+			require.NotEmpty(t, c.EnvFrom)
+			require.NotNil(t, c.EnvFrom[0].ConfigMapRef)
+			assert.Equal(t, cm.Name, c.EnvFrom[0].ConfigMapRef.Name, "the overlay's settings, hashed name and all")
+			assert.True(t, strings.HasPrefix(cm.Name, "caa-config-"))
+			require.NotNil(t, c.SecurityContext)
+			assert.Equal(t, false, *c.SecurityContext.AllowPrivilegeEscalation)
+			assert.Equal(t, true, *c.SecurityContext.ReadOnlyRootFilesystem)
+			require.NotNil(t, pod.Affinity, "replicas spread over nodes")
+
+			var verbs []string
+			for _, kind := range []string{"ClusterRole", "Role"} {
+				for _, o := range with.ofKind(kind) {
+					if o.GetName() != "caa-cluster" {
+						continue
+					}
+					var role rbacv1.ClusterRole
+					require.NoError(t, k8sruntime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &role))
+					for _, r := range role.Rules {
+						for _, res := range r.Resources {
+							for _, v := range r.Verbs {
+								verbs = append(verbs, kind+" "+res+" "+v+" "+strings.Join(r.ResourceNames, ","))
+							}
+						}
+					}
+				}
+			}
+			assert.ElementsMatch(t, []string{
+				"ClusterRole nodes get ", "ClusterRole nodes list ", "ClusterRole nodes watch ", "ClusterRole nodes patch ",
+				"ClusterRole namespaces get kube-system",
+				"Role leases create ", "Role leases get caa-cluster", "Role leases update caa-cluster",
+				"Role events create ", "Role events patch ",
+			}, verbs, "the cluster caa's RBAC, and nothing more")
+		})
+	}
+}

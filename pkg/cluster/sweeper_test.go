@@ -1,0 +1,191 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/apimachinery/pkg/util/wait"
+	"k8s.io/client-go/kubernetes/fake"
+	clienttesting "k8s.io/client-go/testing"
+
+	"github.com/caa-project/caa/pkg/provider"
+)
+
+// fakeCloud is a ClusterLister and deleter over a fixed set of VMs.
+type fakeCloud struct {
+	mu      sync.Mutex
+	vms     []provider.VM
+	lists   int
+	deleted []string
+	listErr error
+}
+
+func (f *fakeCloud) ListCluster(_ context.Context, cluster string) ([]provider.VM, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.lists++
+	if f.listErr != nil {
+		return nil, f.listErr
+	}
+	var out []provider.VM
+	for _, vm := range f.vms {
+		if vm.Tags[provider.TagCluster] == cluster && !slices.Contains(f.deleted, vm.ID) {
+			out = append(out, vm)
+		}
+	}
+	return out, nil
+}
+
+func (f *fakeCloud) Delete(_ context.Context, id string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.deleted = append(f.deleted, id)
+	return nil
+}
+
+type sweepEnv struct {
+	client *fake.Clientset
+	cloud  *fakeCloud
+	nodes  *Nodes
+	s      *Sweeper
+	now    time.Time
+	events []string
+	fence  error
+}
+
+func newSweepEnv(t *testing.T, nodes ...string) *sweepEnv {
+	t.Helper()
+	var objs []runtime.Object
+	for _, n := range nodes {
+		objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n, UID: types.UID("uid-" + n)}})
+	}
+	e := &sweepEnv{client: fake.NewClientset(objs...), cloud: &fakeCloud{}, now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	var err error
+	e.nodes, err = NewNodes(e.client, func() time.Time { return e.now })
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go e.nodes.Run(ctx)
+	e.s = &Sweeper{
+		Cloud: e.cloud, Client: e.client, Cluster: "c1", Nodes: e.nodes,
+		Departed: &Departed{Cluster: "c1", Grace: 10 * time.Minute}, Interval: 5 * time.Minute,
+		Fence: func(context.Context) error { return e.fence },
+		Event: func(_ bool, reason, msg string) { e.events = append(e.events, reason+": "+msg) },
+		Log:   slog.New(slog.DiscardHandler), Metrics: NewMetrics(nil), Now: func() time.Time { return e.now },
+	}
+	return e
+}
+
+func (e *sweepEnv) waitSynced(t *testing.T) {
+	t.Helper()
+	require.NoError(t, wait.PollUntilContextTimeout(context.Background(), time.Millisecond, 10*time.Second, true,
+		func(context.Context) (bool, error) { return e.nodes.Synced(), nil }))
+}
+
+func (e *sweepEnv) sweepAfter(d time.Duration) SweepResult {
+	e.now = e.now.Add(d)
+	return e.s.Sweep(context.Background())
+}
+
+func TestSweepDeletesOnlyTheDepartedNodesVMsAfterTheGrace(t *testing.T) {
+	e := newSweepEnv(t, "here")
+	e.cloud.vms = []provider.VM{vmOf("a", "gone", provider.StateRunning), vmOf("b", "gone", provider.StateRunning), vmOf("c", "here", provider.StateRunning)}
+	e.waitSynced(t)
+
+	res := e.sweepAfter(0)
+	require.NoError(t, res.Err)
+	assert.Empty(t, res.Deleted)
+	assert.Equal(t, 2, res.Waiting)
+	assert.Equal(t, 1, res.Published, "one view, for the node that exists")
+	res = e.sweepAfter(5 * time.Minute)
+	require.NoError(t, res.Err)
+	assert.Empty(t, res.Deleted, "not before the grace")
+	res = e.sweepAfter(5 * time.Minute)
+	require.NoError(t, res.Err)
+	assert.ElementsMatch(t, []string{"a", "b"}, res.Deleted)
+	assert.ElementsMatch(t, []string{"a", "b"}, e.cloud.deleted, "the other node's VM untouched")
+	assert.Len(t, e.events, 2)
+	assert.Contains(t, e.events[0], "DepartedNodeVMDeleted")
+	assert.InDelta(t, 2, testutil.ToFloat64(e.s.Metrics.Deletes.WithLabelValues("ok")), 0)
+
+	n, err := e.client.CoreV1().Nodes().Get(context.Background(), "here", metav1.GetOptions{})
+	require.NoError(t, err)
+	v, err := ParseView(n.Annotations[ViewAnnotation])
+	require.NoError(t, err)
+	assert.Equal(t, []ViewVM{{ID: "c", State: provider.StateRunning, PodUID: "c-uid", Key: "c-k"}}, v.VMs)
+}
+
+func TestSweepDeletesNothingWithoutEvidence(t *testing.T) {
+	vms := []provider.VM{vmOf("a", "gone", provider.StateRunning)}
+	t.Run("unsynced Node cache: no listing either", func(t *testing.T) {
+		e := newSweepEnv(t)
+		e.client.PrependReactor("list", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
+			return true, nil, errors.New("apiserver down")
+		})
+		e.cloud.vms = vms
+		for range 4 {
+			res := e.sweepAfter(10 * time.Minute)
+			assert.ErrorIs(t, res.Err, errNotSynced)
+		}
+		assert.Zero(t, e.cloud.lists)
+		assert.Empty(t, e.cloud.deleted)
+	})
+	t.Run("the apiserver cannot confirm the node is gone", func(t *testing.T) {
+		e := newSweepEnv(t)
+		e.cloud.vms = vms
+		e.waitSynced(t)
+		e.client.PrependReactor("get", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
+			return true, nil, errors.New("apiserver down")
+		})
+		for range 4 {
+			e.sweepAfter(10 * time.Minute)
+		}
+		assert.Empty(t, e.cloud.deleted)
+	})
+	t.Run("the cache lags: the node exists", func(t *testing.T) {
+		e := newSweepEnv(t)
+		e.cloud.vms = vms
+		e.waitSynced(t)
+		e.client.PrependReactor("get", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
+			return true, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gone", UID: "new"}}, nil
+		})
+		for range 4 {
+			e.sweepAfter(10 * time.Minute)
+		}
+		assert.Empty(t, e.cloud.deleted)
+	})
+	t.Run("the Lease is no longer held", func(t *testing.T) {
+		e := newSweepEnv(t)
+		e.cloud.vms = vms
+		e.waitSynced(t)
+		e.fence = errors.New("lease held by another replica")
+		var res SweepResult
+		for range 4 {
+			res = e.sweepAfter(10 * time.Minute)
+		}
+		assert.ErrorContains(t, res.Err, "lease held by another")
+		assert.Empty(t, e.cloud.deleted)
+	})
+	t.Run("the listing fails", func(t *testing.T) {
+		e := newSweepEnv(t)
+		e.cloud.vms = vms
+		e.cloud.listErr = errors.New("throttled")
+		e.waitSynced(t)
+		for range 4 {
+			assert.Error(t, e.sweepAfter(10*time.Minute).Err)
+		}
+		assert.Empty(t, e.cloud.deleted)
+	})
+}

@@ -1,0 +1,370 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"net/http/httptest"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/test/e2e/cluster"
+	"github.com/caa-project/caa/test/mocks/cloud"
+)
+
+// The cluster scope's end-to-end tests: `caa cluster` replicas and node
+// caa processes against the real apiserver and one fake EC2, with short
+// graces so each test takes seconds.
+
+const (
+	scopeNamespace = "caa-system"
+	scopeLease     = "caa-cluster"
+	scopeGrace     = 4 * time.Second
+)
+
+// launchClusterCaa starts one `caa cluster` replica against the EC2 at
+// url; extra flags come last and override.
+func launchClusterCaa(t *testing.T, c *cluster.Cluster, url, identity string, extra ...string) *daemon {
+	t.Helper()
+	port, err := cluster.FreePort()
+	require.NoError(t, err)
+	logs := &cluster.SyncBuffer{}
+	args := []string{"cluster", "--kubeconfig", c.Kubeconfig(), "--identity", identity, "--lease-namespace", scopeNamespace,
+		"--health-addr", "127.0.0.1:" + strconv.Itoa(port), "--log-format", "json",
+		"--interval", "1s", "--node-gone-grace", scopeGrace.String(),
+		"--lease-duration", "3s", "--lease-renew-deadline", "2s", "--lease-retry", "500ms",
+		"--provider", "aws", "--aws-endpoint", url, "--aws-region", "us-east-1",
+		"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", ec2Image, "--aws-instance-type", ec2Type}
+	cmd := exec.Command(caaBin, append(args, extra...)...)
+	cmd.Env = awsEnv()
+	cmd.Stdout, cmd.Stderr = logs, logs
+	require.NoError(t, cmd.Start())
+	d := &daemon{cmd: cmd, health: fmt.Sprintf("http://127.0.0.1:%d", port), logs: logs, done: make(chan error, 1)}
+	go func() { d.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-d.done
+		}
+		if t.Failed() {
+			t.Logf("caa cluster %s output (last 60 lines):\n%s", identity, tailLines(logs.String(), 60))
+		}
+	})
+	return d
+}
+
+// seedVMs puts n live VMs tagged for node into the cloud, as a node's caa
+// would have made them.
+func seedVMs(t *testing.T, core *cloud.Cloud, clusterID, node string, n int) []string {
+	t.Helper()
+	var ids []string
+	for i := range n {
+		spec := provider.Spec{Key: fmt.Sprintf("%s-%d-a1", node, i), Cluster: clusterID, Node: node,
+			PodUID: fmt.Sprintf("%s-uid-%d", node, i), PodNamespace: "team", PodName: fmt.Sprintf("%s-%d", node, i)}
+		in, err := core.Create(cloud.CreateRequest{Tags: spec.Tags(), InstanceType: ec2Type, Image: ec2Image})
+		require.NoError(t, err)
+		ids = append(ids, in.ID)
+	}
+	return ids
+}
+
+// clusterUID is the cluster id caa derives: the kube-system namespace's UID.
+func clusterUID(ctx context.Context, t *testing.T, c *cluster.Cluster) string {
+	t.Helper()
+	ns, err := c.Client().CoreV1().Namespaces().Get(ctx, "kube-system", metav1.GetOptions{})
+	require.NoError(t, err)
+	return string(ns.UID)
+}
+
+// states returns the cloud state of each id.
+func states(core *cloud.Cloud, ids []string) map[string]provider.State {
+	out := map[string]provider.State{}
+	for _, id := range ids {
+		in, err := core.Get(id)
+		if err != nil {
+			out[id] = "missing"
+			continue
+		}
+		out[id] = in.State
+	}
+	return out
+}
+
+func allIn(m map[string]provider.State, st provider.State) bool {
+	for _, s := range m {
+		if s != st {
+			return false
+		}
+	}
+	return true
+}
+
+func leaseHolder(ctx context.Context, c *cluster.Cluster) string {
+	l, err := c.Client().CoordinationV1().Leases(scopeNamespace).Get(ctx, scopeLease, metav1.GetOptions{})
+	if err != nil || l.Spec.HolderIdentity == nil {
+		return ""
+	}
+	return *l.Spec.HolderIdentity
+}
+
+// TestClusterScopeCollectsDepartedNodes: a deleted node's VMs are deleted
+// once the grace has passed (not before); the VMs of a node that exists,
+// however unhealthy (NotReady, cordoned, its caa killed), and of a node
+// deleted and re-created within the grace, are never touched.
+func TestClusterScopeCollectsDepartedNodes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	require.NoError(t, c.EnsureNamespace(ctx, scopeNamespace))
+	aws := newAWSCloud(t)
+	id := clusterUID(ctx, t, c)
+
+	nodes := []string{"gone", "sick", "flapping", "healthy"}
+	vms := map[string][]string{}
+	for _, n := range nodes {
+		_, err := c.CreateNode(ctx, n)
+		require.NoError(t, err)
+		vms[n] = seedVMs(t, aws.core, id, n, 3)
+	}
+	// A VM of another cluster under the departed node's name: never ours.
+	foreign := seedVMs(t, aws.core, "another-cluster", "gone", 1)
+
+	// The node caa of "healthy" runs (and audits against the views); the
+	// others' are gone or dead, which is the point.
+	healthy := startDaemon(t, c, aws, "healthy", filepath.Join(t.TempDir(), "healthy", "ledger.db"))
+	healthy.waitReady(t, func() {})
+
+	// "sick": NotReady and cordoned, longer than the grace.
+	sick, err := c.Client().CoreV1().Nodes().Get(ctx, "sick", metav1.GetOptions{})
+	require.NoError(t, err)
+	sick.Spec.Unschedulable = true
+	sick, err = c.Client().CoreV1().Nodes().Update(ctx, sick, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	sick.Status.Conditions[0].Status = corev1.ConditionFalse
+	_, err = c.Client().CoreV1().Nodes().UpdateStatus(ctx, sick, metav1.UpdateOptions{})
+	require.NoError(t, err)
+
+	a := launchClusterCaa(t, c, aws.url, "replica-a")
+	b := launchClusterCaa(t, c, aws.url, "replica-b")
+	require.Eventually(t, func() bool { return leaseHolder(ctx, c) != "" }, 30*time.Second, condPoll, "a leader")
+
+	// The leader has listed (the views are on the Nodes) before any node goes.
+	require.Eventually(t, func() bool {
+		n, err := c.Client().CoreV1().Nodes().Get(ctx, "gone", metav1.GetOptions{})
+		return err == nil && n.Annotations["caa.dev/cloud-view"] != ""
+	}, 30*time.Second, condPoll, "views published")
+
+	require.NoError(t, c.Client().CoreV1().Nodes().Delete(ctx, "gone", metav1.DeleteOptions{}))
+	deletedAt := time.Now()
+	require.NoError(t, c.Client().CoreV1().Nodes().Delete(ctx, "flapping", metav1.DeleteOptions{}))
+	time.Sleep(scopeGrace / 4) // the node stays away for a while: the scenario, not a synchronisation
+	_, err = c.CreateNode(ctx, "flapping")
+	require.NoError(t, err)
+
+	require.Eventually(t, func() bool { return allIn(states(aws.core, vms["gone"]), provider.StateTerminated) },
+		30*time.Second, condPoll, "the departed node's VMs deleted")
+	for _, in := range aws.core.Instances() {
+		if in.Tags[provider.TagNode] == "gone" && in.Tags[provider.TagCluster] == id {
+			assert.GreaterOrEqual(t, in.EndedAt.Sub(deletedAt), scopeGrace, "VM %s deleted before the grace", in.ID)
+		}
+	}
+	// Three more graces: nothing else goes.
+	deadline := time.Now().Add(3 * scopeGrace)
+	for time.Now().Before(deadline) {
+		for _, n := range []string{"sick", "flapping", "healthy"} {
+			require.True(t, allIn(states(aws.core, vms[n]), provider.StateRunning), "node %s's VMs untouched: %v", n, states(aws.core, vms[n]))
+		}
+		require.True(t, allIn(states(aws.core, foreign), provider.StateRunning), "another cluster's VM untouched")
+		time.Sleep(condPoll)
+	}
+	assert.Equal(t, int64(3), aws.core.Counters()["deleted"], "exactly the departed node's three VMs")
+
+	evs, err := c.Client().CoreV1().Events(scopeNamespace).List(ctx, metav1.ListOptions{})
+	require.NoError(t, err)
+	got := 0
+	for _, e := range evs.Items {
+		if e.Reason == "DepartedNodeVMDeleted" {
+			got += int(max(e.Count, 1))
+		}
+	}
+	assert.Equal(t, 3, got, "one event per deleted VM")
+	leader := a
+	if leaseHolder(ctx, c) == "replica-b" {
+		leader = b
+	}
+	assert.Equal(t, 3, strings.Count(leader.logs.String(), `"msg":"deleted a VM of a departed node"`), "one log line per delete")
+	assert.Contains(t, leader.logs.String(), `"caa-pod-uid":"gone-uid-0"`, "the log line carries the VM's tags")
+}
+
+// TestClusterScopeLeaderKilledMidSweep: the leader is SIGKILLed while it
+// deletes a departed node's VMs; the other replica takes the Lease over
+// and deletes the rest after its own grace; no VM is deleted twice.
+func TestClusterScopeLeaderKilledMidSweep(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	require.NoError(t, c.EnsureNamespace(ctx, scopeNamespace))
+	aws := newAWSCloud(t)
+	id := clusterUID(ctx, t, c)
+	const n = 30
+	ghost := seedVMs(t, aws.core, id, "ghost", n) // a node already gone
+
+	replicas := map[string]*daemon{
+		"replica-a": launchClusterCaa(t, c, aws.url, "replica-a"),
+		"replica-b": launchClusterCaa(t, c, aws.url, "replica-b"),
+	}
+	var first string
+	require.Eventually(t, func() bool { first = leaseHolder(ctx, c); return first != "" }, 30*time.Second, condPoll)
+	// Slow calls, so the sweep of 30 deletes takes seconds.
+	aws.core.SetFaults(cloud.Faults{Latency: 150 * time.Millisecond})
+	require.Eventually(t, func() bool {
+		terminated := 0
+		for _, s := range states(aws.core, ghost) {
+			if s == provider.StateTerminated {
+				terminated++
+			}
+		}
+		return terminated >= 3
+	}, 60*time.Second, 10*time.Millisecond, "the first leader started deleting")
+	replicas[first].kill(t)
+	before := 0
+	for _, s := range states(aws.core, ghost) {
+		if s == provider.StateTerminated {
+			before++
+		}
+	}
+	require.Less(t, before, n, "killed mid-sweep")
+
+	require.Eventually(t, func() bool { h := leaseHolder(ctx, c); return h != "" && h != first }, 30*time.Second, condPoll, "the other replica leads")
+	require.Eventually(t, func() bool { return allIn(states(aws.core, ghost), provider.StateTerminated) }, 60*time.Second, condPoll,
+		"no delete missed")
+	assert.Equal(t, int64(n), aws.core.Counters()["deleted"])
+	assert.LessOrEqual(t, aws.core.Counters()[cloud.OpDelete], int64(n+1),
+		"no VM deleted twice (one call may have been cut by the kill)")
+}
+
+// TestClusterAuditReplacesTheNodeListing: with a cluster caa leading, the
+// node's caa audits against the view on its Node with no listing of its
+// own, and a VM killed behind its back is still replaced; once the leader
+// is gone for two intervals, the node lists the cloud again.
+func TestClusterAuditReplacesTheNodeListing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	require.NoError(t, c.EnsureNamespace(ctx, scopeNamespace))
+	aws := newAWSCloud(t)
+	nodeFront := newFront(t, sharedEC2(aws.core))
+	const node = "worker-1"
+	_, err := c.CreateNode(ctx, node)
+	require.NoError(t, err)
+	for i := range 3 {
+		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%d", i), node, nil)
+		require.NoError(t, err)
+	}
+	d := launchCaa(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"), "node", append(nodeFront.args(), "--audit-interval", "1s"), awsEnv())
+	d.waitReady(t, func() {})
+
+	clusterSrv := httptest.NewServer(sharedEC2(aws.core))
+	t.Cleanup(clusterSrv.Close)
+	leader := launchClusterCaa(t, c, clusterSrv.URL, "replica-a")
+	require.Eventually(t, func() bool { return strings.Contains(d.logs.String(), "auditing from the cluster caa's cloud view") },
+		30*time.Second, condPoll, "the node audits against the view")
+	listings := nodeFront.nodeListings()
+
+	first := liveVMs(aws.core)
+	require.Len(t, first, 3)
+	var killedUID, killedID string
+	for uid, id := range first {
+		killedUID, killedID = uid, id
+		break
+	}
+	require.NoError(t, aws.core.Kill(killedID))
+	require.Eventually(t, func() bool {
+		id, ok := liveVMs(aws.core)[killedUID]
+		return ok && id != killedID
+	}, 30*time.Second, condPoll, "the killed VM replaced")
+	time.Sleep(3 * time.Second) // three more audits: the window measured, not a synchronisation
+	assert.Equal(t, listings, nodeFront.nodeListings(), "no listing of the node's VMs while the view is fresh")
+	assert.Len(t, liveVMs(aws.core), 3)
+
+	leader.stop(t)
+	require.Eventually(t, func() bool { return nodeFront.nodeListings() > listings }, 30*time.Second, condPoll,
+		"the view goes stale: the node lists the cloud again")
+	assert.Contains(t, d.logs.String(), "auditing alone")
+	d.stop(t)
+}
+
+// nodeListings counts the listings that went through f: a node caa's
+// front sees no other kind.
+func (f *front) nodeListings() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	n := 0
+	for _, c := range f.calls {
+		if c.kind == "list" {
+			n++
+		}
+	}
+	return n
+}
+
+// TestClusterScopeWithoutANodeListDeletesNothing: a leader whose Node list
+// fails (its identity may not list Nodes) holds the Lease but never has a
+// synced Node cache, so it lists no VM and deletes nothing, however long
+// the VMs of a node that was never there wait.
+func TestClusterScopeWithoutANodeListDeletesNothing(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	require.NoError(t, c.EnsureNamespace(ctx, scopeNamespace))
+	aws := newAWSCloud(t)
+	id := clusterUID(ctx, t, c)
+	ghost := seedVMs(t, aws.core, id, "ghost", 3)
+
+	// An identity with everything the cluster caa needs but the Node list.
+	const user = "e2e-cluster-caa-without-nodes"
+	_, err := c.Client().RbacV1().Roles(scopeNamespace).Create(ctx, &rbacv1.Role{
+		ObjectMeta: metav1.ObjectMeta{Name: user},
+		Rules: []rbacv1.PolicyRule{
+			{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"create", "get", "update"}},
+			{APIGroups: []string{""}, Resources: []string{"events"}, Verbs: []string{"create", "patch"}},
+		},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	_, err = c.Client().RbacV1().RoleBindings(scopeNamespace).Create(ctx, &rbacv1.RoleBinding{
+		ObjectMeta: metav1.ObjectMeta{Name: user},
+		RoleRef:    rbacv1.RoleRef{APIGroup: "rbac.authorization.k8s.io", Kind: "Role", Name: user},
+		Subjects:   []rbacv1.Subject{{Kind: "User", APIGroup: "rbac.authorization.k8s.io", Name: user}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+	kc, err := clientcmd.LoadFromFile(c.Kubeconfig())
+	require.NoError(t, err)
+	for _, ai := range kc.AuthInfos {
+		ai.Impersonate = user
+	}
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, clientcmd.WriteToFile(*kc, kubeconfig))
+
+	front := newFront(t, sharedEC2(aws.core))
+	d := launchClusterCaa(t, c, front.url, "replica-a", "--kubeconfig", kubeconfig, "--cluster-id", id)
+	require.Eventually(t, func() bool { return leaseHolder(ctx, c) == "replica-a" }, 30*time.Second, condPoll, "it leads")
+	deadline := time.Now().Add(3 * scopeGrace)
+	for time.Now().Before(deadline) {
+		require.True(t, allIn(states(aws.core, ghost), provider.StateRunning), "nothing deleted: %v", states(aws.core, ghost))
+		time.Sleep(condPoll)
+	}
+	assert.Zero(t, front.count(), "no cloud call at all without a synced Node cache")
+	assert.Equal(t, 503, d.readyz(), "not ready: the Node cache never synced")
+	d.stop(t)
+}
