@@ -41,7 +41,7 @@ type Service struct {
 	Sandboxes Lifecycle
 	// CaaVersion answers the Version call.
 	CaaVersion string
-	Log     *slog.Logger
+	Log        *slog.Logger
 }
 
 var _ hypervisorpb.HypervisorService = (*Service)(nil)

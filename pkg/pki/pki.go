@@ -1,0 +1,376 @@
+// Package pki keeps the cluster's agent CA: the authority behind the mutual TLS
+// between caa's agent relay and the forwarder inside each pod VM.
+//
+// Layout on disk (dir is the ledger's directory, so the CA lives and dies with
+// the node's ledger but is never inside it, invariant I7):
+//
+//	<dir>/agent-ca.pem           current CA: certificate and private key, mode 0600
+//	<dir>/agent-ca-previous.pem  optional: the CA before a rotation, same format
+//
+// Every pod VM gets, in its user data, a server certificate for its name signed
+// by the current CA and the CA's certificate as the only client CA it trusts. caa
+// presents a client certificate signed by the same CA. The CA survives restarts,
+// so a restarted caa still authenticates to the VMs it created before (upstream's
+// adaptor makes a fresh CA per process and cannot: see proxy/factory.go in
+// confidential-containers/cloud-api-adaptor, read 2026-08).
+//
+// Rotation: stop caa, rename agent-ca.pem to agent-ca-previous.pem, start caa.
+// It creates a new CA for new VMs and keeps trusting and authenticating to the
+// VMs signed by the previous one: its client presents, per connection, the
+// certificate issued by whichever CA the VM asks for. Once no VM from before
+// the rotation is left (caa ledger list), delete agent-ca-previous.pem.
+package pki
+
+import (
+	"bytes"
+	"crypto"
+	"crypto/ecdsa"
+	"crypto/elliptic"
+	"crypto/rand"
+	"crypto/tls"
+	"crypto/x509"
+	"crypto/x509/pkix"
+	"encoding/pem"
+	"errors"
+	"fmt"
+	"math/big"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// File names inside the CA's directory.
+const (
+	CurrentFile  = "agent-ca.pem"
+	PreviousFile = "agent-ca-previous.pem"
+)
+
+const (
+	caValidity = 10 * 365 * 24 * time.Hour
+	// clockSkew backdates NotBefore so a VM whose clock is slightly behind the
+	// node's accepts a certificate issued a moment ago.
+	clockSkew = 5 * time.Minute
+)
+
+// CA is a loaded agent CA. Its methods are safe for concurrent use.
+type CA struct {
+	cert    *x509.Certificate
+	key     crypto.Signer
+	certPEM []byte
+
+	// previous is the CA before a rotation, if its file is present.
+	previous *CA
+
+	// clients holds caa's client certificate from each CA (current first).
+	clients []tls.Certificate
+}
+
+// LoadOrCreateCA loads the CA from dir, creating it (and dir, 0700) on first
+// use. The file is written atomically (temporary file, fsync, rename, fsync of
+// the directory), so a crash leaves either no CA or a whole one. A file with a
+// mode wider than 0600, or one that does not parse, is refused: caa never
+// silently replaces a CA, because every running VM trusts it.
+func LoadOrCreateCA(dir string) (*CA, error) {
+	if dir == "" {
+		return nil, errors.New("pki: empty CA directory: pass the ledger's directory")
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("pki: create CA directory %s: %w", dir, err)
+	}
+	cur := filepath.Join(dir, CurrentFile)
+	ca, err := loadFile(cur)
+	if errors.Is(err, os.ErrNotExist) {
+		if ca, err = newCA(); err != nil {
+			return nil, err
+		}
+		if err := writeAtomic(cur, ca.filePEM()); err != nil {
+			return nil, err
+		}
+		// Read back what is on disk: if another process won the race the
+		// file is theirs and the whole node must use one CA.
+		ca, err = loadFile(cur)
+	}
+	if err != nil {
+		return nil, err
+	}
+	prev, err := loadFile(filepath.Join(dir, PreviousFile))
+	switch {
+	case err == nil:
+		ca.previous = prev
+	case !errors.Is(err, os.ErrNotExist):
+		return nil, err
+	}
+	for _, c := range []*CA{ca, ca.previous} {
+		if c == nil {
+			continue
+		}
+		cl, err := c.issueClient()
+		if err != nil {
+			return nil, err
+		}
+		ca.clients = append(ca.clients, cl)
+	}
+	return ca, nil
+}
+
+// CertPEM returns the CA's certificate, the client CA a pod VM's forwarder
+// trusts (apf.json's tls-client-ca).
+func (ca *CA) CertPEM() []byte { return bytes.Clone(ca.certPEM) }
+
+// IssueServer issues a server certificate for a pod VM: its IPs and DNS names
+// become SANs. The user data is built before the cloud gives the VM an IP, so
+// usually the VM's name is the SAN and the relay verifies it
+// (relay.Config.ServerName), as upstream's proxy does with the instance name.
+// The VM cannot renew it: give ttl the longest life a pod VM may have.
+// serial is the certificate's serial number in hex, for the ledger; keyPEM is
+// the VM's private key, which belongs in its user data only, never in the
+// ledger or a log.
+func (ca *CA) IssueServer(ips []net.IP, dnsNames []string, ttl time.Duration) (certPEM, keyPEM []byte, serial string, err error) {
+	if len(ips) == 0 && len(dnsNames) == 0 {
+		return nil, nil, "", errors.New("pki: a server certificate needs at least one IP or DNS name")
+	}
+	if ttl <= 0 {
+		return nil, nil, "", fmt.Errorf("pki: server certificate ttl %s: must be positive", ttl)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("pki: generate server key: %w", err)
+	}
+	cn := "caa-podvm"
+	if len(dnsNames) > 0 {
+		cn = dnsNames[0]
+	} else if len(ips) > 0 {
+		cn = ips[0].String()
+	}
+	tmpl, sn, err := leafTemplate(cn, ttl, x509.ExtKeyUsageServerAuth)
+	if err != nil {
+		return nil, nil, "", err
+	}
+	tmpl.IPAddresses = ips
+	tmpl.DNSNames = dnsNames
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, key.Public(), ca.key)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("pki: sign server certificate: %w", err)
+	}
+	keyDER, err := x509.MarshalPKCS8PrivateKey(key)
+	if err != nil {
+		return nil, nil, "", fmt.Errorf("pki: encode server key: %w", err)
+	}
+	return pemBlock("CERTIFICATE", der), pemBlock("PRIVATE KEY", keyDER), sn.Text(16), nil
+}
+
+// ClientTLS returns the TLS configuration of caa's side of the relay: caa's
+// client certificate (from the CA the VM asks for, so VMs from before a
+// rotation still accept it), the current and previous CA as roots, TLS 1.2 at
+// least (the floor the forwarder enforces too). Set ServerName per VM (the
+// name its certificate was issued for), or leave it empty to verify the
+// dialled IP.
+func (ca *CA) ClientTLS() (*tls.Config, error) {
+	roots := x509.NewCertPool()
+	roots.AddCert(ca.cert)
+	if ca.previous != nil {
+		roots.AddCert(ca.previous.cert)
+	}
+	clients := ca.clients
+	return &tls.Config{
+		MinVersion: tls.VersionTLS12,
+		RootCAs:    roots,
+		GetClientCertificate: func(info *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			for i := range clients {
+				if info.SupportsCertificate(&clients[i]) == nil {
+					return &clients[i], nil
+				}
+			}
+			// None matches what the server asked for: offer the current one
+			// and let the server say no, so the error names the real cause.
+			return &clients[0], nil
+		},
+	}, nil
+}
+
+// HasPrevious reports whether a CA from before a rotation is still trusted.
+func (ca *CA) HasPrevious() bool { return ca.previous != nil }
+
+func (ca *CA) issueClient() (tls.Certificate, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("pki: generate client key: %w", err)
+	}
+	// Valid as long as its CA: it is made afresh at every start and its key
+	// never leaves memory, so a long-running caa never outlives it.
+	tmpl, _, err := leafTemplate("caa", time.Until(ca.cert.NotAfter), x509.ExtKeyUsageClientAuth)
+	if err != nil {
+		return tls.Certificate{}, err
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, key.Public(), ca.key)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("pki: sign client certificate: %w", err)
+	}
+	leaf, err := x509.ParseCertificate(der)
+	if err != nil {
+		return tls.Certificate{}, fmt.Errorf("pki: parse client certificate: %w", err)
+	}
+	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
+}
+
+func newCA() (*CA, error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("pki: generate CA key: %w", err)
+	}
+	sn, err := randomSerial()
+	if err != nil {
+		return nil, err
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber: sn,
+		// The serial in the subject keeps two CAs apart even when made in
+		// the same second: a client picks its certificate by issuer name.
+		Subject:               pkix.Name{CommonName: "caa agent CA " + now.UTC().Format("2006-01-02T15:04:05Z"), SerialNumber: sn.Text(16)},
+		NotBefore:             now.Add(-clockSkew),
+		NotAfter:              now.Add(caValidity),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageCRLSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+		MaxPathLenZero:        true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, key.Public(), key)
+	if err != nil {
+		return nil, fmt.Errorf("pki: self-sign CA: %w", err)
+	}
+	cert, err := x509.ParseCertificate(der)
+	if err != nil {
+		return nil, fmt.Errorf("pki: parse CA: %w", err)
+	}
+	return &CA{cert: cert, key: key, certPEM: pemBlock("CERTIFICATE", der)}, nil
+}
+
+func (ca *CA) filePEM() []byte {
+	keyDER, err := x509.MarshalPKCS8PrivateKey(ca.key)
+	if err != nil {
+		// An ECDSA P-256 key always marshals.
+		panic(fmt.Sprintf("pki: marshal CA key: %v", err))
+	}
+	return append(bytes.Clone(ca.certPEM), pemBlock("PRIVATE KEY", keyDER)...)
+}
+
+func loadFile(path string) (*CA, error) {
+	fi, err := os.Stat(path)
+	if err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	if fi.Mode().Perm()&0o077 != 0 {
+		return nil, fmt.Errorf("pki: %s has mode %o: the CA key must be readable by its owner only; run chmod 600 %s", path, fi.Mode().Perm(), path)
+	}
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("pki: %w", err)
+	}
+	var certDER, keyDER []byte
+	for rest := data; ; {
+		var b *pem.Block
+		b, rest = pem.Decode(rest)
+		if b == nil {
+			break
+		}
+		switch b.Type {
+		case "CERTIFICATE":
+			certDER = b.Bytes
+		case "PRIVATE KEY":
+			keyDER = b.Bytes
+		}
+	}
+	if certDER == nil || keyDER == nil {
+		return nil, fmt.Errorf("pki: %s must hold one CERTIFICATE and one PRIVATE KEY PEM block; restore it from a backup (deleting it cuts caa off from every running pod VM)", path)
+	}
+	cert, err := x509.ParseCertificate(certDER)
+	if err != nil {
+		return nil, fmt.Errorf("pki: %s: parse certificate: %w", path, err)
+	}
+	k, err := x509.ParsePKCS8PrivateKey(keyDER)
+	if err != nil {
+		return nil, fmt.Errorf("pki: %s: parse key: %w", path, err)
+	}
+	signer, ok := k.(crypto.Signer)
+	if !ok || !publicKeysEqual(signer.Public(), cert.PublicKey) {
+		return nil, fmt.Errorf("pki: %s: the key does not belong to the certificate", path)
+	}
+	if !cert.IsCA {
+		return nil, fmt.Errorf("pki: %s: the certificate is not a CA", path)
+	}
+	return &CA{cert: cert, key: signer, certPEM: pemBlock("CERTIFICATE", certDER)}, nil
+}
+
+func publicKeysEqual(a, b crypto.PublicKey) bool {
+	type equaler interface{ Equal(crypto.PublicKey) bool }
+	e, ok := a.(equaler)
+	return ok && e.Equal(b)
+}
+
+// writeAtomic creates path with data, mode 0600, unless it exists already.
+func writeAtomic(path string, data []byte) error {
+	dir := filepath.Dir(path)
+	tmp, err := os.CreateTemp(dir, ".agent-ca-*.tmp")
+	if err != nil {
+		return fmt.Errorf("pki: %w", err)
+	}
+	defer os.Remove(tmp.Name())
+	if err := tmp.Chmod(0o600); err != nil {
+		tmp.Close()
+		return fmt.Errorf("pki: %w", err)
+	}
+	if _, err := tmp.Write(data); err != nil {
+		tmp.Close()
+		return fmt.Errorf("pki: write %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Sync(); err != nil {
+		tmp.Close()
+		return fmt.Errorf("pki: fsync %s: %w", tmp.Name(), err)
+	}
+	if err := tmp.Close(); err != nil {
+		return fmt.Errorf("pki: %w", err)
+	}
+	// Link, not rename: never replace a CA another process wrote meanwhile.
+	if err := os.Link(tmp.Name(), path); err != nil && !errors.Is(err, os.ErrExist) {
+		return fmt.Errorf("pki: install %s: %w", path, err)
+	}
+	d, err := os.Open(dir)
+	if err != nil {
+		return fmt.Errorf("pki: %w", err)
+	}
+	defer d.Close()
+	if err := d.Sync(); err != nil {
+		return fmt.Errorf("pki: fsync %s: %w", dir, err)
+	}
+	return nil
+}
+
+func leafTemplate(cn string, ttl time.Duration, usage x509.ExtKeyUsage) (*x509.Certificate, *big.Int, error) {
+	sn, err := randomSerial()
+	if err != nil {
+		return nil, nil, err
+	}
+	now := time.Now()
+	return &x509.Certificate{
+		SerialNumber: sn,
+		Subject:      pkix.Name{CommonName: cn},
+		NotBefore:    now.Add(-clockSkew),
+		NotAfter:     now.Add(ttl),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{usage},
+	}, sn, nil
+}
+
+func randomSerial() (*big.Int, error) {
+	sn, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 127))
+	if err != nil {
+		return nil, fmt.Errorf("pki: serial: %w", err)
+	}
+	return sn.Add(sn, big.NewInt(1)), nil
+}
+
+func pemBlock(typ string, der []byte) []byte {
+	return pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der})
+}

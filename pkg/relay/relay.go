@@ -1,0 +1,388 @@
+// Package relay serves one sandbox's agent socket on the node and relays every
+// connection the kata shim makes to it to the forwarder in the sandbox's pod VM,
+// over mutual TLS.
+//
+// Wire (confirmed 2026-12-01 in confidential-containers/cloud-api-adaptor at
+// fbdde756): the forwarder (src/cloud-api-adaptor/pkg/forwarder/forwarder.go)
+// serves kata's agent ttrpc protocol directly on a TLS listener on port 15150;
+// there is no HTTP or other handshake before the ttrpc frames (the adaptor's
+// proxy, pkg/adaptor/proxy/proxy.go, uses the "/agent" URL only for its host
+// and port). The forwarder requires a client certificate from its client CA and
+// TLS 1.2 at least. So the relay copies bytes: the shim's ttrpc frames go
+// unchanged through a TLS connection per shim connection. kata's shim dials the
+// agent socket as a plain unix socket (kata-containers at 7c6ba40c,
+// src/runtime/virtcontainers/pkg/agent/protocols/client/client.go,
+// RemoteSockDialer).
+//
+// Upstream's proxy terminates ttrpc instead and rewrites one call,
+// CreateContainer, for two features caa does not offer (a CDI annotation for
+// GPU pods, CSI cloud volumes; pkg/adaptor/proxy/service.go); every other call
+// passes through unchanged there as here.
+package relay
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"time"
+
+	"github.com/containerd/ttrpc"
+
+	"github.com/caa-project/caa/internal/agentproto"
+)
+
+// Config says where to listen and where to relay to.
+type Config struct {
+	// SocketPath is the agent socket kata's shim dials (CreateVM's answer).
+	SocketPath string
+	// Addr is the forwarder, VM_IP:15150.
+	Addr string
+	// TLS is caa's client side (pki.CA.ClientTLS); it is cloned, not changed.
+	TLS *tls.Config
+	// ServerName is the name the VM's certificate was issued for (its VM
+	// name: the user data is made before the VM has an IP); empty verifies
+	// the IP of Addr instead.
+	ServerName string
+	// DialTimeout bounds one attempt to reach the forwarder for a shim
+	// connection (default 30s): the shim's call fails rather than hangs.
+	DialTimeout time.Duration
+	// Dial, if set, opens the TCP connection under the TLS (tests use it to
+	// dial from another network namespace); default a net.Dialer.
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	Log  *slog.Logger
+}
+
+// Relay is one sandbox's agent socket.
+type Relay struct {
+	cfg Config
+	tls *tls.Config
+	ln  net.Listener
+	log *slog.Logger
+
+	ctx    context.Context
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+
+	mu       sync.Mutex
+	conns    map[net.Conn]struct{}
+	closed   bool
+	accepted int
+	relayed  int
+	failed   int
+	open     int
+}
+
+// Stats counts the relay's connections.
+type Stats struct {
+	// Accepted shim connections; Relayed reached the forwarder; Failed did
+	// not (closed at once); Open are relaying now.
+	Accepted, Relayed, Failed, Open int
+}
+
+// Start listens on cfg.SocketPath at once (a stale socket file from before a
+// restart is removed; any other file there is an error) and relays each
+// accepted connection until Close or ctx ends.
+func Start(ctx context.Context, cfg Config) (*Relay, error) {
+	switch {
+	case cfg.SocketPath == "":
+		return nil, errors.New("relay: Config.SocketPath is empty")
+	case cfg.Addr == "":
+		return nil, errors.New("relay: Config.Addr is empty: pass VM_IP:15150")
+	case cfg.TLS == nil:
+		return nil, errors.New("relay: Config.TLS is nil: pass pki.CA.ClientTLS()")
+	}
+	if _, _, err := net.SplitHostPort(cfg.Addr); err != nil {
+		return nil, fmt.Errorf("relay: Config.Addr %q: %w", cfg.Addr, err)
+	}
+	if cfg.DialTimeout <= 0 {
+		cfg.DialTimeout = 30 * time.Second
+	}
+	log := cfg.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	log = log.With("socket", cfg.SocketPath, "forwarder", cfg.Addr)
+	if err := os.MkdirAll(filepath.Dir(cfg.SocketPath), 0o750); err != nil {
+		return nil, fmt.Errorf("relay: %w", err)
+	}
+	if err := removeStaleSocket(cfg.SocketPath); err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("unix", cfg.SocketPath)
+	if err != nil {
+		return nil, fmt.Errorf("relay: listen on %s: %w", cfg.SocketPath, err)
+	}
+	// Close removes the file; a crashed caa leaves it, and Start removes it.
+	ln.(*net.UnixListener).SetUnlinkOnClose(true)
+	tc := cfg.TLS.Clone()
+	if cfg.ServerName != "" {
+		tc.ServerName = cfg.ServerName
+	}
+	if tc.ServerName == "" {
+		host, _, _ := net.SplitHostPort(cfg.Addr)
+		tc.ServerName = host
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	r := &Relay{cfg: cfg, tls: tc, ln: ln, log: log, ctx: rctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
+	r.wg.Add(1)
+	go r.accept()
+	context.AfterFunc(rctx, func() { _ = r.Close() })
+	return r, nil
+}
+
+func removeStaleSocket(path string) error {
+	fi, err := os.Lstat(path)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil
+	}
+	if err != nil {
+		return fmt.Errorf("relay: %w", err)
+	}
+	if fi.Mode().Type() != fs.ModeSocket {
+		return fmt.Errorf("relay: %s exists and is not a socket (%s): remove it or choose another agent socket path", path, fi.Mode().Type())
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return fmt.Errorf("relay: remove stale socket: %w", err)
+	}
+	return nil
+}
+
+func (r *Relay) accept() {
+	defer r.wg.Done()
+	var delay time.Duration
+	for {
+		c, err := r.ln.Accept()
+		if err != nil {
+			if r.isClosed() || errors.Is(err, net.ErrClosed) {
+				return
+			}
+			// Out of file descriptors and the like: closing the socket
+			// would fail the sandbox, so wait and accept again.
+			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+			r.log.Warn("agent socket accept failed; retrying", "err", err, "in", delay)
+			select {
+			case <-time.After(delay):
+			case <-r.ctx.Done():
+				return
+			}
+			continue
+		}
+		delay = 0
+		if !r.track(c) {
+			c.Close()
+			return
+		}
+		r.mu.Lock()
+		r.accepted++
+		r.mu.Unlock()
+		r.wg.Add(1)
+		go r.serve(c)
+	}
+}
+
+// track registers c so Close closes it; false once the relay is closed.
+func (r *Relay) track(c net.Conn) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.closed {
+		return false
+	}
+	r.conns[c] = struct{}{}
+	return true
+}
+
+func (r *Relay) untrack(c net.Conn) {
+	r.mu.Lock()
+	delete(r.conns, c)
+	r.mu.Unlock()
+}
+
+func (r *Relay) serve(shim net.Conn) {
+	defer r.wg.Done()
+	defer r.untrack(shim)
+	defer shim.Close()
+	vm, err := r.dial(r.ctx, r.cfg.DialTimeout)
+	if err != nil {
+		r.mu.Lock()
+		r.failed++
+		r.mu.Unlock()
+		r.log.Warn("agent connection not relayed: forwarder unreachable", "err", err)
+		return
+	}
+	if !r.track(vm) {
+		vm.Close()
+		return
+	}
+	defer r.untrack(vm)
+	defer vm.Close()
+	r.mu.Lock()
+	r.relayed++
+	r.open++
+	r.mu.Unlock()
+	defer func() {
+		r.mu.Lock()
+		r.open--
+		r.mu.Unlock()
+	}()
+
+	done := make(chan struct{}, 2)
+	pipe := func(dst, src net.Conn) {
+		_, _ = io.Copy(dst, src)
+		done <- struct{}{}
+	}
+	go pipe(vm, shim)
+	go pipe(shim, vm)
+	// Either side ending ends the pair: ttrpc has no half-closed use.
+	<-done
+	shim.Close()
+	vm.Close()
+	<-done
+}
+
+// dial opens one mutual-TLS connection to the forwarder, retrying for up to
+// timeout (the VM may still be booting).
+func (r *Relay) dial(ctx context.Context, timeout time.Duration) (net.Conn, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	var last error
+	for delay := 50 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
+		c, err := r.dialOnce(ctx)
+		if err == nil {
+			return c, nil
+		}
+		last = err
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, fmt.Errorf("relay: reach forwarder %s: %w (last error: %v)", r.cfg.Addr, ctx.Err(), last)
+		case <-t.C:
+		}
+	}
+}
+
+func (r *Relay) dialOnce(ctx context.Context) (net.Conn, error) {
+	dial := r.cfg.Dial
+	if dial == nil {
+		dial = (&net.Dialer{Timeout: 5 * time.Second}).DialContext
+	}
+	raw, err := dial(ctx, "tcp", r.cfg.Addr)
+	if err != nil {
+		return nil, err
+	}
+	c := tls.Client(raw, r.tls)
+	if err := c.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, err
+	}
+	return c, nil
+}
+
+// WaitReachable returns once the forwarder answers: a mutual-TLS connection
+// is made and kata's agent health check through it says SERVING (so the VM
+// accepted caa's client certificate, which TLS 1.3 reports only after the
+// handshake, and the agent behind the forwarder is up). It retries until ctx
+// ends, then returns the last reason.
+func (r *Relay) WaitReachable(ctx context.Context) error {
+	var last error
+	for delay := 50 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
+		if r.isClosed() {
+			return errors.New("relay: closed")
+		}
+		err := r.probe(ctx)
+		if err == nil {
+			return nil
+		}
+		// A probe cut short by ctx says less than the one before it.
+		if ctx.Err() == nil || last == nil {
+			last = err
+		}
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("relay: forwarder %s not reachable: %w (last error: %v)", r.cfg.Addr, ctx.Err(), last)
+		case <-t.C:
+		}
+	}
+}
+
+// Probe makes one WaitReachable attempt: nil if the forwarder and the agent
+// behind it answer now. For a periodic check of a running sandbox's VM.
+func (r *Relay) Probe(ctx context.Context) error {
+	if err := r.probe(ctx); err != nil {
+		return fmt.Errorf("relay: forwarder %s: %w", r.cfg.Addr, err)
+	}
+	return nil
+}
+
+func (r *Relay) probe(ctx context.Context) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	c, err := r.dialOnce(ctx)
+	if err != nil {
+		return err
+	}
+	cl := ttrpc.NewClient(c)
+	defer cl.Close()
+	st, err := agentproto.Check(ctx, cl)
+	if err != nil {
+		return err
+	}
+	if st != agentproto.Serving {
+		return fmt.Errorf("agent health status %d, not SERVING", st)
+	}
+	return nil
+}
+
+// Stats returns the relay's counts so far.
+func (r *Relay) Stats() Stats {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return Stats{Accepted: r.accepted, Relayed: r.relayed, Failed: r.failed, Open: r.open}
+}
+
+// Done is closed once the relay is closed (Close or ctx).
+func (r *Relay) Done() <-chan struct{} { return r.ctx.Done() }
+
+func (r *Relay) isClosed() bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.closed
+}
+
+// Close stops listening, removes the socket file and closes every relayed
+// connection, so the shim sees its agent connection end. It waits for the
+// relay's goroutines; it is idempotent.
+func (r *Relay) Close() error {
+	r.mu.Lock()
+	if r.closed {
+		r.mu.Unlock()
+		r.wg.Wait()
+		return nil
+	}
+	r.closed = true
+	conns := make([]net.Conn, 0, len(r.conns))
+	for c := range r.conns {
+		conns = append(conns, c)
+	}
+	r.mu.Unlock()
+	r.cancel()
+	err := r.ln.Close()
+	for _, c := range conns {
+		c.Close()
+	}
+	r.wg.Wait()
+	if err != nil && !errors.Is(err, net.ErrClosed) {
+		return fmt.Errorf("relay: close %s: %w", r.cfg.SocketPath, err)
+	}
+	return nil
+}

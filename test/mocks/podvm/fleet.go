@@ -1,0 +1,136 @@
+package podvmfake
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"net/netip"
+	"sync"
+	"time"
+
+	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/test/mocks/cloud"
+)
+
+// Fleet plays the pod VMs of a fake cloud: every instance that is Running
+// with an IP gets a fake pod VM booted from the instance's user data, in its
+// own namespace at the instance's IP on the cloud network; an instance that
+// stops running (deleted, killed, stopped, failed) loses its VM and its place
+// on the network, as a real VM would.
+type Fleet struct {
+	cn    *CloudNetwork
+	cloud *cloud.Cloud
+	log   *slog.Logger
+
+	mu     sync.Mutex
+	vms    map[string]*FleetVM
+	failed map[string]error
+}
+
+// FleetVM is one instance's fake pod VM.
+type FleetVM struct {
+	*VM
+	InstanceID string
+	Host       VMHost
+}
+
+// NewFleet plays c's instances on cn.
+func NewFleet(cn *CloudNetwork, c *cloud.Cloud, log *slog.Logger) *Fleet {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Fleet{cn: cn, cloud: c, log: log, vms: map[string]*FleetVM{}, failed: map[string]error{}}
+}
+
+// Sync boots and removes VMs to match the cloud now. An instance whose user
+// data the pod VM would refuse is remembered in Failed (a real VM would sit
+// there without a forwarder) and not tried again.
+func (f *Fleet) Sync(ctx context.Context) {
+	running := map[string]cloud.Instance{}
+	for _, in := range f.cloud.Instances() {
+		if in.State == provider.StateRunning && len(in.IPs) > 0 {
+			running[in.ID] = in
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for id, vm := range f.vms {
+		if _, ok := running[id]; !ok {
+			vm.Close()
+			if err := f.cn.RemoveVM(vm.Host); err != nil {
+				f.log.Warn("fake fleet: remove VM", "instance", id, "err", err)
+			}
+			delete(f.vms, id)
+		}
+	}
+	for id, in := range running {
+		if f.vms[id] != nil || f.failed[id] != nil {
+			continue
+		}
+		if err := f.boot(ctx, in); err != nil {
+			f.failed[id] = err
+			f.log.Warn("fake fleet: VM did not boot", "instance", id, "err", err)
+		}
+	}
+}
+
+func (f *Fleet) boot(ctx context.Context, in cloud.Instance) error {
+	ip, err := netip.ParseAddr(in.IPs[0])
+	if err != nil {
+		return fmt.Errorf("instance %s IP %q: %w", in.ID, in.IPs[0], err)
+	}
+	host, err := f.cn.addVMAt(ip)
+	if err != nil {
+		return err
+	}
+	vm, err := Boot(ctx, Options{UserData: in.UserData(), NetNS: host.NS, Log: f.log})
+	if err != nil {
+		_ = f.cn.RemoveVM(host)
+		return err
+	}
+	f.vms[in.ID] = &FleetVM{VM: vm, InstanceID: in.ID, Host: host}
+	return nil
+}
+
+// Run calls Sync every interval until ctx ends.
+func (f *Fleet) Run(ctx context.Context, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		f.Sync(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// VM returns the instance's fake VM, nil if it has none (yet).
+func (f *Fleet) VM(instanceID string) *FleetVM {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.vms[instanceID]
+}
+
+// Failed returns why instances' VMs did not boot, by instance id.
+func (f *Fleet) Failed() map[string]error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make(map[string]error, len(f.failed))
+	for k, v := range f.failed {
+		out[k] = v
+	}
+	return out
+}
+
+// Close stops every VM.
+func (f *Fleet) Close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for id, vm := range f.vms {
+		vm.Close()
+		_ = f.cn.RemoveVM(vm.Host)
+		delete(f.vms, id)
+	}
+}

@@ -1,0 +1,234 @@
+package podvmfake
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/vishvananda/netlink"
+
+	"github.com/caa-project/caa/pkg/podvm"
+)
+
+// Options says how to boot a fake pod VM.
+type Options struct {
+	// UserData is what caa gave the VM.
+	UserData []byte
+	// NetNS, if set, is the VM's network namespace: the forwarder listens
+	// there and the VM's end of the pod network's tunnel is built there.
+	NetNS string
+	// ListenAddr is the forwarder's address: default ":15150" in NetNS,
+	// "127.0.0.1:0" without one (so parallel tests do not collide).
+	ListenAddr string
+	Log        *slog.Logger
+}
+
+// VM is a booted fake pod VM.
+type VM struct {
+	// Files is the user data as the image read it.
+	Files podvm.Files
+	// Agent is the fake kata agent behind the forwarder.
+	Agent *Agent
+
+	ln   net.Listener
+	log  *slog.Logger
+	wg   sync.WaitGroup
+	once sync.Once
+
+	mu       sync.Mutex
+	conns    map[net.Conn]struct{}
+	accepted int
+	rejected []error
+	relayed  int
+}
+
+// Boot reads the user data as the pod VM's provisioning does, builds the VM's
+// end of the tunnel when it has a namespace, starts the fake agent and serves
+// the forwarder: mutual TLS with the server certificate, key and client CA
+// from apf.json (TLS 1.2 at least, client certificates required and verified,
+// as the forwarder's tlsutil does), relaying each connection to the agent.
+func Boot(ctx context.Context, o Options) (*VM, error) {
+	files, err := podvm.Parse(o.UserData)
+	if err != nil {
+		return nil, fmt.Errorf("fake pod VM: %w", err)
+	}
+	cfg := files.Config
+	cert, err := tls.X509KeyPair(cfg.TLSServerCertPEM, cfg.TLSServerKeyPEM)
+	if err != nil {
+		return nil, fmt.Errorf("fake pod VM: apf.json server certificate: %w", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(cfg.TLSClientCAPEM) {
+		return nil, errors.New("fake pod VM: apf.json tls-client-ca holds no certificate")
+	}
+	tc := &tls.Config{
+		MinVersion:   tls.VersionTLS12,
+		Certificates: []tls.Certificate{cert},
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		ClientCAs:    pool,
+	}
+	addr := o.ListenAddr
+	if addr == "" {
+		addr = "127.0.0.1:0"
+		if o.NetNS != "" {
+			addr = fmt.Sprintf(":%d", podvm.ForwarderPort)
+		}
+	}
+	log := o.Log
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	vm := &VM{Files: files, log: log, conns: map[net.Conn]struct{}{}}
+	listen := func() error {
+		vm.ln, err = net.Listen("tcp", addr)
+		return err
+	}
+	if o.NetNS != "" {
+		if err := BuildVMEnd(o.NetNS, cfg.Network); err != nil {
+			return nil, fmt.Errorf("fake pod VM: pod network: %w", err)
+		}
+		err = InNetNS(o.NetNS, listen)
+	} else {
+		err = listen()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("fake pod VM: forwarder listen on %s: %w", addr, err)
+	}
+	if vm.Agent, err = StartAgent(); err != nil {
+		vm.ln.Close()
+		return nil, fmt.Errorf("fake pod VM: agent: %w", err)
+	}
+	vm.wg.Add(1)
+	go vm.serve(tc)
+	context.AfterFunc(ctx, func() { _ = vm.Close() })
+	return vm, nil
+}
+
+// Addr is the forwarder's listening address.
+func (vm *VM) Addr() net.Addr { return vm.ln.Addr() }
+
+func (vm *VM) serve(tc *tls.Config) {
+	defer vm.wg.Done()
+	for {
+		c, err := vm.ln.Accept()
+		if err != nil {
+			return
+		}
+		vm.mu.Lock()
+		vm.accepted++
+		vm.conns[c] = struct{}{}
+		vm.mu.Unlock()
+		vm.wg.Add(1)
+		go vm.forward(tls.Server(c, tc))
+	}
+}
+
+func (vm *VM) forward(c *tls.Conn) {
+	defer vm.wg.Done()
+	defer func() {
+		c.Close()
+		vm.mu.Lock()
+		delete(vm.conns, c.NetConn())
+		vm.mu.Unlock()
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	err := c.HandshakeContext(ctx)
+	cancel()
+	if err != nil {
+		vm.mu.Lock()
+		vm.rejected = append(vm.rejected, err)
+		vm.mu.Unlock()
+		vm.log.Info("fake forwarder refused a connection", "err", err)
+		return
+	}
+	agent, err := net.Dial("unix", vm.Agent.Socket())
+	if err != nil {
+		vm.log.Error("fake forwarder cannot reach the agent", "err", err)
+		return
+	}
+	defer agent.Close()
+	vm.mu.Lock()
+	vm.relayed++
+	vm.mu.Unlock()
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(agent, c); done <- struct{}{} }()
+	go func() { _, _ = io.Copy(c, agent); done <- struct{}{} }()
+	<-done
+	c.Close()
+	agent.Close()
+	<-done
+}
+
+// Stats is what the fake forwarder saw.
+type Stats struct {
+	// Accepted TCP connections; Relayed passed mutual TLS and reached the
+	// agent; Rejected failed the handshake (the reasons in order).
+	Accepted, Relayed int
+	Rejected          []error
+	Open              int
+}
+
+// Stats returns the forwarder's counts so far.
+func (vm *VM) Stats() Stats {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	return Stats{Accepted: vm.accepted, Relayed: vm.relayed, Rejected: append([]error(nil), vm.rejected...), Open: len(vm.conns)}
+}
+
+// Close stops the forwarder and the agent and cuts every connection: the VM
+// is gone.
+func (vm *VM) Close() error {
+	vm.once.Do(func() {
+		vm.ln.Close()
+		vm.mu.Lock()
+		for c := range vm.conns {
+			c.Close()
+		}
+		vm.mu.Unlock()
+		vm.Agent.Close()
+		vm.wg.Wait()
+	})
+	return nil
+}
+
+// BuildVMEnd builds the VM's end of the tunnel as the image's podnode side
+// does (pkg/podnetwork/tunneler/vxlan/podnode.go upstream): a VXLAN device to
+// the worker with the sandbox's id and port, carrying the pod's MAC, IP and
+// MTU (capped at 1450). The fake puts it straight into the VM's namespace.
+func BuildVMEnd(nsPath string, n podvm.Network) error {
+	h, err := handleAt(nsPath)
+	if err != nil {
+		return err
+	}
+	defer h.Close()
+	mac, err := net.ParseMAC(n.PodMAC)
+	if err != nil {
+		return err
+	}
+	mtu := min(n.MTU, 1450)
+	vx := &netlink.Vxlan{
+		LinkAttrs: netlink.LinkAttrs{Name: "vxlan0", HardwareAddr: mac, MTU: mtu},
+		VxlanId:   n.VXLANID,
+		Group:     n.WorkerIP.Addr().AsSlice(),
+		Port:      n.VXLANPort,
+	}
+	if err := h.LinkAdd(vx); err != nil {
+		return fmt.Errorf("vxlan0: %w", err)
+	}
+	l, err := h.LinkByName("vxlan0")
+	if err != nil {
+		return err
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: n.PodIP.Addr().AsSlice(), Mask: net.CIDRMask(n.PodIP.Bits(), 32)}}
+	if err := h.AddrAdd(l, addr); err != nil {
+		return fmt.Errorf("pod IP on vxlan0: %w", err)
+	}
+	return h.LinkSetUp(l)
+}

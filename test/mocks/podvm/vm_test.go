@@ -1,0 +1,251 @@
+package podvmfake_test
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"net/netip"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/containerd/ttrpc"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caa-project/caa/internal/agentproto"
+	"github.com/caa-project/caa/pkg/pki"
+	"github.com/caa-project/caa/pkg/podvm"
+	"github.com/caa-project/caa/pkg/relay"
+	"github.com/caa-project/caa/pkg/tunnel"
+	"github.com/caa-project/caa/test/mocks/cloud"
+	podvmfake "github.com/caa-project/caa/test/mocks/podvm"
+)
+
+// TestPodVMEndToEnd plays one sandbox's whole path with real parts: caa's user
+// data -> the fake pod VM in its own network namespace, the forwarder on
+// :15150 with mutual TLS from that user data -> the fake agent; caa's relay on
+// the node dials it over the "cloud network" (a veth pair); the pod's network
+// reaches the VM through caa's VXLAN tunnel; a client certificate from another
+// CA is refused.
+func TestPodVMEndToEnd(t *testing.T) {
+	cn := podvmfake.NewCloudNetwork(t)
+	pod := cn.NewPod(t, netip.MustParsePrefix("10.244.1.5/24"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	ca, err := pki.LoadOrCreateCA(t.TempDir())
+	require.NoError(t, err)
+	vmIP := cn.VMIP.Addr()
+	// As caa does: the user data is made before the VM has an IP, so the
+	// certificate names the VM and the relay checks that name.
+	const vmName = "podvm-web-0-sbe2e"
+	certPEM, keyPEM, _, err := ca.IssueServer(nil, []string{vmName}, time.Hour)
+	require.NoError(t, err)
+	n, err := tunnel.Inspect(pod.NSPath)
+	require.NoError(t, err)
+	n.VXLANID, n.VXLANPort, n.WorkerIP = podvm.VXLANIDBase+3, podvm.DefaultVXLANPort, cn.NodeIP
+	cfg := podvm.Config{
+		PodName: "web-0", PodNamespace: "shop", SandboxID: "sb-e2e", Network: n,
+		TLSServerCertPEM: certPEM, TLSServerKeyPEM: keyPEM, TLSClientCAPEM: ca.CertPEM(),
+		InitData: "version = \"0.1.0\"\n",
+	}
+	ud, err := podvm.UserData(cfg)
+	require.NoError(t, err)
+
+	vm, err := podvmfake.Boot(ctx, podvmfake.Options{UserData: ud, NetNS: cn.VMNS})
+	require.NoError(t, err)
+	defer vm.Close()
+	require.Empty(t, vm.Files.Skipped)
+	require.Equal(t, "web-0", vm.Files.Config.PodName)
+	require.Equal(t, cfg.InitData, vm.Files.Config.InitData)
+	require.Equal(t, fmt.Sprintf("[::]:%d", podvm.ForwarderPort), vm.Addr().String())
+
+	tc, err := ca.ClientTLS()
+	require.NoError(t, err)
+	addr := net.JoinHostPort(vmIP.String(), fmt.Sprint(podvm.ForwarderPort))
+	sock := filepath.Join(t.TempDir(), "pods", cfg.SandboxID, "agent.ttrpc")
+	r, err := relay.Start(ctx, relay.Config{SocketPath: sock, Addr: addr, TLS: tc, ServerName: vmName, Dial: podvmfake.DialIn(cn.NodeNS)})
+	require.NoError(t, err)
+	defer r.Close()
+	require.NoError(t, r.WaitReachable(ctx))
+
+	// The shim's side: one long-lived connection, a health check, a wait.
+	conn, err := net.Dial("unix", sock)
+	require.NoError(t, err)
+	shim := ttrpc.NewClient(conn)
+	defer shim.Close()
+	st, err := agentproto.Check(ctx, shim)
+	require.NoError(t, err)
+	require.EqualValues(t, agentproto.Serving, st)
+	waited := make(chan int32, 1)
+	go func() {
+		st, err := agentproto.WaitProcess(ctx, shim, "ctr-1", "")
+		if err != nil {
+			st = -1
+		}
+		waited <- st
+	}()
+	require.NoError(t, vm.Agent.AwaitWaiting(ctx, "ctr-1"))
+	require.True(t, vm.Agent.Release("ctr-1", 0))
+	require.EqualValues(t, 0, <-waited)
+	require.Equal(t, 2, vm.Agent.Checks())
+	require.Equal(t, 1, vm.Agent.Waits())
+
+	// The pod network: a packet for the pod, sent on the node, reaches the VM.
+	tcfg := tunnel.Config{NetNSPath: pod.NSPath, VXLANID: n.VXLANID, Port: n.VXLANPort, RemoteIP: vmIP.AsSlice(), HostNetNSPath: cn.NodeNS}
+	require.NoError(t, tunnel.Setup(tcfg))
+	defer tunnel.Teardown(tcfg)
+	var rx *net.UDPConn
+	require.NoError(t, podvmfake.InNetNS(cn.VMNS, func() error {
+		rx, err = net.ListenUDP("udp4", &net.UDPAddr{IP: pod.IP.Addr().AsSlice(), Port: 7777})
+		return err
+	}))
+	defer rx.Close()
+	require.True(t, sendUntilReceived(t, cn.NodeNS, pod.IP.Addr().String()+":7777", rx), "no packet crossed caa's tunnel to the VM")
+
+	// caa with another CA's client certificate gets nowhere.
+	other, err := pki.LoadOrCreateCA(t.TempDir())
+	require.NoError(t, err)
+	otc, err := other.ClientTLS()
+	require.NoError(t, err)
+	otc.RootCAs.AppendCertsFromPEM(ca.CertPEM())
+	r2, err := relay.Start(ctx, relay.Config{SocketPath: filepath.Join(t.TempDir(), "x.ttrpc"), Addr: addr, TLS: otc, ServerName: vmName, Dial: podvmfake.DialIn(cn.NodeNS)})
+	require.NoError(t, err)
+	defer r2.Close()
+	before := len(vm.Stats().Rejected)
+	sctx, scancel := context.WithTimeout(ctx, time.Second)
+	defer scancel()
+	require.Error(t, r2.WaitReachable(sctx))
+	require.Greater(t, len(vm.Stats().Rejected), before, "the forwarder must refuse another CA's client")
+	require.Equal(t, 2, vm.Agent.Checks(), "nothing from another CA may reach the agent")
+
+	// The VM goes: the shim's connection through the relay ends.
+	vm.Close()
+	_, err = agentproto.Check(ctx, shim)
+	require.Error(t, err)
+}
+
+func sendUntilReceived(t *testing.T, ns, dst string, rx *net.UDPConn) bool {
+	t.Helper()
+	var tx net.Conn
+	require.NoError(t, podvmfake.InNetNS(ns, func() error {
+		var err error
+		tx, err = net.Dial("udp4", dst)
+		return err
+	}))
+	defer tx.Close()
+	buf := make([]byte, 64)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		_, _ = tx.Write([]byte("ping"))
+		_ = rx.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		if n, err := rx.Read(buf); err == nil && string(buf[:n]) == "ping" {
+			return true
+		}
+	}
+	return false
+}
+
+func TestBootRefusesUserDataThePodVMWouldNot(t *testing.T) {
+	_, err := podvmfake.Boot(context.Background(), podvmfake.Options{UserData: []byte("#cloud-config\nruncmd: [x]\n")})
+	require.Error(t, err)
+	_, err = podvmfake.Boot(context.Background(), podvmfake.Options{UserData: []byte("#cloud-config\nwrite_files:\n- path: /run/peerpod/apf.json\n  content: '{}'\n")})
+	require.ErrorContains(t, err, "pod-network")
+}
+
+// TestVMAtACloudsAddress boots a fake VM at an address a fake cloud would
+// give (outside the cloud network's subnet), reaches it from the node, and
+// loses it when the VM is removed behind caa's back.
+func TestVMAtACloudsAddress(t *testing.T) {
+	cn := podvmfake.NewCloudNetwork(t)
+	host := cn.AddVMAt(t, netip.MustParseAddr("10.0.0.7"))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ca, err := pki.LoadOrCreateCA(t.TempDir())
+	require.NoError(t, err)
+	certPEM, keyPEM, _, err := ca.IssueServer(nil, []string{"podvm-x"}, time.Hour)
+	require.NoError(t, err)
+	ud, err := podvm.UserData(podvm.Config{
+		PodName: "x", PodNamespace: "default", SandboxID: "sb-x",
+		Network: podvm.Network{VXLANID: podvm.VXLANIDBase, VXLANPort: podvm.DefaultVXLANPort, WorkerIP: cn.NodeIP,
+			Interface: "eth0", PodIP: netip.MustParsePrefix("10.244.9.5/24"), PodMAC: "02:00:00:00:09:05", MTU: 1450},
+		TLSServerCertPEM: certPEM, TLSServerKeyPEM: keyPEM, TLSClientCAPEM: ca.CertPEM(),
+	})
+	require.NoError(t, err)
+	vm, err := podvmfake.Boot(ctx, podvmfake.Options{UserData: ud, NetNS: host.NS})
+	require.NoError(t, err)
+	tc, err := ca.ClientTLS()
+	require.NoError(t, err)
+	r, err := relay.Start(ctx, relay.Config{SocketPath: filepath.Join(t.TempDir(), "a.ttrpc"), Addr: "10.0.0.7:15150", TLS: tc, ServerName: "podvm-x", Dial: podvmfake.DialIn(cn.NodeNS)})
+	require.NoError(t, err)
+	defer r.Close()
+	require.NoError(t, r.WaitReachable(ctx))
+
+	vm.Close()
+	require.NoError(t, cn.RemoveVM(host))
+	pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
+	defer pcancel()
+	require.Error(t, r.Probe(pctx), "a removed VM must not answer")
+}
+
+// TestChildProcessStartedInTheNodesNamespace checks what the hypervisor's e2e
+// relies on to run caa "on the node": a process started inside InNetNS is born
+// in that namespace.
+func TestChildProcessStartedInTheNodesNamespace(t *testing.T) {
+	cn := podvmfake.NewCloudNetwork(t)
+	cmd := exec.Command("cat", "/proc/self/net/dev")
+	var out strings.Builder
+	cmd.Stdout = &out
+	require.NoError(t, podvmfake.InNetNS(cn.NodeNS, cmd.Start))
+	require.NoError(t, cmd.Wait())
+	require.Contains(t, out.String(), "cloud0:", "the child does not see the node's interfaces")
+}
+
+// TestFleetPlaysTheFakeCloudsInstances: an instance created in the fake
+// cloud with caa's user data gets a pod VM at its IP, reachable through the
+// relay; killed behind caa's back, the VM leaves the network; an instance
+// whose user data the image would refuse is reported, not booted.
+func TestFleetPlaysTheFakeCloudsInstances(t *testing.T) {
+	cn := podvmfake.NewCloudNetwork(t)
+	c := cloud.New(cloud.Options{IDPrefix: "i-"})
+	fleet := podvmfake.NewFleet(cn, c, nil)
+	defer fleet.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	ca, err := pki.LoadOrCreateCA(t.TempDir())
+	require.NoError(t, err)
+	certPEM, keyPEM, _, err := ca.IssueServer(nil, []string{"podvm-a"}, time.Hour)
+	require.NoError(t, err)
+	ud, err := podvm.UserData(podvm.Config{
+		PodName: "a", PodNamespace: "default", SandboxID: "sb-a",
+		Network: podvm.Network{VXLANID: podvm.VXLANIDBase, VXLANPort: podvm.DefaultVXLANPort, WorkerIP: cn.NodeIP,
+			Interface: "eth0", PodIP: netip.MustParsePrefix("10.244.7.5/24"), PodMAC: "02:00:00:00:07:05", MTU: 1450},
+		TLSServerCertPEM: certPEM, TLSServerKeyPEM: keyPEM, TLSClientCAPEM: ca.CertPEM(),
+	})
+	require.NoError(t, err)
+	good, err := c.Create(cloud.CreateRequest{Name: "podvm-a", UserData: ud})
+	require.NoError(t, err)
+	bad, err := c.Create(cloud.CreateRequest{Name: "podvm-b", UserData: []byte("#cloud-config\nruncmd: [x]\n")})
+	require.NoError(t, err)
+	fleet.Sync(ctx)
+	require.NotNil(t, fleet.VM(good.ID))
+	require.Nil(t, fleet.VM(bad.ID))
+	require.Contains(t, fleet.Failed(), bad.ID)
+
+	tc, err := ca.ClientTLS()
+	require.NoError(t, err)
+	r, err := relay.Start(ctx, relay.Config{SocketPath: filepath.Join(t.TempDir(), "a.ttrpc"), Addr: net.JoinHostPort(good.IPs[0], "15150"), TLS: tc, ServerName: "podvm-a", Dial: podvmfake.DialIn(cn.NodeNS)})
+	require.NoError(t, err)
+	defer r.Close()
+	require.NoError(t, r.WaitReachable(ctx))
+	require.Equal(t, 1, fleet.VM(good.ID).Agent.Checks())
+
+	require.NoError(t, c.Kill(good.ID))
+	fleet.Sync(ctx)
+	require.Nil(t, fleet.VM(good.ID))
+	pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
+	defer pcancel()
+	require.Error(t, r.Probe(pctx), "a killed instance's VM must not answer")
+}
