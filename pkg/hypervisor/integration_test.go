@@ -169,3 +169,78 @@ func sendUntilReceived(t *testing.T, ns, dst string, rx *net.UDPConn) bool {
 	}
 	return false
 }
+
+// TestRestartServesEveryAgentAgainBeforeReady: a caa process ends with
+// sandboxes running (their VMs keep running); the next process, over the
+// same ledger, serves every agent socket again (tunnel and relay rebuilt,
+// the forwarder reached over mutual TLS) with no cloud write.
+func TestRestartServesEveryAgentAgainBeforeReady(t *testing.T) {
+	cn := podvmfake.NewCloudNetwork(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	c := cloud.New(cloud.Options{IDPrefix: "i-", KeepTerminated: time.Hour})
+	fleet := podvmfake.NewFleet(cn, c, nil)
+	defer fleet.Close()
+	go fleet.Run(ctx, 20*time.Millisecond)
+	dir, err := os.MkdirTemp("", "hvr")
+	require.NoError(t, err)
+	defer os.RemoveAll(dir)
+	cache := &onePodCache{}
+	process := func() (*sandbox.Manager, func()) {
+		led, err := ledger.Open(ledger.Options{Path: filepath.Join(dir, "ledger.db"), Node: "node-1", Cluster: "c1", Timeout: time.Second})
+		require.NoError(t, err)
+		ca, err := pki.LoadOrCreateCA(dir) // the same CA after the restart
+		require.NoError(t, err)
+		stop, halt := context.WithCancel(ctx)
+		m := sandbox.New(sandbox.Config{
+			Ledger: led, Provider: memory.New(c), Pods: cache,
+			Side:    &sandbox.PodVMSide{CA: ca, HostNetNS: cn.NodeNS, Dial: podvmfake.DialIn(cn.NodeNS)},
+			Spec:    provider.SpecConfig{DefaultType: "small", DefaultImage: "podvm"},
+			Cluster: "c1", Node: "node-1", NodeIP: cn.NodeIP.Addr().AsSlice(), SocketDir: filepath.Join(dir, "pods"),
+			Poll: 20 * time.Millisecond, StartTimeout: 30 * time.Second, Stop: stop,
+		})
+		return m, func() { halt(); m.Close(); m.Wait(); _ = led.Close() }
+	}
+	const n = 20
+	m, end := process()
+	var socks []string
+	for i := range n {
+		pod := cn.NewPod(t, netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(10 + i), 5}), 24))
+		name := "web-" + string(rune('a'+i))
+		cache.mu.Lock()
+		cache.pods = append(cache.pods, &reconcile.Pod{UID: "uid-" + name, Namespace: "shop", Name: name})
+		cache.mu.Unlock()
+		id := "r" + string(rune('a'+i)) + "00000000000000000000000000000000000000000000000000000000000000"
+		sock, err := m.CreateVM(ctx, id, map[string]string{sandbox.AnnotationSandboxName: name, sandbox.AnnotationSandboxNamespace: "shop"}, pod.NSPath)
+		require.NoError(t, err)
+		require.NoError(t, m.StartVM(ctx, id), "failed boots: %v", fleet.Failed())
+		socks = append(socks, sock)
+	}
+	end() // the process goes; its sockets with it
+	for _, s := range socks {
+		_, err := net.Dial("unix", s)
+		require.Error(t, err, "no socket is served between the processes")
+	}
+	before := c.Counters()
+
+	m, end = process()
+	defer end()
+	t0 := time.Now()
+	rep, err := m.Sync(ctx, 20*time.Second)
+	require.NoError(t, err)
+	t.Logf("%d sandboxes served again in %s", len(rep.Served), time.Since(t0))
+	require.True(t, rep.Ready(), "pending: %v", rep.Pending)
+	assert.Len(t, rep.Served, n)
+	after := c.Counters()
+	assert.Equal(t, before[cloud.OpCreate], after[cloud.OpCreate], "no create at restart")
+	assert.Equal(t, before[cloud.OpDelete], after[cloud.OpDelete], "no delete at restart")
+	for _, s := range socks {
+		conn, err := net.Dial("unix", s)
+		require.NoError(t, err)
+		cl := ttrpc.NewClient(conn)
+		st, err := agentproto.Check(ctx, cl)
+		_ = cl.Close()
+		require.NoError(t, err)
+		assert.EqualValues(t, agentproto.Serving, st)
+	}
+}
