@@ -124,6 +124,15 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 		logSync(log, rep, err)
 	}
 	ready()
+	go func() { // the history of deleted sandboxes, as pruneHistory does for pods
+		for sleepCtx(ctx, time.Hour) == nil {
+			if k, err := led.PruneSandboxHistory(time.Now().Add(-f.retention)); err != nil {
+				log.Warn("sandbox history pruning failed", "err", err)
+			} else if k > 0 {
+				log.Info("history of deleted sandboxes pruned", "sandboxes", k)
+			}
+		}
+	}()
 	m.Run(ctx, max(f.audit, 30*time.Second), func(rep sandbox.Report, err error) { report(rep, err) })
 }
 
