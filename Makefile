@@ -7,7 +7,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCH_COUNT ?= 5
 BENCH_OUT   ?= .cache/bench
 
-.PHONY: help build demo test test-unit test-integration e2e-binaries lint fmt bench bench-quick fuzz clean image static
+.PHONY: proto help build demo test test-unit test-integration e2e-binaries lint fmt bench bench-quick fuzz clean image static
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -81,6 +81,12 @@ bench-quick: ## scenarios only, for development: 1 run each, N up to 1,000, shor
 fuzz: ## run the ledger decoder fuzzers for FUZZTIME each (default 60s)
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $${FUZZTIME:-60s} ./pkg/ledger/
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEvent$$' -fuzztime $${FUZZTIME:-60s} ./pkg/ledger/
+
+proto: ## regenerate pkg/hypervisor/hypervisorpb from its .proto (needs protoc; the output is committed, so builds and CI do not)
+	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+	$(GO) install github.com/containerd/ttrpc/cmd/protoc-gen-go-ttrpc@v1.2.10
+	cd pkg/hypervisor/hypervisorpb && PATH="$$($(GO) env GOPATH)/bin:$$PATH" protoc --proto_path=. \
+		--go_out=. --go_opt=paths=source_relative --go-ttrpc_out=. --go-ttrpc_opt=paths=source_relative hypervisor.proto
 
 clean: ## remove build and bench output
 	rm -rf bin .cache

@@ -353,7 +353,14 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 		},
 	}
 	loopDone := make(chan struct{})
-	go func() { defer close(loopDone); loop.Run(sessCtx) }()
+	go func() {
+		defer close(loopDone)
+		if f.hv.socket != "" { // only kata's StartVM creates VMs (hypervisor.go)
+			n.runSandboxes(sessCtx, led, exec.Writes, exec.Reads, func() { convergedOnce.Do(func() { close(converged) }) })
+			return
+		}
+		loop.Run(sessCtx)
+	}()
 	acting := time.Now() // the node has a reconciler again from here
 
 	// stopWork stops new work, lets calls in flight finish within the

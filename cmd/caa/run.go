@@ -74,6 +74,8 @@ type runFlags struct {
 	// flags is the command's flag set, which the preflight's fingerprint
 	// reads the cloud's settings from.
 	flags *pflag.FlagSet
+	// hv is the remote hypervisor mode (hypervisor.go).
+	hv hypervisorFlags
 }
 
 func envOr(key, def string) string {
@@ -117,6 +119,7 @@ func newRunCommand() *cobra.Command {
 	}
 	addRunFlags(cmd, f)
 	fs := cmd.Flags()
+	f.hv.add(fs)
 	fs.BoolVar(&f.handover, "handover", envOr("CAA_HANDOVER", "true") == "true",
 		"ask a caa already running on this ledger to hand it over (a surge update); false: wait for its file lock instead (env CAA_HANDOVER)")
 	addHandoverFlags(cmd, f)
@@ -199,6 +202,9 @@ func (f *runFlags) check() error {
 		errs = append(errs, errors.New("--audit-interval must be 0 (startup only) or positive"))
 	}
 	if _, err := parseTypes(f.instanceTypes); err != nil {
+		errs = append(errs, err)
+	}
+	if err := f.hv.check(); err != nil {
 		errs = append(errs, err)
 	}
 	if _, err := newLogger(io.Discard, f.logFormat, f.logLevel); err != nil {

@@ -26,6 +26,8 @@
 //	      │                until PruneDeleted finds it older than the retention
 //	      └── <seq>        uint64 big-endian -> event value (codec.go); the
 //	                       oldest entries are dropped past the per-pod limit
+//	sandboxes, sandboxHistory  the kata sandboxes of the remote hypervisor
+//	                       mode, keyed by sandbox id (schema 2; sandbox.go)
 //
 // Every write is one bbolt read-write transaction with fsync on, so it is
 // durable when the call returns (invariant I2 rests on this). Writes to a

@@ -26,6 +26,7 @@ type migration struct {
 // test fails when an entry has no test of its own (migrations_test.go).
 var migrations = append([]migration{
 	{To: 1, Name: "initial-layout", Run: migrateInitialLayout, Breaking: true},
+	{To: 2, Name: "sandboxes", Run: migrateSandboxes}, // sandbox.go
 }, buildMigrations()...)
 
 // currentSchema is the layout this build reads and writes.

@@ -17,6 +17,7 @@ import (
 // migration without an entry here fails TestEveryMigrationHasATest.
 var migrationTests = map[string]func(t *testing.T){
 	"initial-layout": testMigrationInitialLayout,
+	"sandboxes":      testMigrationSandboxes,
 }
 
 func TestEveryMigrationHasATest(t *testing.T) {

@@ -19,7 +19,7 @@ const tagV2Test = 1000
 var bucketV2Test = []byte("v2test")
 
 func buildMigrations() []migration {
-	return []migration{{To: 2, Name: "test-only-v2-bucket", Run: func(tx *bolt.Tx) error {
+	return []migration{{To: 3, Name: "test-only-v2-bucket", Run: func(tx *bolt.Tx) error {
 		if _, err := tx.CreateBucketIfNotExists(bucketV2Test); err != nil {
 			return fmt.Errorf("create bucket %s: %w", bucketV2Test, err)
 		}

@@ -35,7 +35,7 @@ func schemaOf(t *testing.T, path string) int {
 
 // TestRollForwardAndBack runs two real builds in turn on one ledger: this
 // caa (v1) and a test build (v2, -tags caa_ledger_v2test) that migrates the
-// ledger to schema 2 and writes a record field v1 does not know. v1 → v2 →
+// ledger one schema past the ordinary build (3) and writes a record field v1 does not know. v1 → v2 →
 // v1 → v2, each taking over from the one before: nothing is recreated or
 // deleted, new pods get their VMs, v1 uses the schema-2 file as it is, and
 // `caa ledger verify` of both builds is clean.
@@ -70,7 +70,7 @@ func TestRollForwardAndBack(t *testing.T) {
 	steps := []struct {
 		bin, label string
 		schema     int
-	}{{v2Bin, "v2", 2}, {caaBin, "v1-again", 2}, {v2Bin, "v2-again", 2}}
+	}{{v2Bin, "v2", 3}, {caaBin, "v1-again", 3}, {v2Bin, "v2-again", 3}}
 	prev := v1
 	for i, s := range steps {
 		w := writes()
@@ -93,7 +93,7 @@ func TestRollForwardAndBack(t *testing.T) {
 		}
 	}
 	prev.stop(t)
-	assert.Equal(t, 2, schemaOf(t, ledgerPath), "no version migrated the file down")
+	assert.Equal(t, 3, schemaOf(t, ledgerPath), "no version migrated the file down")
 	for _, bin := range []string{caaBin, v2Bin} {
 		out := runBin(t, bin, "ledger", "verify", "--ledger", ledgerPath)
 		assert.True(t, strings.Contains(out, "ok"), "%s ledger verify: %s", bin, out)

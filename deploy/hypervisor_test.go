@@ -1,0 +1,46 @@
+package deploy_test
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	corev1 "k8s.io/api/core/v1"
+)
+
+// TestKataRemoteHypervisorComponent renders overlays/aws with
+// components/kata-remote-hypervisor and checks what the remote hypervisor
+// mode needs: the socket flag's variable, the node's IP, the hostPaths kata
+// shares with caa, host networking and the two capabilities of the tunnel.
+func TestKataRemoteHypervisorComponent(t *testing.T) {
+	needBinaries(t)
+	bin := kubectl(t)
+	with := manifests{name: "aws+kata", all: decode(t, withComponent(t, bin, "overlays/aws", "components/kata-remote-hypervisor"))}
+	ds := with.daemonSet(t)
+	spec := ds.Spec.Template.Spec
+	c := container(t, ds)
+	assert.True(t, spec.HostNetwork)
+	env := map[string]corev1.EnvVar{}
+	for _, e := range c.Env {
+		env[e.Name] = e
+	}
+	assert.Equal(t, "/run/peerpod/hypervisor.sock", env["CAA_HYPERVISOR_SOCKET"].Value)
+	require.NotNil(t, env["NODE_IP"].ValueFrom)
+	assert.Equal(t, "status.hostIP", env["NODE_IP"].ValueFrom.FieldRef.FieldPath)
+	assert.ElementsMatch(t, []corev1.Capability{"NET_ADMIN", "SYS_ADMIN"}, c.SecurityContext.Capabilities.Add)
+	mounts := map[string]string{}
+	for _, m := range c.VolumeMounts {
+		mounts[m.Name] = m.MountPath
+	}
+	assert.Equal(t, "/run/peerpod", mounts["peerpod"])
+	assert.Equal(t, "/run/netns", mounts["netns"])
+	assert.Equal(t, "/var/lib/caa", mounts["ledger"], "the ledger stays where it was")
+	paths := map[string]string{}
+	for _, v := range spec.Volumes {
+		if v.HostPath != nil {
+			paths[v.Name] = v.HostPath.Path
+		}
+	}
+	assert.Equal(t, "/run/peerpod", paths["peerpod"])
+	assert.Equal(t, "/run/netns", paths["netns"])
+}

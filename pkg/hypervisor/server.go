@@ -1,0 +1,168 @@
+// Package hypervisor serves kata's remote hypervisor API (ttrpc on a unix
+// socket) and hands each call to the sandbox lifecycle.
+//
+// Both kata shims (the Go runtime and runtime-rs) call the ttrpc service
+// "hypervisor.Hypervisor" (see hypervisorpb/hypervisor.proto), so one
+// registration serves both. The Go shim opens a new connection per call;
+// it waits for StartVM up to remote_hypervisor_timeout (600 s by default),
+// and runtime-rs gives StopVM about one second.
+package hypervisor
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+
+	"github.com/containerd/ttrpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+
+	"github.com/caa-project/caa/pkg/hypervisor/hypervisorpb"
+	"github.com/caa-project/caa/pkg/sandbox"
+)
+
+// DefaultSocket is kata's default remote_hypervisor_socket.
+const DefaultSocket = "/run/peerpod/hypervisor.sock"
+
+// Lifecycle is what the service asks of the sandboxes (sandbox.Manager).
+type Lifecycle interface {
+	CreateVM(ctx context.Context, id string, annotations map[string]string, netns string) (string, error)
+	StartVM(ctx context.Context, id string) error
+	StopVM(ctx context.Context, id string) error
+}
+
+// Service implements hypervisorpb.HypervisorService.
+type Service struct {
+	Sandboxes Lifecycle
+	// CaaVersion answers the Version call.
+	CaaVersion string
+	Log        *slog.Logger
+}
+
+var _ hypervisorpb.HypervisorService = (*Service)(nil)
+
+// CreateVM records the sandbox and returns its agent socket path.
+func (s *Service) CreateVM(ctx context.Context, req *hypervisorpb.CreateVMRequest) (*hypervisorpb.CreateVMResponse, error) {
+	path, err := s.Sandboxes.CreateVM(ctx, req.GetId(), req.GetAnnotations(), req.GetNetworkNamespacePath())
+	if err != nil {
+		return nil, s.fail("CreateVM", req.GetId(), err)
+	}
+	return &hypervisorpb.CreateVMResponse{AgentSocketPath: path}, nil
+}
+
+// StartVM boots the sandbox's VM and returns once its agent is reachable.
+func (s *Service) StartVM(ctx context.Context, req *hypervisorpb.StartVMRequest) (*hypervisorpb.StartVMResponse, error) {
+	t0 := time.Now()
+	if err := s.Sandboxes.StartVM(ctx, req.GetId()); err != nil {
+		return nil, s.fail("StartVM", req.GetId(), err)
+	}
+	s.log().Info("StartVM done", "sandbox", req.GetId(), "took", time.Since(t0).Round(time.Millisecond))
+	return &hypervisorpb.StartVMResponse{}, nil
+}
+
+// StopVM stops the sandbox; its VM is deleted in the background.
+func (s *Service) StopVM(ctx context.Context, req *hypervisorpb.StopVMRequest) (*hypervisorpb.StopVMResponse, error) {
+	if err := s.Sandboxes.StopVM(ctx, req.GetId()); err != nil {
+		return nil, s.fail("StopVM", req.GetId(), err)
+	}
+	return &hypervisorpb.StopVMResponse{}, nil
+}
+
+// Version answers with caa's version.
+func (s *Service) Version(context.Context, *hypervisorpb.VersionRequest) (*hypervisorpb.VersionResponse, error) {
+	return &hypervisorpb.VersionResponse{Version: s.CaaVersion}, nil
+}
+
+// fail logs a refused call and turns err into a ttrpc status whose code
+// says what the shim can do about it.
+func (s *Service) fail(call, id string, err error) error {
+	code := Code(err)
+	s.log().Warn(call+" refused", "sandbox", id, "code", code.String(), "err", err)
+	return status.Error(code, err.Error())
+}
+
+// Code maps a lifecycle error to a status code.
+func Code(err error) codes.Code {
+	switch {
+	case errors.Is(err, sandbox.ErrInvalid):
+		return codes.InvalidArgument
+	case errors.Is(err, sandbox.ErrUnknownSandbox):
+		return codes.NotFound
+	case errors.Is(err, sandbox.ErrNotStartable):
+		return codes.FailedPrecondition
+	case errors.Is(err, sandbox.ErrStopping):
+		return codes.Unavailable
+	case errors.Is(err, context.DeadlineExceeded):
+		return codes.DeadlineExceeded
+	case errors.Is(err, context.Canceled):
+		return codes.Canceled
+	}
+	return codes.Internal
+}
+
+func (s *Service) log() *slog.Logger {
+	if s.Log != nil {
+		return s.Log
+	}
+	return slog.New(slog.DiscardHandler)
+}
+
+// Listen opens the service's unix socket at path (0600 in a 0700
+// directory made if missing), replacing a stale socket file that no
+// process serves (a restart after SIGKILL). A socket another process still
+// serves is refused.
+func Listen(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("hypervisor socket %s: %w", path, err)
+	}
+	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+		_ = c.Close()
+		return nil, fmt.Errorf("hypervisor socket %s: another process serves it", path)
+	}
+	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("hypervisor socket %s: remove the stale file: %w", path, err)
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("hypervisor socket %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		_ = ln.Close()
+		return nil, fmt.Errorf("hypervisor socket %s: %w", path, err)
+	}
+	return ln, nil
+}
+
+// Serve serves svc on ln until ctx is done; it then stops taking calls
+// and closes the listener (calls in flight end with their connection).
+func Serve(ctx context.Context, ln net.Listener, svc *Service) error {
+	srv, err := ttrpc.NewServer()
+	if err != nil {
+		return fmt.Errorf("ttrpc server: %w", err)
+	}
+	hypervisorpb.RegisterHypervisorService(srv, svc)
+	done := make(chan struct{})
+	defer close(done)
+	go func() {
+		select {
+		case <-ctx.Done():
+		case <-done:
+			return
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := srv.Shutdown(sctx); err != nil {
+			_ = srv.Close()
+		}
+	}()
+	err = srv.Serve(ctx, ln)
+	if ctx.Err() != nil || errors.Is(err, ttrpc.ErrServerClosed) {
+		return nil
+	}
+	return err
+}

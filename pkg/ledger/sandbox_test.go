@@ -1,0 +1,155 @@
+package ledger
+
+import (
+	"encoding/binary"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
+)
+
+func sandboxRecord(id string) Sandbox {
+	return Sandbox{
+		ID: id, PodUID: "uid-" + id, Namespace: "default", Name: "pod-" + id,
+		NetNS: "/var/run/netns/cni-" + id, Phase: SandboxCreated,
+	}
+}
+
+func TestSandboxRoundTripKeepsEveryField(t *testing.T) {
+	l, _ := newTestLedger(t)
+	s := sandboxRecord("sb1")
+	s.Provider, s.VMID, s.VMName, s.Key = "aws", "i-1", "podvm-x", "sb-key-a1"
+	s.InstanceType, s.Image, s.IPs = "t3.small", "ami-1", []string{"10.0.0.7"}
+	s.AgentSocket, s.RelayAddr = "/run/peerpod/pods/sb1/agent.ttrpc", "10.0.0.7:15150"
+	s.Tunnel = Tunnel{VXLANID: 555001, Port: 4789, LocalIP: "10.0.0.2", RemoteIP: "10.0.0.7"}
+	s.CertSerials = []string{"0a1b", "0c2d"}
+	s.Phase, s.Reason, s.Message, s.Attempt = SandboxRunning, "Started", "agent reachable", 2
+	stored, err := l.PutSandbox(s)
+	require.NoError(t, err)
+	got, err := l.GetSandbox("sb1")
+	require.NoError(t, err)
+	assert.Equal(t, stored, got)
+	assert.Equal(t, testNode, got.Node)
+	assert.Equal(t, uint64(1), got.Revision)
+
+	// A field a newer caa wrote survives this caa's update.
+	got.unknown = appendString(nil, 900, "from a newer caa")
+	got.Phase = SandboxDeleting
+	again, err := l.PutSandbox(got)
+	require.NoError(t, err)
+	back, err := l.GetSandbox("sb1")
+	require.NoError(t, err)
+	assert.True(t, hasField(back.unknown, 900))
+	assert.Equal(t, again.Revision, back.Revision)
+}
+
+func TestSandboxCompareAndSetAndOneVMOneSandbox(t *testing.T) {
+	l, _ := newTestLedger(t)
+	a, err := l.PutSandbox(sandboxRecord("a"))
+	require.NoError(t, err)
+	_, err = l.PutSandbox(sandboxRecord("a"))
+	require.ErrorIs(t, err, ErrAlreadyExists)
+	stale := a
+	a.Phase = SandboxCreating
+	_, err = l.PutSandbox(a)
+	require.NoError(t, err)
+	_, err = l.PutSandbox(stale)
+	require.ErrorIs(t, err, ErrConflict, "a stale revision loses")
+
+	b := sandboxRecord("b")
+	b.Provider, b.VMID = "aws", "i-9"
+	_, err = l.PutSandbox(b)
+	require.NoError(t, err)
+	c := sandboxRecord("c")
+	c.Provider, c.VMID = "aws", "i-9"
+	_, err = l.PutSandbox(c)
+	require.ErrorIs(t, err, ErrConflict, "one VM belongs to one sandbox")
+
+	bad := sandboxRecord("d")
+	bad.Phase = "Sleeping"
+	_, err = l.PutSandbox(bad)
+	require.ErrorIs(t, err, ErrInvalid)
+}
+
+func TestSandboxDeleteKeepsHistoryAndPruneDropsIt(t *testing.T) {
+	l, clock := newTestLedger(t)
+	s, err := l.PutSandbox(sandboxRecord("sb"))
+	require.NoError(t, err)
+	s.Phase = SandboxDeleting
+	s, err = l.PutSandbox(s)
+	require.NoError(t, err)
+	require.ErrorIs(t, l.DeleteSandbox("sb", s.Revision-1), ErrConflict)
+	require.NoError(t, l.DeleteSandbox("sb", s.Revision))
+	_, err = l.GetSandbox("sb")
+	require.ErrorIs(t, err, ErrNotFound)
+	hist, err := l.SandboxHistory("sb")
+	require.NoError(t, err)
+	require.Len(t, hist, 3)
+	assert.Equal(t, []Action{ActionCreated, ActionUpdated, ActionDeleted}, []Action{hist[0].Action, hist[1].Action, hist[2].Action})
+
+	live, err := l.PutSandbox(sandboxRecord("live"))
+	require.NoError(t, err)
+	n, err := l.PruneSandboxHistory(clock.Now().Add(-time.Hour))
+	require.NoError(t, err)
+	assert.Zero(t, n, "history newer than the cut stays")
+	clock.Advance(48 * time.Hour)
+	n, err = l.PruneSandboxHistory(clock.Now().Add(-time.Hour))
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "only the deleted sandbox's history goes")
+	_, err = l.SandboxHistory("sb")
+	require.ErrorIs(t, err, ErrNotFound)
+	_, err = l.SandboxHistory(live.ID)
+	require.NoError(t, err, "a live sandbox keeps its history however old")
+}
+
+func TestDecodeSandboxNeverPanics(t *testing.T) {
+	good := encodeSandbox(sandboxRecord("x"))
+	for i := range good {
+		_, _ = decodeSandbox(good[:i])
+	}
+	_, err := decodeSandbox([]byte{9})
+	assert.Error(t, err)
+}
+
+// testMigrationSandboxes: a schema-1 file holding today's pod records
+// opens under this build, gains the sandbox buckets, keeps every record
+// byte for byte, and takes sandboxes.
+func testMigrationSandboxes(t *testing.T) {
+	clock := newClock()
+	opts := testOptions(t, clock)
+	l := openLedger(t, opts)
+	r := mustPut(t, l, withVM(podRecord("uid-1"), "i-1"))
+	require.NoError(t, l.Close())
+	// Take the file back to what a schema-1 caa wrote.
+	var before []byte
+	rawUpdate(t, opts.Path, func(tx *bolt.Tx) error {
+		for _, b := range [][]byte{bucketSandboxes, bucketSandboxHistory} {
+			require.NoError(t, tx.DeleteBucket(b))
+		}
+		before = append([]byte(nil), tx.Bucket(bucketRecords).Get([]byte(r.PodUID))...)
+		return tx.Bucket(bucketMeta).Put(keySchema, binary.BigEndian.AppendUint32(nil, 1))
+	})
+	rawView(t, opts.Path, func(tx *bolt.Tx) error {
+		assert.Nil(t, tx.Bucket(bucketSandboxes))
+		return nil
+	})
+
+	l2 := openLedger(t, opts)
+	assert.Equal(t, 2, l2.Meta().SchemaVersion)
+	got, err := l2.Get(r.PodUID)
+	require.NoError(t, err)
+	assert.Equal(t, r, got, "today's records are untouched")
+	_, err = l2.PutSandbox(sandboxRecord("sb"))
+	require.NoError(t, err)
+	list, err := l2.ListSandboxes()
+	require.NoError(t, err)
+	assert.Len(t, list, 1)
+	require.NoError(t, l2.Close())
+	rawView(t, opts.Path, func(tx *bolt.Tx) error {
+		assert.Equal(t, before, tx.Bucket(bucketRecords).Get([]byte(r.PodUID)))
+		assert.Equal(t, 1, int(binary.BigEndian.Uint32(tx.Bucket(bucketMeta).Get(keyCompat))), "additive: compat stays at 1, an older caa still opens the file")
+		return nil
+	})
+}

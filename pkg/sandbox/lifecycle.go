@@ -1,0 +1,609 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"net"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/caa-project/caa/pkg/ledger"
+	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/pkg/reconcile"
+)
+
+// CreateVM records sandbox id of the pod the annotations name and returns
+// the agent socket path it will be served on. It makes no cloud call. A
+// repeated CreateVM for the same sandbox and pod answers the same path.
+func (m *Manager) CreateVM(ctx context.Context, id string, annotations map[string]string, netns string) (string, error) {
+	if m.stopping() {
+		return "", ErrStopping
+	}
+	if err := checkID(id); err != nil {
+		return "", err
+	}
+	ns, name := annotations[AnnotationSandboxNamespace], annotations[AnnotationSandboxName]
+	if ns == "" || name == "" {
+		return "", fmt.Errorf("%w: sandbox %s: the annotations %s and %s must name the pod (kata's shim sends them from the CRI)",
+			ErrInvalid, id, AnnotationSandboxNamespace, AnnotationSandboxName)
+	}
+	initData := annotations[AnnotationInitData]
+	if len(initData) > MaxInitData {
+		return "", fmt.Errorf("%w: sandbox %s: annotation %s is %d bytes, the limit is %d (it travels in the VM's user data)",
+			ErrInvalid, id, AnnotationInitData, len(initData), MaxInitData)
+	}
+	sel, err := m.cfg.Spec.Select(settings(annotations))
+	if err != nil {
+		return "", fmt.Errorf("%w: sandbox %s of pod %s/%s: %w", ErrInvalid, id, ns, name, err)
+	}
+	if old, err := m.cfg.Ledger.GetSandbox(id); err == nil {
+		if old.Namespace != ns || old.Name != name {
+			return "", fmt.Errorf("%w: sandbox %s is recorded for pod %s, not %s/%s", ErrInvalid, id, old.PodRef(), ns, name)
+		}
+		m.keep(id, initData)
+		return old.AgentSocket, nil
+	} else if !errors.Is(err, ledger.ErrNotFound) {
+		return "", fmt.Errorf("read sandbox %s: %w", id, err)
+	}
+	pod, err := m.waitPod(ctx, ns, name)
+	if err != nil {
+		return "", fmt.Errorf("sandbox %s: %w", id, err)
+	}
+
+	m.mu.Lock() // one VXLAN id per live sandbox on this node
+	defer m.mu.Unlock()
+	vxlan, err := m.freeVXLAN()
+	if err != nil {
+		return "", err
+	}
+	s := ledger.Sandbox{
+		ID: id, PodUID: pod.UID, Namespace: ns, Name: name, NetNS: netns,
+		Provider: m.cfg.Provider.Name(), InstanceType: sel.InstanceType, Image: sel.Image,
+		AgentSocket: m.SocketPath(id), Phase: ledger.SandboxCreated, Reason: "CreateVM",
+		Tunnel: ledger.Tunnel{VXLANID: vxlan, Port: VXLANPort, LocalIP: ipString(m.cfg.NodeIP)},
+	}
+	if _, err := m.cfg.Ledger.PutSandbox(s); err != nil {
+		return "", fmt.Errorf("record sandbox %s: %w", id, err)
+	}
+	m.keepLocked(id, initData)
+	m.cfg.Log.Info("sandbox recorded", "sandbox", id, "pod", s.PodRef(), "podUID", pod.UID, "type", sel.InstanceType, "image", sel.Image)
+	return s.AgentSocket, nil
+}
+
+// settings are the shim's hypervisor annotations that choose a VM, without
+// the empty or zero values the shim sends for settings it does not have.
+func settings(annotations map[string]string) map[string]string {
+	out := maps.Clone(annotations)
+	for k, v := range out {
+		if strings.TrimSpace(v) == "" || (v == "0" && (k == provider.AnnotationVCPUs || k == provider.AnnotationMemory)) {
+			delete(out, k)
+		}
+	}
+	return out
+}
+
+func (m *Manager) keep(id, initData string) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.keepLocked(id, initData)
+}
+
+func (m *Manager) keepLocked(id, initData string) {
+	l := m.live[id]
+	if l == nil {
+		l = &live{}
+		m.live[id] = l
+	}
+	l.initData = initData
+}
+
+// freeVXLAN is the lowest VXLAN id no recorded sandbox uses. Caller holds mu.
+func (m *Manager) freeVXLAN() (int, error) {
+	all, err := m.cfg.Ledger.ListSandboxes()
+	if err != nil {
+		return 0, fmt.Errorf("read sandboxes: %w", err)
+	}
+	used := map[int]bool{}
+	for _, s := range all {
+		used[s.Tunnel.VXLANID] = true
+	}
+	for id := VXLANIDBase; ; id++ {
+		if !used[id] {
+			return id, nil
+		}
+	}
+}
+
+// waitPod finds the pod in the node's pod cache, waiting up to PodWait for
+// an informer that has not seen it yet.
+func (m *Manager) waitPod(ctx context.Context, ns, name string) (*reconcile.Pod, error) {
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.PodWait)
+	defer cancel()
+	poll := min(m.cfg.Poll, 100*time.Millisecond)
+	for {
+		for _, p := range m.cfg.Pods.Pods() {
+			if p.Namespace == ns && p.Name == name && !p.Terminal {
+				return p, nil
+			}
+		}
+		if err := sleep(ctx, poll); err != nil {
+			return nil, fmt.Errorf("%w: pod %s/%s is not a live pod of node %s (waited %s for the pod cache)",
+				ErrInvalid, ns, name, m.cfg.Node, m.cfg.PodWait)
+		}
+	}
+}
+
+// StartVM gives sandbox id its VM: the durable intent, the cloud create,
+// the wait for a running VM with an IP, the tunnel and the relay. It
+// returns once the relay reaches the VM's forwarder, or an error naming
+// what failed within StartTimeout.
+func (m *Manager) StartVM(ctx context.Context, id string) error {
+	if m.stopping() {
+		return ErrStopping
+	}
+	if err := checkID(id); err != nil {
+		return err
+	}
+	l, err := m.enter(ctx, id)
+	if err != nil {
+		return err
+	}
+	defer m.leave(l)
+	ctx, cancel := context.WithTimeout(ctx, m.cfg.StartTimeout)
+	defer cancel()
+	m.mu.Lock()
+	l.cancel = cancel
+	m.mu.Unlock()
+
+	s, err := m.cfg.Ledger.GetSandbox(id)
+	if errors.Is(err, ledger.ErrNotFound) {
+		return fmt.Errorf("%w: sandbox %s: StartVM needs a CreateVM first", ErrUnknownSandbox, id)
+	} else if err != nil {
+		return fmt.Errorf("read sandbox %s: %w", id, err)
+	}
+	switch s.Phase {
+	case ledger.SandboxRunning:
+		return m.serve(ctx, l, s) // a repeated StartVM: serve again if needed
+	case ledger.SandboxLost, ledger.SandboxFailed, ledger.SandboxDeleting:
+		return fmt.Errorf("%w: sandbox %s is %s (%s: %s)", ErrNotStartable, id, s.Phase, s.Reason, s.Message)
+	}
+	if pod := m.cfg.Pods.Pod(s.PodUID); pod == nil || pod.Terminal {
+		return fmt.Errorf("%w: sandbox %s: pod %s (%s) is gone or finished", ErrNotStartable, id, s.PodRef(), s.PodUID)
+	}
+	if s, err = m.intend(ctx, l, s); err != nil {
+		return err
+	}
+	if s, err = m.createVM(ctx, s); err != nil {
+		return err
+	}
+	if s, err = m.waitRunning(ctx, s); err != nil {
+		return err
+	}
+	if err := m.serve(ctx, l, s); err != nil {
+		m.note(s.ID, "AgentUnreachable", err.Error())
+		return err
+	}
+	s, err = m.update(id, func(s *ledger.Sandbox) error {
+		if s.Phase != ledger.SandboxCreating {
+			return fmt.Errorf("%w: sandbox %s turned %s during StartVM", ErrNotStartable, id, s.Phase)
+		}
+		s.Phase, s.Reason, s.Message = ledger.SandboxRunning, "Started", "VM running, agent reachable"
+		return nil
+	})
+	if err != nil {
+		m.closeRelay(id)
+		if err := m.cfg.Side.TeardownTunnel(s.NetNS, s.Tunnel); err != nil {
+			m.cfg.Log.Warn("tearing the tunnel down failed", "sandbox", id, "err", err)
+		}
+		return err
+	}
+	m.event(s, false, reconcile.EventVMCreated, fmt.Sprintf("VM %s of sandbox %s runs at %s; the agent answers", s.VMID, short(id), s.RelayAddr))
+	m.cfg.Log.Info("sandbox started", "sandbox", id, "pod", s.PodRef(), "vm", s.VMID, "ip", s.RelayAddr)
+	m.supersede(s)
+	return nil
+}
+
+// intend writes the durable intent (Creating, with the attempt's key and
+// the serial of the certificate the user data carries) and returns the
+// record; the user data itself stays in memory (I7).
+func (m *Manager) intend(ctx context.Context, l *live, s ledger.Sandbox) (ledger.Sandbox, error) {
+	if s.Phase == ledger.SandboxCreated {
+		s.Attempt++
+		s.Key = Key(s.ID, s.Attempt)
+		s.VMName = VMName(s.Name, s.ID)
+	}
+	// A Creating record is a StartVM cut short (a crash, a shim's retry):
+	// the same key makes the cloud return the VM already made, if any.
+	m.mu.Lock()
+	initData := l.initData
+	m.mu.Unlock()
+	if initData == "" {
+		if pod := m.cfg.Pods.Pod(s.PodUID); pod != nil {
+			initData = pod.Annotations[AnnotationInitData]
+		}
+	}
+	data, serial, err := m.cfg.Side.UserData(ctx, UserDataInput{Sandbox: s, Tunnel: s.Tunnel, InitData: initData})
+	if err != nil {
+		m.fail(s.ID, "UserData", err)
+		return s, fmt.Errorf("%w: sandbox %s: build the VM's user data: %w", ErrNotStartable, s.ID, err)
+	}
+	l.pendingUserData(data)
+	s.Phase, s.Reason, s.Message = ledger.SandboxCreating, "StartVM", "creating the VM"
+	s.CertSerials = append(s.CertSerials, serial)
+	stored, err := m.cfg.Ledger.PutSandbox(s)
+	if err != nil {
+		return s, fmt.Errorf("record the intent of sandbox %s: %w", s.ID, err)
+	}
+	return stored, nil
+}
+
+func (l *live) pendingUserData(b []byte) { l.userData = b }
+
+// createVM sends the create (idempotent by the record's key) and records
+// the VM. The call runs on its own context, bounded by CallTimeout: a
+// StopVM that cancels the StartVM must still learn which VM was made.
+func (m *Manager) createVM(ctx context.Context, s ledger.Sandbox) (ledger.Sandbox, error) {
+	if err := m.take(ctx, m.cfg.Writes); err != nil {
+		return s, err
+	}
+	l := m.liveOf(s.ID)
+	spec := provider.Spec{
+		Key: s.Key, Cluster: m.cfg.Cluster, Node: m.cfg.Node, PodUID: s.PodUID, PodNamespace: s.Namespace, PodName: s.Name,
+		InstanceType: s.InstanceType, Image: s.Image, UserData: l.userData,
+		ExtraTags: map[string]string{TagSandbox: s.ID},
+	}
+	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.CallTimeout)
+	vm, err := m.cfg.Provider.Create(callCtx, spec)
+	cancel()
+	l.userData = nil
+	if err != nil {
+		if errors.Is(err, provider.ErrInvalidSpec) || errors.Is(err, provider.ErrAuth) {
+			m.fail(s.ID, "CreateFailed", err)
+			return s, fmt.Errorf("%w: sandbox %s: the cloud refused its VM: %w", ErrNotStartable, s.ID, err)
+		}
+		m.note(s.ID, "CreateFailed", err.Error())
+		return s, fmt.Errorf("sandbox %s: create its VM: %w", s.ID, err)
+	}
+	s, err = m.update(s.ID, func(r *ledger.Sandbox) error {
+		r.VMID, r.IPs = vm.ID, vm.IPs
+		if r.Phase == ledger.SandboxCreating {
+			r.Message = "VM created, waiting for it to run"
+		}
+		return nil
+	})
+	if err != nil {
+		return s, fmt.Errorf("record VM %s of sandbox %s: %w", vm.ID, s.ID, err)
+	}
+	if s.Phase != ledger.SandboxCreating {
+		return s, fmt.Errorf("%w: sandbox %s turned %s during StartVM", ErrNotStartable, s.ID, s.Phase)
+	}
+	m.cfg.Log.Info("sandbox VM created", "sandbox", s.ID, "pod", s.PodRef(), "vm", vm.ID, "key", s.Key)
+	return s, nil
+}
+
+// waitRunning polls the VM until it runs with an IP.
+func (m *Manager) waitRunning(ctx context.Context, s ledger.Sandbox) (ledger.Sandbox, error) {
+	for {
+		if err := m.take(ctx, m.cfg.Reads); err != nil {
+			return s, m.startErr(s, "wait for the VM to run", err)
+		}
+		callCtx, cancel := context.WithTimeout(ctx, m.cfg.CallTimeout)
+		vm, err := m.cfg.Provider.Get(callCtx, s.VMID)
+		cancel()
+		switch {
+		case err == nil && vm.State == provider.StateRunning && len(vm.IPs) > 0:
+			ip := vm.IPs[0]
+			return m.update(s.ID, func(r *ledger.Sandbox) error {
+				if r.Phase != ledger.SandboxCreating {
+					return fmt.Errorf("%w: sandbox %s turned %s during StartVM", ErrNotStartable, s.ID, r.Phase)
+				}
+				r.IPs = vm.IPs
+				r.RelayAddr = net.JoinHostPort(ip, strconv.Itoa(ForwarderPort))
+				r.Tunnel.RemoteIP = ip
+				r.Message = "VM running, connecting to its agent"
+				return nil
+			})
+		case err == nil && (vm.State.Dead() || vm.State.Gone()):
+			m.note(s.ID, "VMDied", fmt.Sprintf("VM %s went %s while booting", s.VMID, vm.State))
+			return s, fmt.Errorf("%w: sandbox %s: VM %s went %s while booting", ErrNotStartable, s.ID, s.VMID, vm.State)
+		case err != nil && !errors.Is(err, provider.ErrNotFound):
+			m.cfg.Log.Warn("reading a booting VM failed; trying again", "sandbox", s.ID, "vm", s.VMID, "err", err)
+		}
+		if err := sleep(ctx, m.cfg.Poll); err != nil {
+			return s, m.startErr(s, "wait for the VM to run", err)
+		}
+	}
+}
+
+// serve starts the sandbox's tunnel and relay (again, after a restart) and
+// waits for the forwarder to answer.
+func (m *Manager) serve(ctx context.Context, l *live, s ledger.Sandbox) error {
+	if err := m.cfg.Side.SetupTunnel(s.NetNS, s.Tunnel); err != nil {
+		return fmt.Errorf("sandbox %s: set up the pod network tunnel: %w", s.ID, err)
+	}
+	m.mu.Lock()
+	r := l.relay
+	m.mu.Unlock()
+	if r == nil {
+		var err error
+		if r, err = m.cfg.Side.StartRelay(context.WithoutCancel(ctx), s.AgentSocket, s.RelayAddr, s.VMName); err != nil {
+			return fmt.Errorf("sandbox %s: serve the agent socket %s: %w", s.ID, s.AgentSocket, err)
+		}
+		m.mu.Lock()
+		l.relay = r
+		m.mu.Unlock()
+	}
+	if err := r.WaitReachable(ctx); err != nil {
+		return m.startErr(s, "reach the agent's forwarder at "+s.RelayAddr, err)
+	}
+	m.mu.Lock()
+	l.reachable = l.relay == r
+	m.mu.Unlock()
+	return nil
+}
+
+func (m *Manager) startErr(s ledger.Sandbox, what string, err error) error {
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("sandbox %s: %s: not done within %s: %w", s.ID, what, m.cfg.StartTimeout, err)
+	}
+	return fmt.Errorf("sandbox %s: %s: %w", s.ID, what, err)
+}
+
+// fail marks a sandbox that has no VM as Failed, for good.
+func (m *Manager) fail(id, reason string, cause error) {
+	s, err := m.update(id, func(s *ledger.Sandbox) error {
+		if s.Phase != ledger.SandboxCreated && s.Phase != ledger.SandboxCreating {
+			return errSkip
+		}
+		if s.VMID == "" {
+			s.Phase = ledger.SandboxFailed
+		}
+		s.Reason, s.Message = reason, cause.Error()
+		return nil
+	})
+	if err == nil {
+		m.event(s, true, reconcile.EventCreateFailed, fmt.Sprintf("sandbox %s: %s", short(id), cause))
+	}
+}
+
+// note records why a StartVM stopped short, the phase unchanged.
+func (m *Manager) note(id, reason, msg string) {
+	_, _ = m.update(id, func(s *ledger.Sandbox) error {
+		if s.Phase != ledger.SandboxCreating {
+			return errSkip
+		}
+		s.Reason, s.Message = reason, msg
+		return nil
+	})
+}
+
+var errSkip = errors.New("nothing to change")
+
+func (m *Manager) liveOf(id string) *live {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	l := m.live[id]
+	if l == nil {
+		l = &live{}
+		m.live[id] = l
+	}
+	return l
+}
+
+func (m *Manager) closeRelay(id string) {
+	m.mu.Lock()
+	l := m.live[id]
+	var r Relay
+	if l != nil {
+		r, l.relay, l.reachable = l.relay, nil, false
+	}
+	m.mu.Unlock()
+	if r != nil {
+		if err := r.Close(); err != nil {
+			m.cfg.Log.Warn("closing an agent relay failed", "sandbox", id, "err", err)
+		}
+	}
+}
+
+// StopVM answers fast: the sandbox turns Deleting durably, its relay and
+// tunnel go, and the VM is deleted in the background.
+func (m *Manager) StopVM(ctx context.Context, id string) error {
+	if err := checkID(id); err != nil {
+		return err
+	}
+	if _, err := m.cfg.Ledger.GetSandbox(id); errors.Is(err, ledger.ErrNotFound) {
+		return fmt.Errorf("%w: sandbox %s (already stopped, or never created on this node)", ErrUnknownSandbox, id)
+	}
+	m.mu.Lock()
+	if l := m.live[id]; l != nil && l.cancel != nil {
+		l.cancel() // a StartVM in flight gives up its waits
+	}
+	m.mu.Unlock()
+	// No turn is taken: a create in flight may take minutes, and kata gives
+	// StopVM about a second. The StartVM sees Deleting at its next write
+	// and stops; the background delete waits for it.
+	s, err := m.retire(id, "StopVM", "kata stopped the sandbox")
+	if err != nil {
+		return err
+	}
+	m.cfg.Log.Info("sandbox stopping", "sandbox", id, "pod", s.PodRef(), "vm", s.VMID)
+	return nil
+}
+
+// retire turns a sandbox Deleting (positive evidence: StopVM, its pod gone,
+// a newer sandbox), stops its relay and tunnel, and deletes its VM in the
+// background. The record goes once the VM is gone; its history stays.
+func (m *Manager) retire(id, reason, msg string) (ledger.Sandbox, error) {
+	s, err := m.update(id, func(s *ledger.Sandbox) error {
+		if s.Phase == ledger.SandboxDeleting {
+			return errSkip
+		}
+		s.Phase, s.Reason, s.Message = ledger.SandboxDeleting, reason, msg
+		return nil
+	})
+	if errors.Is(err, errSkip) {
+		err = nil
+	}
+	if err != nil {
+		return s, fmt.Errorf("record that sandbox %s is stopping: %w", id, err)
+	}
+	m.closeRelay(id)
+	if err := m.cfg.Side.TeardownTunnel(s.NetNS, s.Tunnel); err != nil {
+		m.cfg.Log.Warn("tearing the tunnel down failed", "sandbox", id, "err", err)
+	}
+	m.deleteLater(id)
+	return s, nil
+}
+
+// supersede retires the older sandboxes of s's pod: the kubelet started s
+// because they are over, and s now runs.
+func (m *Manager) supersede(s ledger.Sandbox) {
+	all, err := m.cfg.Ledger.ListSandboxes()
+	if err != nil {
+		m.cfg.Log.Warn("listing sandboxes failed", "err", err)
+	}
+	for _, o := range all {
+		if o.ID == s.ID || o.PodUID != s.PodUID || o.Phase == ledger.SandboxDeleting || !o.CreatedAt.Before(s.CreatedAt) {
+			continue
+		}
+		if _, err := m.retire(o.ID, "Superseded", "sandbox "+short(s.ID)+" of the same pod runs"); err != nil {
+			m.cfg.Log.Warn("retiring a superseded sandbox failed", "sandbox", o.ID, "err", err)
+		}
+	}
+}
+
+// deleteLater deletes a Deleting sandbox's VM and then its record, in the
+// background, retrying until it is done or Stop.
+func (m *Manager) deleteLater(id string) {
+	l := m.liveOf(id)
+	m.mu.Lock()
+	if l.deleting {
+		m.mu.Unlock()
+		return
+	}
+	l.deleting = true
+	m.mu.Unlock()
+	m.bg.Add(1)
+	go func() {
+		defer m.bg.Done()
+		defer func() {
+			m.mu.Lock()
+			l.deleting = false
+			m.mu.Unlock()
+		}()
+		backoff := m.cfg.Poll
+		for !m.stopping() {
+			done, err := m.deleteNow(id)
+			if done {
+				return
+			}
+			m.cfg.Log.Warn("deleting a stopped sandbox's VM failed; trying again", "sandbox", id, "retryIn", backoff, "err", err)
+			ctx := m.cfg.Stop
+			if ctx == nil {
+				ctx = context.Background()
+			}
+			if sleep(ctx, backoff) != nil {
+				return
+			}
+			backoff = min(2*backoff, 5*time.Minute)
+		}
+	}()
+}
+
+func (m *Manager) deleteNow(id string) (bool, error) {
+	ctx := context.Background()
+	l, err := m.enter(ctx, id)
+	if err != nil {
+		return false, err
+	}
+	defer m.leave(l)
+	s, err := m.cfg.Ledger.GetSandbox(id)
+	if errors.Is(err, ledger.ErrNotFound) {
+		return true, nil
+	} else if err != nil {
+		return false, err
+	}
+	if s.Phase != ledger.SandboxDeleting {
+		return true, nil
+	}
+	if s.VMID == "" && s.Key != "" {
+		// A create may have been sent whose answer was lost: find its VM
+		// by key, in two listings ConfirmMissing apart before giving up
+		// (a listing can miss a VM just made).
+		if s, err = m.findByKey(ctx, s); err != nil {
+			return false, err
+		}
+		if s.VMID == "" {
+			m.mu.Lock()
+			first, seen := m.missing[id]
+			if !seen {
+				m.missing[id] = m.cfg.Now()
+			}
+			m.mu.Unlock()
+			if !seen || m.cfg.Now().Sub(first) < m.cfg.ConfirmMissing {
+				return false, fmt.Errorf("no VM with key %s listed yet; looking again before forgetting the sandbox", s.Key)
+			}
+		}
+	}
+	if s.VMID != "" {
+		if err := m.take(ctx, m.cfg.Writes); err != nil {
+			return false, err
+		}
+		callCtx, cancel := context.WithTimeout(ctx, m.cfg.CallTimeout)
+		err := m.cfg.Provider.Delete(callCtx, s.VMID)
+		cancel()
+		if err != nil {
+			return false, fmt.Errorf("delete VM %s: %w", s.VMID, err)
+		}
+		m.event(s, false, reconcile.EventVMDeleted, fmt.Sprintf("VM %s of sandbox %s deleted (%s)", s.VMID, short(id), s.Reason))
+	}
+	if err := m.cfg.Ledger.DeleteSandbox(id, s.Revision); err != nil {
+		return false, fmt.Errorf("remove the record of sandbox %s: %w", id, err)
+	}
+	m.mu.Lock()
+	delete(m.live, id)
+	delete(m.missing, id)
+	m.mu.Unlock()
+	m.cfg.Log.Info("sandbox deleted", "sandbox", id, "pod", s.PodRef(), "vm", s.VMID, "reason", s.Reason)
+	return true, nil
+}
+
+// findByKey looks the node's VMs up for the one made with s's key and
+// records it.
+func (m *Manager) findByKey(ctx context.Context, s ledger.Sandbox) (ledger.Sandbox, error) {
+	if err := m.take(ctx, m.cfg.Reads); err != nil {
+		return s, err
+	}
+	callCtx, cancel := context.WithTimeout(ctx, m.cfg.CallTimeout)
+	vms, err := m.cfg.Provider.List(callCtx, m.selector())
+	cancel()
+	if err != nil {
+		return s, fmt.Errorf("list this node's VMs: %w", err)
+	}
+	for _, vm := range vms {
+		if vm.Tags[provider.TagKey] == s.Key && !vm.State.Gone() {
+			return m.update(s.ID, func(r *ledger.Sandbox) error { r.VMID = vm.ID; return nil })
+		}
+	}
+	return s, nil
+}
+
+// TagSandbox is the VM tag that names its sandbox.
+const TagSandbox = "caa-sandbox"
+
+func short(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+func ipString(ip net.IP) string {
+	if ip == nil {
+		return ""
+	}
+	return ip.String()
+}

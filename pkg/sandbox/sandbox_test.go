@@ -1,0 +1,356 @@
+package sandbox
+
+import (
+	"context"
+	"fmt"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caa-project/caa/pkg/ledger"
+	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/test/mocks/cloud"
+)
+
+const sbA = "0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef"
+
+func sbID(i int) string { return fmt.Sprintf("%064x", i+1) }
+
+func TestLifecycleCreateStartStop(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	r.pod("uid-1", "web")
+
+	sock, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/var/run/netns/cni-1")
+	require.NoError(t, err)
+	assert.Equal(t, r.m.SocketPath(sbA), sock)
+	assert.Zero(t, r.cloud.Counters()["total"], "CreateVM makes no cloud call")
+	s := r.sandbox(sbA)
+	assert.Equal(t, ledger.SandboxCreated, s.Phase)
+	assert.Equal(t, "uid-1", s.PodUID)
+	assert.Equal(t, "small", s.InstanceType, "the shim's empty machine_type and 1 vCPU / 2048 MiB pick the smallest fit")
+	assert.Equal(t, VXLANIDBase, s.Tunnel.VXLANID)
+
+	again, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/var/run/netns/cni-1")
+	require.NoError(t, err, "a repeated CreateVM answers the same")
+	assert.Equal(t, sock, again)
+
+	require.NoError(t, r.m.StartVM(ctx, sbA))
+	s = r.sandbox(sbA)
+	assert.Equal(t, ledger.SandboxRunning, s.Phase)
+	require.Len(t, r.live(), 1)
+	vm := r.live()[0]
+	assert.Equal(t, vm.ID, s.VMID)
+	assert.Equal(t, sbA, vm.Tags[TagSandbox])
+	assert.Equal(t, "uid-1", vm.Tags[provider.TagPodUID])
+	assert.Equal(t, Key(sbA, 1), vm.Tags[provider.TagKey])
+	assert.Contains(t, string(vm.UserData()), VMName("web", sbA), "the VM boots with the user data the side built")
+	assert.Equal(t, vm.IPs[0]+":15150", s.RelayAddr)
+	assert.Equal(t, vm.IPs[0], s.Tunnel.RemoteIP)
+	assert.Equal(t, "192.0.2.10", s.Tunnel.LocalIP)
+	assert.Equal(t, []string{"serial-1"}, s.CertSerials)
+	rel := r.side.relay(sock)
+	require.NotNil(t, rel, "the agent socket is served")
+	assert.Equal(t, s.VMName, rel.serverName, "the relay checks the forwarder's certificate against the VM's name")
+
+	require.NoError(t, r.m.StartVM(ctx, sbA), "a repeated StartVM of a running sandbox is a no-op")
+	assert.Len(t, r.live(), 1)
+
+	require.NoError(t, r.m.StopVM(ctx, sbA))
+	assert.Nil(t, r.side.relay(sock), "StopVM closes the agent socket at once")
+	eventually(t, func() bool { return len(r.live()) == 0 }, "the VM is deleted")
+	eventually(t, func() bool { _, err := r.led.GetSandbox(sbA); return err != nil }, "the record goes")
+	hist, err := r.led.SandboxHistory(sbA)
+	require.NoError(t, err)
+	var phases []ledger.SandboxPhase
+	for _, e := range hist {
+		phases = append(phases, e.Sandbox.Phase)
+	}
+	assert.Equal(t, ledger.SandboxCreating, phases[1], "the intent was durable before the VM existed: %v", phases)
+	assert.Empty(t, hist[1].Sandbox.VMID)
+	assert.Equal(t, ledger.ActionDeleted, hist[len(hist)-1].Action, "the story stays in history")
+}
+
+// The intent (Creating with its key) is durable before the create: a
+// create that fails leaves the record saying so, and the next StartVM
+// uses the same key, so the cloud never holds two VMs for the sandbox.
+func TestStartVMAfterACrashMidCreateMakesNoDuplicate(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	r.pod("uid-1", "web")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	require.NoError(t, err)
+
+	// The cloud makes the VM, but caa dies before it learns the answer:
+	// play it by creating with the record's key behind caa's back, then
+	// putting the record where a crash would leave it.
+	s := r.sandbox(sbA)
+	s.Phase, s.Attempt, s.Key, s.VMName = ledger.SandboxCreating, 1, Key(sbA, 1), VMName("web", sbA)
+	_, err = r.led.PutSandbox(s)
+	require.NoError(t, err)
+	made, err := r.prov.Create(ctx, provider.Spec{Key: s.Key, Cluster: "c1", Node: "node-1", PodUID: "uid-1",
+		PodNamespace: "team", PodName: "web", InstanceType: "small", Image: "podvm-image"})
+	require.NoError(t, err)
+	r.crash()
+	r.start()
+
+	require.NoError(t, r.m.StartVM(ctx, sbA), "the shim's StartVM after the restart")
+	require.Len(t, r.live(), 1, "no duplicate VM")
+	assert.Equal(t, made.ID, r.sandbox(sbA).VMID, "the VM the first create made is the sandbox's")
+	assert.Equal(t, 1, r.sandbox(sbA).Attempt)
+}
+
+func TestStopVMDuringStartVMAnswersFastAndLeaksNothing(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	r.pod("uid-1", "web")
+	r.cloud.SetFaults(cloud.Faults{BootDelay: time.Hour}) // never runs
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	require.NoError(t, err)
+	started := make(chan error, 1)
+	go func() { started <- r.m.StartVM(ctx, sbA) }()
+	eventually(t, func() bool { return r.sandbox(sbA).VMID != "" }, "the VM is created")
+
+	t0 := time.Now()
+	require.NoError(t, r.m.StopVM(ctx, sbA))
+	assert.Less(t, time.Since(t0), time.Second, "runtime-rs gives StopVM about a second")
+	require.Error(t, <-started, "the StartVM gives up")
+	eventually(t, func() bool { return len(r.live()) == 0 }, "the VM made for the stopped sandbox is deleted")
+	eventually(t, func() bool { _, err := r.led.GetSandbox(sbA); return err != nil }, "the record goes")
+}
+
+func TestHostileRequestsGetClearErrorsAndLoseNothing(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	r.pod("uid-1", "web")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	require.NoError(t, err)
+	require.NoError(t, r.m.StartVM(ctx, sbA))
+	before := r.sandbox(sbA)
+
+	cases := []struct {
+		name string
+		call func() error
+		kind error
+		says string
+	}{
+		{"image outside the allow-list", func() error {
+			a := shimAnnotations("web")
+			a[provider.AnnotationImage] = "evil-image"
+			_, err := r.m.CreateVM(ctx, sbID(7), a, "/ns")
+			return err
+		}, ErrInvalid, provider.AnnotationImage},
+		{"oversized initdata", func() error {
+			a := shimAnnotations("web")
+			a[AnnotationInitData] = strings.Repeat("x", MaxInitData+1)
+			_, err := r.m.CreateVM(ctx, sbID(8), a, "/ns")
+			return err
+		}, ErrInvalid, AnnotationInitData},
+		{"no pod name", func() error {
+			a := shimAnnotations("web")
+			delete(a, AnnotationSandboxName)
+			_, err := r.m.CreateVM(ctx, sbID(9), a, "/ns")
+			return err
+		}, ErrInvalid, AnnotationSandboxName},
+		{"a pod not on this node", func() error {
+			_, err := r.m.CreateVM(ctx, sbID(10), shimAnnotations("elsewhere"), "/ns")
+			return err
+		}, ErrInvalid, "team/elsewhere"},
+		{"a path in the sandbox id", func() error {
+			_, err := r.m.CreateVM(ctx, "../../etc", shimAnnotations("web"), "/ns")
+			return err
+		}, ErrInvalid, "sandbox id"},
+		{"StartVM of an unknown sandbox", func() error { return r.m.StartVM(ctx, sbID(11)) }, ErrUnknownSandbox, sbID(11)},
+		{"StopVM of an unknown sandbox", func() error { return r.m.StopVM(ctx, sbID(12)) }, ErrUnknownSandbox, sbID(12)},
+		{"another pod's sandbox id", func() error {
+			r.pod("uid-2", "other")
+			_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("other"), "/ns")
+			return err
+		}, ErrInvalid, "recorded for pod team/web"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			err := c.call()
+			require.ErrorIs(t, err, c.kind)
+			assert.Contains(t, err.Error(), c.says)
+		})
+	}
+	all, err := r.led.ListSandboxes()
+	require.NoError(t, err)
+	assert.Len(t, all, 1, "no hostile request recorded anything")
+	after := r.sandbox(sbA)
+	assert.Equal(t, before.Revision, after.Revision, "the running sandbox is untouched")
+	assert.Len(t, r.live(), 1)
+	assert.NotNil(t, r.side.relay(before.AgentSocket))
+}
+
+// Restart: every running sandbox is served again with no cloud write and
+// one listing; a VM that died behind caa's back makes its sandbox Lost
+// (socket closed, event) and is never recreated for it.
+func TestRestartServesEverySandboxWithNoCloudWrite(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	const n = 20
+	for i := range n {
+		r.pod(fmt.Sprint("uid-", i), fmt.Sprint("web-", i))
+		_, err := r.m.CreateVM(ctx, sbID(i), shimAnnotations(fmt.Sprint("web-", i)), fmt.Sprint("/ns/", i))
+		require.NoError(t, err)
+		require.NoError(t, r.m.StartVM(ctx, sbID(i)))
+	}
+	require.Len(t, r.live(), n)
+	victim := r.sandbox(sbID(3)).VMID
+	r.crash()
+	assert.Empty(t, r.side.relays, "the dead process served nothing")
+	require.NoError(t, r.cloud.Kill(victim))
+	r.cloud.ResetCounters()
+	startedBefore := r.side.started
+
+	r.start()
+	rep, err := r.m.Sync(ctx, 5*time.Second)
+	require.NoError(t, err)
+	assert.True(t, rep.Ready(), "pending: %v", rep.Pending)
+	assert.Len(t, rep.Served, n-1)
+	assert.Equal(t, []string{sbID(3)}, rep.Lost)
+	assert.Zero(t, r.writes(), "no cloud write at restart")
+	assert.Equal(t, int64(1), r.cloud.Counters()[cloud.OpList], "one listing")
+	assert.Zero(t, r.cloud.Counters()[cloud.OpGet], "the terminated VM shows in the listing: no get")
+	assert.Equal(t, n-1, r.side.started-startedBefore)
+	for i := range n {
+		s := r.sandbox(sbID(i))
+		if i == 3 {
+			assert.Equal(t, ledger.SandboxLost, s.Phase)
+			assert.Nil(t, r.side.relay(s.AgentSocket))
+			continue
+		}
+		assert.NotNil(t, r.side.relay(s.AgentSocket), "sandbox %d served again", i)
+	}
+	assert.Contains(t, r.events.reasons(), EventVMLost)
+	require.ErrorIs(t, r.m.StartVM(ctx, sbID(3)), ErrNotStartable, "a lost sandbox gets no new VM")
+
+	// The kubelet starts the next sandbox of that pod: it gets a new VM,
+	// and the lost one's record goes (its VM is already terminated).
+	next := sbID(100)
+	_, err = r.m.CreateVM(ctx, next, shimAnnotations("web-3"), "/ns/3b")
+	require.NoError(t, err)
+	require.NoError(t, r.m.StartVM(ctx, next))
+	assert.Len(t, r.live(), n)
+	eventually(t, func() bool { _, err := r.led.GetSandbox(sbID(3)); return err != nil }, "the superseded sandbox's record goes")
+}
+
+// A stopped VM (still in the cloud) under a live sandbox is lost too; the
+// old VM is deleted once a newer sandbox of the pod runs.
+func TestVMStoppedBehindCaasBackIsReplacedBySuccessorAndDeleted(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	r.pod("uid-1", "web")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	require.NoError(t, err)
+	require.NoError(t, r.m.StartVM(ctx, sbA))
+	old := r.sandbox(sbA)
+	require.NoError(t, r.cloud.Stop(old.VMID))
+
+	rep, err := r.m.Sync(ctx, time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, []string{sbA}, rep.Lost)
+	assert.Nil(t, r.side.relay(old.AgentSocket), "the lost sandbox's socket closes")
+	assert.Len(t, r.cloud.Instances(), 1, "nothing is deleted on loss alone")
+
+	_, err = r.m.CreateVM(ctx, sbID(5), shimAnnotations("web"), "/ns2")
+	require.NoError(t, err)
+	require.NoError(t, r.m.StartVM(ctx, sbID(5)))
+	eventually(t, func() bool {
+		_, err := r.cloud.Get(old.VMID)
+		in, _ := r.cloud.Get(old.VMID)
+		return err != nil || in.State == provider.StateTerminated
+	}, "the old VM is deleted")
+	assert.Len(t, r.live(), 1)
+}
+
+// A VM a listing misses is confirmed before its sandbox is lost: one
+// not-found read never kills a sandbox (invariant I3).
+func TestMissingVMIsConfirmedBeforeTheSandboxIsLost(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	r.pod("uid-1", "web")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	require.NoError(t, err)
+	require.NoError(t, r.m.StartVM(ctx, sbA))
+	r.m.cfg.ConfirmMissing = time.Hour
+	now := time.Now()
+	r.m.cfg.Now = func() time.Time { return now }
+	// Gone without a trace: not found at once (KeepTerminated 0).
+	r.cloud = cloud.New(cloud.Options{})
+	r.m.cfg.Provider = newMemory(r.cloud)
+
+	rep, err := r.m.Sync(ctx, time.Second)
+	require.NoError(t, err)
+	assert.Empty(t, rep.Lost)
+	assert.Contains(t, rep.Pending[sbA], "confirming")
+	assert.Equal(t, ledger.SandboxRunning, r.sandbox(sbA).Phase)
+
+	now = now.Add(time.Hour)
+	rep, err = r.m.Sync(ctx, time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, []string{sbA}, rep.Lost)
+}
+
+func TestPodGoneRetiresItsSandboxes(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	r.pod("uid-1", "web")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	require.NoError(t, err)
+	require.NoError(t, r.m.StartVM(ctx, sbA))
+	r.pods.remove("uid-1")
+	rep, err := r.m.Sync(ctx, time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, 1, rep.Retired)
+	eventually(t, func() bool { return len(r.live()) == 0 }, "the VM of the gone pod is deleted")
+}
+
+// A shutdown deletes nothing and starts nothing (invariant I4).
+func TestShutdownDeletesNothingAndRefusesNewWork(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	r.pod("uid-1", "web")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	require.NoError(t, err)
+	require.NoError(t, r.m.StartVM(ctx, sbA))
+	r.stop()
+	writes := r.writes()
+	_, err = r.m.CreateVM(ctx, sbID(2), shimAnnotations("web"), "/ns")
+	require.ErrorIs(t, err, ErrStopping)
+	require.ErrorIs(t, r.m.StartVM(ctx, sbA), ErrStopping)
+	r.m.Close()
+	r.m.Wait()
+	assert.Equal(t, writes, r.writes())
+	assert.Len(t, r.live(), 1)
+	assert.Equal(t, ledger.SandboxRunning, r.sandbox(sbA).Phase)
+}
+
+func TestConcurrentSandboxesGetDistinctVXLANIDs(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	for i := range 8 {
+		r.pod(fmt.Sprint("uid-", i), fmt.Sprint("p", i))
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			_, err := r.m.CreateVM(ctx, sbID(i), shimAnnotations(fmt.Sprint("p", i)), "/ns")
+			assert.NoError(t, err)
+		}()
+	}
+	wg.Wait()
+	all, err := r.led.ListSandboxes()
+	require.NoError(t, err)
+	ids := map[int]bool{}
+	for _, s := range all {
+		ids[s.Tunnel.VXLANID] = true
+	}
+	assert.Len(t, ids, 8)
+}
