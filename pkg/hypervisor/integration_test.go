@@ -3,6 +3,7 @@ package hypervisor
 import (
 	"context"
 	"net"
+	"net/http/httptest"
 	"net/netip"
 	"os"
 	"path/filepath"
@@ -21,8 +22,10 @@ import (
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/pki"
 	"github.com/caa-project/caa/pkg/provider"
+	awsprov "github.com/caa-project/caa/pkg/provider/aws"
 	"github.com/caa-project/caa/pkg/reconcile"
 	"github.com/caa-project/caa/pkg/sandbox"
+	ec2fake "github.com/caa-project/caa/test/mocks/aws"
 	"github.com/caa-project/caa/test/mocks/cloud"
 	"github.com/caa-project/caa/test/mocks/memory"
 	podvmfake "github.com/caa-project/caa/test/mocks/podvm"
@@ -55,14 +58,29 @@ func (c *onePodCache) Synced() bool { return true }
 // (a fake pod VM) from the user data caa made; the shim reaches the fake
 // agent through caa's agent socket (relay and mutual TLS real); a packet
 // for the pod crosses caa's VXLAN tunnel to the VM; a VM killed behind
-// caa's back closes its sandbox's socket; StopVM deletes the VM.
+// caa's back closes its sandbox's socket; StopVM deletes the VM. The cloud
+// is the fake EC2 behind the real SDK provider.
 func TestKataDrivesARealPodVM(t *testing.T) {
 	cn := podvmfake.NewCloudNetwork(t)
 	pod := cn.NewPod(t, netip.MustParsePrefix("10.244.1.5/24"))
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 
-	c := cloud.New(cloud.Options{IDPrefix: "i-", KeepTerminated: time.Hour})
+	// The real EC2 SDK provider against the fake EC2.
+	c := cloud.New(ec2fake.CloudOptions(cloud.Options{}))
+	srv := httptest.NewServer(ec2fake.NewServer(c, ec2fake.WithCredentials("AKIACAATESTKEY4D1F00", "caa-test-secret/hypervisor")))
+	defer srv.Close()
+	sdkDir := t.TempDir()
+	for k, v := range map[string]string{
+		"AWS_ACCESS_KEY_ID": "AKIACAATESTKEY4D1F00", "AWS_SECRET_ACCESS_KEY": "caa-test-secret/hypervisor", "AWS_SESSION_TOKEN": "",
+		"AWS_PROFILE": "", "AWS_CONFIG_FILE": filepath.Join(sdkDir, "config"), "AWS_SHARED_CREDENTIALS_FILE": filepath.Join(sdkDir, "credentials"),
+		"AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL": "", "AWS_ENDPOINT_URL_EC2": "", "AWS_ROLE_ARN": "", "AWS_WEB_IDENTITY_TOKEN_FILE": "",
+	} {
+		t.Setenv(k, v)
+	}
+	ec2, err := awsprov.New(ctx, awsprov.Config{Region: "us-east-1", SubnetID: "subnet-0a1b2c3d4e5f60718",
+		SecurityGroupIDs: []string{"sg-0a1b2c3d4e5f60718"}, Endpoint: srv.URL, MaxBackoff: 20 * time.Millisecond})
+	require.NoError(t, err)
 	fleet := podvmfake.NewFleet(cn, c, nil)
 	defer fleet.Close()
 	go fleet.Run(ctx, 20*time.Millisecond)
@@ -79,9 +97,9 @@ func TestKataDrivesARealPodVM(t *testing.T) {
 	stop, halt := context.WithCancel(ctx)
 	defer halt()
 	m := sandbox.New(sandbox.Config{
-		Ledger: led, Provider: memory.New(c), Pods: pods,
+		Ledger: led, Provider: ec2, Pods: pods,
 		Side:    &sandbox.PodVMSide{CA: ca, HostNetNS: cn.NodeNS, Dial: podvmfake.DialIn(cn.NodeNS)},
-		Spec:    provider.SpecConfig{DefaultType: "small", DefaultImage: "podvm"},
+		Spec:    provider.SpecConfig{DefaultType: "t3.small", DefaultImage: "ami-0123456789abcdef0"},
 		Cluster: "c1", Node: "node-1", NodeIP: cn.NodeIP.Addr().AsSlice(), SocketDir: filepath.Join(dir, "pods"),
 		Poll: 20 * time.Millisecond, StartTimeout: 30 * time.Second, Stop: stop,
 	})
