@@ -23,7 +23,10 @@ type Provider interface {
 	// same key, even from another process after a crash, returns the VM the
 	// first made and never makes a second one. A Create that returns an error
 	// may still have made the VM; the caller finds it by key or tags later.
-	// Invalid instance type or image: ErrInvalidSpec.
+	// Invalid instance type or image: ErrInvalidSpec (Error.Refused says
+	// which, when the cloud named it); a refusal of the node's settings
+	// (subnet, security group, ...): ErrNodeConfig; a key whose VM the
+	// cloud already terminated: ErrKeySpent.
 	Create(ctx context.Context, spec Spec) (VM, error)
 
 	// Get returns the VM with this id, or ErrNotFound once it is gone. A VM
@@ -48,7 +51,8 @@ type Provider interface {
 // resource group and the caller's permissions on it, reading the IBM Cloud
 // subnet, VPC and image. Preflight returns nil when every check passed; on
 // a failure it returns an error wrapping a kind from errors.go (ErrAuth for
-// a missing permission, ErrInvalidSpec for a wrong resource id) whose text
+// a missing permission, ErrInvalidSpec or ErrNodeConfig for a wrong
+// resource id or a default the cloud does not offer) whose text
 // names what failed and what to change (the permission or action, the
 // setting). The daemon runs it before it touches any pod and keeps its
 // readiness at 503 with that text until a retry passes.

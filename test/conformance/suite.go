@@ -441,7 +441,10 @@ func testErrorKinds(t *testing.T, e env) {
 		{"server error is transient", cloud.Faults{ServerErrorRate: 1}, func() error { _, err := e.Provider.Get(e.ctx, live.ID); return err }, nil},
 	}
 	kinds := []error{provider.ErrNotFound, provider.ErrThrottled, provider.ErrQuota, provider.ErrCapacity,
-		provider.ErrInvalidSpec, provider.ErrAuth, provider.ErrConflict}
+		provider.ErrInvalidSpec, provider.ErrAuth, provider.ErrConflict, provider.ErrNodeConfig, provider.ErrKeySpent}
+	// What of the spec the error says was refused: the reconciler tells the
+	// pod's choice from the node's default by it.
+	refused := map[string]string{"unknown image": provider.RefusedImage, "unknown instance type": provider.RefusedInstanceType}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			e.Cloud.SetFaults(tc.faults)
@@ -457,6 +460,9 @@ func testErrorKinds(t *testing.T, e env) {
 			}
 			var pe *provider.Error
 			assert.True(t, errors.As(err, &pe), "a *provider.Error in the chain: %v", err)
+			if want, ok := refused[tc.name]; ok {
+				assert.Equal(t, want, provider.RefusedPart(err), "what was refused: %v", err)
+			}
 		})
 	}
 	assert.Len(t, e.Cloud.Live(), 1, "no failed create left a VM")

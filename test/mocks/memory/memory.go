@@ -121,8 +121,10 @@ func (p *Provider) classify(op string, err error) error {
 		e.Kind, e.Code = provider.ErrQuota, "QuotaExceeded"
 	case errors.Is(err, cloud.ErrCapacity):
 		e.Kind, e.Code = provider.ErrCapacity, "InsufficientCapacity"
-	case errors.Is(err, cloud.ErrBadImage), errors.Is(err, cloud.ErrBadType):
-		e.Kind, e.Code = provider.ErrInvalidSpec, "InvalidSpec"
+	case errors.Is(err, cloud.ErrBadImage):
+		e.Kind, e.Code, e.Refused = provider.ErrInvalidSpec, "InvalidSpec", provider.RefusedImage
+	case errors.Is(err, cloud.ErrBadType):
+		e.Kind, e.Code, e.Refused = provider.ErrInvalidSpec, "InvalidSpec", provider.RefusedInstanceType
 	case errors.Is(err, cloud.ErrIdempotencyMismatch), errors.Is(err, cloud.ErrNameConflict):
 		e.Kind, e.Code = provider.ErrConflict, "Conflict"
 	}
