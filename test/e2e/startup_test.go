@@ -203,6 +203,14 @@ func livenessWindow(t *testing.T) time.Duration {
 // while blocked stays true: the wait under test is still under way.
 func assertLiveThrough(t *testing.T, d *daemon, window time.Duration, blocked func() (bool, string)) {
 	t.Helper()
+	require.Eventually(t, func() bool {
+		resp, err := http.Get(d.health + "/healthz")
+		if err != nil {
+			return false
+		}
+		_ = resp.Body.Close()
+		return true
+	}, 30*time.Second, 20*time.Millisecond, "caa serves /healthz")
 	end := time.Now().Add(window + 3*2*time.Second)
 	polls := 0
 	for time.Now().Before(end) {
