@@ -8,8 +8,10 @@ import (
 	"hash"
 	"log/slog"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -251,4 +253,31 @@ func preflightGate(ctx context.Context, f *runFlags, log *slog.Logger, status *h
 		return "", err
 	}
 	return fp, nil
+}
+
+// profileToReady writes a CPU profile of the start, up to the first
+// moment of readiness (or the returned stop), to path: a development aid
+// for the time to ready (env CAA_CPU_PROFILE_TO_READY; read with `go tool
+// pprof`).
+func profileToReady(path string, status *health.Status, log *slog.Logger) (stop func()) {
+	f, err := os.Create(path)
+	if err != nil {
+		log.Warn("no CPU profile", "err", err)
+		return func() {}
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		log.Warn("no CPU profile", "err", err)
+		return func() {}
+	}
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			pprof.StopCPUProfile()
+			_ = f.Close()
+			log.Info("CPU profile to ready written", "file", path)
+		})
+	}
+	go func() { <-status.Readied(); stop() }()
+	return stop
 }

@@ -371,6 +371,9 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	// stays true through it (acquire keeps it alive from there).
 	alive := status.KeepAlive(ctx, time.Second)
 	defer alive()
+	if path := os.Getenv("CAA_CPU_PROFILE_TO_READY"); path != "" {
+		defer profileToReady(path, status, log)()
+	}
 
 	var userData []byte
 	if f.userDataFile != "" {
