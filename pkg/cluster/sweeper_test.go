@@ -60,6 +60,7 @@ type sweepEnv struct {
 	cloud  *fakeCloud
 	nodes  *Nodes
 	s      *Sweeper
+	mu     sync.Mutex // now is read by the informer's handlers too
 	now    time.Time
 	events []string
 	fence  error
@@ -73,7 +74,7 @@ func newSweepEnv(t *testing.T, nodes ...string) *sweepEnv {
 	}
 	e := &sweepEnv{client: fake.NewClientset(objs...), cloud: &fakeCloud{}, now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	var err error
-	e.nodes, err = NewNodes(e.client, func() time.Time { return e.now })
+	e.nodes, err = NewNodes(e.client, e.clock)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel)
@@ -83,7 +84,7 @@ func newSweepEnv(t *testing.T, nodes ...string) *sweepEnv {
 		Departed: &Departed{Cluster: "c1", Grace: 10 * time.Minute}, Interval: 5 * time.Minute,
 		Fence: func(context.Context) error { return e.fence },
 		Event: func(_ bool, reason, msg string) { e.events = append(e.events, reason+": "+msg) },
-		Log:   slog.New(slog.DiscardHandler), Metrics: NewMetrics(nil), Now: func() time.Time { return e.now },
+		Log:   slog.New(slog.DiscardHandler), Metrics: NewMetrics(nil), Now: e.clock,
 	}
 	return e
 }
@@ -94,8 +95,17 @@ func (e *sweepEnv) waitSynced(t *testing.T) {
 		func(context.Context) (bool, error) { return e.nodes.Synced(), nil }))
 }
 
+// clock is the test's time, for the Sweeper and the Node informer's handlers.
+func (e *sweepEnv) clock() time.Time {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.now
+}
+
 func (e *sweepEnv) sweepAfter(d time.Duration) SweepResult {
+	e.mu.Lock()
 	e.now = e.now.Add(d)
+	e.mu.Unlock()
 	return e.s.Sweep(context.Background())
 }
 
