@@ -127,7 +127,16 @@ func TestPreflightFingerprintGatesWritesNotReadiness(t *testing.T) {
 	ec2.policy.Store(describeOnly)
 	ec2.core.ResetCounters()
 	d = ec2.start(t, c, node, ledgerPath, goodSettings)
-	d.waitReady(t, func() {})
+	// /readyz may be 200 only for the milliseconds before the background
+	// preflight fails, too briefly to poll; the time to ready is latched.
+	require.Eventually(t, func() bool {
+		code, page, err := d.fetch("/metrics")
+		if err != nil || code != http.StatusOK {
+			return false
+		}
+		v, ok := metricValue(page, "caa_time_to_ready_seconds")
+		return ok && v > 0
+	}, time.Minute, 20*time.Millisecond, "the warm restart turned ready before its preflight ran")
 	require.Eventually(t, func() bool {
 		code, body := d.readyzBody()
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "cloud preflight failed")
