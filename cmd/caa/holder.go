@@ -50,6 +50,9 @@ type nodeDaemon struct {
 	asked      time.Time // when this caa asked for the ledger it took over
 	preflight  string    // fingerprint of the passed preflight, recorded at open
 	serve      func(name string, fn func() error)
+	// early is the startup listing taken before the ledger was opened;
+	// the first hold uses it only on a ledger opened from a free lock.
+	early *reconcile.Prefetch
 
 	readyOnce sync.Once
 
@@ -137,6 +140,10 @@ func (n *nodeDaemon) run(ctx, stopCtx context.Context) error {
 	}
 }
 
+// earlyListingMaxAge bounds how old a listing taken before the ledger was
+// opened may be and still serve the first pass.
+const earlyListingMaxAge = 10 * time.Second
+
 // reclaim takes the ledger back after a failed hand-over. While another
 // process holds the lock (a new caa that hangs: SIGSTOP, a deadlock), it
 // waits live (its own heartbeat) and not ready, saying who holds the lock
@@ -187,6 +194,7 @@ func (n *nodeDaemon) acquire(ctx context.Context) (*ledger.Ledger, *handover.Han
 			cancel()
 			switch {
 			case err == nil:
+				n.early = nil // listed before the old caa's last writes
 				n.step(holder.Granted)
 				n.log.Info("the running caa released the ledger", "from", ho.From.String(), "waited", time.Since(asked).Round(time.Millisecond))
 				n.status.SetHandover(health.Handover{Role: health.RoleTookOver, Peer: ho.From.String(),
@@ -212,6 +220,7 @@ func (n *nodeDaemon) acquire(ctx context.Context) (*ledger.Ledger, *handover.Han
 			// Nobody answers by the protocol (gone, or frozen: the ask
 			// timed out): the file lock decides.
 			if errors.Is(err, context.DeadlineExceeded) {
+				n.early = nil // a frozen holder may have written since
 				n.step(holder.AskTimeout)
 			} else {
 				n.step(holder.NoHolder)
@@ -227,6 +236,7 @@ func (n *nodeDaemon) acquire(ctx context.Context) (*ledger.Ledger, *handover.Han
 			return nil, nil, err
 		}
 		n.step(holder.LockHeld)
+		n.early = nil // another process may write until it lets go
 		why := holder.DescribeLockHolder(holder.LeasePath(n.f.ledgerPath), time.Now())
 		if !n.f.handover && n.surge {
 			// The deadlock of issue 17 item 5: the old pod keeps the lock
@@ -318,6 +328,10 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 		Concurrency: f.concurrency, OrphanGrace: f.gcGrace, BootTimeout: f.bootTimeout,
 		Progress: func() { n.status.Beat(time.Now()) },
 	}
+	if n.early != nil && ho == nil && time.Since(n.early.Started()) < earlyListingMaxAge {
+		rec.UsePrefetch(n.early)
+	}
+	n.early = nil
 	if f.clusterView {
 		// Audits past startup use the cluster caa's view when it is fresh.
 		rec.SetAuditSource(&cluster.NodeAudit{Client: n.client, Provider: n.prov, Log: log})

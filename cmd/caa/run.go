@@ -20,7 +20,6 @@ import (
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/caa-project/caa/pkg/handover"
@@ -456,8 +455,17 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 		return shutdownErr(ctx, err)
 	}
 	prov = health.InstrumentProvider(prov, metrics)
+	// The startup listing goes out now, while the pod cache syncs and the
+	// ledger opens, when no caa holds the ledger; it serves the first pass
+	// only if this start then opens the ledger from a free lock
+	// (reconcile.Prefetch says why that is safe). A hand-over's ledger is
+	// listed after the release instead.
+	var early *reconcile.Prefetch
+	if f.hv.socket == "" && ledger.Free(f.ledgerPath) {
+		early = reconcile.StartPrefetch(stopCtx, prov, provider.Selector{Cluster: clusterID, Node: f.node}, f.cloudTimeout)
+	}
 	status.SetBlocked("starting: reading this node's pods")
-	if !cache.WaitForCacheSync(stopCtx.Done(), pods.Synced) {
+	if !pods.WaitSynced(stopCtx) {
 		return shutdownErr(ctx, errors.New("the pod cache did not sync"))
 	}
 
@@ -465,7 +473,7 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 		f: f, log: log, status: status, client: client, events: events, pods: pods,
 		prov: prov, specCfg: specCfg, userData: userData, clusterID: clusterID, nodeLedger: nodeLedger,
 		me: handover.Peer{Pod: f.podName, Version: version, PID: os.Getpid()}, started: started,
-		serve: serve, preflight: passed, gate: holder.Gate{Cooldown: f.handoverCool},
+		serve: serve, preflight: passed, gate: holder.Gate{Cooldown: f.handoverCool}, early: early,
 	}
 	alive()
 	err = n.run(ctx, stopCtx)

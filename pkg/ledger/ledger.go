@@ -627,3 +627,20 @@ func describeHolder(path string) string {
 	}
 	return fmt.Sprintf("another process (the last recorded holder, pid %d, is not visible here: it may run in another container's pid namespace)", h.PID)
 }
+
+// Free reports whether no process holds the ledger at path open for
+// writing at this moment: a hint for work worth starting early, never a
+// lock (another process may take it the moment after). A ledger that does
+// not exist yet is free.
+func Free(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return errors.Is(err, fs.ErrNotExist)
+	}
+	defer func() { _ = f.Close() }()
+	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_SH|syscall.LOCK_NB); err != nil {
+		return false
+	}
+	_ = syscall.Flock(int(f.Fd()), syscall.LOCK_UN)
+	return true
+}

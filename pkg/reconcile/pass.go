@@ -57,6 +57,9 @@ type Reconciler struct {
 	bootChecks map[string]bool
 	// audits is the optional cluster view for audits (auditsource.go).
 	audits auditHook
+	// prefetch is a listing taken before the ledger was opened, for the
+	// next pass (prefetch.go).
+	prefetch *Prefetch
 }
 
 // retryState is a pod's streak of failed cloud calls: how many, for which
@@ -151,9 +154,14 @@ func (r *Reconciler) Pass(ctx context.Context, pods []*Pod, synced bool) (out Pa
 	// Undecodable records are left out; their pods' VMs are still found by
 	// tag and adopted, never duplicated.
 	sel := provider.Selector{Cluster: r.Exec.Cluster, Node: r.Exec.Node}
-	vms, fromView := r.viewVMs(ctx, sel, records)
+	vms, have := r.viewVMs(ctx, sel, records)
 	err = nil // a corrupt record was tolerated above
-	if !fromView {
+	// A listing handed over from before the ledger opened serves once
+	// (prefetch.go); a cluster view that served instead drops it.
+	if pf := r.takePrefetch(); !have {
+		vms, have = pf.Wait(ctx, sel)
+	}
+	if !have {
 		if err := r.Exec.read(ctx); err != nil {
 			res.Err = err
 			return r.report(res, pods, records, nil, nil)
