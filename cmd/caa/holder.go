@@ -121,18 +121,19 @@ func (n *nodeDaemon) run(ctx, stopCtx context.Context) error {
 	for {
 		out := n.hold(ctx, stopCtx, led, ho)
 		ho = nil
-		switch out.end {
-		case endStopped:
+		switch {
+		case out.end == endStopped:
 			return nil
-		case endReturned:
-			n.inert(stopCtx, "not serving: the hand-over was aborted and the ledger went back to the caa already running ("+
-				out.reason+"); this pod stays inert until it is deleted or restarted")
-			return nil
-		}
-		if n.afterRelease(stopCtx, out) {
-			n.inert(stopCtx, fmt.Sprintf("handed over to %s at %s: this caa is inert until it is stopped",
-				out.req.From, out.asked.UTC().Format(time.RFC3339)))
-			return nil
+		case out.end == endReturned:
+			if !n.inert(stopCtx, "not serving: the hand-over was aborted and the ledger went back to the caa already running ("+
+				out.reason+"); this pod stays inert until it is deleted or restarted, or that caa ends") {
+				return nil
+			}
+		case n.afterRelease(stopCtx, out):
+			if !n.inert(stopCtx, fmt.Sprintf("handed over to %s at %s: this caa is inert until it is stopped, or that caa ends",
+				out.req.From, out.asked.UTC().Format(time.RFC3339))) {
+				return nil
+			}
 		}
 		if led, err = n.reclaim(stopCtx); err != nil {
 			return shutdownErr(ctx, err)
@@ -610,13 +611,45 @@ func (n *nodeDaemon) afterRelease(ctx context.Context, out holdOutcome) bool {
 	return back(st, reason)
 }
 
-// inert keeps the process up, live and not ready, with reason, until ctx
-// ends; it writes nothing anywhere.
-func (n *nodeDaemon) inert(ctx context.Context, reason string) {
+// defaultInertLook is how often an inert caa looks whether the ledger's lock is
+// still held; it takes the ledger back after two looks that found it free.
+// A hand-over between two other caas frees the lock for milliseconds,
+// never for a whole look's interval.
+const defaultInertLook = 5 * time.Second
+
+// inert keeps the process up, live and not ready, with reason, and writes
+// nothing anywhere, until ctx ends (false) or the ledger's lock stays free
+// across two looks (true): the caa that has the ledger ended (crashed, or
+// deleted with nobody after it), and this one must take it back rather
+// than leave the node with no reconciler until someone restarts it.
+// Taking it back goes through the file lock (reclaim), so a successor
+// restarted meanwhile and this caa can never both hold it.
+func (n *nodeDaemon) inert(ctx context.Context, reason string) bool {
 	n.refuse(reason)
 	n.status.SetBlocked(reason)
 	defer n.keepAlive(ctx)()
-	<-ctx.Done()
+	t := time.NewTicker(max(n.f.inertLook, 100*time.Millisecond))
+	defer t.Stop()
+	free := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-t.C:
+		}
+		if !ledger.Free(n.f.ledgerPath) {
+			free = 0
+			continue
+		}
+		if free++; free < 2 {
+			continue
+		}
+		n.step(holder.LockAbandoned)
+		msg := "the ledger's lock is free: the caa that had it is gone; taking the ledger back"
+		n.log.Warn(msg, "inertReason", reason)
+		n.events.NodeEvent(n.f.node, true, "CaaLedgerAbandoned", fmt.Sprintf("caa %s: %s", n.me, msg))
+		return true
+	}
 }
 
 // keepAlive beats the liveness heartbeat while no reconcile loop does;

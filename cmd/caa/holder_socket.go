@@ -32,6 +32,9 @@ func addHandoverFlags(cmd *cobra.Command, f *runFlags) {
 	fs.DurationVar(&f.handoverCool, "handover-failed-cooldown", envDuration("CAA_HANDOVER_FAILED_COOLDOWN", holder.DefaultFailedCooldown),
 		"how long a pod whose hand-over failed is refused another; keep it above the startup probe's window plus 5m "+
 			"(env CAA_HANDOVER_FAILED_COOLDOWN)")
+	fs.DurationVar(&f.inertLook, "handover-inert-check", envDuration("CAA_HANDOVER_INERT_CHECK", defaultInertLook),
+		"how often a caa that handed the ledger over looks whether the caa it went to still holds the ledger's lock; after two "+
+			"looks that find it free it takes the ledger back (env CAA_HANDOVER_INERT_CHECK)")
 }
 
 // limits are the daemon's time limits that play in a rollout, for the

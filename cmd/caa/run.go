@@ -61,6 +61,7 @@ type runFlags struct {
 	readBurst      int
 	handover       bool
 	handoverReady  time.Duration
+	inertLook      time.Duration // --handover-inert-check
 	podName        string
 	clusterView    bool
 

@@ -12,7 +12,7 @@ const (
 	Releasing                  // a request was admitted: stopping work, closing the ledger
 	AwaitingReady              // the ledger is the successor's; waiting for it to turn ready
 	Reclaiming                 // taking the ledger back: waiting for the file lock, live and not ready
-	Inert                      // handed over for good: no write anywhere until SIGTERM
+	Inert                      // handed over: no write anywhere until SIGTERM, or until the ledger's lock is abandoned
 	Stopped                    // SIGTERM: the process exits
 )
 
@@ -48,13 +48,14 @@ const (
 	HolderSilent                // the old caa did not answer "ready" (frozen after the release)
 	HolderGone                  // the old caa's connection dropped (it exited or was killed)
 	Aborted                     // the old caa took the ledger back
+	LockAbandoned               // inert: the ledger's lock stayed free across two looks (its holder's process ended)
 	Sigterm                     // SIGTERM
 )
 
 func (e Event) String() string {
 	return [...]string{"granted", "refused", "ask timeout", "no holder", "lock free", "lock held", "request", "asker gone",
 		"released", "release failed", "successor ready", "successor gone", "ready timeout", "converged", "retired",
-		"holder silent", "holder gone", "aborted", "sigterm"}[e]
+		"holder silent", "holder gone", "aborted", "lock abandoned", "sigterm"}[e]
 }
 
 // Step is what a caa does on an event: the state it goes to and the
@@ -130,7 +131,14 @@ func Next(s State, e Event) (Step, error) {
 		case LockHeld:
 			return Step{To: Reclaiming}, nil
 		}
-	case Inert, Stopped:
+	case Inert:
+		if e == LockAbandoned {
+			// Nobody holds the ledger any more (the caa it went to
+			// ended): take it back through the lock like a reclaim; the
+			// lock, not this event, decides who holds it.
+			return Step{To: Reclaiming}, nil
+		}
+	case Stopped:
 	}
 	return Step{To: s}, fmt.Errorf("hand-over: %s cannot happen while %s", e, s)
 }

@@ -45,6 +45,7 @@ func TestTransitions(t *testing.T) {
 		{"SIGTERM while holding", Holding, Sigterm, Step{To: Stopped}},
 		{"SIGTERM while reclaiming", Reclaiming, Sigterm, Step{To: Stopped}},
 		{"SIGTERM while inert", Inert, Sigterm, Step{To: Stopped}},
+		{"inert, and the caa it went to is gone: take it back through the lock", Inert, LockAbandoned, Step{To: Reclaiming}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := Next(tc.from, tc.ev)
@@ -80,7 +81,7 @@ func TestImpossibleEventsAreErrors(t *testing.T) {
 		from State
 		ev   Event
 	}{
-		{Inert, Request}, {Holding, Granted}, {Reclaiming, SuccessorReady}, {Stopped, LockFree}, {AwaitingReady, Request},
+		{Inert, Request}, {Holding, LockAbandoned}, {Holding, Granted}, {Reclaiming, SuccessorReady}, {Stopped, LockFree}, {AwaitingReady, Request},
 	} {
 		st, err := Next(tc.from, tc.ev)
 		assert.Error(t, err, "%s in %s", tc.ev, tc.from)

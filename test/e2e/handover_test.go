@@ -657,3 +657,56 @@ func TestFrozenHolderBeforeTheRelease(t *testing.T) {
 	v1.stop(t)
 	v2.stop(t)
 }
+
+// TestInertCaaTakesTheLedgerBackWhenItsSuccessorIsGone (issue 17, item 4):
+// after a hand-over the old caa is inert; the new one is SIGKILLed and not
+// restarted (the kubelet's back-off, or a pod deleted with nothing after
+// it). The inert caa finds the ledger's lock free on two looks, takes the
+// ledger back through the lock, turns ready and serves new pods with no
+// VM replaced; and it hands the ledger over again to the next caa.
+func TestInertCaaTakesTheLedgerBackWhenItsSuccessorIsGone(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
+	defer cancel()
+	h := newHandoverNode(ctx, t)
+	c, core, ec2, ledgerPath := h.c, h.core, h.ec2, h.ledgerPath
+	const node = handoverNodeName
+	pods := createPods(ctx, t, c, "team", "web", node, 3)
+	f1, f2, f3 := newFront(t, ec2), newFront(t, ec2), newFront(t, ec2)
+	v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1",
+		"--handover-inert-check", "300ms"), awsEnv())
+	v1.waitReady(t, func() {})
+	requireOneEach(t, core, pods, time.Minute)
+	before := liveVMs(core)
+
+	v2 := launchCaa(t, c, node, ledgerPath, "v2", append(f2.args(), "--pod-name", "caa-v2"), awsEnv())
+	v2.waitReady(t, func() {})
+	v1.waitHandover(t, health.HandoverDone, 10*time.Second)
+	require.Equal(t, http.StatusServiceUnavailable, v1.readyz())
+	// While the successor holds the ledger the inert caa stays inert,
+	// however many looks it takes, and calls no cloud.
+	v1Calls := f1.count()
+	v1.requireLiveFor(t, 2*time.Second, "the inert caa beside a working successor")
+	assert.Equal(t, http.StatusServiceUnavailable, v1.readyz(), "still inert while the successor holds the lock")
+	assert.Equal(t, v1Calls, f1.count(), "the inert caa makes no cloud call")
+
+	v2.kill(t)
+	v1.waitReady(t, func() {})
+	assert.Contains(t, v1.logs.String(), "taking the ledger back")
+	maps.Copy(pods, createPods(ctx, t, c, "team", "api", node, 2))
+	requireOneEach(t, core, pods, time.Minute)
+	for uid, id := range before {
+		assert.Equal(t, id, liveVMs(core)[uid], "no VM replaced")
+	}
+
+	// It serves the hand-over socket again: the next caa takes over.
+	v3 := launchCaa(t, c, node, ledgerPath, "v3", append(f3.args(), "--pod-name", "caa-v3"), awsEnv())
+	v3.waitReady(t, func() {})
+	require.Eventually(t, func() bool {
+		s, ok := v1.snapshot()
+		return ok && s.Handover != nil && s.Handover.Outcome == health.HandoverDone && strings.Contains(s.Handover.Peer, "caa-v3")
+	}, 10*time.Second, condPoll, "the caa that took the ledger back hands it over again")
+	assert.Empty(t, f3.writes(), "the next caa adopts every VM")
+	v1.stop(t)
+	v3.stop(t)
+	assert.Contains(t, runCaa(t, "ledger", "verify", "--ledger", ledgerPath), "ok")
+}
