@@ -52,6 +52,7 @@ type front struct {
 type call struct {
 	kind           string
 	arrived, ended time.Time
+	nodeListing    bool // a listing of the node's instances by tag
 }
 
 // sharedEC2 is one fake EC2 server over core, for fronts to share (two
@@ -79,7 +80,7 @@ func newFront(t *testing.T, next http.Handler) *front {
 		}
 		next.ServeHTTP(w, r)
 		f.mu.Lock()
-		f.calls = append(f.calls, call{kind: kind, arrived: arrived, ended: time.Now()})
+		f.calls = append(f.calls, call{kind: kind, arrived: arrived, ended: time.Now(), nodeListing: kind == "list" && nodeListing(string(body))})
 		f.mu.Unlock()
 	}))
 	t.Cleanup(srv.Close)
@@ -127,6 +128,19 @@ func (f *front) writes() []call {
 	var out []call
 	for _, c := range f.calls {
 		if c.kind == "RunInstances" || c.kind == "TerminateInstances" {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// nodeListingCalls are the listings of the node's instances, in order of arrival.
+func (f *front) nodeListingCalls() []call {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []call
+	for _, c := range f.calls {
+		if c.nodeListing {
 			out = append(out, c)
 		}
 	}
@@ -223,6 +237,12 @@ func TestSurgeHandOver(t *testing.T) {
 	assert.Contains(t, took.Peer, "caa-v1")
 	assert.Contains(t, gave.Peer, "caa-v2")
 	assert.Positive(t, took.Gap, "the gap is measured")
+	// The new caa lists the node once, after the release: no early listing
+	// while the old caa held the ledger (every node would pay it twice).
+	if ls := f2.nodeListingCalls(); assert.Len(t, ls, 1, "one listing of the node by the new caa") {
+		assert.True(t, ls[0].arrived.After(logTime(t, v2.logs.String(), "the running caa released the ledger")),
+			"the new caa's listing follows the release")
+	}
 	t.Logf("hand-over: took %s, gap %s", time.Duration(took.Took), time.Duration(took.Gap))
 
 	// The old caa: up, live, not ready, and says why.
