@@ -545,6 +545,80 @@ func decodeSandboxEvent(data []byte) (SandboxEvent, error) {
 	return e, nil
 }
 
+// verifySandboxes checks the sandbox buckets for Verify: every record and
+// history entry decodes, is stored under its own id and is valid for this
+// node; a running sandbox names what serving it again needs; no VM belongs
+// to two sandboxes, nor to a sandbox and a pod record; no two sandboxes
+// share a VXLAN id.
+func verifySandboxes(btx *bolt.Tx, m Meta, add func(where, format string, args ...any)) {
+	sbs, hist := btx.Bucket(bucketSandboxes), btx.Bucket(bucketSandboxHistory)
+	if sbs == nil || hist == nil {
+		if m.SchemaVersion >= 2 {
+			add("buckets", "sandboxes or sandboxHistory bucket missing in a schema %d ledger", m.SchemaVersion)
+		}
+		return
+	}
+	vmOwner := map[string]string{}
+	vxlanOwner := map[int]string{}
+	vms := btx.Bucket(bucketVMs)
+	_ = sbs.ForEach(func(k, v []byte) error {
+		where := "sandboxes/" + string(k)
+		s, err := decodeSandbox(v)
+		if err != nil {
+			add(where, "does not decode: %v", err)
+			return nil
+		}
+		if s.ID != string(k) {
+			add(where, "holds sandbox id %q", s.ID)
+		}
+		if err := s.validate(); err != nil {
+			add(where, "%v", err)
+		}
+		if m.Node != "" && s.Node != m.Node {
+			add(where, "is for node %q, the ledger for %q", s.Node, m.Node)
+		}
+		if s.Phase == SandboxRunning && (s.VMID == "" || s.RelayAddr == "" || s.AgentSocket == "") {
+			add(where, "is Running but does not name its VM (%q), its forwarder (%q) and its agent socket (%q): it cannot be served again",
+				s.VMID, s.RelayAddr, s.AgentSocket)
+		}
+		if s.Phase == SandboxCreating && s.Key == "" {
+			add(where, "is Creating without an idempotency key: a create resumed after a crash could make a second VM")
+		}
+		if s.VMID != "" {
+			vk := string(vmKey(s.Provider, s.VMID))
+			if o, ok := vmOwner[vk]; ok {
+				add(where, "VM %s/%s is also recorded for sandbox %s", s.Provider, s.VMID, o)
+			}
+			vmOwner[vk] = s.ID
+			if vms != nil {
+				if pod := vms.Get([]byte(vk)); pod != nil {
+					add(where, "VM %s/%s is also recorded for pod %s", s.Provider, s.VMID, pod)
+				}
+			}
+		}
+		if id := s.Tunnel.VXLANID; id != 0 {
+			if o, ok := vxlanOwner[id]; ok {
+				add(where, "VXLAN id %d is also sandbox %s's", id, o)
+			}
+			vxlanOwner[id] = s.ID
+		}
+		return nil
+	})
+	_ = hist.ForEachBucket(func(k []byte) error {
+		_ = hist.Bucket(k).ForEach(func(sk, v []byte) error {
+			where := fmt.Sprintf("sandboxHistory/%s/%x", k, sk)
+			e, err := decodeSandboxEvent(v)
+			if err != nil {
+				add(where, "does not decode: %v", err)
+			} else if e.Sandbox.ID != string(k) {
+				add(where, "holds an entry of sandbox %q", e.Sandbox.ID)
+			}
+			return nil
+		})
+		return nil
+	})
+}
+
 // ParseSandboxPhase accepts a phase name in any letter case.
 func ParseSandboxPhase(s string) (SandboxPhase, error) {
 	for _, p := range SandboxPhases {
