@@ -35,8 +35,10 @@ type SandboxPhase string
 
 // The sandbox phases. Created is written by CreateVM (no cloud call);
 // Creating before the cloud create (the durable intent, I2); Running once
-// the VM runs and its agent answered; Lost when its VM was found gone under
-// it (never recreated: the containers' state was in the VM); Deleting
+// the VM runs and its agent answered; Lost when caa cannot serve it again:
+// its VM was found gone under it (never recreated: the containers' state
+// was in the VM), or `caa ledger rebuild` made the record from the VM's
+// tags, which do not carry its tunnel or agent socket; Deleting
 // before the cloud delete (StopVM, or positive evidence that the sandbox is
 // over); Failed when StartVM could not give it a VM and no VM exists.
 const (

@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/caa-project/caa/pkg/ledger"
@@ -175,3 +178,31 @@ func (m *Manager) syncRecords(ctx context.Context, vms []provider.VM, synced boo
 
 // orphanGrace is the default grace of an orphan (the informer mode's).
 const orphanGrace = 5 * time.Minute
+
+// ReasonRebuilt is the reason of a sandbox record rebuilt from its VM's tags.
+const ReasonRebuilt = "RebuiltFromCloud"
+
+// Rebuilt is the record `caa ledger rebuild` writes for a VM tagged with a
+// sandbox id whose pod lives: phase Lost, since the tags name the sandbox,
+// its pod, VM and key but not its network namespace, tunnel or agent
+// socket, so caa cannot serve it again. The record keeps the VM from being
+// taken for an orphan until its pod goes or a newer sandbox of the pod
+// runs, which retire it. ok is false for a tag that is no sandbox id.
+func Rebuilt(vm provider.VM, pod *reconcile.Pod, providerName string) (s ledger.Sandbox, ok bool) {
+	id := vm.Tags[TagSandbox]
+	if checkID(id) != nil {
+		return s, false
+	}
+	key := vm.Owner().Key
+	attempt := 0
+	if rest, found := strings.CutPrefix(key, "sb-"+id+"-a"); found {
+		attempt, _ = strconv.Atoi(rest)
+	}
+	return ledger.Sandbox{
+		ID: id, PodUID: pod.UID, Namespace: pod.Namespace, Name: pod.Name,
+		Provider: providerName, VMID: vm.ID, VMName: vm.Name, Key: key, InstanceType: vm.InstanceType, Image: vm.Image,
+		IPs: slices.Clone(vm.IPs), Phase: ledger.SandboxLost, Reason: ReasonRebuilt, Attempt: attempt,
+		Message: "rebuilt from the VM's tags: its network namespace, tunnel and agent socket are unknown, so it cannot be served again; " +
+			"the VM is kept until the pod goes or a newer sandbox of the pod runs",
+	}, true
+}
