@@ -79,11 +79,20 @@ func Orphans(vms []provider.VM, sandboxes []ledger.Sandbox, records []ledger.Rec
 func (m *Manager) collectOrphans(ctx context.Context, vms []provider.VM, rep *Report) error {
 	sandboxes, err := m.cfg.Ledger.ListSandboxes()
 	if err != nil {
-		// A record that does not decode may own a VM: collect nothing.
+		if errors.Is(err, ledger.ErrCorrupt) {
+			// A record that does not decode may own a VM: collect nothing,
+			// and let the sandboxes that do decode be served.
+			m.cfg.Log.Warn("orphan collection skipped: a sandbox record does not decode", "err", err)
+			return nil
+		}
 		return fmt.Errorf("read sandboxes for the orphan collection: %w", err)
 	}
 	records, err := m.cfg.Ledger.List(ledger.Filter{})
 	if err != nil {
+		if errors.Is(err, ledger.ErrCorrupt) {
+			m.cfg.Log.Warn("orphan collection skipped: a pod record does not decode", "err", err)
+			return nil
+		}
 		return fmt.Errorf("read pod records for the orphan collection: %w", err)
 	}
 	alive := map[string]bool{}

@@ -8,6 +8,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	bolt "go.etcd.io/bbolt"
 
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/provider"
@@ -274,4 +275,37 @@ func TestInformerModeRecordsSurviveTheSwitchToHypervisorMode(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, provider.StateTerminated, in.State)
 	assert.Len(t, r.live(), 0)
+}
+
+// A pod record that does not decode may own a VM: the orphan collection
+// stands down (no delete) while the sandboxes are still served and the
+// sync reports no error (readiness is not held by an unrelated record).
+func TestUndecodablePodRecordStopsTheOrphanCollectionOnly(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	r.pod("uid-1", "web")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns/1")
+	require.NoError(t, err)
+	require.NoError(t, r.m.StartVM(ctx, sbA))
+	_, err = r.prov.Create(ctx, provider.Spec{Key: Key(sbID(9), 1), Cluster: "c1", Node: "node-1", PodUID: "uid-gone", PodNamespace: "team",
+		PodName: "gone", InstanceType: "small", Image: "podvm-image", ExtraTags: map[string]string{TagSandbox: sbID(9)}})
+	require.NoError(t, err)
+	r.crash()
+	db, err := bolt.Open(r.path, 0o600, &bolt.Options{Timeout: time.Second})
+	require.NoError(t, err)
+	require.NoError(t, db.Update(func(tx *bolt.Tx) error { return tx.Bucket([]byte("records")).Put([]byte("uid-bad"), []byte{0x7f, 1}) }))
+	require.NoError(t, db.Close())
+	r.start()
+	clk := r.useClock()
+	r.cloud.ResetCounters()
+
+	for range 3 {
+		rep, err := r.m.Sync(ctx, time.Second)
+		require.NoError(t, err)
+		assert.Equal(t, []string{sbA}, rep.Served)
+		assert.Empty(t, rep.Orphans)
+		clk.add(2 * orphanGrace)
+	}
+	assert.Zero(t, r.writes(), "nothing deleted while a record cannot be read")
+	assert.Len(t, r.live(), 2)
 }
