@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -168,4 +169,33 @@ func checkSandboxCommands(t *testing.T, path string) {
 		r := caa(t, "ledger", "verify", "--ledger", path)
 		require.Equal(t, 0, r.code, r.stdout+r.stderr)
 	})
+}
+
+// A daemon older than the sandboxes answers their paths 404: `ls` still
+// lists the records and succeeds, and `sandboxes` says what is wrong.
+func TestLedgerAgainstADaemonOlderThanSandboxes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs the binary")
+	}
+	path, l := sandboxFixture(t)
+	sock := ledgerapi.SocketPath(path)
+	api := ledgerapi.NewHandler(&ledgerapi.Local{L: l, KeepOpen: true}, nil)
+	old := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v1/sandboxes") {
+			http.NotFound(w, r)
+			return
+		}
+		api.ServeHTTP(w, r)
+	})
+	ln, err := net.Listen("unix", sock)
+	require.NoError(t, err)
+	srv := &http.Server{Handler: old, ReadHeaderTimeout: time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+
+	r := caa(t, "ledger", "ls", "--ledger", path)
+	require.Equal(t, 0, r.code, r.stderr)
+	assert.Contains(t, r.stdout, "alpha")
+	assert.NotContains(t, r.stdout, "SANDBOX")
+	oneLineError(t, caa(t, "ledger", "sandboxes", "--ledger", path), 1, "older caa")
 }
