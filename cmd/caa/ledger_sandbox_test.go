@@ -165,6 +165,18 @@ func checkSandboxCommands(t *testing.T, path string) {
 		oneLineError(t, caa(t, "ledger", "sandboxes", "--phase", "Sleeping", "--ledger", path), 2, "--phase", "Sleeping")
 	})
 
+	t.Run("stats counts the sandboxes by phase", func(t *testing.T) {
+		r := caa(t, "ledger", "stats", "--ledger", path)
+		require.Equal(t, 0, r.code, r.stderr)
+		assert.Regexp(t, `Sandboxes:\s+2\n\s+Running:\s+1\n\s+Lost:\s+1\n`, r.stdout)
+		r = caa(t, "ledger", "stats", "--ledger", path, "-o", "json")
+		require.Equal(t, 0, r.code, r.stderr)
+		var st ledger.Stats
+		require.NoError(t, json.Unmarshal([]byte(r.stdout), &st))
+		assert.Equal(t, 2, st.Sandboxes)
+		assert.Equal(t, 1, st.SandboxesByPhase[ledger.SandboxLost])
+	})
+
 	t.Run("verify passes a sound ledger with sandboxes", func(t *testing.T) {
 		r := caa(t, "ledger", "verify", "--ledger", path)
 		require.Equal(t, 0, r.code, r.stdout+r.stderr)

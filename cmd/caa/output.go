@@ -319,6 +319,14 @@ func writeStats(w io.Writer, output string, s ledger.Stats, source string) error
 	for _, p := range ledger.Phases {
 		rows = append(rows, [2]string{"  " + string(p), fmt.Sprint(s.ByPhase[p])})
 	}
+	if s.Sandboxes > 0 {
+		rows = append(rows, [2]string{"Sandboxes", fmt.Sprint(s.Sandboxes)})
+		for _, p := range ledger.SandboxPhases {
+			if n := s.SandboxesByPhase[p]; n > 0 {
+				rows = append(rows, [2]string{"  " + string(p), fmt.Sprint(n)})
+			}
+		}
+	}
 	rows = append(rows,
 		[2]string{"Undecodable records", fmt.Sprint(s.Undecodable)},
 		[2]string{"Indexed VMs", fmt.Sprint(s.IndexedVMs)},

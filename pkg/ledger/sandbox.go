@@ -547,6 +547,29 @@ func decodeSandboxEvent(data []byte) (SandboxEvent, error) {
 	return e, nil
 }
 
+// countSandboxes counts the sandboxes by phase, and those that do not
+// decode; a ledger without the bucket (schema 1) has none.
+func (tx *Tx) countSandboxes() (n int, byPhase map[SandboxPhase]int, undecodable int) {
+	b := tx.tx.Bucket(bucketSandboxes)
+	if b == nil {
+		return 0, nil, 0
+	}
+	_ = b.ForEach(func(_, v []byte) error {
+		s, err := decodeSandbox(v)
+		if err != nil {
+			undecodable++
+			return nil
+		}
+		if byPhase == nil {
+			byPhase = map[SandboxPhase]int{}
+		}
+		n++
+		byPhase[s.Phase]++
+		return nil
+	})
+	return n, byPhase, undecodable
+}
+
 // verifySandboxes checks the sandbox buckets for Verify: every record and
 // history entry decodes, is stored under its own id and is valid for this
 // node; a running sandbox names what serving it again needs; no VM belongs
