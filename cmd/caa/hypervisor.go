@@ -82,11 +82,14 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 		Side:    &sandbox.PodVMSide{CA: ca, Log: log},
 		Cluster: n.clusterID, Node: f.node, NodeIP: net.ParseIP(f.hv.nodeIP), SocketDir: f.hv.agentDir,
 		Writes: writes, Reads: reads, CallTimeout: f.cloudTimeout, StartTimeout: f.hv.startLimit,
-		ConfirmMissing: f.confirmMissing, Stop: ctx, Log: log,
+		ConfirmMissing: f.confirmMissing, OrphanGrace: f.gcGrace, Stop: ctx, Log: log,
 	})
 	defer func() { m.Close(); m.Wait() }()
 	report := func(rep sandbox.Report, err error) bool {
-		p := health.Pass{At: time.Now(), Err: err}
+		p := health.Pass{At: time.Now(), Err: err, CloudWrites: rep.CloudWrites, OrphansDeleted: rep.OrphansDeleted}
+		for _, o := range rep.Orphans {
+			p.Orphans = append(p.Orphans, health.Orphan{ID: o.ID, Pod: o.Pod, FirstSeen: o.FirstSeen})
+		}
 		for id, why := range rep.Pending {
 			p.Pending = append(p.Pending, health.PodNote{Pod: "sandbox " + id, Reason: "AgentPending", Message: why})
 		}
@@ -138,7 +141,9 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 
 func logSync(log *slog.Logger, rep sandbox.Report, err error) {
 	log.Info("sandboxes synced", "served", len(rep.Served), "pending", len(rep.Pending), "lost", len(rep.Lost),
-		"retired", rep.Retired, "cloudReads", rep.CloudReads, "err", err)
+		"retired", rep.Retired, "podRecords", rep.Records, "podRecordsRetired", rep.RecordsRetired,
+		"orphansPending", len(rep.Orphans), "orphansDeleted", rep.OrphansDeleted,
+		"cloudReads", rep.CloudReads, "cloudWrites", rep.CloudWrites, "err", err)
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) error {

@@ -31,7 +31,7 @@ func newLedgerCommand() *cobra.Command {
 			"over its unix socket (<ledger>.sock); otherwise they open the file read-only.",
 		Args: unknownSubcommand,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return usageError{fmt.Errorf("%s needs a subcommand: ls, get, history, export, verify, stats or rebuild (see `%s --help`)",
+			return usageError{fmt.Errorf("%s needs a subcommand: ls, sandboxes, get, history, export, verify, stats or rebuild (see `%s --help`)",
 				cmd.CommandPath(), cmd.CommandPath())}
 		},
 	}
@@ -45,6 +45,7 @@ func newLedgerCommand() *cobra.Command {
 	pf.DurationVar(&f.timeout, "timeout", 5*time.Second, "how long to wait for the daemon's socket or the file lock")
 	cmd.AddCommand(
 		newLedgerLsCommand(f),
+		newLedgerSandboxesCommand(f),
 		newLedgerGetCommand(f),
 		newLedgerHistoryCommand(f),
 		newLedgerExportCommand(f),
@@ -108,6 +109,21 @@ func newLedgerLsCommand(f *ledgerFlags) *cobra.Command {
 			if err := writeRecords(cmd.OutOrStdout(), f.output, recs, time.Now()); err != nil {
 				return err
 			}
+			// The table goes on with the kata sandboxes, if any (remote
+			// hypervisor mode); -o json and yaml keep their list of
+			// records: `caa ledger sandboxes -o json` gives the sandboxes.
+			if fm, _ := parseFormat(f.output); fm == formatTable && len(filter.Phases) == 0 {
+				ss, sbErr := readSandboxes(cmd, r)
+				if len(ss) > 0 {
+					fmt.Fprintln(cmd.OutOrStdout())
+					if err := writeSandboxTable(cmd.OutOrStdout(), ss, time.Now()); err != nil {
+						return err
+					}
+				}
+				if partial == nil && !errors.Is(sbErr, ledgerapi.ErrNotServed) {
+					partial = sbErr
+				}
+			}
 			return partial
 		}),
 	}
@@ -117,11 +133,18 @@ func newLedgerLsCommand(f *ledgerFlags) *cobra.Command {
 
 func newLedgerGetCommand(f *ledgerFlags) *cobra.Command {
 	return &cobra.Command{
-		Use:   "get <pod-uid|namespace/name>",
-		Short: "Show one record and its history",
-		Args:  exactArgs(1, "one pod UID or namespace/name"),
+		Use:   "get <pod-uid|namespace/name|sandbox-id>",
+		Short: "Show one record and its history (with the pod's sandboxes), or one sandbox and its history",
+		Args:  exactArgs(1, "one pod UID, namespace/name or sandbox id"),
 		RunE: f.withReader(func(cmd *cobra.Command, r ledgerapi.Reader, args []string) error {
 			uid, err := resolvePod(cmd, r, args[0])
+			if errors.Is(err, ledger.ErrNotFound) {
+				// No pod record or history: a sandbox id, or a pod of the
+				// remote hypervisor mode, which has sandboxes only.
+				if done, sbErr := getSandboxes(cmd, r, f.output, args[0]); done || sbErr != nil {
+					return sbErr
+				}
+			}
 			if err != nil {
 				return err
 			}
@@ -134,15 +157,102 @@ func newLedgerGetCommand(f *ledgerFlags) *cobra.Command {
 				return err
 			}
 			if recErr != nil && len(hist) == 0 {
-				return fmt.Errorf("pod %s: %w in %s", args[0], ledger.ErrNotFound, r.Source())
+				if done, sbErr := getSandboxes(cmd, r, f.output, args[0]); done || sbErr != nil {
+					return sbErr
+				}
+				return fmt.Errorf("pod or sandbox %s: %w in %s", args[0], ledger.ErrNotFound, r.Source())
 			}
 			var recPtr *ledger.Record
 			if recErr == nil {
 				recPtr = &rec
 			}
-			return writeRecordDetail(cmd.OutOrStdout(), f.output, recPtr, hist, time.Now())
+			ss, _ := readSandboxes(cmd, r)
+			ss = slices.DeleteFunc(ss, func(s ledger.Sandbox) bool { return s.PodUID != uid })
+			return writeRecordDetail(cmd.OutOrStdout(), f.output, recPtr, hist, ss, time.Now())
 		}),
 	}
+}
+
+func newLedgerSandboxesCommand(f *ledgerFlags) *cobra.Command {
+	var phases []string
+	var want []ledger.SandboxPhase
+	cmd := &cobra.Command{
+		Use:     "sandboxes",
+		Aliases: []string{"sb"},
+		Short:   "List the kata sandboxes (remote hypervisor mode): one line per sandbox",
+		Long: "List the sandbox records of the remote hypervisor mode: sandbox id, pod, phase, VM and its\n" +
+			"IP, VXLAN id; -o json or yaml adds the tunnel, the agent socket, the forwarder and the\n" +
+			"serials of the certificates issued for the VM (never a key: the ledger holds none).",
+		Args: noArgs,
+		PreRunE: func(*cobra.Command, []string) error {
+			for _, s := range phases {
+				p, err := ledger.ParseSandboxPhase(s)
+				if err != nil {
+					return usageError{fmt.Errorf("--phase: %w", err)}
+				}
+				want = append(want, p)
+			}
+			return nil
+		},
+		RunE: f.withReader(func(cmd *cobra.Command, r ledgerapi.Reader, _ []string) error {
+			ss, err := readSandboxes(cmd, r)
+			if errors.Is(err, ledgerapi.ErrNotServed) {
+				return err
+			}
+			if len(want) > 0 {
+				ss = slices.DeleteFunc(ss, func(s ledger.Sandbox) bool { return !slices.Contains(want, s.Phase) })
+			}
+			if werr := writeSandboxes(cmd.OutOrStdout(), f.output, ss, time.Now()); werr != nil {
+				return werr
+			}
+			return err
+		}),
+	}
+	cmd.Flags().StringSliceVar(&phases, "phase", nil, "only sandboxes in these phases (Created, Creating, Running, Lost, Deleting, Failed)")
+	return cmd
+}
+
+// readSandboxes returns the sandboxes sorted by pod and id. Undecodable
+// ones come back as an error beside the rest, as for records; a daemon
+// older than the sandboxes answers ErrNotServed and no sandbox.
+func readSandboxes(cmd *cobra.Command, r ledgerapi.Reader) ([]ledger.Sandbox, error) {
+	ss, err := r.Sandboxes(cmd.Context())
+	slices.SortFunc(ss, func(a, b ledger.Sandbox) int {
+		return strings.Compare(a.PodRef()+"/"+a.CreatedAt.Format(time.RFC3339Nano)+"/"+a.ID, b.PodRef()+"/"+b.CreatedAt.Format(time.RFC3339Nano)+"/"+b.ID)
+	})
+	return ss, err
+}
+
+// getSandboxes answers `caa ledger get` for an argument that names no pod
+// record: a sandbox id (its record and history), or namespace/name of a
+// pod that has sandboxes only. done is false when nothing matched.
+func getSandboxes(cmd *cobra.Command, r ledgerapi.Reader, output, arg string) (done bool, err error) {
+	if ns, name, isName := strings.Cut(arg, "/"); isName {
+		ss, err := readSandboxes(cmd, r)
+		ss = slices.DeleteFunc(ss, func(s ledger.Sandbox) bool { return s.Namespace != ns || s.Name != name })
+		if len(ss) == 0 {
+			return false, nil
+		}
+		if err := writeRecordDetail(cmd.OutOrStdout(), output, nil, nil, ss, time.Now()); err != nil {
+			return true, err
+		}
+		return true, err
+	}
+	s, sErr := r.Sandbox(cmd.Context(), arg)
+	hist, hErr := r.SandboxHistory(cmd.Context(), arg)
+	switch {
+	case sErr != nil && !errors.Is(sErr, ledger.ErrNotFound):
+		return true, sErr
+	case hErr != nil && !errors.Is(hErr, ledger.ErrNotFound):
+		return true, hErr
+	case sErr != nil && len(hist) == 0:
+		return false, nil
+	}
+	var sp *ledger.Sandbox
+	if sErr == nil {
+		sp = &s
+	}
+	return true, writeSandboxDetail(cmd.OutOrStdout(), output, sp, hist, time.Now())
 }
 
 func newLedgerHistoryCommand(f *ledgerFlags) *cobra.Command {

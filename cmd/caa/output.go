@@ -72,11 +72,19 @@ func writeRecords(w io.Writer, output string, recs []ledger.Record, now time.Tim
 type recordDetail struct {
 	Record  *ledger.Record `json:"record"`
 	History []ledger.Event `json:"history"`
+	// Sandboxes are the pod's kata sandboxes (remote hypervisor mode).
+	Sandboxes []ledger.Sandbox `json:"sandboxes,omitempty"`
 }
 
-func writeRecordDetail(w io.Writer, output string, rec *ledger.Record, hist []ledger.Event, now time.Time) error {
-	if done, err := writeData(w, output, recordDetail{Record: rec, History: nonNil(hist)}); done || err != nil {
+// writeRecordDetail draws a pod: its record (nil: deleted, or a pod of the
+// remote hypervisor mode, which has sandboxes only), its history and its
+// sandboxes.
+func writeRecordDetail(w io.Writer, output string, rec *ledger.Record, hist []ledger.Event, sandboxes []ledger.Sandbox, now time.Time) error {
+	if done, err := writeData(w, output, recordDetail{Record: rec, History: nonNil(hist), Sandboxes: sandboxes}); done || err != nil {
 		return err
+	}
+	if rec == nil && len(hist) == 0 {
+		return writeSandboxTable(w, sandboxes, now)
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	if rec == nil {
@@ -102,7 +110,94 @@ func writeRecordDetail(w io.Writer, output string, rec *ledger.Record, hist []le
 		return err
 	}
 	fmt.Fprintln(w, "\nHistory:")
-	return writeEventTable(w, hist, false)
+	if err := writeEventTable(w, hist, false); err != nil {
+		return err
+	}
+	if len(sandboxes) > 0 {
+		fmt.Fprintln(w, "\nSandboxes:")
+		return writeSandboxTable(w, sandboxes, now)
+	}
+	return nil
+}
+
+func writeSandboxes(w io.Writer, output string, ss []ledger.Sandbox, now time.Time) error {
+	if done, err := writeData(w, output, nonNil(ss)); done || err != nil {
+		return err
+	}
+	return writeSandboxTable(w, ss, now)
+}
+
+// writeSandboxTable draws one line per sandbox; the id is cut to 12
+// characters, as kata and crictl show it.
+func writeSandboxTable(w io.Writer, ss []ledger.Sandbox, now time.Time) error {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "SANDBOX\tPOD\tNAMESPACE\tPHASE\tVM\tIP\tVXLAN\tATTEMPT\tAGE")
+	for _, s := range ss {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", shortID(s.ID), s.Name, s.Namespace, s.Phase, dash(s.VMID),
+			dash(strings.Join(s.IPs, ",")), vxlanCell(s.Tunnel.VXLANID), s.Attempt, age(s.CreatedAt, now))
+	}
+	return tw.Flush()
+}
+
+type sandboxDetail struct {
+	Sandbox *ledger.Sandbox       `json:"sandbox"`
+	History []ledger.SandboxEvent `json:"history"`
+}
+
+// writeSandboxDetail draws one sandbox (nil: deleted) and its history.
+func writeSandboxDetail(w io.Writer, output string, s *ledger.Sandbox, hist []ledger.SandboxEvent, now time.Time) error {
+	if done, err := writeData(w, output, sandboxDetail{Sandbox: s, History: nonNil(hist)}); done || err != nil {
+		return err
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	if s == nil {
+		fmt.Fprintln(tw, "Sandbox:\t(deleted; history below)")
+	} else {
+		t := s.Tunnel
+		tunnel := "-"
+		if t.VXLANID != 0 {
+			tunnel = fmt.Sprintf("VXLAN %d, UDP port %d, %s (node) to %s (VM)", t.VXLANID, t.Port, dash(t.LocalIP), dash(t.RemoteIP))
+		}
+		rows := [][2]string{
+			{"Sandbox", s.ID}, {"Pod", s.PodRef()}, {"Pod UID", s.PodUID}, {"Node", s.Node},
+			{"Phase", string(s.Phase)}, {"Reason", dash(s.Reason)}, {"Message", dash(s.Message)},
+			{"Provider", dash(s.Provider)}, {"VM", dash(s.VMID)}, {"VM name", dash(s.VMName)},
+			{"Idempotency key", dash(s.Key)}, {"Instance type", dash(s.InstanceType)}, {"Image", dash(s.Image)},
+			{"IPs", dash(strings.Join(s.IPs, ", "))}, {"Network namespace", dash(s.NetNS)}, {"Tunnel", tunnel},
+			{"Agent socket", dash(s.AgentSocket)}, {"Forwarder", dash(s.RelayAddr)},
+			{"Certificate serials", dash(strings.Join(s.CertSerials, ", "))},
+			{"Attempt", fmt.Sprint(s.Attempt)}, {"Revision", fmt.Sprint(s.Revision)},
+			{"Created", stamp(s.CreatedAt, now)}, {"Updated", stamp(s.UpdatedAt, now)},
+		}
+		for _, row := range rows {
+			fmt.Fprintf(tw, "%s:\t%s\n", row[0], row[1])
+		}
+	}
+	if err := tw.Flush(); err != nil {
+		return err
+	}
+	fmt.Fprintln(w, "\nHistory:")
+	tw = tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TIME\tACTION\tPHASE\tVM\tATTEMPT\tREV\tREASON")
+	for _, e := range hist {
+		r := e.Sandbox
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%d\t%s\n", e.Time.Format(time.RFC3339), e.Action, r.Phase, dash(r.VMID), r.Attempt, r.Revision, dash(r.Reason))
+	}
+	return tw.Flush()
+}
+
+func shortID(id string) string {
+	if len(id) > 12 {
+		return id[:12]
+	}
+	return id
+}
+
+func vxlanCell(id int) string {
+	if id == 0 {
+		return "-"
+	}
+	return fmt.Sprint(id)
 }
 
 func writeEvents(w io.Writer, output string, hist []ledger.Event, withPod bool) error {
@@ -223,6 +318,14 @@ func writeStats(w io.Writer, output string, s ledger.Stats, source string) error
 	}
 	for _, p := range ledger.Phases {
 		rows = append(rows, [2]string{"  " + string(p), fmt.Sprint(s.ByPhase[p])})
+	}
+	if s.Sandboxes > 0 {
+		rows = append(rows, [2]string{"Sandboxes", fmt.Sprint(s.Sandboxes)})
+		for _, p := range ledger.SandboxPhases {
+			if n := s.SandboxesByPhase[p]; n > 0 {
+				rows = append(rows, [2]string{"  " + string(p), fmt.Sprint(n)})
+			}
+		}
 	}
 	rows = append(rows,
 		[2]string{"Undecodable records", fmt.Sprint(s.Undecodable)},

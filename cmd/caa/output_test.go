@@ -72,18 +72,18 @@ func TestRecordDetailShowsTheReplacedVM(t *testing.T) {
 	r := ledger.Record{PodUID: "uid-1", Namespace: "team", Name: "web", Phase: ledger.PhaseRunning,
 		Provider: "aws", VMID: "i-0new", ReplacesVMID: "i-0old", Attempt: 2, Revision: 3, CreatedAt: now}
 	var out bytes.Buffer
-	require.NoError(t, writeRecordDetail(&out, "table", &r, nil, now))
+	require.NoError(t, writeRecordDetail(&out, "table", &r, nil, nil, now))
 	assert.Regexp(t, `Replaces VM:\s+i-0old \(dead; named here until the cloud has deleted it\)`, out.String())
 	assert.Regexp(t, `Failed spec:\s+-`, out.String())
 
 	r.ReplacesVMID, r.Phase, r.FailedSpec = "", ledger.PhaseFailed, "sha256:1f2e"
 	out.Reset()
-	require.NoError(t, writeRecordDetail(&out, "table", &r, nil, now))
+	require.NoError(t, writeRecordDetail(&out, "table", &r, nil, nil, now))
 	assert.Regexp(t, `Replaces VM:\s+-\n`, out.String())
 	assert.Regexp(t, `Failed spec:\s+sha256:1f2e`, out.String())
 
 	out.Reset()
 	r.ReplacesVMID = "i-0old"
-	require.NoError(t, writeRecordDetail(&out, "json", &r, nil, now))
+	require.NoError(t, writeRecordDetail(&out, "json", &r, nil, nil, now))
 	assert.Contains(t, out.String(), `"replacesVMID": "i-0old"`)
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/reconcile"
+	"github.com/caa-project/caa/pkg/sandbox"
 )
 
 // newLedgerRebuildCommand is `caa ledger rebuild`: records rebuilt from the
@@ -26,8 +27,10 @@ func newLedgerRebuildCommand() *cobra.Command {
 		Use:   "rebuild",
 		Short: "Rebuild the ledger's records from the cloud's VM tags and this node's pods (run with the daemon stopped)",
 		Long: "Rebuild the ledger from what the cloud and the cluster know: every VM tagged for this\n" +
-			"cluster and node whose pod still exists gets a Running record. Nothing is created or\n" +
-			"deleted in the cloud; VMs whose pod is gone are listed, for the daemon's orphan collection.\n" +
+			"cluster and node whose pod still exists gets a Running record; a VM of a kata sandbox (remote\n" +
+			"hypervisor mode) gets a sandbox record in phase Lost (its tunnel and agent socket are not in\n" +
+			"the tags), kept until its pod goes or a newer sandbox runs. Nothing is created or deleted in\n" +
+			"the cloud; VMs whose pod is gone are listed, for the daemon's orphan collection.\n" +
 			"It needs the same flags (or environment) as `caa run`, and the ledger must not be held.",
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
@@ -79,48 +82,11 @@ func rebuildLedger(ctx context.Context, f *runFlags, dryRun bool, stdout, stderr
 		defer led.Close()
 	}
 	exec := &reconcile.Executor{Ledger: led, Provider: prov, Cluster: clusterID, Node: f.node, Log: log}
-	// Every VM of a pod, terminated ones too, says which attempts' keys
-	// were used: the rebuilt record starts above all of them, so no key
-	// whose VM may have existed is used again (EC2 keeps a token longer
-	// than it lists the instance, and answers its reuse with an error).
-	highest := map[string]int{}
-	for _, vm := range vms {
-		if uid := vm.Owner().PodUID; uid != "" {
-			highest[uid] = max(highest[uid], reconcile.AttemptOf(vm.Owner().Key))
-		}
+	n, err := rebuildRecords(ctx, stdout, led, exec, prov.Name(), vms, pods)
+	if err != nil {
+		return err
 	}
-	var adopted, kept, orphaned int
-	for _, vm := range vms {
-		owner := vm.Owner()
-		pod := pods[owner.PodUID]
-		switch {
-		case vm.State.Gone():
-			continue
-		case vm.State.Dead():
-			// Never recorded as the pod's VM: the daemon replaces it (or,
-			// beside a live one, collects it) and deletes it.
-			fmt.Fprintf(stdout, "dead     %s  pod %s (%s): %s; the daemon replaces and deletes it\n", vm.ID, owner.Pod, owner.PodUID, vm.State)
-			continue
-		case pod == nil:
-			orphaned++
-			fmt.Fprintf(stdout, "orphan   %s  pod %s (%s) is gone; the daemon collects it after its grace period\n", vm.ID, owner.Pod, owner.PodUID)
-			continue
-		}
-		if led != nil {
-			if _, err := led.Get(pod.UID); err == nil {
-				kept++
-				continue
-			} else if !errors.Is(err, ledger.ErrNotFound) {
-				return err
-			}
-			in := reconcile.Input{Pod: pod, VM: &vm, HighestAttempt: highest[pod.UID]}
-			if _, err := exec.Apply(ctx, in, reconcile.Action{Kind: reconcile.KindAdopt, Reason: reconcile.ReasonRebuilt}); err != nil {
-				return err
-			}
-		}
-		adopted++
-		fmt.Fprintf(stdout, "recorded %s  pod %s/%s (%s)\n", vm.ID, pod.Namespace, pod.Name, pod.UID)
-	}
+	adopted, kept, orphaned := n.adopted, n.kept, n.orphaned
 	verb := "recorded"
 	if dryRun {
 		verb = "would record"
@@ -129,5 +95,89 @@ func rebuildLedger(ctx context.Context, f *runFlags, dryRun bool, stdout, stderr
 		return err
 	}
 	fmt.Fprintf(stdout, "%s %d VMs; %d already recorded; %d orphans left for the daemon\n", verb, adopted, kept, orphaned)
+	if n.sandboxes > 0 {
+		fmt.Fprintf(stdout, "%d of them as kata sandboxes in phase Lost: their tunnels and agent sockets are not in the tags, so caa cannot serve them again; "+
+			"each VM is kept until its pod goes or a newer sandbox of its pod runs\n", n.sandboxes)
+	}
 	return nil
+}
+
+type rebuildCounts struct{ adopted, kept, orphaned, sandboxes int }
+
+// rebuildRecords records the listed VMs of the node's live peer pods (led
+// nil: a dry run). A VM tagged with a kata sandbox id (the remote
+// hypervisor mode) becomes a sandbox record, in phase Lost: the tags give
+// its pod, VM and key but not its network namespace, tunnel or agent
+// socket, so it cannot be served again (with stock kata the shim's
+// connection broke at the restart anyway); the record keeps the VM from
+// being taken for an orphan until its pod goes or a newer sandbox of the
+// pod runs, which retire it by the usual rules. Any other VM becomes the
+// pod's record, as in the informer mode.
+func rebuildRecords(ctx context.Context, stdout io.Writer, led *ledger.Ledger, exec *reconcile.Executor, provName string,
+	vms []provider.VM, pods map[string]*reconcile.Pod) (rebuildCounts, error) {
+	var n rebuildCounts
+	// Every VM of a pod, terminated ones too, says which attempts' keys
+	// were used: the rebuilt record starts above all of them, so no key
+	// whose VM may have existed is used again (EC2 keeps a token longer
+	// than it lists the instance, and answers its reuse with an error).
+	highest := map[string]int{}
+	for _, vm := range vms {
+		if uid := vm.Owner().PodUID; uid != "" && vm.Tags[sandbox.TagSandbox] == "" {
+			highest[uid] = max(highest[uid], reconcile.AttemptOf(vm.Owner().Key))
+		}
+	}
+	for _, vm := range vms {
+		owner := vm.Owner()
+		pod := pods[owner.PodUID]
+		sb := vm.Tags[sandbox.TagSandbox]
+		switch {
+		case vm.State.Gone():
+			continue
+		case sb != "" && pod != nil:
+			s, ok := sandbox.Rebuilt(vm, pod, provName)
+			if !ok {
+				fmt.Fprintf(stdout, "skipped  %s  sandbox tag %q is not a sandbox id; the daemon collects it after its grace period\n", vm.ID, sb)
+				continue
+			}
+			if led != nil {
+				if _, err := led.GetSandbox(sb); err == nil {
+					n.kept++
+					continue
+				} else if !errors.Is(err, ledger.ErrNotFound) {
+					return n, err
+				}
+				if _, err := led.PutSandbox(s); err != nil {
+					return n, fmt.Errorf("record sandbox %s of VM %s: %w", sb, vm.ID, err)
+				}
+			}
+			n.adopted++
+			n.sandboxes++
+			fmt.Fprintf(stdout, "recorded %s  pod %s/%s (%s), sandbox %s, as Lost\n", vm.ID, pod.Namespace, pod.Name, pod.UID, sb)
+			continue
+		case vm.State.Dead() && sb == "":
+			// Never recorded as the pod's VM: the daemon replaces it (or,
+			// beside a live one, collects it) and deletes it.
+			fmt.Fprintf(stdout, "dead     %s  pod %s (%s): %s; the daemon replaces and deletes it\n", vm.ID, owner.Pod, owner.PodUID, vm.State)
+			continue
+		case pod == nil:
+			n.orphaned++
+			fmt.Fprintf(stdout, "orphan   %s  pod %s (%s) is gone; the daemon collects it after its grace period\n", vm.ID, owner.Pod, owner.PodUID)
+			continue
+		}
+		if led != nil {
+			if _, err := led.Get(pod.UID); err == nil {
+				n.kept++
+				continue
+			} else if !errors.Is(err, ledger.ErrNotFound) {
+				return n, err
+			}
+			in := reconcile.Input{Pod: pod, VM: &vm, HighestAttempt: highest[pod.UID]}
+			if _, err := exec.Apply(ctx, in, reconcile.Action{Kind: reconcile.KindAdopt, Reason: reconcile.ReasonRebuilt}); err != nil {
+				return n, err
+			}
+		}
+		n.adopted++
+		fmt.Fprintf(stdout, "recorded %s  pod %s/%s (%s)\n", vm.ID, pod.Namespace, pod.Name, pod.UID)
+	}
+	return n, nil
 }

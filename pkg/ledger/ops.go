@@ -56,6 +56,10 @@ type Stats struct {
 	Oldest         time.Time      `json:"oldestRecord,omitzero"`
 	Newest         time.Time      `json:"newestRecord,omitzero"`
 	Providers      map[string]int `json:"providers,omitempty"`
+	// Sandboxes counts the kata sandboxes (remote hypervisor mode) by
+	// phase; undecodable ones are in Undecodable.
+	Sandboxes        int                  `json:"sandboxes"`
+	SandboxesByPhase map[SandboxPhase]int `json:"sandboxesByPhase,omitempty"`
 }
 
 // Stats counts records by phase, the index and the history.
@@ -89,6 +93,9 @@ func (l *Ledger) Stats() (Stats, error) {
 			}
 		}
 		s.IndexedVMs = tx.tx.Bucket(bucketVMs).Stats().KeyN
+		var bad int
+		s.Sandboxes, s.SandboxesByPhase, bad = tx.countSandboxes()
+		s.Undecodable += bad
 		return nil
 	})
 	if err != nil {

@@ -35,8 +35,10 @@ type SandboxPhase string
 
 // The sandbox phases. Created is written by CreateVM (no cloud call);
 // Creating before the cloud create (the durable intent, I2); Running once
-// the VM runs and its agent answered; Lost when its VM was found gone under
-// it (never recreated: the containers' state was in the VM); Deleting
+// the VM runs and its agent answered; Lost when caa cannot serve it again:
+// its VM was found gone under it (never recreated: the containers' state
+// was in the VM), or `caa ledger rebuild` made the record from the VM's
+// tags, which do not carry its tunnel or agent socket; Deleting
 // before the cloud delete (StopVM, or positive evidence that the sandbox is
 // over); Failed when StartVM could not give it a VM and no VM exists.
 const (
@@ -543,6 +545,103 @@ func decodeSandboxEvent(data []byte) (SandboxEvent, error) {
 		return SandboxEvent{}, err
 	}
 	return e, nil
+}
+
+// countSandboxes counts the sandboxes by phase, and those that do not
+// decode; a ledger without the bucket (schema 1) has none.
+func (tx *Tx) countSandboxes() (n int, byPhase map[SandboxPhase]int, undecodable int) {
+	b := tx.tx.Bucket(bucketSandboxes)
+	if b == nil {
+		return 0, nil, 0
+	}
+	_ = b.ForEach(func(_, v []byte) error {
+		s, err := decodeSandbox(v)
+		if err != nil {
+			undecodable++
+			return nil
+		}
+		if byPhase == nil {
+			byPhase = map[SandboxPhase]int{}
+		}
+		n++
+		byPhase[s.Phase]++
+		return nil
+	})
+	return n, byPhase, undecodable
+}
+
+// verifySandboxes checks the sandbox buckets for Verify: every record and
+// history entry decodes, is stored under its own id and is valid for this
+// node; a running sandbox names what serving it again needs; no VM belongs
+// to two sandboxes, nor to a sandbox and a pod record; no two sandboxes
+// share a VXLAN id.
+func verifySandboxes(btx *bolt.Tx, m Meta, add func(where, format string, args ...any)) {
+	sbs, hist := btx.Bucket(bucketSandboxes), btx.Bucket(bucketSandboxHistory)
+	if sbs == nil || hist == nil {
+		if m.SchemaVersion >= 2 {
+			add("buckets", "sandboxes or sandboxHistory bucket missing in a schema %d ledger", m.SchemaVersion)
+		}
+		return
+	}
+	vmOwner := map[string]string{}
+	vxlanOwner := map[int]string{}
+	vms := btx.Bucket(bucketVMs)
+	_ = sbs.ForEach(func(k, v []byte) error {
+		where := "sandboxes/" + string(k)
+		s, err := decodeSandbox(v)
+		if err != nil {
+			add(where, "does not decode: %v", err)
+			return nil
+		}
+		if s.ID != string(k) {
+			add(where, "holds sandbox id %q", s.ID)
+		}
+		if err := s.validate(); err != nil {
+			add(where, "%v", err)
+		}
+		if m.Node != "" && s.Node != m.Node {
+			add(where, "is for node %q, the ledger for %q", s.Node, m.Node)
+		}
+		if s.Phase == SandboxRunning && (s.VMID == "" || s.RelayAddr == "" || s.AgentSocket == "") {
+			add(where, "is Running but does not name its VM (%q), its forwarder (%q) and its agent socket (%q): it cannot be served again",
+				s.VMID, s.RelayAddr, s.AgentSocket)
+		}
+		if s.Phase == SandboxCreating && s.Key == "" {
+			add(where, "is Creating without an idempotency key: a create resumed after a crash could make a second VM")
+		}
+		if s.VMID != "" {
+			vk := string(vmKey(s.Provider, s.VMID))
+			if o, ok := vmOwner[vk]; ok {
+				add(where, "VM %s/%s is also recorded for sandbox %s", s.Provider, s.VMID, o)
+			}
+			vmOwner[vk] = s.ID
+			if vms != nil {
+				if pod := vms.Get([]byte(vk)); pod != nil {
+					add(where, "VM %s/%s is also recorded for pod %s", s.Provider, s.VMID, pod)
+				}
+			}
+		}
+		if id := s.Tunnel.VXLANID; id != 0 {
+			if o, ok := vxlanOwner[id]; ok {
+				add(where, "VXLAN id %d is also sandbox %s's", id, o)
+			}
+			vxlanOwner[id] = s.ID
+		}
+		return nil
+	})
+	_ = hist.ForEachBucket(func(k []byte) error {
+		_ = hist.Bucket(k).ForEach(func(sk, v []byte) error {
+			where := fmt.Sprintf("sandboxHistory/%s/%x", k, sk)
+			e, err := decodeSandboxEvent(v)
+			if err != nil {
+				add(where, "does not decode: %v", err)
+			} else if e.Sandbox.ID != string(k) {
+				add(where, "holds an entry of sandbox %q", e.Sandbox.ID)
+			}
+			return nil
+		})
+		return nil
+	})
 }
 
 // ParseSandboxPhase accepts a phase name in any letter case.

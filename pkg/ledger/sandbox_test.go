@@ -153,3 +153,87 @@ func testMigrationSandboxes(t *testing.T) {
 		return nil
 	})
 }
+
+// Verify checks the sandboxes as it checks the pod records: a clean ledger
+// has no problem, and each kind of damage is named where it is.
+func TestVerifyChecksSandboxes(t *testing.T) {
+	l, _ := newTestLedger(t)
+	run := sandboxRecord("sb-run")
+	run.Provider, run.VMID, run.Phase = "aws", "i-run", SandboxRunning
+	run.AgentSocket, run.RelayAddr = "/run/peerpod/pods/sb-run/agent.ttrpc", "10.0.0.7:15150"
+	run.Tunnel = Tunnel{VXLANID: 555000, Port: 4789}
+	_, err := l.PutSandbox(run)
+	require.NoError(t, err)
+	other := sandboxRecord("sb-other")
+	other.Tunnel = Tunnel{VXLANID: 555001, Port: 4789}
+	_, err = l.PutSandbox(other)
+	require.NoError(t, err)
+	probs, err := l.Verify()
+	require.NoError(t, err)
+	assert.Empty(t, probs, "a sound ledger")
+
+	// Damage written past PutSandbox's checks, as a bug or a bad disk would.
+	bad := func(s Sandbox) []byte {
+		if s.Node == "" {
+			s.Node = testNode
+		}
+		return encodeSandbox(s)
+	}
+	half := run
+	half.ID, half.VMID, half.RelayAddr, half.Tunnel.VXLANID = "sb-half", "", "", 0
+	dupVM := run
+	dupVM.ID, dupVM.Tunnel.VXLANID = "sb-dup", 555009
+	dupVX := other
+	dupVX.ID = "sb-vx"
+	noKey := sandboxRecord("sb-nokey")
+	noKey.Phase = SandboxCreating
+	elsewhere := sandboxRecord("sb-else")
+	elsewhere.Node = "node-b"
+	require.NoError(t, l.update(func(btx *bolt.Tx) error {
+		b := btx.Bucket(bucketSandboxes)
+		for k, v := range map[string][]byte{
+			"sb-half": bad(half), "sb-dup": bad(dupVM), "sb-vx": bad(dupVX), "sb-nokey": bad(noKey), "sb-else": bad(elsewhere),
+			"sb-moved": bad(sandboxRecord("sb-elsewhere")), "sb-junk": {0x7f, 1, 2},
+		} {
+			if err := b.Put([]byte(k), v); err != nil {
+				return err
+			}
+		}
+		hb, err := btx.Bucket(bucketSandboxHistory).CreateBucketIfNotExists([]byte("sb-junk"))
+		if err != nil {
+			return err
+		}
+		return hb.Put(seqKey(1), []byte{0x01, 0xff})
+	}))
+	probs, err = l.Verify()
+	require.NoError(t, err)
+	got := map[string]string{}
+	for _, p := range probs {
+		got[p.Where] += p.What + "; "
+	}
+	assert.Contains(t, got["sandboxes/sb-half"], "cannot be served again")
+	assert.Contains(t, got["sandboxes/sb-run"], "VM aws/i-run is also recorded for sandbox sb-dup")
+	assert.Contains(t, got["sandboxes/sb-vx"], "VXLAN id 555001 is also sandbox sb-other's")
+	assert.Contains(t, got["sandboxes/sb-nokey"], "idempotency key")
+	assert.Contains(t, got["sandboxes/sb-else"], "node-b")
+	assert.Contains(t, got["sandboxes/sb-moved"], `holds sandbox id "sb-elsewhere"`)
+	assert.Contains(t, got["sandboxes/sb-junk"], "does not decode")
+	assert.Contains(t, got["sandboxHistory/sb-junk/0000000000000001"], "does not decode")
+	assert.Len(t, got, 8, "%v", got)
+}
+
+// A VM recorded both for a pod (informer mode) and for a sandbox is named.
+func TestVerifyNamesAVMOfBothAPodAndASandbox(t *testing.T) {
+	l, _ := newTestLedger(t)
+	_, err := l.Put(Record{PodUID: "uid-1", Namespace: "default", Name: "web", Phase: PhaseRunning, Provider: "aws", VMID: "i-1", Key: "uid-1-a1", Attempt: 1})
+	require.NoError(t, err)
+	s := sandboxRecord("sb-1")
+	s.Provider, s.VMID, s.Phase = "aws", "i-1", SandboxLost
+	_, err = l.PutSandbox(s)
+	require.NoError(t, err)
+	probs, err := l.Verify()
+	require.NoError(t, err)
+	require.Len(t, probs, 1)
+	assert.Equal(t, "sandboxes/sb-1", probs[0].Where)
+	assert.Contains(t, probs[0].What, "also recorded for pod uid-1")
+}

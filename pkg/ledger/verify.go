@@ -98,7 +98,7 @@ func (l *Ledger) Verify() ([]Problem, error) {
 			}
 			return nil
 		})
-		return hist.ForEachBucket(func(k []byte) error {
+		_ = hist.ForEachBucket(func(k []byte) error {
 			_ = hist.Bucket(k).ForEach(func(sk, v []byte) error {
 				if _, err := decodeEvent(v); err != nil {
 					add(fmt.Sprintf("history/%s/%x", k, sk), "does not decode: %v", err)
@@ -107,6 +107,8 @@ func (l *Ledger) Verify() ([]Problem, error) {
 			})
 			return nil
 		})
+		verifySandboxes(btx, m, add)
+		return nil
 	})
 	if err != nil {
 		probs = append(probs, Problem{Where: "file", What: err.Error()})

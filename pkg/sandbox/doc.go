@@ -17,6 +17,12 @@
 //     its sandbox, the sandbox's pod absent from the full synced pod cache
 //     or terminal, or a newer sandbox of the same pod that runs (it
 //     supersedes the older one). A shutdown deletes nothing (I4).
+//   - Orphans (orphans.go): a VM tagged for this node that no sandbox
+//     record and no pod record names is deleted once seen as an orphan in
+//     listings the grace apart, as in the informer mode; a live sandbox's
+//     VM never is. The pod records of a node switched over from the
+//     informer mode keep their VMs (no recreate, no delete) until their
+//     pods go.
 //
 // The pod VM side (certificates, user data, tunnel, relay) is behind the
 // PodSide interface so that the lifecycle is tested without namespaces.

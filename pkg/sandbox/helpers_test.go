@@ -20,8 +20,15 @@ import (
 
 // fakePods is a pod cache.
 type fakePods struct {
-	mu   sync.Mutex
-	pods map[string]*reconcile.Pod
+	mu       sync.Mutex
+	pods     map[string]*reconcile.Pod
+	unsynced bool
+}
+
+func (f *fakePods) setSynced(ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.unsynced = !ok
 }
 
 func (f *fakePods) add(p *reconcile.Pod) {
@@ -52,7 +59,11 @@ func (f *fakePods) Pod(uid string) *reconcile.Pod {
 	return f.pods[uid]
 }
 
-func (f *fakePods) Synced() bool { return true }
+func (f *fakePods) Synced() bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return !f.unsynced
+}
 
 // fakeSide records what the lifecycle asked of the pod VM side.
 type fakeSide struct {

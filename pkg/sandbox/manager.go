@@ -101,6 +101,9 @@ type Config struct {
 	// the sandbox is declared Lost (default 30 s); a VM the cloud shows as
 	// terminated, stopped or failed is lost at once.
 	ConfirmMissing time.Duration
+	// OrphanGrace is how long a VM must be seen as an orphan, in listings
+	// at least that far apart, before it is deleted (default 5 min).
+	OrphanGrace time.Duration
 	// Stop, when done, means no new work (invariant I4).
 	Stop context.Context
 	Log  *slog.Logger
@@ -114,7 +117,10 @@ type Manager struct {
 	mu      sync.Mutex
 	live    map[string]*live
 	missing map[string]time.Time // sandbox id -> VM first seen missing
-	bg      sync.WaitGroup
+	orphans *reconcile.OrphanTracker
+	// exec deletes the VMs of informer-mode records whose pods are gone.
+	exec *reconcile.Executor
+	bg   sync.WaitGroup
 }
 
 // live is what a sandbox has in memory only: its relay, the secrets it
@@ -155,7 +161,16 @@ func New(cfg Config) *Manager {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	return &Manager{cfg: cfg, live: map[string]*live{}, missing: map[string]time.Time{}}
+	if cfg.OrphanGrace <= 0 {
+		cfg.OrphanGrace = orphanGrace
+	}
+	exec := &reconcile.Executor{
+		Ledger: cfg.Ledger, Provider: cfg.Provider, Writes: cfg.Writes, Reads: cfg.Reads,
+		Cluster: cfg.Cluster, Node: cfg.Node, CallTimeout: cfg.CallTimeout, Stop: cfg.Stop, Log: cfg.Log, Now: cfg.Now,
+		Events: cfg.Events,
+	}
+	return &Manager{cfg: cfg, live: map[string]*live{}, missing: map[string]time.Time{},
+		orphans: reconcile.NewOrphanTracker(cfg.OrphanGrace), exec: exec}
 }
 
 // Wait returns once the background deletes have finished or given up

@@ -9,6 +9,7 @@ import (
 
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/pkg/reconcile"
 )
 
 // Report is what a Sync found and did.
@@ -22,9 +23,20 @@ type Report struct {
 	Lost []string
 	// Retired counts sandboxes this sync turned Deleting (pod gone).
 	Retired int
-	// CloudReads counts listings and gets; Sync itself never writes to the
-	// cloud (the deletes of retired sandboxes run in the background).
+	// CloudReads counts listings and gets.
 	CloudReads int
+	// CloudWrites counts the deletes Sync itself sent: orphans past their
+	// grace, and VMs of informer-mode records whose pods are gone. The
+	// deletes of retired sandboxes run in the background and are not
+	// counted here.
+	CloudWrites int
+	// Orphans are the orphan VMs waiting out their grace; OrphansDeleted
+	// counts those this sync deleted.
+	Orphans        []reconcile.PendingOrphan
+	OrphansDeleted int
+	// Records counts the informer-mode pod records kept (their pods live);
+	// RecordsRetired those whose VM this sync deleted (pod gone).
+	Records, RecordsRetired int
 }
 
 // Ready reports whether every running sandbox is served.
@@ -35,9 +47,10 @@ func (r Report) Ready() bool { return len(r.Pending) == 0 }
 // each running sandbox whose VM is alive (tunnel and relay set up again if
 // a restart took them), declares Lost those whose VM is confirmed gone,
 // retires those whose pod is gone (positive evidence, only from a synced
-// pod cache), and resumes the deletes a restart cut short. One listing of
-// the node's VMs, and a Get only for a VM the listing misses. wait bounds
-// the wait for the agents to answer.
+// pod cache), and resumes the deletes a restart cut short. Then it keeps
+// the informer mode's pod records (syncRecords) and collects orphans
+// (Orphans). One listing of the node's VMs, and a Get only for a VM the
+// listing misses. wait bounds the wait for the agents to answer.
 func (m *Manager) Sync(ctx context.Context, wait time.Duration) (Report, error) {
 	rep := Report{Pending: map[string]string{}}
 	all, err := m.cfg.Ledger.ListSandboxes()
@@ -68,9 +81,6 @@ func (m *Manager) Sync(ctx context.Context, wait time.Duration) (Report, error) 
 		case ledger.SandboxLost:
 			rep.Lost = append(rep.Lost, s.ID)
 		}
-	}
-	if len(running) == 0 {
-		return rep, nil
 	}
 	if err := m.take(ctx, m.cfg.Reads); err != nil {
 		return rep, err
@@ -129,6 +139,16 @@ func (m *Manager) Sync(ctx context.Context, wait time.Duration) (Report, error) 
 		}()
 	}
 	wg.Wait()
+	// The informer mode's records, then the orphans: both after the
+	// sandboxes are served, so no delete delays an agent.
+	if err := m.syncRecords(ctx, vms, synced, &rep); err != nil {
+		return rep, err
+	}
+	if synced && !m.stopping() {
+		if err := m.collectOrphans(ctx, vms, &rep); err != nil {
+			return rep, err
+		}
+	}
 	return rep, nil
 }
 

@@ -28,6 +28,10 @@ func TestPagesAndBounds(t *testing.T) {
 	assert.Equal(t, time.Duration(0), CreateSchedule(20, 5, 20))
 	assert.InDelta(t, 0.5, Slope([]float64{0, 5, 10}, []float64{30, 32.5, 35}), 1e-9)
 	assert.Zero(t, Slope([]float64{1}, []float64{1}))
+	ms := time.Millisecond
+	assert.Equal(t, (100+5+50+80+50*4)*ms, SandboxRestartBound(100*ms, 5*ms, 50*ms, 80*ms, 4*ms, 100, 2), "100 calls on 2 CPUs: 50 in a row")
+	assert.Equal(t, (100+5+50+80+7*4)*ms, SandboxRestartBound(100*ms, 5*ms, 50*ms, 80*ms, 4*ms, 20, 3))
+	assert.Equal(t, (100+5+50+80+4)*ms, SandboxRestartBound(100*ms, 5*ms, 50*ms, 80*ms, 4*ms, 0, 0), "one call at least")
 }
 
 func TestRowJudgesTheMedian(t *testing.T) {

@@ -49,3 +49,14 @@ func Slope(xs, ys []float64) float64 {
 	}
 	return (n*sxy - sx*sy) / den
 }
+
+// SandboxRestartBound is S8's floor for serving n sandboxes again after a
+// restart: the process start, the node's pod list, one listing of the
+// node's VMs, the kernel's check of the surviving tunnels (measured side by
+// side, as caa runs them), and the relayed agent calls: each costs call of
+// CPU at both ends of its mutual-TLS connection, all on this machine's cpus,
+// so n of them take at least ceil(n/cpus) calls one after another.
+func SandboxRestartBound(exec, podList, listing, tunnels, call time.Duration, n, cpus int) time.Duration {
+	cpus = max(cpus, 1)
+	return exec + podList + listing + tunnels + time.Duration((max(n, 1)+cpus-1)/cpus)*call
+}

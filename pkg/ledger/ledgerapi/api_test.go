@@ -353,3 +353,62 @@ func httpOverSocket(sock string) *http.Client {
 		},
 	}}
 }
+
+func seedSandboxes(t *testing.T, l *ledger.Ledger) {
+	t.Helper()
+	s, err := l.PutSandbox(ledger.Sandbox{ID: "sb-1", PodUID: "uid-web", Namespace: "default", Name: "web", Phase: ledger.SandboxCreated,
+		Tunnel: ledger.Tunnel{VXLANID: 555000, Port: 4789, LocalIP: "10.0.0.1"}})
+	require.NoError(t, err)
+	s.Phase, s.Provider, s.VMID, s.IPs, s.CertSerials = ledger.SandboxRunning, "aws", "i-sb1", []string{"10.1.0.5"}, []string{"5a17"}
+	_, err = l.PutSandbox(s)
+	require.NoError(t, err)
+}
+
+// The sandboxes read the same over the daemon's socket as from the file,
+// and a daemon older than them is told apart from a missing sandbox.
+func TestSandboxesOverTheWire(t *testing.T) {
+	path := shortDir(t)
+	l := openWritable(t, path)
+	seedSandboxes(t, l)
+	sock := serve(t, l)
+	ctx := context.Background()
+	local := &ledgerapi.Local{L: l, KeepOpen: true}
+	remote := ledgerapi.NewClient(sock, time.Second)
+	t.Cleanup(func() { _ = remote.Close() })
+
+	ls, err := local.Sandboxes(ctx)
+	require.NoError(t, err)
+	rs, err := remote.Sandboxes(ctx)
+	require.NoError(t, err)
+	require.Len(t, rs, 1)
+	assert.Equal(t, ls[0].Revision, rs[0].Revision)
+	assert.Equal(t, "i-sb1", rs[0].VMID)
+	assert.Equal(t, 555000, rs[0].Tunnel.VXLANID)
+	assert.Equal(t, []string{"5a17"}, rs[0].CertSerials)
+
+	s, err := remote.Sandbox(ctx, "sb-1")
+	require.NoError(t, err)
+	assert.Equal(t, ledger.SandboxRunning, s.Phase)
+	hist, err := remote.SandboxHistory(ctx, "sb-1")
+	require.NoError(t, err)
+	require.Len(t, hist, 2)
+	assert.Equal(t, ledger.SandboxCreated, hist[0].Sandbox.Phase)
+
+	_, err = remote.Sandbox(ctx, "sb-none")
+	assert.ErrorIs(t, err, ledger.ErrNotFound)
+	_, err = remote.SandboxHistory(ctx, "sb-none")
+	assert.ErrorIs(t, err, ledger.ErrNotFound)
+
+	// A daemon that predates the sandboxes: its mux answers 404, no JSON.
+	old := filepath.Join(filepath.Dir(path), "old.sock")
+	ln, err := net.Listen("unix", old)
+	require.NoError(t, err)
+	srv := &http.Server{Handler: http.NotFoundHandler(), ReadHeaderTimeout: time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	t.Cleanup(func() { _ = srv.Close() })
+	oc := ledgerapi.NewClient(old, time.Second)
+	t.Cleanup(func() { _ = oc.Close() })
+	_, err = oc.Sandboxes(ctx)
+	assert.ErrorIs(t, err, ledgerapi.ErrNotServed)
+	assert.NotErrorIs(t, err, ledger.ErrNotFound)
+}

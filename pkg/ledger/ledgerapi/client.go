@@ -114,6 +114,35 @@ func (c *Client) Verify(ctx context.Context) ([]ledger.Problem, error) {
 	return body.Problems, err
 }
 
+// ErrNotServed: the daemon does not know the request (a caa older than
+// it); the CLI says so rather than failing.
+var ErrNotServed = errors.New("the daemon does not serve this request (it runs an older caa)")
+
+// Sandboxes returns every sandbox record.
+func (c *Client) Sandboxes(ctx context.Context) ([]ledger.Sandbox, error) {
+	var body sandboxesBody
+	if err := c.get(ctx, "/v1/sandboxes", &body); err != nil {
+		return nil, err
+	}
+	if body.Error != "" {
+		return body.Sandboxes, fmt.Errorf("%w: %s (from %s)", ledger.ErrCorrupt, body.Error, c.Source())
+	}
+	return body.Sandboxes, nil
+}
+
+// Sandbox returns one sandbox record.
+func (c *Client) Sandbox(ctx context.Context, id string) (s ledger.Sandbox, err error) {
+	err = c.get(ctx, "/v1/sandboxes/"+url.PathEscape(id), &s)
+	return s, err
+}
+
+// SandboxHistory returns one sandbox's history.
+func (c *Client) SandboxHistory(ctx context.Context, id string) ([]ledger.SandboxEvent, error) {
+	var body sandboxEventsBody
+	err := c.get(ctx, "/v1/sandboxes/"+url.PathEscape(id)+"/history", &body)
+	return body.Events, err
+}
+
 // Source names the socket.
 func (c *Client) Source() string { return "daemon on " + c.socket }
 
@@ -140,6 +169,9 @@ func (c *Client) get(ctx context.Context, path string, out any) error {
 	if resp.StatusCode != http.StatusOK {
 		var eb errorBody
 		if json.Unmarshal(data, &eb) != nil || eb.Error == "" {
+			if resp.StatusCode == http.StatusNotFound {
+				return fmt.Errorf("ledger API %s on %s: %w", path, c.socket, ErrNotServed)
+			}
 			return fmt.Errorf("ledger API %s: HTTP %d from %s", path, resp.StatusCode, c.socket)
 		}
 		for _, k := range errorKinds {

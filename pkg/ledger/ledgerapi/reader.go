@@ -19,6 +19,14 @@
 //	GET /v1/history/{uid}         -> {"events": [Event...]}
 //	GET /v1/stats                 -> ledger.Stats
 //	GET /v1/verify                -> {"problems": [Problem...]}
+//	GET /v1/sandboxes             -> {"sandboxes": [Sandbox...], "error": "..."}
+//	                                 the kata sandboxes of the remote
+//	                                 hypervisor mode (none in the informer mode)
+//	GET /v1/sandboxes/{id}        -> Sandbox
+//	GET /v1/sandboxes/{id}/history -> {"events": [SandboxEvent...]}
+//
+// A daemon older than the sandboxes answers their paths 404 without a
+// JSON body; the client reports that as ErrNotServed.
 //
 // Failures answer a status code and {"error": "...", "kind": "..."}; the
 // kind names the ledger sentinel (not_found, corrupt, ...) so a client's
@@ -27,6 +35,7 @@ package ledgerapi
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"time"
@@ -50,6 +59,13 @@ type Reader interface {
 	AllHistory(ctx context.Context) ([]ledger.Event, error)
 	Stats(ctx context.Context) (ledger.Stats, error)
 	Verify(ctx context.Context) ([]ledger.Problem, error)
+	// Sandboxes returns every sandbox record (remote hypervisor mode),
+	// ordered by id; with some undecodable it returns the good ones and an
+	// error wrapping ledger.ErrCorrupt. A ledger older than the sandboxes
+	// holds none.
+	Sandboxes(ctx context.Context) ([]ledger.Sandbox, error)
+	Sandbox(ctx context.Context, id string) (ledger.Sandbox, error)
+	SandboxHistory(ctx context.Context, id string) ([]ledger.SandboxEvent, error)
 	// Source says where the answers come from, for messages.
 	Source() string
 	Close() error
@@ -119,6 +135,33 @@ func (r *Local) Stats(context.Context) (ledger.Stats, error) { return r.L.Stats(
 
 // Verify checks the ledger.
 func (r *Local) Verify(context.Context) ([]ledger.Problem, error) { return r.L.Verify() }
+
+// Sandboxes returns every sandbox; a file of schema 1 has none.
+func (r *Local) Sandboxes(context.Context) ([]ledger.Sandbox, error) {
+	ss, err := r.L.ListSandboxes()
+	if errors.Is(err, ledger.ErrSchema) {
+		return nil, nil
+	}
+	return ss, err
+}
+
+// Sandbox returns one sandbox.
+func (r *Local) Sandbox(_ context.Context, id string) (ledger.Sandbox, error) {
+	s, err := r.L.GetSandbox(id)
+	if errors.Is(err, ledger.ErrSchema) {
+		return s, fmt.Errorf("sandbox %s: %w", id, ledger.ErrNotFound)
+	}
+	return s, err
+}
+
+// SandboxHistory returns one sandbox's history.
+func (r *Local) SandboxHistory(_ context.Context, id string) ([]ledger.SandboxEvent, error) {
+	es, err := r.L.SandboxHistory(id)
+	if errors.Is(err, ledger.ErrSchema) {
+		return nil, fmt.Errorf("history of sandbox %s: %w", id, ledger.ErrNotFound)
+	}
+	return es, err
+}
 
 // Source names the file.
 func (r *Local) Source() string {

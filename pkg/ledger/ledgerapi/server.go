@@ -45,6 +45,16 @@ type eventsBody struct {
 	Events []ledger.Event `json:"events"`
 }
 
+type sandboxesBody struct {
+	Sandboxes []ledger.Sandbox `json:"sandboxes"`
+	// Error is set when some sandboxes did not decode (the rest are above).
+	Error string `json:"error,omitempty"`
+}
+
+type sandboxEventsBody struct {
+	Events []ledger.SandboxEvent `json:"events"`
+}
+
 type problemsBody struct {
 	Problems []ledger.Problem `json:"problems"`
 }
@@ -63,6 +73,9 @@ func NewHandler(r Reader, log *slog.Logger) http.Handler {
 	mux.HandleFunc("GET /v1/history/{uid}", h.history)
 	mux.HandleFunc("GET /v1/stats", h.stats)
 	mux.HandleFunc("GET /v1/verify", h.verify)
+	mux.HandleFunc("GET /v1/sandboxes", h.sandboxes)
+	mux.HandleFunc("GET /v1/sandboxes/{id}", h.sandbox)
+	mux.HandleFunc("GET /v1/sandboxes/{id}/history", h.sandboxHistory)
 	return mux
 }
 
@@ -139,6 +152,32 @@ func (h *handler) stats(w http.ResponseWriter, req *http.Request) {
 func (h *handler) verify(w http.ResponseWriter, req *http.Request) {
 	ps, err := h.r.Verify(req.Context())
 	h.reply(w, problemsBody{Problems: ps}, err)
+}
+
+func (h *handler) sandboxes(w http.ResponseWriter, req *http.Request) {
+	ss, err := h.r.Sandboxes(req.Context())
+	body := sandboxesBody{Sandboxes: ss}
+	if err != nil {
+		if !errors.Is(err, ledger.ErrCorrupt) || ss == nil {
+			h.reply(w, nil, err)
+			return
+		}
+		body.Error = err.Error()
+	}
+	if body.Sandboxes == nil {
+		body.Sandboxes = []ledger.Sandbox{}
+	}
+	h.reply(w, body, nil)
+}
+
+func (h *handler) sandbox(w http.ResponseWriter, req *http.Request) {
+	s, err := h.r.Sandbox(req.Context(), req.PathValue("id"))
+	h.reply(w, s, err)
+}
+
+func (h *handler) sandboxHistory(w http.ResponseWriter, req *http.Request) {
+	es, err := h.r.SandboxHistory(req.Context(), req.PathValue("id"))
+	h.reply(w, sandboxEventsBody{Events: es}, err)
 }
 
 func (h *handler) reply(w http.ResponseWriter, body any, err error) {
