@@ -1,0 +1,288 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/ttrpc"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caa-project/caa/internal/agentproto"
+	"github.com/caa-project/caa/pkg/ledger"
+	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/pkg/sandbox"
+	podvmfake "github.com/caa-project/caa/test/mocks/podvm"
+)
+
+// TestHypervisorKataPodEndToEnd drives the caa binary as kata would, on
+// the real apiserver: a kata-remote pod, then the shim's CreateVM and
+// StartVM; the pod VM boots from caa's user data (the fake EC2 behind the
+// real SDK provider, the fake pod VM reading the instance's user data); the
+// shim's one connection to caa's agent socket reaches the fake agent (relay
+// and mutual TLS real) for a health check and a long wait; a packet for the
+// pod crosses caa's VXLAN tunnel to the VM; StopVM answers fast and the VM
+// is deleted.
+func TestHypervisorKataPodEndToEnd(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	e := newHVEnv(ctx, t)
+	pod := e.newPod(ctx, t, "shop", "web-0", nil)
+	d := e.start(t)
+	d.waitReady(t, func() {})
+	v, err := e.shim.Version(ctx)
+	require.NoError(t, err)
+	assert.NotEmpty(t, v)
+
+	id := sandboxID(1)
+	sock, err := e.shim.CreateVM(ctx, id, pod.annotations(nil), pod.net.NSPath)
+	require.NoError(t, err)
+	assert.Empty(t, e.sandboxVMs(id), "CreateVM makes no cloud call")
+	t0 := time.Now()
+	require.NoError(t, e.shim.StartVM(ctx, id), "failed boots: %v", e.fleet.Failed())
+	t.Logf("StartVM through the binary took %s", time.Since(t0).Round(time.Millisecond))
+
+	vms := e.liveSandboxVMs(id)
+	require.Len(t, vms, 1, "one VM for the sandbox")
+	vm := e.fleet.VM(vms[0].ID)
+	require.NotNil(t, vm, "the fake pod VM booted from the instance's user data")
+	cfg := vm.Files.Config
+	assert.Equal(t, "web-0", cfg.PodName)
+	assert.Equal(t, "shop", cfg.PodNamespace)
+	assert.Equal(t, pod.net.IP, cfg.Network.PodIP, "the VM plays the pod's own address")
+	assert.Equal(t, e.cn.NodeIP.Addr(), cfg.Network.WorkerIP.Addr(), "the tunnel's far end is --node-ip")
+
+	// The shim's one long-lived connection to the agent: a health check and
+	// a wait that outlives it.
+	conn, err := net.Dial("unix", sock)
+	require.NoError(t, err)
+	agent := ttrpc.NewClient(conn)
+	defer agent.Close()
+	st, err := agentproto.Check(ctx, agent)
+	require.NoError(t, err)
+	require.EqualValues(t, agentproto.Serving, st)
+	waited := make(chan int32, 1)
+	go func() {
+		st, err := agentproto.WaitProcess(ctx, agent, "c1", "")
+		if err != nil {
+			st = -1
+		}
+		waited <- st
+	}()
+	require.NoError(t, vm.Agent.AwaitWaiting(ctx, "c1"))
+	require.True(t, vm.Agent.Release("c1", 7))
+	assert.EqualValues(t, 7, <-waited, "the wait's answer came back through caa's relay")
+	assert.Positive(t, vm.Stats().Relayed)
+	assert.Empty(t, vm.Stats().Rejected, "every connection passed mutual TLS")
+
+	// The pod network: a packet for the pod, entering the pod's namespace
+	// from the node, comes out in the VM.
+	var rx *net.UDPConn
+	require.NoError(t, podvmfake.InNetNS(vm.Host.NS, func() error {
+		rx, err = net.ListenUDP("udp4", &net.UDPAddr{IP: pod.net.IP.Addr().AsSlice(), Port: 7777})
+		return err
+	}))
+	defer rx.Close()
+	require.True(t, sendUntilReceived(t, e.cn.NodeNS, pod.net.IP.Addr().String()+":7777", rx), "no packet crossed caa's tunnel")
+
+	// StopVM: answered within kata's second; the VM is deleted after.
+	t1 := time.Now()
+	require.NoError(t, e.shim.StopVM(ctx, id))
+	stopTook := time.Since(t1)
+	t.Logf("StopVM answered in %s", stopTook.Round(time.Millisecond))
+	assert.Less(t, stopTook, time.Second, "runtime-rs gives StopVM about a second")
+	_, err = net.Dial("unix", sock)
+	assert.Error(t, err, "the stopped sandbox's agent socket is closed")
+	require.Eventually(t, func() bool {
+		return len(e.liveSandboxVMs(id)) == 0 && len(e.sandboxVMs(id)) == 1
+	}, 30*time.Second, 20*time.Millisecond, "the sandbox's VM is deleted")
+	assert.Equal(t, provider.StateTerminated, e.sandboxVMs(id)[0].State)
+	d.stop(t)
+	_, hist, err := e.readLedger(t, id)
+	require.Error(t, err, "the record goes with the VM")
+	assert.NotEmpty(t, hist, "the story stays in history")
+}
+
+func sendUntilReceived(t *testing.T, ns, dst string, rx *net.UDPConn) bool {
+	t.Helper()
+	var tx net.Conn
+	require.NoError(t, podvmfake.InNetNS(ns, func() error {
+		var err error
+		tx, err = net.Dial("udp4", dst)
+		return err
+	}))
+	defer tx.Close()
+	buf := make([]byte, 64)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		_, _ = tx.Write([]byte("ping"))
+		_ = rx.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		if n, err := rx.Read(buf); err == nil && string(buf[:n]) == "ping" {
+			return true
+		}
+	}
+	return false
+}
+
+// TestHypervisorSigkillMidStartVM: caa is SIGKILLed while a StartVM's
+// create has landed in the cloud but its answer has not come back (the
+// fake EC2 holds it). The ledger file, read after the kill, tells what
+// happened: the intent (Creating, attempt 1, its idempotency key) and no
+// VM recorded. The restarted caa serves the shim's repeated StartVM with
+// the VM the first create made, never a second one (I1), and StopVM then
+// deletes it.
+func TestHypervisorSigkillMidStartVM(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	e := newHVEnv(ctx, t)
+	pod := e.newPod(ctx, t, "shop", "web-0", nil)
+	d := e.start(t)
+	d.waitReady(t, func() {})
+	id := sandboxID(2)
+	sock, err := e.shim.CreateVM(ctx, id, pod.annotations(nil), pod.net.NSPath)
+	require.NoError(t, err)
+
+	landed := e.hold.arm()
+	started := make(chan error, 1)
+	go func() { started <- e.shim.StartVM(ctx, id) }()
+	select {
+	case <-landed:
+	case err := <-started:
+		t.Fatalf("StartVM returned before its create landed: %v", err)
+	case <-ctx.Done():
+		t.Fatal("the create never reached the fake EC2")
+	}
+	require.NoError(t, d.cmd.Process.Kill())
+	<-d.done
+	require.Error(t, <-started, "the shim's StartVM breaks with caa")
+	e.hold.on.Store(false)
+	require.Len(t, e.sandboxVMs(id), 1, "the create landed: one VM exists, its answer lost")
+	first := e.sandboxVMs(id)[0].ID
+
+	rec, hist, err := e.readLedger(t, id)
+	require.NoError(t, err)
+	assert.Equal(t, ledger.SandboxCreating, rec.Phase, "the intent was durable before the create (I2)")
+	assert.Equal(t, 1, rec.Attempt)
+	assert.Equal(t, sandbox.Key(id, 1), rec.Key)
+	assert.Empty(t, rec.VMID, "the answer never came back")
+	assert.Len(t, rec.CertSerials, 1, "the serial of the certificate sent in the user data")
+	var phases []ledger.SandboxPhase
+	for _, h := range hist {
+		phases = append(phases, h.Sandbox.Phase)
+	}
+	assert.Equal(t, []ledger.SandboxPhase{ledger.SandboxCreated, ledger.SandboxCreating}, phases)
+	t.Logf("record after the kill: phase %s, reason %s, message %q, key %s", rec.Phase, rec.Reason, rec.Message, rec.Key)
+
+	d = e.start(t)
+	d.waitReady(t, func() {})
+	require.NoError(t, e.shim.StartVM(ctx, id), "failed boots: %v", e.fleet.Failed())
+	vms := e.sandboxVMs(id)
+	require.Len(t, vms, 1, "no duplicate VM for the sandbox (I1)")
+	assert.Equal(t, first, vms[0].ID, "the repeated create, same key, returned the VM the first made")
+	require.NoError(t, agentCheck(ctx, sock))
+
+	require.NoError(t, e.shim.StopVM(ctx, id))
+	require.Eventually(t, func() bool { return len(e.liveSandboxVMs(id)) == 0 }, 30*time.Second, 20*time.Millisecond,
+		"StopVM deletes the VM")
+	d.stop(t)
+}
+
+// TestHypervisorRestartWith20Sandboxes: 20 running sandboxes; caa stops
+// (SIGTERM) and starts again over the same ledger. The new process adopts
+// them all with no cloud write at the fake EC2's door, and every agent
+// socket is served (a health check answers through it) by the moment
+// /readyz first says 200.
+func TestHypervisorRestartWith20Sandboxes(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	e := newHVEnv(ctx, t)
+	const n = 20
+	pods := make([]*peerPod, n)
+	for i := range n {
+		pods[i] = e.newPod(ctx, t, "shop", fmt.Sprintf("web-%02d", i), nil)
+	}
+	d := e.start(t)
+	d.waitReady(t, func() {})
+	socks := make([]string, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	turn := make(chan struct{}, 4) // four shims at a time
+	t0 := time.Now()
+	for i, p := range pods {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			turn <- struct{}{}
+			defer func() { <-turn }()
+			id := sandboxID(100 + i)
+			if socks[i], errs[i] = e.shim.CreateVM(ctx, id, p.annotations(nil), p.net.NSPath); errs[i] == nil {
+				errs[i] = e.shim.StartVM(ctx, id)
+			}
+		}()
+	}
+	wg.Wait()
+	require.NoError(t, errors.Join(errs...), "failed boots: %v", e.fleet.Failed())
+	t.Logf("%d sandboxes started in %s", n, time.Since(t0).Round(time.Millisecond))
+	require.Len(t, e.aws.core.Live(), n)
+	vmsBefore := liveVMs(e.aws.core)
+	d.stop(t)
+	for _, s := range socks {
+		_, err := net.Dial("unix", s)
+		require.Error(t, err, "no agent socket is served between the processes")
+	}
+
+	e.door.reset()
+	t1 := time.Now()
+	d = e.start(t)
+	var failed []string
+	d.waitReadyFast(t, func() {
+		// Right as /readyz flips: every socket answers.
+		for i, s := range socks {
+			if err := agentCheck(ctx, s); err != nil {
+				failed = append(failed, fmt.Sprintf("sandbox %d: %v", i, err))
+			}
+		}
+	})
+	t.Logf("restart: ready with %d sandboxes served again %s after the start", n, time.Since(t1).Round(time.Millisecond))
+	assert.Empty(t, failed, "agent sockets not served when /readyz said 200")
+	t.Logf("calls at the fake EC2 during the restart: %v", e.door.counts())
+	for kind, k := range e.door.counts() {
+		assert.False(t, isEC2Write(kind), "cloud write at restart: %s x%d (all calls: %v)", kind, k, e.door.counts())
+	}
+	assert.Equal(t, vmsBefore, liveVMs(e.aws.core), "every VM adopted")
+	d.stop(t)
+}
+
+// isEC2Write tells whether a call kind (ec2CallKind) changes the cloud.
+func isEC2Write(kind string) bool {
+	switch {
+	case strings.HasSuffix(kind, "(dry run)"), kind == "get", kind == "list", kind == "lookup", strings.HasPrefix(kind, "Describe"):
+		return false
+	}
+	return true
+}
+
+// waitReadyFast is waitReady polling every few milliseconds, so that check
+// runs right as /readyz flips.
+func (d *daemon) waitReadyFast(t *testing.T, check func()) {
+	t.Helper()
+	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); {
+		select {
+		case err := <-d.done:
+			t.Fatalf("caa exited before ready: %v", err)
+		default:
+		}
+		if d.readyz() == http.StatusOK {
+			check()
+			return
+		}
+		time.Sleep(5 * time.Millisecond) // a poll interval, not a synchronisation
+	}
+	t.Fatal("caa never became ready")
+}
