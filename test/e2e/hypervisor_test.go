@@ -286,3 +286,75 @@ func (d *daemon) waitReadyFast(t *testing.T, check func()) {
 	}
 	t.Fatal("caa never became ready")
 }
+
+// TestHypervisorVMKilledBehindCaasBack: a running sandbox's VM fails in the
+// cloud behind caa's back (it stays listed, Failed, until deleted). The
+// shim's connection to the agent breaks; caa's sync declares the sandbox
+// lost, closes its agent socket and raises an event on the pod; the lost
+// sandbox gets no new VM (its containers' state was in the old one); the
+// kubelet's next sandbox for the pod gets a new VM through StartVM; and the
+// old VM is deleted, once the new sandbox runs.
+func TestHypervisorVMKilledBehindCaasBack(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	e := newHVEnv(ctx, t)
+	pod := e.newPod(ctx, t, "team", "web-0", nil)
+	d := e.start(t)
+	d.waitReady(t, func() {})
+	a := sandboxID(3)
+	sockA, err := e.shim.CreateVM(ctx, a, pod.annotations(nil), pod.net.NSPath)
+	require.NoError(t, err)
+	require.NoError(t, e.shim.StartVM(ctx, a), "failed boots: %v", e.fleet.Failed())
+	vmsA := e.liveSandboxVMs(a)
+	require.Len(t, vmsA, 1)
+	old := vmsA[0].ID
+	conn, err := net.Dial("unix", sockA)
+	require.NoError(t, err)
+	agent := ttrpc.NewClient(conn)
+	defer agent.Close()
+	_, err = agentproto.Check(ctx, agent)
+	require.NoError(t, err)
+
+	t0 := time.Now()
+	require.NoError(t, e.aws.core.Fail(old))
+	require.Eventually(t, func() bool {
+		cctx, cancel := context.WithTimeout(ctx, time.Second)
+		defer cancel()
+		_, err := agentproto.Check(cctx, agent)
+		return err != nil
+	}, 30*time.Second, 20*time.Millisecond, "the shim's connection to the dead VM's agent breaks")
+	require.Eventually(t, func() bool {
+		c, err := net.Dial("unix", sockA)
+		if err == nil {
+			_ = c.Close()
+		}
+		return err != nil
+	}, 60*time.Second, 20*time.Millisecond, "the lost sandbox's agent socket closes")
+	t.Logf("sandbox declared lost, socket closed, %s after its VM failed", time.Since(t0).Round(time.Millisecond))
+	require.Eventually(t, func() bool { return hasEvent(ctx, t, e.c, "web-0", "Warning", sandbox.EventVMLost) },
+		30*time.Second, 100*time.Millisecond, "the loss is reported on the pod")
+	err = e.shim.StartVM(ctx, a)
+	require.Error(t, err, "a lost sandbox gets no new VM")
+	assert.Contains(t, err.Error(), "Lost")
+	assert.Len(t, e.sandboxVMs(a), 1, "nothing was created for the lost sandbox")
+	assert.Len(t, e.aws.core.Live(), 1, "the failed VM is not deleted while nothing supersedes its sandbox")
+
+	// The kubelet's next sandbox for the pod.
+	b := sandboxID(4)
+	sockB, err := e.shim.CreateVM(ctx, b, pod.annotations(nil), pod.net.NSPath)
+	require.NoError(t, err)
+	require.NoError(t, e.shim.StartVM(ctx, b), "failed boots: %v", e.fleet.Failed())
+	vmsB := e.liveSandboxVMs(b)
+	require.Len(t, vmsB, 1)
+	assert.NotEqual(t, old, vmsB[0].ID, "the next sandbox has its own VM")
+	require.NoError(t, agentCheck(ctx, sockB))
+	require.Eventually(t, func() bool {
+		in, err := e.aws.core.Get(old)
+		return err == nil && in.State == provider.StateTerminated
+	}, 30*time.Second, 20*time.Millisecond, "the old sandbox's VM is deleted once the next one runs")
+	live := e.aws.core.Live()
+	require.Len(t, live, 1)
+	assert.Equal(t, vmsB[0].ID, live[0].ID, "the running sandbox keeps its VM")
+	require.NoError(t, agentCheck(ctx, sockB), "the running sandbox is still served")
+	d.stop(t)
+}
