@@ -14,11 +14,15 @@ import (
 	"github.com/containerd/ttrpc"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/caa-project/caa/internal/agentproto"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/sandbox"
+	"github.com/caa-project/caa/test/e2e/cluster"
 	podvmfake "github.com/caa-project/caa/test/mocks/podvm"
 )
 
@@ -357,4 +361,95 @@ func TestHypervisorVMKilledBehindCaasBack(t *testing.T) {
 	assert.Equal(t, vmsB[0].ID, live[0].ID, "the running sandbox keeps its VM")
 	require.NoError(t, agentCheck(ctx, sockB), "the running sandbox is still served")
 	d.stop(t)
+}
+
+// TestHypervisorHostileInput: the shim (or a pod's author) asks for what
+// caa must refuse: an image outside the node's allow-list, an oversized
+// initdata (in the shim's annotations, or on the pod itself), a sandbox id
+// that is a path, StartVM and StopVM of a sandbox never created, a sandbox
+// that names no pod. Each gets a status code and a message naming the field
+// and the fix; nothing reaches the cloud; the running sandbox stays served
+// (its shim's connection too) and the ledger verifies clean.
+func TestHypervisorHostileInput(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	e := newHVEnv(ctx, t)
+	good := e.newPod(ctx, t, "shop", "good", nil)
+	big := strings.Repeat("x", sandbox.MaxInitData+1)
+	hostile := e.newPod(ctx, t, "shop", "bad", map[string]string{sandbox.AnnotationInitData: big})
+	d := e.start(t)
+	d.waitReady(t, func() {})
+	ok := sandboxID(5)
+	sock, err := e.shim.CreateVM(ctx, ok, good.annotations(nil), good.net.NSPath)
+	require.NoError(t, err)
+	require.NoError(t, e.shim.StartVM(ctx, ok), "failed boots: %v", e.fleet.Failed())
+	conn, err := net.Dial("unix", sock)
+	require.NoError(t, err)
+	agent := ttrpc.NewClient(conn)
+	defer agent.Close()
+	e.door.reset()
+
+	refused := func(err error, code codes.Code, says ...string) {
+		t.Helper()
+		require.Error(t, err)
+		assert.Equal(t, code, status.Code(err), "%v", err)
+		for _, s := range says {
+			assert.Contains(t, err.Error(), s)
+		}
+		t.Logf("refused (%s): %s", status.Code(err), status.Convert(err).Message())
+	}
+	id := sandboxID(6)
+	_, err = e.shim.CreateVM(ctx, id, hostile.annotations(map[string]string{provider.AnnotationImage: "ami-0badc0ffee0badc0f"}), hostile.net.NSPath)
+	refused(err, codes.InvalidArgument, provider.AnnotationImage, "ami-0badc0ffee0badc0f", "not allowed", "--allowed-images")
+	_, err = e.shim.CreateVM(ctx, id, hostile.annotations(map[string]string{sandbox.AnnotationInitData: big}), hostile.net.NSPath)
+	refused(err, codes.InvalidArgument, sandbox.AnnotationInitData, "limit")
+	_, err = e.shim.CreateVM(ctx, "../../etc", hostile.annotations(nil), hostile.net.NSPath)
+	refused(err, codes.InvalidArgument, "sandbox id")
+	_, err = e.shim.CreateVM(ctx, id, map[string]string{}, hostile.net.NSPath)
+	refused(err, codes.InvalidArgument, sandbox.AnnotationSandboxName)
+	never := sandboxID(7)
+	refused(e.shim.StartVM(ctx, never), codes.NotFound, never, "CreateVM first")
+	refused(e.shim.StopVM(ctx, never), codes.NotFound, never)
+	// The pod itself carries the oversized initdata (the shim sent none):
+	// recorded, but its StartVM fails before any cloud call.
+	_, err = e.shim.CreateVM(ctx, id, hostile.annotations(nil), hostile.net.NSPath)
+	require.NoError(t, err)
+	refused(e.shim.StartVM(ctx, id), codes.FailedPrecondition, sandbox.AnnotationInitData)
+	require.Eventually(t, func() bool { return hasEventIn(ctx, t, e.c, "shop", "bad", "Warning", "VMCreateFailed") },
+		30*time.Second, 100*time.Millisecond, "the refusal is reported on the pod")
+
+	// Nothing lost, nothing made.
+	assert.Empty(t, e.door.counts()["RunInstances"], "no create for any hostile request")
+	assert.Empty(t, e.door.counts()["TerminateInstances"], "no delete either")
+	assert.Len(t, e.aws.core.Live(), 1)
+	st, err := agentproto.Check(ctx, agent)
+	require.NoError(t, err, "the running sandbox's shim connection still works")
+	assert.EqualValues(t, agentproto.Serving, st)
+	require.NoError(t, agentCheck(ctx, sock))
+	out := runCaa(t, "ledger", "verify", "--ledger", e.ledger)
+	t.Logf("caa ledger verify (through the daemon): %s", strings.TrimSpace(out))
+	d.stop(t)
+	runCaa(t, "ledger", "verify", "--ledger", e.ledger)
+	rec, _, err := e.readLedger(t, ok)
+	require.NoError(t, err)
+	assert.Equal(t, ledger.SandboxRunning, rec.Phase)
+	rec, _, err = e.readLedger(t, id)
+	require.NoError(t, err)
+	assert.Equal(t, ledger.SandboxFailed, rec.Phase, "the sandbox whose pod carries the oversized initdata failed for good")
+	assert.Empty(t, rec.VMID)
+	_, _, err = e.readLedger(t, never)
+	assert.ErrorIs(t, err, ledger.ErrNotFound, "nothing recorded for an unknown sandbox")
+}
+
+// hasEventIn is hasEvent for any namespace.
+func hasEventIn(ctx context.Context, t *testing.T, c *cluster.Cluster, ns, name, typ, reason string) bool {
+	t.Helper()
+	events, err := c.Client().CoreV1().Events(ns).List(ctx, metav1.ListOptions{FieldSelector: "involvedObject.name=" + name})
+	require.NoError(t, err)
+	for _, ev := range events.Items {
+		if ev.Type == typ && ev.Reason == reason && ev.Source.Component == "caa" {
+			return true
+		}
+	}
+	return false
 }
