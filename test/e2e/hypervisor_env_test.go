@@ -256,6 +256,16 @@ func (e *hvEnv) sandboxVMs(id string) []cloud.Instance {
 	return out
 }
 
+// instanceIDs are the instances' ids (what a failed assertion prints: an
+// instance also holds its user data, keys included).
+func instanceIDs(ins []cloud.Instance) []string {
+	out := []string{}
+	for _, in := range ins {
+		out = append(out, in.ID)
+	}
+	return out
+}
+
 // liveSandboxVMs are those not terminated.
 func (e *hvEnv) liveSandboxVMs(id string) []cloud.Instance {
 	var out []cloud.Instance

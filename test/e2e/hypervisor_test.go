@@ -54,7 +54,7 @@ func TestHypervisorKataPodEndToEnd(t *testing.T) {
 	t.Logf("StartVM through the binary took %s", time.Since(t0).Round(time.Millisecond))
 
 	vms := e.liveSandboxVMs(id)
-	require.Len(t, vms, 1, "one VM for the sandbox")
+	require.Len(t, instanceIDs(vms), 1, "one VM for the sandbox")
 	vm := e.fleet.VM(vms[0].ID)
 	require.NotNil(t, vm, "the fake pod VM booted from the instance's user data")
 	cfg := vm.Files.Config
@@ -166,7 +166,7 @@ func TestHypervisorSigkillMidStartVM(t *testing.T) {
 	<-d.done
 	require.Error(t, <-started, "the shim's StartVM breaks with caa")
 	e.hold.on.Store(false)
-	require.Len(t, e.sandboxVMs(id), 1, "the create landed: one VM exists, its answer lost")
+	require.Len(t, instanceIDs(e.sandboxVMs(id)), 1, "the create landed: one VM exists, its answer lost")
 	first := e.sandboxVMs(id)[0].ID
 
 	rec, hist, err := e.readLedger(t, id)
@@ -186,9 +186,8 @@ func TestHypervisorSigkillMidStartVM(t *testing.T) {
 	d = e.start(t)
 	d.waitReady(t, func() {})
 	require.NoError(t, e.shim.StartVM(ctx, id), "failed boots: %v", e.fleet.Failed())
-	vms := e.sandboxVMs(id)
-	require.Len(t, vms, 1, "no duplicate VM for the sandbox (I1)")
-	assert.Equal(t, first, vms[0].ID, "the repeated create, same key, returned the VM the first made")
+	assert.Equal(t, []string{first}, instanceIDs(e.sandboxVMs(id)),
+		"no duplicate VM for the sandbox (I1): the repeated create, same key, returned the VM the first made")
 	require.NoError(t, agentCheck(ctx, sock))
 
 	require.NoError(t, e.shim.StopVM(ctx, id))
@@ -233,7 +232,7 @@ func TestHypervisorRestartWith20Sandboxes(t *testing.T) {
 	wg.Wait()
 	require.NoError(t, errors.Join(errs...), "failed boots: %v", e.fleet.Failed())
 	t.Logf("%d sandboxes started in %s", n, time.Since(t0).Round(time.Millisecond))
-	require.Len(t, e.aws.core.Live(), n)
+	require.Len(t, instanceIDs(e.aws.core.Live()), n)
 	vmsBefore := liveVMs(e.aws.core)
 	d.stop(t)
 	for _, s := range socks {
@@ -310,7 +309,7 @@ func TestHypervisorVMKilledBehindCaasBack(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, e.shim.StartVM(ctx, a), "failed boots: %v", e.fleet.Failed())
 	vmsA := e.liveSandboxVMs(a)
-	require.Len(t, vmsA, 1)
+	require.Len(t, instanceIDs(vmsA), 1)
 	old := vmsA[0].ID
 	conn, err := net.Dial("unix", sockA)
 	require.NoError(t, err)
@@ -340,8 +339,8 @@ func TestHypervisorVMKilledBehindCaasBack(t *testing.T) {
 	err = e.shim.StartVM(ctx, a)
 	require.Error(t, err, "a lost sandbox gets no new VM")
 	assert.Contains(t, err.Error(), "Lost")
-	assert.Len(t, e.sandboxVMs(a), 1, "nothing was created for the lost sandbox")
-	assert.Len(t, e.aws.core.Live(), 1, "the failed VM is not deleted while nothing supersedes its sandbox")
+	assert.Equal(t, []string{old}, instanceIDs(e.sandboxVMs(a)), "nothing was created for the lost sandbox")
+	assert.Equal(t, []string{old}, instanceIDs(e.aws.core.Live()), "the failed VM is not deleted while nothing supersedes its sandbox")
 
 	// The kubelet's next sandbox for the pod.
 	b := sandboxID(4)
@@ -349,16 +348,14 @@ func TestHypervisorVMKilledBehindCaasBack(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, e.shim.StartVM(ctx, b), "failed boots: %v", e.fleet.Failed())
 	vmsB := e.liveSandboxVMs(b)
-	require.Len(t, vmsB, 1)
+	require.Len(t, instanceIDs(vmsB), 1)
 	assert.NotEqual(t, old, vmsB[0].ID, "the next sandbox has its own VM")
 	require.NoError(t, agentCheck(ctx, sockB))
 	require.Eventually(t, func() bool {
 		in, err := e.aws.core.Get(old)
 		return err == nil && in.State == provider.StateTerminated
 	}, 30*time.Second, 20*time.Millisecond, "the old sandbox's VM is deleted once the next one runs")
-	live := e.aws.core.Live()
-	require.Len(t, live, 1)
-	assert.Equal(t, vmsB[0].ID, live[0].ID, "the running sandbox keeps its VM")
+	assert.Equal(t, []string{vmsB[0].ID}, instanceIDs(e.aws.core.Live()), "the running sandbox keeps its VM")
 	require.NoError(t, agentCheck(ctx, sockB), "the running sandbox is still served")
 	d.stop(t)
 }
@@ -421,7 +418,7 @@ func TestHypervisorHostileInput(t *testing.T) {
 	// Nothing lost, nothing made.
 	assert.Empty(t, e.door.counts()["RunInstances"], "no create for any hostile request")
 	assert.Empty(t, e.door.counts()["TerminateInstances"], "no delete either")
-	assert.Len(t, e.aws.core.Live(), 1)
+	assert.Len(t, instanceIDs(e.aws.core.Live()), 1)
 	st, err := agentproto.Check(ctx, agent)
 	require.NoError(t, err, "the running sandbox's shim connection still works")
 	assert.EqualValues(t, agentproto.Serving, st)
