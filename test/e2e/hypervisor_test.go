@@ -140,7 +140,8 @@ func sendUntilReceived(t *testing.T, ns, dst string, rx *net.UDPConn) bool {
 // happened: the intent (Creating, attempt 1, its idempotency key) and no
 // VM recorded. The restarted caa serves the shim's repeated StartVM with
 // the VM the first create made, never a second one (I1), and StopVM then
-// deletes it.
+// deletes it. Killed so again, and answered with kata's StopVM instead,
+// caa finds the VM by its key and deletes it: nothing leaks.
 func TestHypervisorSigkillMidStartVM(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -193,7 +194,43 @@ func TestHypervisorSigkillMidStartVM(t *testing.T) {
 	require.NoError(t, e.shim.StopVM(ctx, id))
 	require.Eventually(t, func() bool { return len(e.liveSandboxVMs(id)) == 0 }, 30*time.Second, 20*time.Millisecond,
 		"StopVM deletes the VM")
+
+	// The same kill, but kata then does what a failed start makes it do:
+	// StopVM. The VM whose create answer was lost is found by its key and
+	// deleted, not leaked.
+	id2 := sandboxID(22)
+	_, err = e.shim.CreateVM(ctx, id2, pod.annotations(nil), pod.net.NSPath)
+	require.NoError(t, err)
+	landed = e.hold.arm()
+	go func() { started <- e.shim.StartVM(ctx, id2) }()
+	select {
+	case <-landed:
+	case err := <-started:
+		t.Fatalf("StartVM returned before its create landed: %v", err)
+	case <-ctx.Done():
+		t.Fatal("the create never reached the fake EC2")
+	}
+	require.NoError(t, d.cmd.Process.Kill())
+	<-d.done
+	require.Error(t, <-started)
+	e.hold.on.Store(false)
+	leaked := instanceIDs(e.sandboxVMs(id2))
+	require.Len(t, leaked, 1)
+	d = e.start(t)
+	d.waitReady(t, func() {})
+	require.NoError(t, e.shim.StopVM(ctx, id2))
+	require.Eventually(t, func() bool { return len(e.liveSandboxVMs(id2)) == 0 }, 30*time.Second, 20*time.Millisecond,
+		"the VM made by the create whose answer was lost is deleted (no leak)")
+	assert.Equal(t, leaked, instanceIDs(e.sandboxVMs(id2)), "and nothing else was created for it")
 	d.stop(t)
+	_, hist, err = e.readLedger(t, id2)
+	assert.ErrorIs(t, err, ledger.ErrNotFound, "the record goes with the VM")
+	var last ledger.Sandbox
+	if len(hist) > 0 {
+		last = hist[len(hist)-1].Sandbox
+	}
+	t.Logf("the second sandbox's story: %d history entries, the last %s (%s), VM %s", len(hist), last.Phase, last.Reason, last.VMID)
+	assert.Equal(t, leaked[0], last.VMID, "its history names the VM that was deleted")
 }
 
 // TestHypervisorRestartWith20Sandboxes: 20 running sandboxes; caa stops
