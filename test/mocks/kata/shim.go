@@ -10,9 +10,10 @@
 // shims call the ttrpc service "hypervisor.Hypervisor", with CreateVMRequest
 // {id = 1, annotations = 2, networkNamespacePath = 3}, CreateVMResponse
 // {agentSocketPath = 1}, and {id = 1} in StartVM and StopVM. (An earlier
-// revision of remote.proto declared `package remote`, which would make an
-// old runtime-rs call "remote.Hypervisor".) pkg/hypervisor's
-// TestWireFieldNumbers pins those numbers on caa's side.
+// revision of remote.proto declared `package remote`: a runtime-rs built
+// from it calls "remote.Hypervisor", which neither upstream's adaptor nor
+// caa serves.) pkg/hypervisor's TestWireFieldNumbers pins the numbers on
+// caa's side.
 package katafake
 
 import (
