@@ -32,8 +32,9 @@ import (
 // real SDK provider, the fake pod VM reading the instance's user data); the
 // shim's one connection to caa's agent socket reaches the fake agent (relay
 // and mutual TLS real) for a health check and a long wait; a packet for the
-// pod crosses caa's VXLAN tunnel to the VM; StopVM answers fast and the VM
-// is deleted.
+// pod crosses caa's VXLAN tunnel to the VM, and one from the VM (as the pod)
+// comes back to the pod's gateway on the node; StopVM answers fast and the
+// VM is deleted.
 func TestHypervisorKataPodEndToEnd(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -95,6 +96,14 @@ func TestHypervisorKataPodEndToEnd(t *testing.T) {
 	}))
 	defer rx.Close()
 	require.True(t, sendUntilReceived(t, e.cn.NodeNS, pod.net.IP.Addr().String()+":7777", rx), "no packet crossed caa's tunnel")
+	// And back: the VM, as the pod, reaches the pod's gateway on the node.
+	var back *net.UDPConn
+	require.NoError(t, podvmfake.InNetNS(e.cn.NodeNS, func() error {
+		back, err = net.ListenUDP("udp4", &net.UDPAddr{IP: pod.net.GatewayIP.AsSlice(), Port: 7778})
+		return err
+	}))
+	defer back.Close()
+	require.True(t, sendUntilReceived(t, vm.Host.NS, pod.net.GatewayIP.String()+":7778", back), "no packet from the VM crossed caa's tunnel")
 
 	// StopVM: answered within kata's second; the VM is deleted after.
 	t1 := time.Now()
