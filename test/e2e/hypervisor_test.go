@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"os"
 	"strings"
 	"sync"
 	"testing"
@@ -243,10 +244,10 @@ func TestHypervisorSigkillMidStartVM(t *testing.T) {
 }
 
 // TestHypervisorRestartWith20Sandboxes: 20 running sandboxes; caa stops
-// (SIGTERM) and starts again over the same ledger. The new process adopts
-// them all with no cloud write at the fake EC2's door, and every agent
-// socket is served (a health check answers through it) by the moment
-// /readyz first says 200.
+// (SIGTERM) and starts again over the same ledger, then is SIGKILLed and
+// starts again. Each new process adopts them all with no cloud write at the
+// fake EC2's door, and every agent socket is served (a health check answers
+// through it) by the moment /readyz first says 200.
 func TestHypervisorRestartWith20Sandboxes(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
@@ -286,26 +287,44 @@ func TestHypervisorRestartWith20Sandboxes(t *testing.T) {
 		require.Error(t, err, "no agent socket is served between the processes")
 	}
 
-	e.door.reset()
-	t1 := time.Now()
-	d = e.start(t)
-	var failed []string
-	d.waitReadyFast(t, func() {
-		// Right as /readyz flips: every socket answers.
-		for i, s := range socks {
-			if err := agentCheck(ctx, s); err != nil {
-				failed = append(failed, fmt.Sprintf("sandbox %d: %v", i, err))
+	// A restart after SIGTERM (an upgrade), then one after SIGKILL (the
+	// sockets' files stay behind, served by no one).
+	for _, how := range []string{"SIGTERM", "SIGKILL"} {
+		e.door.reset()
+		t1 := time.Now()
+		d = e.start(t)
+		var failed []string
+		d.waitReadyFast(t, func() {
+			// Right as /readyz flips: every socket answers.
+			for i, s := range socks {
+				if err := agentCheck(ctx, s); err != nil {
+					failed = append(failed, fmt.Sprintf("sandbox %d: %v", i, err))
+				}
 			}
+		})
+		t.Logf("restart after %s: ready, with %d sandboxes served again, %s after the start", how, n, time.Since(t1).Round(time.Millisecond))
+		assert.Empty(t, failed, "agent sockets not served when /readyz said 200 (restart after %s)", how)
+		t.Logf("calls at the fake EC2 during the restart: %v", e.door.counts())
+		for kind, k := range e.door.counts() {
+			assert.False(t, isEC2Write(kind), "cloud write at restart: %s x%d (all calls: %v)", kind, k, e.door.counts())
 		}
-	})
-	t.Logf("restart: ready with %d sandboxes served again %s after the start", n, time.Since(t1).Round(time.Millisecond))
-	assert.Empty(t, failed, "agent sockets not served when /readyz said 200")
-	t.Logf("calls at the fake EC2 during the restart: %v", e.door.counts())
-	for kind, k := range e.door.counts() {
-		assert.False(t, isEC2Write(kind), "cloud write at restart: %s x%d (all calls: %v)", kind, k, e.door.counts())
+		assert.Equal(t, vmsBefore, liveVMs(e.aws.core), "every VM adopted")
+		if how == "SIGTERM" {
+			require.NoError(t, d.cmd.Process.Kill())
+			<-d.done
+			stale := 0
+			for _, s := range socks {
+				if _, err := os.Stat(s); err == nil {
+					stale++
+				}
+				_, err := net.Dial("unix", s)
+				require.Error(t, err, "no agent socket is served after the kill")
+			}
+			t.Logf("after SIGKILL: %d of %d agent socket files left behind, served by no one", stale, n)
+			continue
+		}
+		d.stop(t)
 	}
-	assert.Equal(t, vmsBefore, liveVMs(e.aws.core), "every VM adopted")
-	d.stop(t)
 }
 
 // isEC2Write tells whether a call kind (ec2CallKind) changes the cloud.
