@@ -1,12 +1,14 @@
 package e2e
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -21,6 +23,7 @@ import (
 
 	"github.com/caa-project/caa/internal/agentproto"
 	"github.com/caa-project/caa/pkg/ledger"
+	"github.com/caa-project/caa/pkg/pki"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/sandbox"
 	"github.com/caa-project/caa/test/e2e/cluster"
@@ -48,7 +51,8 @@ func TestHypervisorKataPodEndToEnd(t *testing.T) {
 	assert.NotEmpty(t, v)
 
 	id := sandboxID(1)
-	sock, err := e.shim.CreateVM(ctx, id, pod.annotations(nil), pod.net.NSPath)
+	const initData = "algorithm = \"sha384\"\nversion = \"0.1.0\"\n[data]\n\"policy.rego\" = \"e2e-initdata-7f3a\"\n"
+	sock, err := e.shim.CreateVM(ctx, id, pod.annotations(map[string]string{sandbox.AnnotationInitData: initData}), pod.net.NSPath)
 	require.NoError(t, err)
 	assert.Empty(t, e.sandboxVMs(id), "CreateVM makes no cloud call")
 	t0 := time.Now()
@@ -64,6 +68,12 @@ func TestHypervisorKataPodEndToEnd(t *testing.T) {
 	assert.Equal(t, "shop", cfg.PodNamespace)
 	assert.Equal(t, pod.net.IP, cfg.Network.PodIP, "the VM plays the pod's own address")
 	assert.Equal(t, e.cn.NodeIP.Addr(), cfg.Network.WorkerIP.Addr(), "the tunnel's far end is --node-ip")
+	assert.Equal(t, initData, cfg.InitData, "the shim's initdata reached the VM")
+	// The VM's secrets went to the VM only (I7): not in caa's logs.
+	keyBody := pemBody(t, cfg.TLSServerKeyPEM)
+	assert.NotContains(t, d.logs.String(), keyBody, "the VM's private key is in caa's logs")
+	assert.NotContains(t, d.logs.String(), "PRIVATE KEY")
+	assert.NotContains(t, d.logs.String(), "e2e-initdata-7f3a", "the initdata is in caa's logs")
 
 	// The shim's one long-lived connection to the agent: a health check and
 	// a wait that outlives it.
@@ -122,6 +132,22 @@ func TestHypervisorKataPodEndToEnd(t *testing.T) {
 	_, hist, err := e.readLedger(t, id)
 	require.Error(t, err, "the record goes with the VM")
 	assert.NotEmpty(t, hist, "the story stays in history")
+	raw, err := os.ReadFile(e.ledger)
+	require.NoError(t, err)
+	assert.False(t, bytes.Contains(raw, []byte(keyBody)), "the VM's private key is in the ledger (I7)")
+	assert.False(t, bytes.Contains(raw, []byte("e2e-initdata-7f3a")), "the initdata is in the ledger (I7)")
+	ca, err := os.Stat(filepath.Join(filepath.Dir(e.ledger), pki.CurrentFile))
+	require.NoError(t, err, "the agent CA's key file lives beside the ledger")
+	assert.Equal(t, os.FileMode(0o600), ca.Mode().Perm())
+}
+
+// pemBody is the first base64 line of a PEM block's body: enough to find
+// the block in a log or a file, whatever its framing.
+func pemBody(t *testing.T, b []byte) string {
+	t.Helper()
+	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
+	require.Greater(t, len(lines), 2, "a PEM block")
+	return lines[1]
 }
 
 func sendUntilReceived(t *testing.T, ns, dst string, rx *net.UDPConn) bool {
