@@ -21,6 +21,8 @@ import (
 
 	"github.com/containerd/ttrpc"
 	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
 
 	"github.com/caa-project/caa/internal/agentproto"
 	"github.com/caa-project/caa/pkg/ledger"
@@ -214,6 +216,23 @@ func (h *createHold) wrap(next http.Handler) http.Handler {
 		h.mu.Unlock()
 		<-r.Context().Done() // the answer is lost with its caller
 	})
+}
+
+// nodeDefaultRoute gives the node's namespace a default route on the cloud
+// network, as a real node has one.
+func (e *hvEnv) nodeDefaultRoute(t *testing.T) {
+	t.Helper()
+	ns, err := netns.GetFromPath(e.cn.NodeNS)
+	require.NoError(t, err)
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	require.NoError(t, err)
+	defer h.Close()
+	br, err := h.LinkByName("cloud0")
+	require.NoError(t, err)
+	gw := e.cn.NodeIP.Masked().Addr().As4()
+	gw[2], gw[3] = 255, 254
+	require.NoError(t, h.RouteAdd(&netlink.Route{LinkIndex: br.Attrs().Index, Gw: net.IP(gw[:])}))
 }
 
 // peerPod is one pod on the apiserver and its network namespace on the node.

@@ -455,7 +455,7 @@ func TestHypervisorVMKilledBehindCaasBack(t *testing.T) {
 // caa must refuse: an image outside the node's allow-list, an oversized
 // initdata (in the shim's annotations, or on the pod itself), a sandbox id
 // that is a path, StartVM and StopVM of a sandbox never created, a sandbox
-// that names no pod. Each gets a status code and a message naming the field
+// that names no pod, the node's own network namespace as the pod's. Each gets a status code and a message naming the field
 // and the fix; nothing reaches the cloud; the running sandbox stays served
 // (its shim's connection too) and the ledger verifies clean.
 func TestHypervisorHostileInput(t *testing.T) {
@@ -505,6 +505,18 @@ func TestHypervisorHostileInput(t *testing.T) {
 	refused(e.shim.StartVM(ctx, id), codes.FailedPrecondition, sandbox.AnnotationInitData)
 	require.Eventually(t, func() bool { return hasEventIn(ctx, t, e.c, "shop", "bad", "Warning", "VMCreateFailed") },
 		30*time.Second, 100*time.Millisecond, "the refusal is reported on the pod")
+	// kata hands over the node's own network namespace (caa's: a wrong
+	// path, a hostNetwork pod). A real node's has a default route, so the
+	// node namespace gets one. A tunnel there would redirect the node's
+	// interface into the VXLAN and cut every relay off; caa refuses before
+	// any cloud call.
+	e.nodeDefaultRoute(t)
+	_, err = e.c.CreatePeerPod(ctx, "shop", "hostnet", e.node, nil)
+	require.NoError(t, err)
+	hostnet := sandboxID(8)
+	_, err = e.shim.CreateVM(ctx, hostnet, map[string]string{sandbox.AnnotationSandboxName: "hostnet", sandbox.AnnotationSandboxNamespace: "shop"}, e.cn.NodeNS)
+	require.NoError(t, err)
+	refused(e.shim.StartVM(ctx, hostnet), codes.FailedPrecondition, "networkNamespacePath "+e.cn.NodeNS, "worker's own")
 
 	// Nothing lost, nothing made.
 	assert.Empty(t, e.door.counts()["RunInstances"], "no create for any hostile request")
@@ -527,6 +539,9 @@ func TestHypervisorHostileInput(t *testing.T) {
 	assert.Empty(t, rec.VMID)
 	_, _, err = e.readLedger(t, never)
 	assert.ErrorIs(t, err, ledger.ErrNotFound, "nothing recorded for an unknown sandbox")
+	rec, _, err = e.readLedger(t, hostnet)
+	require.NoError(t, err)
+	assert.Equal(t, ledger.SandboxFailed, rec.Phase, "the sandbox handed the node's namespace failed for good")
 }
 
 // hasEventIn is hasEvent for any namespace.
