@@ -54,7 +54,7 @@ func TestHypervisorKataPodEndToEnd(t *testing.T) {
 	const initData = "algorithm = \"sha384\"\nversion = \"0.1.0\"\n[data]\n\"policy.rego\" = \"e2e-initdata-7f3a\"\n"
 	sock, err := e.shim.CreateVM(ctx, id, pod.annotations(map[string]string{sandbox.AnnotationInitData: initData}), pod.net.NSPath)
 	require.NoError(t, err)
-	assert.Empty(t, e.sandboxVMs(id), "CreateVM makes no cloud call")
+	assert.Empty(t, instanceIDs(e.aws.core.Instances()), "no VM before StartVM: CreateVM makes no cloud call, and the pod informer creates none in this mode")
 	t0 := time.Now()
 	require.NoError(t, e.shim.StartVM(ctx, id), "failed boots: %v", e.fleet.Failed())
 	t.Logf("StartVM through the binary took %s", time.Since(t0).Round(time.Millisecond))
@@ -351,6 +351,43 @@ func TestHypervisorRestartWith20Sandboxes(t *testing.T) {
 		}
 		d.stop(t)
 	}
+}
+
+// TestHypervisorPodGoneRetiresItsSandbox: a pod is deleted from the
+// apiserver while its sandbox runs and kata never calls StopVM (the kubelet
+// went away with the node's runtime). The pod's absence from the synced pod
+// cache is the positive evidence (I3): the sandbox's socket closes and its VM
+// is deleted; the other pod's sandbox keeps its VM and its agent.
+func TestHypervisorPodGoneRetiresItsSandbox(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	e := newHVEnv(ctx, t)
+	gone := e.newPod(ctx, t, "team", "gone", nil)
+	stays := e.newPod(ctx, t, "team", "stays", nil)
+	d := e.start(t)
+	d.waitReady(t, func() {})
+	a, b := sandboxID(9), sandboxID(10)
+	sockA, err := e.shim.CreateVM(ctx, a, gone.annotations(nil), gone.net.NSPath)
+	require.NoError(t, err)
+	require.NoError(t, e.shim.StartVM(ctx, a), "failed boots: %v", e.fleet.Failed())
+	sockB, err := e.shim.CreateVM(ctx, b, stays.annotations(nil), stays.net.NSPath)
+	require.NoError(t, err)
+	require.NoError(t, e.shim.StartVM(ctx, b), "failed boots: %v", e.fleet.Failed())
+	vmB := instanceIDs(e.liveSandboxVMs(b))
+	require.Len(t, vmB, 1)
+
+	require.NoError(t, e.c.DeletePod(ctx, "team", "gone"))
+	require.Eventually(t, func() bool { return len(e.liveSandboxVMs(a)) == 0 }, 30*time.Second, 20*time.Millisecond,
+		"the gone pod's VM is deleted")
+	_, err = net.Dial("unix", sockA)
+	assert.Error(t, err, "the gone pod's agent socket is closed")
+	assert.Equal(t, vmB, instanceIDs(e.liveSandboxVMs(b)), "the other pod's VM stays")
+	require.NoError(t, agentCheck(ctx, sockB), "the other pod's agent is still served")
+	d.stop(t)
+	_, hist, err := e.readLedger(t, a)
+	assert.ErrorIs(t, err, ledger.ErrNotFound, "the record goes with the VM")
+	require.NotEmpty(t, hist)
+	assert.Equal(t, "PodGone", hist[len(hist)-1].Sandbox.Reason, "its history says why")
 }
 
 // isEC2Write tells whether a call kind (ec2CallKind) changes the cloud.
