@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -103,9 +102,16 @@ func newHVEnv(ctx context.Context, t *testing.T) *hvEnv {
 // the daemon helpers (readyz, waitReady, stop) work as for other tests.
 func (e *hvEnv) start(t *testing.T, extra ...string) *daemon {
 	t.Helper()
-	port, err := cluster.FreePort()
-	require.NoError(t, err)
-	inner := "127.0.0.1:" + strconv.Itoa(port)
+	// A port free in the node's namespace (the fake EC2 listens there too).
+	var inner string
+	require.NoError(t, podvmfake.InNetNS(e.cn.NodeNS, func() error {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		inner = l.Addr().String()
+		return l.Close()
+	}))
 	outer := forward(t, "", "127.0.0.1:0", e.cn.NodeNS, inner)
 	logs := &cluster.SyncBuffer{}
 	args := []string{"run", "--node-name", e.node, "--kubeconfig", e.c.Kubeconfig(), "--ledger", e.ledger,
