@@ -339,3 +339,55 @@ func TestHypervisorVMKilledBehindCaasBack(t *testing.T) {
 	require.NoError(t, agentCheck(ctx, sockB), "the running sandbox is still served")
 	d.stop(t)
 }
+
+// TestHypervisorSigtermMidStartVM: SIGTERM lands while a StartVM's create
+// is in the cloud (landed, its answer held). caa exits 0 within its
+// shutdown grace; the shutdown deletes nothing and starts nothing (I4); the
+// intent stays recorded; the next caa gives the shim's repeated StartVM the
+// VM that create made, and no other.
+func TestHypervisorSigtermMidStartVM(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	e := newHVEnv(ctx, t)
+	pod := e.newPod(ctx, t, "shop", "web-0", nil)
+	const grace = 2 * time.Second
+	d := e.start(t, "--shutdown-grace", grace.String())
+	d.waitReady(t, func() {})
+	id := sandboxID(11)
+	sock, err := e.shim.CreateVM(ctx, id, pod.annotations(nil), pod.net.NSPath)
+	require.NoError(t, err)
+
+	landed := e.hold.arm()
+	started := make(chan error, 1)
+	go func() { started <- e.shim.StartVM(ctx, id) }()
+	select {
+	case <-landed:
+	case err := <-started:
+		t.Fatalf("StartVM returned before its create landed: %v", err)
+	case <-ctx.Done():
+		t.Fatal("the create never reached the fake EC2")
+	}
+	e.door.reset()
+	t0 := time.Now()
+	d.stop(t) // SIGTERM; exit 0 required
+	took := time.Since(t0)
+	t.Logf("caa exited %s after SIGTERM (grace %s)", took.Round(time.Millisecond), grace)
+	assert.Less(t, took, grace+10*time.Second, "the create in flight was abandoned within the grace")
+	require.Error(t, <-started, "the shim's StartVM ends with caa")
+	e.hold.on.Store(false)
+	for kind, k := range e.door.counts() {
+		assert.False(t, isEC2Write(kind), "cloud write after SIGTERM: %s x%d", kind, k)
+	}
+	first := instanceIDs(e.liveSandboxVMs(id))
+	require.Len(t, first, 1, "the landed VM is left as it is")
+	rec, _, err := e.readLedger(t, id)
+	require.NoError(t, err)
+	assert.Equal(t, ledger.SandboxCreating, rec.Phase, "the intent stays; the shutdown retired nothing")
+
+	d = e.start(t)
+	d.waitReady(t, func() {})
+	require.NoError(t, e.shim.StartVM(ctx, id), "failed boots: %v", e.fleet.Failed())
+	assert.Equal(t, first, instanceIDs(e.sandboxVMs(id)), "the repeated StartVM got the VM the first create made (I1)")
+	require.NoError(t, agentCheck(ctx, sock))
+	d.stop(t)
+}
