@@ -136,7 +136,18 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 			}
 		}
 	}()
-	m.Run(ctx, max(f.audit, 30*time.Second), func(rep sandbox.Report, err error) { report(rep, err) })
+	m.Run(ctx, sandboxSyncPeriod(f.audit), func(rep sandbox.Report, err error) { report(rep, err) })
+}
+
+// sandboxSyncPeriod is how often the sandboxes are synced with the cloud
+// (one listing of the node's VMs each time): the operator's
+// --audit-interval, or 30 s when it is 0 (startup only), since in this mode
+// the sync is also what finds a VM lost under a live sandbox.
+func sandboxSyncPeriod(audit time.Duration) time.Duration {
+	if audit <= 0 {
+		return 30 * time.Second
+	}
+	return audit
 }
 
 func logSync(log *slog.Logger, rep sandbox.Report, err error) {

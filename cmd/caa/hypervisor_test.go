@@ -24,3 +24,9 @@ func TestHypervisorFlagsCheck(t *testing.T) {
 	noLimit.startLimit = 0
 	assert.ErrorContains(t, noLimit.check(), "--start-vm-timeout")
 }
+
+func TestSandboxSyncPeriodHonoursTheAuditInterval(t *testing.T) {
+	assert.Equal(t, 2*time.Second, sandboxSyncPeriod(2*time.Second), "the operator's interval, even a short one")
+	assert.Equal(t, 10*time.Minute, sandboxSyncPeriod(10*time.Minute))
+	assert.Equal(t, 30*time.Second, sandboxSyncPeriod(0), "0 (startup only) still syncs: lost VMs are found by the sync")
+}

@@ -43,6 +43,9 @@ var _ PodSide = (*PodVMSide)(nil)
 // UserData reads the pod network from the sandbox's namespace, issues the
 // VM's server certificate for its name and builds the cloud-config.
 func (p *PodVMSide) UserData(_ context.Context, in UserDataInput) ([]byte, string, error) {
+	if err := tunnel.CheckPodNetNS(in.Sandbox.NetNS, p.HostNetNS); err != nil {
+		return nil, "", err
+	}
 	nw, err := tunnel.Inspect(in.Sandbox.NetNS)
 	if err != nil {
 		return nil, "", fmt.Errorf("read the pod network: %w", err)

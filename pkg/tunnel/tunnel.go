@@ -156,11 +156,51 @@ func open(cfg Config) (*handles, error) {
 		h.close()
 		return nil, fmt.Errorf("tunnel: open pod network namespace %s: %w", cfg.NetNSPath, err)
 	}
+	if h.podNS.Equal(h.hostNS) {
+		h.close()
+		return nil, workerNamespace(cfg.NetNSPath)
+	}
 	if h.pod, err = netlink.NewHandleAt(h.podNS); err != nil {
 		h.close()
 		return nil, fmt.Errorf("tunnel: netlink in %s: %w", cfg.NetNSPath, err)
 	}
 	return h, nil
+}
+
+// ErrWorkerNamespace: the pod network namespace given is the worker's own.
+// A tunnel there would redirect every frame of the node's default interface
+// into the VXLAN device and cut the node off its network.
+var ErrWorkerNamespace = errors.New("the pod network namespace is the worker's own")
+
+func workerNamespace(path string) error {
+	return fmt.Errorf("tunnel: networkNamespacePath %s: %w; refusing to tunnel the node's own interface "+
+		"(a peer pod needs its own network namespace: no hostNetwork)", path, ErrWorkerNamespace)
+}
+
+// CheckPodNetNS refuses a pod namespace that is the worker's own
+// (hostNetNSPath as in Config.HostNetNSPath: empty is the caller's), before
+// anything is built or created for it. A namespace that does not exist is
+// left to Inspect and Setup to report.
+func CheckPodNetNS(netnsPath, hostNetNSPath string) error {
+	pod, err := netns.GetFromPath(netnsPath)
+	if err != nil {
+		return nil
+	}
+	defer pod.Close()
+	var host netns.NsHandle
+	if hostNetNSPath != "" {
+		host, err = netns.GetFromPath(hostNetNSPath)
+	} else {
+		host, err = netns.Get()
+	}
+	if err != nil {
+		return fmt.Errorf("tunnel: open the worker's network namespace: %w", err)
+	}
+	defer host.Close()
+	if pod.Equal(host) {
+		return workerNamespace(netnsPath)
+	}
+	return nil
 }
 
 // Setup builds the tunnel, or completes what of it survived: a device of this

@@ -343,3 +343,39 @@ func TestTwoSandboxesKeepTheirOwnTunnels(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, st.Complete(), "%+v", st)
 }
+
+// TestSetupRefusesTheWorkersOwnNamespace: a networkNamespacePath that is the
+// worker's own namespace (with a default route, as a real node has) is
+// refused by CheckPodNetNS, Setup and Teardown, and the node's interface gets
+// no filter: a tunnel there would redirect the node's traffic into the VXLAN.
+func TestSetupRefusesTheWorkersOwnNamespace(t *testing.T) {
+	w := newWorld(t)
+	h, err := netlink.NewHandleAt(mustNS(t, w.cn.NodeNS))
+	require.NoError(t, err)
+	defer h.Close()
+	br, err := h.LinkByName("cloud0")
+	require.NoError(t, err)
+	require.NoError(t, h.RouteAdd(&netlink.Route{LinkIndex: br.Attrs().Index, Gw: net.ParseIP("10.123.255.254")}))
+
+	cfg := w.cfg
+	cfg.NetNSPath = w.cn.NodeNS
+	require.ErrorIs(t, tunnel.CheckPodNetNS(cfg.NetNSPath, cfg.HostNetNSPath), tunnel.ErrWorkerNamespace)
+	err = tunnel.Setup(cfg)
+	require.ErrorIs(t, err, tunnel.ErrWorkerNamespace)
+	require.ErrorContains(t, err, "networkNamespacePath "+w.cn.NodeNS)
+	require.ErrorIs(t, tunnel.Teardown(cfg), tunnel.ErrWorkerNamespace)
+	filters, err := h.FilterList(br, netlink.HANDLE_MIN_INGRESS)
+	require.NoError(t, err)
+	require.Empty(t, filters, "no filter on the node's interface")
+	_, err = h.LinkByName(tunnel.LinkName)
+	require.Error(t, err, "no VXLAN device in the node's namespace")
+	require.NoError(t, tunnel.CheckPodNetNS(w.pod.NSPath, cfg.HostNetNSPath), "a pod's own namespace is fine")
+}
+
+func mustNS(t *testing.T, path string) netns.NsHandle {
+	t.Helper()
+	ns, err := netns.GetFromPath(path)
+	require.NoError(t, err)
+	t.Cleanup(func() { ns.Close() })
+	return ns
+}

@@ -1,0 +1,339 @@
+package e2e
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"net/netip"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/containerd/ttrpc"
+	"github.com/stretchr/testify/require"
+	"github.com/vishvananda/netlink"
+	"github.com/vishvananda/netns"
+
+	"github.com/caa-project/caa/internal/agentproto"
+	"github.com/caa-project/caa/pkg/ledger"
+	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/pkg/sandbox"
+	"github.com/caa-project/caa/test/e2e/cluster"
+	ec2fake "github.com/caa-project/caa/test/mocks/aws"
+	"github.com/caa-project/caa/test/mocks/cloud"
+	katafake "github.com/caa-project/caa/test/mocks/kata"
+	podvmfake "github.com/caa-project/caa/test/mocks/podvm"
+)
+
+// hvEnv is a node for the remote hypervisor mode: the real apiserver, a
+// "node" network namespace in which the caa binary runs (started from a
+// thread inside it, so the process is born there) with the fake EC2 and the
+// apiserver reachable on its loopback, a cloud network (a bridge) on which
+// the fake pod VM fleet boots every instance the fake EC2 runs, from the
+// instance's user data, and pod network namespaces wired as a CNI would.
+type hvEnv struct {
+	c     *cluster.Cluster
+	cn    *podvmfake.CloudNetwork
+	aws   *awsCloud
+	door  *arrivals
+	hold  *createHold
+	fleet *podvmfake.Fleet
+	node  string
+	// dir is short: agent socket paths (dir/pods/<64 hex>/agent.ttrpc)
+	// must fit a unix socket address.
+	dir, ledger, socket, agents string
+	shim                        katafake.Shim
+	pods                        atomic.Int32
+}
+
+func newHVEnv(ctx context.Context, t *testing.T) *hvEnv {
+	t.Helper()
+	cn := podvmfake.NewCloudNetwork(t) // skips only where the kernel lacks netns or VXLAN
+	c := cluster.Start(ctx, t)
+	e := &hvEnv{c: c, cn: cn, node: "worker-1", door: &arrivals{}, hold: &createHold{}}
+	_, err := c.CreateNode(ctx, e.node)
+	require.NoError(t, err)
+
+	// The fake EC2 listens on the node's loopback, where caa dials it.
+	core := cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{ec2Image}}))
+	var ln net.Listener
+	require.NoError(t, podvmfake.InNetNS(cn.NodeNS, func() error {
+		ln, err = net.Listen("tcp", "127.0.0.1:0")
+		return err
+	}))
+	srv := httptest.NewUnstartedServer(e.door.wrap(e.hold.wrap(ec2fake.NewServer(core))))
+	_ = srv.Listener.Close()
+	srv.Listener = ln
+	srv.Start()
+	t.Cleanup(srv.Close)
+	e.aws = &awsCloud{core: core, url: srv.URL}
+	// The apiserver (127.0.0.1 of the test's namespace) at the same address
+	// on the node's loopback, so the kubeconfig serves as it is.
+	api := strings.TrimPrefix(c.URL(), "https://")
+	forward(t, cn.NodeNS, api, "", api)
+
+	e.fleet = podvmfake.NewFleet(cn, core, nil)
+	fctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); e.fleet.Run(fctx, 20*time.Millisecond) }()
+	t.Cleanup(func() { stop(); <-done; e.fleet.Close() })
+
+	e.dir, err = os.MkdirTemp("", "hve")
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = os.RemoveAll(e.dir) })
+	e.ledger = filepath.Join(e.dir, "caa", "ledger.db")
+	e.socket = filepath.Join(e.dir, "hypervisor.sock")
+	e.agents = filepath.Join(e.dir, "pods")
+	e.shim = katafake.Shim{Socket: e.socket}
+	return e
+}
+
+// start runs `caa run` in the remote hypervisor mode on the node; extra
+// flags come last. Its health port is forwarded to the test's loopback, so
+// the daemon helpers (readyz, waitReady, stop) work as for other tests.
+func (e *hvEnv) start(t *testing.T, extra ...string) *daemon {
+	t.Helper()
+	// A port free in the node's namespace (the fake EC2 listens there too).
+	var inner string
+	require.NoError(t, podvmfake.InNetNS(e.cn.NodeNS, func() error {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return err
+		}
+		inner = l.Addr().String()
+		return l.Close()
+	}))
+	outer := forward(t, "", "127.0.0.1:0", e.cn.NodeNS, inner)
+	logs := &cluster.SyncBuffer{}
+	args := []string{"run", "--node-name", e.node, "--kubeconfig", e.c.Kubeconfig(), "--ledger", e.ledger,
+		"--health-addr", inner, "--resync", "2s", "--audit-interval", "2s", "--confirm-missing", "2s", "--log-format", "json"}
+	args = append(args, e.aws.awsArgs()...)
+	args = append(args, "--hypervisor-socket", e.socket, "--agent-socket-dir", e.agents,
+		"--node-ip", e.cn.NodeIP.Addr().String(), "--start-vm-timeout", "60s")
+	cmd := exec.Command(caaBin, append(args, extra...)...)
+	cmd.Env = awsEnv()
+	cmd.Stdout, cmd.Stderr = logs, logs
+	// A child forked from a thread inside the node's namespace is born there.
+	require.NoError(t, podvmfake.InNetNS(e.cn.NodeNS, cmd.Start))
+	d := &daemon{cmd: cmd, health: "http://" + outer, logs: logs, done: make(chan error, 1)}
+	go func() { d.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if cmd.ProcessState == nil {
+			_ = cmd.Process.Kill()
+			<-d.done
+		}
+		if t.Failed() {
+			t.Logf("caa (hypervisor mode) output (last 80 lines):\n%s", tailLines(logs.String(), 80))
+		}
+	})
+	return d
+}
+
+// forward serves listenAddr in namespace from ("" for the test's own) and
+// pipes every connection to dialAddr opened in namespace to. It returns the
+// address it listens on.
+func forward(t *testing.T, from, listenAddr, to, dialAddr string) string {
+	t.Helper()
+	var ln net.Listener
+	listen := func() (err error) { ln, err = net.Listen("tcp", listenAddr); return err }
+	if from != "" {
+		require.NoError(t, podvmfake.InNetNS(from, listen))
+	} else {
+		require.NoError(t, listen())
+	}
+	dial := (&net.Dialer{Timeout: 5 * time.Second}).DialContext
+	if to != "" {
+		dial = podvmfake.DialIn(to)
+	}
+	var wg sync.WaitGroup
+	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for {
+			in, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				defer in.Close()
+				out, err := dial(context.Background(), "tcp", dialAddr)
+				if err != nil {
+					return
+				}
+				defer out.Close()
+				done := make(chan struct{}, 2)
+				go func() { _, _ = io.Copy(out, in); done <- struct{}{} }()
+				go func() { _, _ = io.Copy(in, out); done <- struct{}{} }()
+				<-done
+			}()
+		}
+	}()
+	return ln.Addr().String()
+}
+
+// createHold, when on, lets a RunInstances make its instance and then holds
+// the answer until the caller goes away: a create that landed in the cloud
+// whose answer caa never reads.
+type createHold struct {
+	on     atomic.Bool
+	landed chan struct{}
+	mu     sync.Mutex
+}
+
+func (h *createHold) arm() <-chan struct{} {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.landed = make(chan struct{}, 1)
+	h.on.Store(true)
+	return h.landed
+}
+
+func (h *createHold) wrap(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !h.on.Load() {
+			next.ServeHTTP(w, r)
+			return
+		}
+		body, _ := io.ReadAll(r.Body)
+		r.Body = io.NopCloser(strings.NewReader(string(body)))
+		if ec2CallKind(string(body)) != "RunInstances" {
+			next.ServeHTTP(w, r)
+			return
+		}
+		rec := httptest.NewRecorder()
+		next.ServeHTTP(rec, r)
+		h.mu.Lock()
+		select {
+		case h.landed <- struct{}{}:
+		default:
+		}
+		h.mu.Unlock()
+		<-r.Context().Done() // the answer is lost with its caller
+	})
+}
+
+// nodeDefaultRoute gives the node's namespace a default route on the cloud
+// network, as a real node has one.
+func (e *hvEnv) nodeDefaultRoute(t *testing.T) {
+	t.Helper()
+	ns, err := netns.GetFromPath(e.cn.NodeNS)
+	require.NoError(t, err)
+	defer ns.Close()
+	h, err := netlink.NewHandleAt(ns)
+	require.NoError(t, err)
+	defer h.Close()
+	br, err := h.LinkByName("cloud0")
+	require.NoError(t, err)
+	gw := e.cn.NodeIP.Masked().Addr().As4()
+	gw[2], gw[3] = 255, 254
+	require.NoError(t, h.RouteAdd(&netlink.Route{LinkIndex: br.Attrs().Index, Gw: net.IP(gw[:])}))
+}
+
+// peerPod is one pod on the apiserver and its network namespace on the node.
+type peerPod struct {
+	ns, name string
+	net      *podvmfake.Pod
+}
+
+// newPod creates pod ns/name on the apiserver (bound to the node, kata-remote)
+// and its network namespace with its own /24.
+func (e *hvEnv) newPod(ctx context.Context, t *testing.T, ns, name string, annotations map[string]string) *peerPod {
+	t.Helper()
+	_, err := e.c.CreatePeerPod(ctx, ns, name, e.node, annotations)
+	require.NoError(t, err)
+	k := e.pods.Add(1)
+	ip := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(k), 5}), 24)
+	return &peerPod{ns: ns, name: name, net: e.cn.NewPod(t, ip)}
+}
+
+// annotations are the CRI annotations kata's shim sends for the pod's sandbox.
+func (p *peerPod) annotations(extra map[string]string) map[string]string {
+	a := map[string]string{sandbox.AnnotationSandboxName: p.name, sandbox.AnnotationSandboxNamespace: p.ns}
+	for k, v := range extra {
+		a[k] = v
+	}
+	return a
+}
+
+// sandboxID is a sandbox id as kata makes them: 64 hex digits.
+func sandboxID(n int) string { return fmt.Sprintf("%064x", 0xca0000+n) }
+
+// sandboxVMs are the fake EC2's instances made for sandbox id (any state).
+func (e *hvEnv) sandboxVMs(id string) []cloud.Instance {
+	var out []cloud.Instance
+	for _, in := range e.aws.core.Instances() {
+		if in.Tags[sandbox.TagSandbox] == id {
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
+// instanceIDs are the instances' ids (what a failed assertion prints: an
+// instance also holds its user data, keys included).
+func instanceIDs(ins []cloud.Instance) []string {
+	out := []string{}
+	for _, in := range ins {
+		out = append(out, in.ID)
+	}
+	return out
+}
+
+// liveSandboxVMs are those not terminated.
+func (e *hvEnv) liveSandboxVMs(id string) []cloud.Instance {
+	var out []cloud.Instance
+	for _, in := range e.sandboxVMs(id) {
+		if in.State != provider.StateTerminated {
+			out = append(out, in)
+		}
+	}
+	return out
+}
+
+// agentCheck dials an agent socket as the shim does and runs kata's health
+// check through it.
+func agentCheck(ctx context.Context, socket string) error {
+	c, err := net.DialTimeout("unix", socket, time.Second)
+	if err != nil {
+		return err
+	}
+	cl := ttrpc.NewClient(c)
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := agentproto.Check(ctx, cl)
+	if err != nil {
+		return err
+	}
+	if st != agentproto.Serving {
+		return fmt.Errorf("agent says %d, not SERVING", st)
+	}
+	return nil
+}
+
+// readLedger opens the ledger file read-only (no daemon holds it) and
+// returns the sandbox's record (ErrNotFound if none) and history.
+func (e *hvEnv) readLedger(t *testing.T, id string) (ledger.Sandbox, []ledger.SandboxEvent, error) {
+	t.Helper()
+	l, err := ledger.Open(ledger.Options{Path: e.ledger, ReadOnly: true, Timeout: 5 * time.Second})
+	require.NoError(t, err)
+	defer l.Close()
+	hist, herr := l.SandboxHistory(id)
+	if !errors.Is(herr, ledger.ErrNotFound) {
+		require.NoError(t, herr)
+	}
+	s, err := l.GetSandbox(id)
+	return s, hist, err
+}
