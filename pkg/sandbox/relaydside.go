@@ -123,6 +123,9 @@ func (p *RelaydSide) Reconcile(ctx context.Context, led *ledger.Ledger) (stopped
 		switch {
 		case errors.Is(err, ledger.ErrNotFound):
 			hist, err := led.SandboxHistory(e.Sandbox)
+			if errors.Is(err, ledger.ErrNotFound) {
+				hist, err = nil, nil
+			}
 			if err != nil {
 				return stopped, fmt.Errorf("read the history of sandbox %s: %w", e.Sandbox, err)
 			}

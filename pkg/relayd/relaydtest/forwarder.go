@@ -34,11 +34,11 @@ type Forwarder struct {
 	conns    map[net.Conn]struct{}
 }
 
-// StartForwarder serves on 127.0.0.1 with a server certificate for name,
-// issued by ca, and requires a client certificate from ca.
-func StartForwarder(t testing.TB, ca *pki.CA, name string) *Forwarder {
+// StartForwarder serves on 127.0.0.1 with a server certificate for names
+// (VM names), issued by ca, and requires a client certificate from ca.
+func StartForwarder(t testing.TB, ca *pki.CA, names ...string) *Forwarder {
 	t.Helper()
-	certPEM, keyPEM, _, err := ca.IssueServer(nil, []string{name}, time.Hour)
+	certPEM, keyPEM, _, err := ca.IssueServer(nil, names, time.Hour)
 	require.NoError(t, err)
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
 	require.NoError(t, err)

@@ -1,0 +1,448 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/containerd/ttrpc"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caa-project/caa/internal/agentproto"
+	"github.com/caa-project/caa/pkg/ledger"
+	"github.com/caa-project/caa/pkg/pki"
+	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/pkg/reconcile"
+	"github.com/caa-project/caa/pkg/relayd"
+	"github.com/caa-project/caa/pkg/relayd/relaydtest"
+	"github.com/caa-project/caa/test/mocks/cloud"
+)
+
+// daemonRig is caa (a Manager over a real ledger file and the memory
+// cloud) with its agent sockets in a relay daemon (relayd.Server on its
+// control socket) that reaches a fake forwarder over real mutual TLS.
+type daemonRig struct {
+	t       *testing.T
+	path    string
+	cloud   *cloud.Cloud
+	prov    provider.Provider
+	pods    *fakePods
+	fake    *fakeSide
+	ca      *pki.CA
+	caDir   string
+	sockDir string
+	client  *relayd.Client
+	fw      *relaydtest.Forwarder
+
+	led  *ledger.Ledger
+	m    *Manager
+	side *RelaydSide
+	stop context.CancelFunc
+}
+
+const (
+	sbHealth = "sb-health"
+	sbStream = "sb-stream"
+)
+
+func newDaemonRig(t *testing.T) *daemonRig {
+	t.Helper()
+	r := &daemonRig{t: t, path: filepath.Join(t.TempDir(), "ledger.db"), caDir: t.TempDir(),
+		cloud: cloud.New(cloud.Options{IDPrefix: "vm-", KeepTerminated: time.Hour}),
+		pods:  &fakePods{pods: map[string]*reconcile.Pod{}}, fake: newFakeSide()}
+	r.prov = newMemory(r.cloud)
+	var err error
+	r.ca, err = pki.LoadOrCreateCA(r.caDir)
+	require.NoError(t, err)
+	require.NoError(t, relayd.WriteClientFile(r.caDir, r.ca))
+	// Unix socket paths are capped at 108 bytes: a short directory.
+	r.sockDir, err = os.MkdirTemp("", "sb")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(r.sockDir) })
+	// One forwarder plays every VM: its certificate names each VM.
+	r.fw = relaydtest.StartForwarder(t, r.ca, VMName("web", sbHealth), VMName("feed", sbStream))
+	srv, err := relayd.NewServer(relayd.Config{
+		ClientFile: filepath.Join(r.caDir, relayd.ClientFile), DialTimeout: 2 * time.Second,
+		Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", r.fw.Addr())
+		},
+	})
+	require.NoError(t, err)
+	ctl := filepath.Join(r.sockDir, "relay.sock")
+	ln, err := relayd.Listen(ctl)
+	require.NoError(t, err)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ctx, ln) }()
+	t.Cleanup(func() { stop(); <-done })
+	r.client = &relayd.Client{Socket: ctl}
+	r.start(r.prov)
+	t.Cleanup(func() { r.kill() })
+	return r
+}
+
+// start is a caa process starting on the ledger: a new manager, a new
+// RelaydSide, and the startup Sync.
+func (r *daemonRig) start(prov provider.Provider) {
+	r.t.Helper()
+	led, err := ledger.Open(ledger.Options{Path: r.path, Node: "node-1", Cluster: "c1", Timeout: time.Second})
+	require.NoError(r.t, err)
+	ctx, stop := context.WithCancel(context.Background())
+	r.led, r.stop = led, stop
+	r.side = &RelaydSide{PodSide: r.fake, Client: r.client}
+	r.m = New(Config{
+		Ledger: led, Provider: prov, Pods: r.pods, Side: r.side,
+		Spec:    provider.SpecConfig{DefaultType: "small", DefaultImage: "podvm-image", Types: []provider.InstanceType{{Name: "small", VCPUs: 1, MemoryMiB: 2048}}},
+		Cluster: "c1", Node: "node-1", NodeIP: net.ParseIP("192.0.2.10"), SocketDir: r.sockDir,
+		Poll: 5 * time.Millisecond, StartTimeout: 5 * time.Second, PodWait: 200 * time.Millisecond,
+		ConfirmMissing: time.Hour, Stop: ctx,
+	})
+}
+
+// shutdown is caa's graceful exit (SIGTERM): Close, which must leave the
+// daemon's relays serving.
+func (r *daemonRig) shutdown() {
+	if r.m == nil {
+		return
+	}
+	r.stop()
+	r.m.Wait()
+	r.m.Close()
+	_ = r.led.Close()
+	r.m = nil
+}
+
+// kill is SIGKILL: nothing runs on the way out (the bbolt file is closed
+// only so the next process of this test can open it).
+func (r *daemonRig) kill() {
+	if r.m == nil {
+		return
+	}
+	r.stop()
+	r.m.Wait()
+	_ = r.led.Close()
+	r.m = nil
+}
+
+// adopt is the restarted caa's startup: Sync serves every running sandbox
+// again (through the daemon: same arguments, connections kept), then the
+// daemon's List is reconciled against the ledger.
+func (r *daemonRig) adopt(ctx context.Context) Report {
+	r.t.Helper()
+	rep, err := r.m.Sync(ctx, 5*time.Second)
+	require.NoError(r.t, err)
+	_, err = r.side.Reconcile(ctx, r.led)
+	require.NoError(r.t, err)
+	return rep
+}
+
+func (r *daemonRig) run(ctx context.Context, id, pod string) string {
+	r.t.Helper()
+	r.pods.add(&reconcile.Pod{UID: "uid-" + pod, Namespace: "team", Name: pod, RuntimeClass: "kata-remote", Annotations: map[string]string{}})
+	sock, err := r.m.CreateVM(ctx, id, shimAnnotations(pod), "/var/run/netns/"+pod)
+	require.NoError(r.t, err)
+	require.NoError(r.t, r.m.StartVM(ctx, id))
+	return sock
+}
+
+// healthChecker is kata's shim health-checking its agent every period on
+// its one connection; a check that fails, or gets no answer within
+// timeout, is a miss (kata fails the sandbox on one). It records the
+// longest gap between a request and its answer.
+type healthChecker struct {
+	mu      sync.Mutex
+	checks  int
+	misses  []string
+	longest time.Duration
+}
+
+func (h *healthChecker) run(ctx context.Context, cl *ttrpc.Client, period, timeout time.Duration) {
+	for ctx.Err() == nil {
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		t0 := time.Now()
+		st, err := agentproto.Check(cctx, cl)
+		d := time.Since(t0)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		h.mu.Lock()
+		h.checks++
+		h.longest = max(h.longest, d)
+		if err != nil || st != agentproto.Serving {
+			h.misses = append(h.misses, fmt.Sprintf("check %d after %s: status %d, err %v", h.checks, d, st, err))
+		}
+		h.mu.Unlock()
+		select {
+		case <-ctx.Done():
+		case <-time.After(period):
+		}
+	}
+}
+
+// window resets the longest gap and returns the previous one.
+func (h *healthChecker) window() (longest time.Duration, checks int, misses []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	longest, checks, misses = h.longest, h.checks, append([]string(nil), h.misses...)
+	h.longest = 0
+	return
+}
+
+// streamer writes a numbered byte pattern through a relayed connection and
+// reads the echo back, checking that every byte comes back in order.
+type streamer struct {
+	conn    net.Conn
+	written int64
+	errc    chan error
+	stopc   chan struct{}
+}
+
+func pattern(off int64) byte { return byte(off*7 + off/251) }
+
+func startStream(t *testing.T, sock string) *streamer {
+	t.Helper()
+	c, err := net.Dial("unix", sock)
+	require.NoError(t, err)
+	_, err = c.Write(relaydtest.StreamMagic)
+	require.NoError(t, err)
+	s := &streamer{conn: c, errc: make(chan error, 1), stopc: make(chan struct{})}
+	go func() {
+		buf := make([]byte, 4096)
+		for {
+			select {
+			case <-s.stopc:
+				s.errc <- nil
+				return
+			case <-time.After(time.Millisecond):
+			}
+			for i := range buf {
+				buf[i] = pattern(s.written + int64(i))
+			}
+			if _, err := c.Write(buf); err != nil {
+				s.errc <- fmt.Errorf("stream write after %d bytes: %w", s.written, err)
+				return
+			}
+			s.written += int64(len(buf))
+		}
+	}()
+	return s
+}
+
+// finish stops writing and reads back every byte written.
+func (s *streamer) finish(t *testing.T) int64 {
+	t.Helper()
+	close(s.stopc)
+	require.NoError(t, <-s.errc)
+	total := s.written
+	require.NoError(t, s.conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	got := make([]byte, total)
+	_, err := io.ReadFull(s.conn, got)
+	require.NoError(t, err, "the echo of %d bytes", total)
+	for i := range got {
+		if got[i] != pattern(int64(i)) {
+			t.Fatalf("stream byte %d of %d: got %d, want %d", i, total, got[i], pattern(int64(i)))
+		}
+	}
+	s.conn.Close()
+	return total
+}
+
+// TestRelayDaemonCarriesShimsThroughCaaRestarts: with the agent sockets in
+// the relay daemon, a graceful restart of caa, a SIGKILL of caa and a new
+// caa that fails at start all leave the shim's connection working: kata's
+// health check never misses, a WaitProcess in flight throughout completes,
+// a byte stream loses no byte. It reports the longest stall the shim sees
+// in a window with a restart against a window without.
+func TestRelayDaemonCarriesShimsThroughCaaRestarts(t *testing.T) {
+	r := newDaemonRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sock := r.run(ctx, sbHealth, "web")
+	streamSock := r.run(ctx, sbStream, "feed")
+
+	conn, err := net.Dial("unix", sock)
+	require.NoError(t, err)
+	cl := ttrpc.NewClient(conn)
+	defer cl.Close()
+	waited := make(chan error, 1)
+	go func() {
+		st, err := agentproto.WaitProcess(ctx, cl, "c1", "")
+		if err == nil && st != 137 {
+			err = fmt.Errorf("WaitProcess answered %d, want 137", st)
+		}
+		waited <- err
+	}()
+	require.NoError(t, r.fw.Agent.AwaitWaiting(ctx, "c1"))
+	stream := startStream(t, streamSock)
+
+	// kata checks every 5 s; here every 20 ms. The timeout is generous
+	// for a loaded test machine: a cut connection fails a call at once.
+	const period, timeout = 20 * time.Millisecond, time.Second
+	hc := &healthChecker{}
+	hctx, hstop := context.WithCancel(ctx)
+	hdone := make(chan struct{})
+	go func() { defer close(hdone); hc.run(hctx, cl, period, timeout) }()
+	// Windows of the same length, each of at least a few checks.
+	window := func(what string, during func()) time.Duration {
+		start := time.Now()
+		_, before, _ := hc.window()
+		during()
+		eventually(t, func() bool { _, n, _ := hc.window(); return n >= before+10 }, what+": ten more checks")
+		if rest := 400*time.Millisecond - time.Since(start); rest > 0 {
+			time.Sleep(rest) // the window's length, not a synchronisation
+		}
+		longest, _, _ := hc.window()
+		return longest
+	}
+
+	base := window("no restart", func() {})
+	graceful := window("graceful restart", func() {
+		r.shutdown()
+		r.start(r.prov)
+		rep := r.adopt(ctx)
+		assert.ElementsMatch(t, []string{sbHealth, sbStream}, rep.Served)
+	})
+	killed := window("SIGKILL", func() {
+		r.kill()
+		r.start(r.prov)
+		rep := r.adopt(ctx)
+		assert.ElementsMatch(t, []string{sbHealth, sbStream}, rep.Served)
+	})
+	broken := window("broken new caa", func() {
+		r.kill()
+		r.start(failingList{r.prov})
+		_, err := r.m.Sync(ctx, time.Second)
+		require.Error(t, err, "the broken caa fails at start")
+		r.shutdown() // and exits
+		r.start(r.prov)
+		r.adopt(ctx)
+	})
+	hstop()
+	<-hdone
+	_, checks, misses := hc.window()
+	assert.Zero(t, len(misses), "kata's health check must never miss; the first misses: %v", misses[:min(len(misses), 3)])
+	assert.Greater(t, checks, 40)
+
+	require.True(t, r.fw.Agent.Release("c1", 137), "the WaitProcess is still in flight at the agent")
+	require.NoError(t, <-waited)
+	total := stream.finish(t)
+	assert.Greater(t, total, int64(0))
+
+	entries, _, err := r.client.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, entries, 2)
+	assert.Equal(t, 1, entries[0].Open, "the shim's one connection, never reconnected")
+	assert.Zero(t, r.cloud.Counters()[cloud.OpCreate]-2, "no VM was created by the restarts")
+	ratio := func(d time.Duration) float64 { return float64(d) / float64(base) }
+	t.Logf("longest stall seen by the shim: no restart %s; graceful restart %s (x%.2f); SIGKILL %s (x%.2f); broken new caa %s (x%.2f); %d checks, %d stream bytes",
+		base, graceful, ratio(graceful), killed, ratio(killed), broken, ratio(broken), checks, total)
+}
+
+// failingList is a cloud that cannot list: a new caa that fails at start.
+type failingList struct{ provider.Provider }
+
+func (failingList) List(context.Context, provider.Selector) ([]provider.VM, error) {
+	return nil, errors.New("listing refused (a broken new caa)")
+}
+
+// StopVM, a VM that dies and a sandbox that ended while caa was down all
+// close the daemon's socket, so kata fails that sandbox.
+func TestRelayDaemonSocketClosesWhenTheSandboxEnds(t *testing.T) {
+	r := newDaemonRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sock := r.run(ctx, sbHealth, "web")
+	streamSock := r.run(ctx, sbStream, "feed")
+
+	// The VM dies behind caa's back: the next sync loses the sandbox.
+	stream := startStream(t, streamSock)
+	require.NoError(t, r.cloud.Kill(r.sandbox(sbStream).VMID))
+	rep, err := r.m.Sync(ctx, time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, []string{sbStream}, rep.Lost)
+	_, err = os.Stat(streamSock)
+	assert.ErrorIs(t, err, os.ErrNotExist, "a lost VM's socket is closed")
+	require.NoError(t, stream.conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	_, err = io.Copy(io.Discard, stream.conn)
+	var ne net.Error
+	require.False(t, errors.As(err, &ne) && ne.Timeout(), "the shim's connection ends (EOF or reset), it does not hang: %v", err)
+
+	// StopVM.
+	cl := ttrpc.NewClient(mustDial(t, sock))
+	defer cl.Close()
+	_, err = agentproto.Check(ctx, cl)
+	require.NoError(t, err)
+	require.NoError(t, r.m.StopVM(ctx, sbHealth))
+	_, err = agentproto.Check(ctx, cl)
+	require.Error(t, err, "StopVM closes the shim's connection")
+	entries, _, err := r.client.List(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, entries)
+
+	// A sandbox whose StopVM completed while caa was down keeps its socket
+	// in the daemon until the next caa reconciles: simulate the crash after
+	// the ledger moved on by serving it behind caa's back.
+	eventually(t, func() bool { _, err := r.led.GetSandbox(sbHealth); return err != nil }, "the stopped sandbox's record goes")
+	_, err = r.client.Serve(ctx, sbHealth, sock, "192.0.2.99:15150", "x")
+	require.NoError(t, err)
+	_, err = r.client.Serve(ctx, "sb-unknown", filepath.Join(r.sockDir, "sb-unknown", "agent.ttrpc"), "192.0.2.98:15150", "y")
+	require.NoError(t, err)
+	r.kill()
+	r.start(r.prov)
+	r.adopt(ctx)
+	entries, _, err = r.client.List(ctx)
+	require.NoError(t, err)
+	var left []string
+	for _, e := range entries {
+		left = append(left, e.Sandbox)
+	}
+	assert.Equal(t, []string{"sb-unknown"}, left, "the ended sandbox's socket is stopped; one the ledger never knew is left (no evidence)")
+}
+
+func (r *daemonRig) sandbox(id string) ledger.Sandbox {
+	r.t.Helper()
+	s, err := r.led.GetSandbox(id)
+	require.NoError(r.t, err)
+	return s
+}
+
+func mustDial(t *testing.T, sock string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("unix", sock)
+	require.NoError(t, err)
+	return c
+}
+
+// A restart of the daemon itself loses its connections, and caa serves
+// every socket again (Keep): the socket comes back.
+func TestDaemonRestartIsServedAgain(t *testing.T) {
+	r := newDaemonRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sock := r.run(ctx, sbHealth, "web")
+	_, boot, err := r.client.List(ctx)
+	require.NoError(t, err)
+	// The daemon restarts: a new process serves the control socket with
+	// nothing registered.
+	require.NoError(t, r.client.Stop(ctx, sbHealth)) // what it served is gone
+	_, err = os.Stat(sock)
+	require.ErrorIs(t, err, os.ErrNotExist)
+	r.side.keepOnce(ctx)
+	_, err = os.Stat(sock)
+	require.NoError(t, err, "caa served the socket again")
+	_, err = agentproto.Check(ctx, ttrpc.NewClient(mustDial(t, sock)))
+	require.NoError(t, err)
+	_, boot2, err := r.client.List(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, boot, boot2)
+}
