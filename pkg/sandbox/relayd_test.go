@@ -8,7 +8,9 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -199,11 +201,14 @@ func (h *healthChecker) window() (longest time.Duration, checks int, misses []st
 }
 
 // streamer writes a numbered byte pattern through a relayed connection and
-// reads the echo back, checking that every byte comes back in order.
+// reads the echo back as it goes, checking that every byte comes back, in
+// order.
 type streamer struct {
 	conn    net.Conn
-	written int64
-	errc    chan error
+	written atomic.Int64
+	read    atomic.Int64
+	werr    chan error
+	rerr    chan error
 	stopc   chan struct{}
 }
 
@@ -215,43 +220,64 @@ func startStream(t *testing.T, sock string) *streamer {
 	require.NoError(t, err)
 	_, err = c.Write(relaydtest.StreamMagic)
 	require.NoError(t, err)
-	s := &streamer{conn: c, errc: make(chan error, 1), stopc: make(chan struct{})}
+	s := &streamer{conn: c, werr: make(chan error, 1), rerr: make(chan error, 1), stopc: make(chan struct{})}
 	go func() {
 		buf := make([]byte, 4096)
+		var off int64
 		for {
 			select {
 			case <-s.stopc:
-				s.errc <- nil
+				s.werr <- nil
 				return
 			case <-time.After(time.Millisecond):
 			}
 			for i := range buf {
-				buf[i] = pattern(s.written + int64(i))
+				buf[i] = pattern(off + int64(i))
 			}
 			if _, err := c.Write(buf); err != nil {
-				s.errc <- fmt.Errorf("stream write after %d bytes: %w", s.written, err)
+				s.werr <- fmt.Errorf("stream write after %d bytes: %w", off, err)
 				return
 			}
-			s.written += int64(len(buf))
+			off += int64(len(buf))
+			s.written.Store(off)
+		}
+	}()
+	go func() {
+		buf := make([]byte, 8192)
+		var off int64
+		for {
+			n, err := c.Read(buf)
+			for i := range n {
+				if buf[i] != pattern(off+int64(i)) {
+					s.rerr <- fmt.Errorf("stream byte %d: got %d, want %d", off+int64(i), buf[i], pattern(off+int64(i)))
+					return
+				}
+			}
+			off += int64(n)
+			s.read.Store(off)
+			if err != nil {
+				s.rerr <- fmt.Errorf("stream read after %d bytes: %w", off, err)
+				return
+			}
 		}
 	}()
 	return s
 }
 
-// finish stops writing and reads back every byte written.
+// finish stops writing and waits until every byte written came back.
 func (s *streamer) finish(t *testing.T) int64 {
 	t.Helper()
 	close(s.stopc)
-	require.NoError(t, <-s.errc)
-	total := s.written
-	require.NoError(t, s.conn.SetReadDeadline(time.Now().Add(10*time.Second)))
-	got := make([]byte, total)
-	_, err := io.ReadFull(s.conn, got)
-	require.NoError(t, err, "the echo of %d bytes", total)
-	for i := range got {
-		if got[i] != pattern(int64(i)) {
-			t.Fatalf("stream byte %d of %d: got %d, want %d", i, total, got[i], pattern(int64(i)))
+	require.NoError(t, <-s.werr)
+	total := s.written.Load()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.read.Load() < total {
+		select {
+		case err := <-s.rerr:
+			require.NoError(t, err)
+		case <-time.After(time.Millisecond):
 		}
+		require.True(t, time.Now().Before(deadline), "the echo of %d bytes: %d came back", total, s.read.Load())
 	}
 	s.conn.Close()
 	return total
@@ -305,33 +331,38 @@ func TestRelayDaemonCarriesShimsThroughCaaRestarts(t *testing.T) {
 		return longest
 	}
 
-	base := window("no restart", func() {})
-	graceful := window("graceful restart", func() {
-		r.shutdown()
-		r.start(r.prov)
-		rep := r.adopt(ctx)
-		assert.ElementsMatch(t, []string{sbHealth, sbStream}, rep.Served)
-	})
-	killed := window("SIGKILL", func() {
-		r.kill()
-		r.start(r.prov)
-		rep := r.adopt(ctx)
-		assert.ElementsMatch(t, []string{sbHealth, sbStream}, rep.Served)
-	})
-	broken := window("broken new caa", func() {
-		r.kill()
-		r.start(failingList{r.prov})
-		_, err := r.m.Sync(ctx, time.Second)
-		require.Error(t, err, "the broken caa fails at start")
-		r.shutdown() // and exits
-		r.start(r.prov)
-		r.adopt(ctx)
-	})
+	// Three rounds of four windows: the per-kind median of the longest
+	// stall evens out a loaded machine's scheduling noise.
+	stalls := map[string][]time.Duration{}
+	for range 3 {
+		stalls["no restart"] = append(stalls["no restart"], window("no restart", func() {}))
+		stalls["graceful restart"] = append(stalls["graceful restart"], window("graceful restart", func() {
+			r.shutdown()
+			r.start(r.prov)
+			rep := r.adopt(ctx)
+			assert.ElementsMatch(t, []string{sbHealth, sbStream}, rep.Served)
+		}))
+		stalls["SIGKILL"] = append(stalls["SIGKILL"], window("SIGKILL", func() {
+			r.kill()
+			r.start(r.prov)
+			rep := r.adopt(ctx)
+			assert.ElementsMatch(t, []string{sbHealth, sbStream}, rep.Served)
+		}))
+		stalls["broken new caa"] = append(stalls["broken new caa"], window("broken new caa", func() {
+			r.kill()
+			r.start(failingList{r.prov})
+			_, err := r.m.Sync(ctx, time.Second)
+			require.Error(t, err, "the broken caa fails at start")
+			r.shutdown() // and exits
+			r.start(r.prov)
+			r.adopt(ctx)
+		}))
+	}
 	hstop()
 	<-hdone
 	_, checks, misses := hc.window()
 	assert.Zero(t, len(misses), "kata's health check must never miss; the first misses: %v", misses[:min(len(misses), 3)])
-	assert.Greater(t, checks, 40)
+	assert.Greater(t, checks, 120)
 
 	require.True(t, r.fw.Agent.Release("c1", 137), "the WaitProcess is still in flight at the agent")
 	require.NoError(t, <-waited)
@@ -343,9 +374,18 @@ func TestRelayDaemonCarriesShimsThroughCaaRestarts(t *testing.T) {
 	require.Len(t, entries, 2)
 	assert.Equal(t, 1, entries[0].Open, "the shim's one connection, never reconnected")
 	assert.Zero(t, r.cloud.Counters()[cloud.OpCreate]-2, "no VM was created by the restarts")
-	ratio := func(d time.Duration) float64 { return float64(d) / float64(base) }
-	t.Logf("longest stall seen by the shim: no restart %s; graceful restart %s (x%.2f); SIGKILL %s (x%.2f); broken new caa %s (x%.2f); %d checks, %d stream bytes",
-		base, graceful, ratio(graceful), killed, ratio(killed), broken, ratio(broken), checks, total)
+	median := func(ds []time.Duration) time.Duration {
+		ds = append([]time.Duration(nil), ds...)
+		slices.Sort(ds)
+		return ds[len(ds)/2]
+	}
+	base := median(stalls["no restart"])
+	msg := fmt.Sprintf("longest stall seen by the shim (median of 3 windows): no restart %s", base)
+	for _, kind := range []string{"graceful restart", "SIGKILL", "broken new caa"} {
+		d := median(stalls[kind])
+		msg += fmt.Sprintf("; %s %s (x%.2f)", kind, d, float64(d)/float64(base))
+	}
+	t.Logf("%s; %d checks, %d stream bytes", msg, checks, total)
 }
 
 // failingList is a cloud that cannot list: a new caa that fails at start.
