@@ -13,6 +13,8 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+
+	"github.com/caa-project/caa/test/e2e/cluster"
 )
 
 // TestRelayComponent renders overlays/aws with the remote hypervisor and
@@ -23,7 +25,8 @@ import (
 func TestRelayComponent(t *testing.T) {
 	needBinaries(t)
 	bin := kubectl(t)
-	all := decode(t, withComponentList(t, bin, "overlays/aws", "components/no-surge", "components/kata-remote-hypervisor", "components/relay"))
+	rendered := withComponentList(t, bin, "overlays/aws", "components/no-surge", "components/kata-remote-hypervisor", "components/relay")
+	all := decode(t, rendered)
 	ds := map[string]*appsv1.DaemonSet{}
 	for _, o := range all {
 		if o.GetKind() != "DaemonSet" {
@@ -92,6 +95,16 @@ func TestRelayComponent(t *testing.T) {
 	for mount, host := range relayPaths {
 		assert.Equal(t, host, caaPaths[mount], "caa mounts %s at %s too", host, mount)
 	}
+
+	// The real apiserver accepts both DaemonSets (server-side dry run).
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	api := cluster.Start(ctx, t)
+	require.NoError(t, api.EnsureNamespace(ctx, namespace))
+	out, err := runKubectl(ctx, bin, rendered, "--kubeconfig", api.Kubeconfig(),
+		"apply", "--server-side", "--dry-run=server", "--field-manager=caa-deploy-test", "-f", "-")
+	require.NoError(t, err, "the apiserver refuses the relay component")
+	assert.Contains(t, string(out), "daemonset.apps/caa-relay serverside-applied (server dry run)")
 }
 
 // withComponentList renders overlay with several components, in order.
