@@ -451,6 +451,8 @@ func TestRelayDaemonSocketClosesWhenTheSandboxEnds(t *testing.T) {
 	eventually(t, func() bool { _, err := r.led.GetSandbox(sbHealth); return err != nil }, "the stopped sandbox's record goes")
 	_, err = r.client.Serve(ctx, sbHealth, sock, "192.0.2.99:15150", "x")
 	require.NoError(t, err)
+	_, err = r.client.Serve(ctx, sbStream, streamSock, "192.0.2.97:15150", "z") // Lost in the ledger
+	require.NoError(t, err)
 	_, err = r.client.Serve(ctx, "sb-unknown", filepath.Join(r.sockDir, "sb-unknown", "agent.ttrpc"), "192.0.2.98:15150", "y")
 	require.NoError(t, err)
 	r.kill()
@@ -462,7 +464,7 @@ func TestRelayDaemonSocketClosesWhenTheSandboxEnds(t *testing.T) {
 	for _, e := range entries {
 		left = append(left, e.Sandbox)
 	}
-	assert.Equal(t, []string{"sb-unknown"}, left, "the ended sandbox's socket is stopped; one the ledger never knew is left (no evidence)")
+	assert.Equal(t, []string{"sb-unknown"}, left, "the sockets of the stopped and the lost sandbox are stopped; one the ledger never knew is left (no evidence)")
 }
 
 func (r *daemonRig) sandbox(id string) ledger.Sandbox {
