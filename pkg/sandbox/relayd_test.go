@@ -512,3 +512,22 @@ func TestDaemonRestartIsServedAgain(t *testing.T) {
 	_, err = agentproto.Check(ctx, ttrpc.NewClient(mustDial(t, sock)))
 	require.NoError(t, err, "a new shim connection reaches the agent")
 }
+
+// A StopVM in a new caa of a sandbox whose relay an earlier caa registered
+// (the new caa holds no relay for it yet) still stops the daemon's socket,
+// within one Keep period.
+func TestStopVMAfterRestartStopsTheDaemonsSocket(t *testing.T) {
+	r := newDaemonRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sock := r.run(ctx, sbHealth, "web")
+	r.kill()
+	r.start(r.prov) // no Sync yet: this caa holds no relay of the sandbox
+	kctx, kstop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); r.side.Keep(kctx, 10*time.Millisecond, r.led) }()
+	defer func() { kstop(); <-done }()
+	eventually(t, func() bool { return r.side.rounds.Load() >= 2 }, "Keep's first rounds (the startup reconciliation) are done")
+	require.NoError(t, r.m.StopVM(ctx, sbHealth)) // this caa had no relay to close
+	eventually(t, func() bool { _, err := os.Stat(sock); return errors.Is(err, os.ErrNotExist) }, "Keep stops the socket of the stopped sandbox")
+}

@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caa-project/caa/pkg/ledger"
@@ -29,6 +30,7 @@ type RelaydSide struct {
 	registered map[string]relayd.Request // what this caa asked the daemon to serve
 	stops      map[string]bool           // stops the daemon did not take yet
 	boot       string                    // the daemon's run last seen
+	rounds     atomic.Int64              // Keep's rounds done (tests wait on it)
 }
 
 var _ PodSide = (*RelaydSide)(nil)
@@ -149,27 +151,33 @@ func (p *RelaydSide) Reconcile(ctx context.Context, led *ledger.Ledger) (stopped
 	return stopped, nil
 }
 
-// Keep watches the daemon every period until ctx is done. Its first round,
-// at once, runs Reconcile against led (again each round until it
-// succeeds). Each round: when the daemon restarted (a new boot id) or lost
-// a relay, what this caa registered is served again (the sockets come
-// back; the shims' connections of the daemon's restart are lost), and stops
-// it missed are sent again.
+// Keep watches the daemon every period until ctx is done, the first time
+// at once. Each round runs Reconcile against led (so a relay of a sandbox
+// that ended without this caa holding its relay, one StartVM registered
+// before a restart and StopVM ended after it, is stopped within a period)
+// and then, when the daemon restarted (a new boot id) or lost a relay,
+// serves again what this caa registered (the sockets come back; the shims'
+// connections of the daemon's restart are lost), and sends again the stops
+// it missed.
 func (p *RelaydSide) Keep(ctx context.Context, period time.Duration, led *ledger.Ledger) {
-	reconciled := false
+	down := false
 	for {
-		if !reconciled {
-			stopped, err := p.Reconcile(ctx, led)
-			if err != nil {
-				p.log().Warn("reconciling the relay daemon's sockets with the ledger failed; retrying", "err", err)
-			} else {
-				reconciled = true
-				if len(stopped) > 0 {
-					p.log().Info("relay daemon's sockets of ended sandboxes stopped", "sandboxes", stopped)
-				}
-			}
+		stopped, err := p.Reconcile(ctx, led)
+		switch {
+		case err != nil && !down:
+			p.log().Warn("relay daemon unreachable or its sockets not reconciled; agent sockets it serves stay served", "err", err)
+			down = true
+		case err == nil && down:
+			p.log().Info("relay daemon reachable again")
+			down = false
 		}
-		p.keepOnce(ctx)
+		if len(stopped) > 0 {
+			p.log().Info("relay daemon's sockets of ended sandboxes stopped", "sandboxes", stopped)
+		}
+		if err == nil {
+			p.keepOnce(ctx)
+		}
+		p.rounds.Add(1)
 		if sleep(ctx, period) != nil {
 			return
 		}
@@ -181,8 +189,7 @@ func (p *RelaydSide) keepOnce(ctx context.Context) {
 	defer p.ops.Unlock()
 	entries, boot, err := p.Client.List(ctx)
 	if err != nil {
-		p.log().Warn("relay daemon unreachable; agent sockets are served as long as it runs", "err", err)
-		return
+		return // Keep reports it
 	}
 	have := map[string]relayd.Entry{}
 	for _, e := range entries {
