@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"testing"
 	"time"
@@ -94,6 +95,21 @@ func TestRelayComponent(t *testing.T) {
 	assert.Equal(t, map[string]string{"/var/lib/caa": "/var/lib/caa", "/run/peerpod": "/run/peerpod"}, relayPaths)
 	for mount, host := range relayPaths {
 		assert.Equal(t, host, caaPaths[mount], "caa mounts %s at %s too", host, mount)
+	}
+
+	// Every variable the manifests set is one the command reads.
+	caaBin := repoCaa(t, "aws")
+	for cmd, vars := range map[string][]string{"relay": {"CAA_RELAY_SOCKET", "CAA_AGENT_CA_DIR"}, "run": {"CAA_RELAY_SOCKET"}} {
+		hctx, hcancel := context.WithTimeout(context.Background(), time.Minute)
+		help, err := exec.CommandContext(hctx, caaBin, cmd, "--help").CombinedOutput()
+		hcancel()
+		require.NoError(t, err, "caa %s --help:\n%s", cmd, help)
+		for _, v := range vars {
+			assert.Contains(t, string(help), v, "caa %s reads %s", cmd, v)
+		}
+	}
+	for _, e := range c.Env {
+		assert.Contains(t, []string{"CAA_RELAY_SOCKET", "CAA_AGENT_CA_DIR"}, e.Name, "the relay's env %s is checked above", e.Name)
 	}
 
 	// The real apiserver accepts both DaemonSets (server-side dry run).
