@@ -31,7 +31,14 @@ type RelaydSide struct {
 	stops      map[string]bool           // stops the daemon did not take yet
 	boot       string                    // the daemon's run last seen
 	rounds     atomic.Int64              // Keep's rounds done (tests wait on it)
+	probes     chan struct{}             // bounds the reach probes in flight
 }
+
+// maxProbes bounds the reach probes (a mutual-TLS handshake and a health
+// check each) in flight at once: a restarted caa's startup sync probes
+// every sandbox, and a burst of handshakes takes the CPU the node's shims
+// and the relay need to answer kata's health checks promptly.
+const maxProbes = 4
 
 var _ PodSide = (*RelaydSide)(nil)
 
@@ -77,7 +84,22 @@ type daemonRelay struct {
 	id   string
 }
 
-func (r *daemonRelay) WaitReachable(ctx context.Context) error { return r.side.Client.Reach(ctx, r.id) }
+func (r *daemonRelay) WaitReachable(ctx context.Context) error {
+	p := r.side
+	p.mu.Lock()
+	if p.probes == nil {
+		p.probes = make(chan struct{}, maxProbes)
+	}
+	probes := p.probes
+	p.mu.Unlock()
+	select {
+	case probes <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("wait for a probe turn: %w", ctx.Err())
+	}
+	defer func() { <-probes }()
+	return p.Client.Reach(ctx, r.id)
+}
 
 // Close stops the daemon's relay of the sandbox. A daemon that does not
 // answer gets the stop again from Keep, and from the next caa's Reconcile.
