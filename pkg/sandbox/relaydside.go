@@ -34,11 +34,17 @@ type RelaydSide struct {
 	probes     chan struct{}             // bounds the reach probes in flight
 }
 
-// maxProbes bounds the reach probes (a mutual-TLS handshake and a health
-// check each) in flight at once: a restarted caa's startup sync probes
-// every sandbox, and a burst of handshakes takes the CPU the node's shims
-// and the relay need to answer kata's health checks promptly.
+// maxProbes bounds the first probes of kept relays (a mutual-TLS
+// handshake and a health check each) in flight at once: a restarted caa's
+// startup sync probes every sandbox the daemon kept serving, and a burst of
+// handshakes takes the CPU the node's shims and the relay need to answer
+// kata's health checks promptly. A new relay (StartVM, a VM that may still
+// be booting) is not bounded: its wait is mostly the VM's boot.
 const maxProbes = 4
+
+// keptProbe bounds that first probe; a kept relay whose VM does not answer
+// in time waits unbounded, as a new one does, without holding a turn.
+const keptProbe = 5 * time.Second
 
 var _ PodSide = (*RelaydSide)(nil)
 
@@ -76,28 +82,37 @@ func (p *RelaydSide) StartRelay(ctx context.Context, socketPath, addr, serverNam
 	p.boot = resp.Boot
 	p.mu.Unlock()
 	p.log().Info("agent socket served by the relay daemon", "sandbox", req.Sandbox, "kept", resp.Kept)
-	return &daemonRelay{side: p, id: req.Sandbox}, nil
+	return &daemonRelay{side: p, id: req.Sandbox, kept: resp.Kept}, nil
 }
 
 type daemonRelay struct {
 	side *RelaydSide
 	id   string
+	kept bool // the daemon kept serving it (a restarted caa's registration)
 }
 
 func (r *daemonRelay) WaitReachable(ctx context.Context) error {
 	p := r.side
-	p.mu.Lock()
-	if p.probes == nil {
-		p.probes = make(chan struct{}, maxProbes)
+	if r.kept {
+		p.mu.Lock()
+		if p.probes == nil {
+			p.probes = make(chan struct{}, maxProbes)
+		}
+		probes := p.probes
+		p.mu.Unlock()
+		select {
+		case probes <- struct{}{}:
+		case <-ctx.Done():
+			return fmt.Errorf("wait for a probe turn: %w", ctx.Err())
+		}
+		pctx, cancel := context.WithTimeout(ctx, keptProbe)
+		err := p.Client.Reach(pctx, r.id)
+		cancel()
+		<-probes
+		if err == nil || ctx.Err() != nil {
+			return err
+		}
 	}
-	probes := p.probes
-	p.mu.Unlock()
-	select {
-	case probes <- struct{}{}:
-	case <-ctx.Done():
-		return fmt.Errorf("wait for a probe turn: %w", ctx.Err())
-	}
-	defer func() { <-probes }()
 	return p.Client.Reach(ctx, r.id)
 }
 
