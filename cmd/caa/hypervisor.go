@@ -17,6 +17,7 @@ import (
 	"github.com/caa-project/caa/pkg/hypervisor"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/pki"
+	"github.com/caa-project/caa/pkg/relayd"
 	"github.com/caa-project/caa/pkg/sandbox"
 )
 
@@ -32,6 +33,7 @@ type hypervisorFlags struct {
 	caDir      string
 	nodeIP     string
 	startLimit time.Duration
+	relay      string
 }
 
 func (h *hypervisorFlags) add(fs *pflag.FlagSet) {
@@ -44,6 +46,9 @@ func (h *hypervisorFlags) add(fs *pflag.FlagSet) {
 		"directory of the agent CA's key file (0600), never the ledger (env CAA_AGENT_CA_DIR; default: the ledger's directory)")
 	fs.StringVar(&h.nodeIP, "node-ip", os.Getenv("NODE_IP"),
 		"this node's IP, the node's end of every pod network tunnel (env NODE_IP, from the downward API status.hostIP)")
+	fs.StringVar(&h.relay, "relay-socket", os.Getenv("CAA_RELAY_SOCKET"),
+		"the relay daemon's control socket (`caa relay`, e.g. "+defaultRelaySocket+"): the agent sockets are served there and outlive caa's "+
+			"restarts and upgrades. Empty: caa relays them itself, and its restart cuts every shim's connection (env CAA_RELAY_SOCKET)")
 	fs.DurationVar(&h.startLimit, "start-vm-timeout", envDuration("CAA_START_VM_TIMEOUT", 5*time.Minute),
 		"how long a StartVM may take before it fails with the reason; keep it below kata's remote_hypervisor_timeout (600 s) (env CAA_START_VM_TIMEOUT)")
 }
@@ -54,6 +59,9 @@ func (h *hypervisorFlags) check() error {
 	}
 	if net.ParseIP(h.nodeIP) == nil {
 		return fmt.Errorf("--node-ip %q: the remote hypervisor mode needs this node's IP (NODE_IP from status.hostIP)", h.nodeIP)
+	}
+	if h.relay != "" && !filepath.IsAbs(h.relay) {
+		return fmt.Errorf("--relay-socket %q: want the relay daemon's control socket's absolute path, e.g. %s", h.relay, defaultRelaySocket)
 	}
 	if h.startLimit <= 0 {
 		return fmt.Errorf("--start-vm-timeout must be positive")
@@ -77,9 +85,23 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 		log.Error("agent CA unusable", "dir", caDir, "err", err)
 		return
 	}
+	var side sandbox.PodSide = &sandbox.PodVMSide{CA: ca, Log: log}
+	var daemon *sandbox.RelaydSide
+	if f.hv.relay != "" {
+		// The relay daemon authenticates to the VMs with this run's client
+		// certificate: write it before any sandbox is registered there.
+		if err := relayd.WriteClientFile(caDir, ca); err != nil {
+			n.status.SetBlocked("relay daemon's client file: " + err.Error())
+			log.Error("cannot write the relay daemon's client file", "dir", caDir, "err", err)
+			return
+		}
+		daemon = &sandbox.RelaydSide{PodSide: side, Client: &relayd.Client{Socket: f.hv.relay}, Log: log}
+		side = daemon
+		log.Info("agent sockets served by the relay daemon", "socket", f.hv.relay)
+	}
 	m := sandbox.New(sandbox.Config{
 		Ledger: led, Provider: n.prov, Pods: n.pods, Events: n.events, Spec: n.specCfg,
-		Side:    &sandbox.PodVMSide{CA: ca, Log: log},
+		Side:    side,
 		Cluster: n.clusterID, Node: f.node, NodeIP: net.ParseIP(f.hv.nodeIP), SocketDir: f.hv.agentDir,
 		Writes: writes, Reads: reads, CallTimeout: f.cloudTimeout, StartTimeout: f.hv.startLimit,
 		ConfirmMissing: f.confirmMissing, OrphanGrace: f.gcGrace, Stop: ctx, Log: log,
@@ -104,6 +126,11 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 	// wait for an old sandbox's agent).
 	rep, err := m.Sync(ctx, f.bootTimeout)
 	logSync(log, rep, err)
+	if daemon != nil {
+		// Stops the daemon's sockets of sandboxes that ended while no caa
+		// ran, then keeps the daemon serving what this caa registered.
+		go daemon.Keep(ctx, 5*time.Second, led)
+	}
 	ln, lerr := hypervisor.Listen(f.hv.socket)
 	if lerr != nil {
 		n.status.SetBlocked(lerr.Error())

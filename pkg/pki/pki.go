@@ -374,3 +374,25 @@ func randomSerial() (*big.Int, error) {
 func pemBlock(typ string, der []byte) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der})
 }
+
+// ClientPEM returns caa's client certificates (one per trusted CA, current
+// first) with their private keys, and the trusted CAs' certificates, in PEM:
+// what a relay process outside caa (pkg/relayd) needs to authenticate to
+// the VMs exactly as caa does. The keys are the in-memory client keys, never
+// a CA's key; the caller keeps them in a 0600 file beside the CA, never in
+// the ledger.
+func (ca *CA) ClientPEM() (certs, keys [][]byte, roots [][]byte, err error) {
+	for _, c := range ca.clients {
+		keyDER, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
+		if err != nil {
+			return nil, nil, nil, fmt.Errorf("pki: marshal client key: %w", err)
+		}
+		certs = append(certs, pemBlock("CERTIFICATE", c.Certificate[0]))
+		keys = append(keys, pemBlock("PRIVATE KEY", keyDER))
+	}
+	roots = append(roots, ca.CertPEM())
+	if ca.previous != nil {
+		roots = append(roots, ca.previous.CertPEM())
+	}
+	return certs, keys, roots, nil
+}

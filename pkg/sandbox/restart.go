@@ -263,8 +263,9 @@ func (m *Manager) Run(ctx context.Context, period time.Duration, report func(Rep
 	}
 }
 
-// Close stops serving every agent socket (shutdown or hand-over): the
-// sandboxes and their VMs stay as they are (invariant I4).
+// Close stops serving every agent socket that caa serves itself (shutdown
+// or hand-over), and leaves the relay daemon's serving: the sandboxes and
+// their VMs stay as they are (invariant I4).
 func (m *Manager) Close() {
 	m.mu.Lock()
 	ids := make([]string, 0, len(m.live))
@@ -273,6 +274,28 @@ func (m *Manager) Close() {
 	}
 	m.mu.Unlock()
 	for _, id := range ids {
-		m.closeRelay(id)
+		m.releaseRelay(id)
+	}
+}
+
+// releaseRelay is closeRelay for caa's shutdown: a relay that outlives caa
+// (the relay daemon's, a Detacher) is left serving, so the shim's agent
+// connection survives caa's restart; an in-process relay is closed.
+func (m *Manager) releaseRelay(id string) {
+	m.mu.Lock()
+	l := m.live[id]
+	var r Relay
+	if l != nil {
+		r, l.relay, l.reachable = l.relay, nil, false
+	}
+	m.mu.Unlock()
+	if d, ok := r.(Detacher); ok {
+		d.Detach()
+		return
+	}
+	if r != nil {
+		if err := r.Close(); err != nil {
+			m.cfg.Log.Warn("closing an agent relay failed", "sandbox", id, "err", err)
+		}
 	}
 }

@@ -1,0 +1,104 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"path/filepath"
+	"time"
+
+	"github.com/spf13/cobra"
+
+	"github.com/caa-project/caa/pkg/ledger"
+	"github.com/caa-project/caa/pkg/relayd"
+)
+
+// defaultRelaySocket is the relay daemon's control socket: beside the
+// ledger, in the hostPath caa and the daemon share.
+var defaultRelaySocket = filepath.Join(filepath.Dir(ledger.DefaultPath), "relay.sock")
+
+type relayFlags struct {
+	socket    string
+	caDir     string
+	refresh   time.Duration
+	logFormat string
+	logLevel  string
+}
+
+func (f *relayFlags) check() error {
+	var errs []error
+	if f.socket == "" || !filepath.IsAbs(f.socket) {
+		errs = append(errs, fmt.Errorf("--socket %q: want the control socket's absolute path, e.g. %s", f.socket, defaultRelaySocket))
+	}
+	if f.caDir == "" {
+		errs = append(errs, errors.New("--agent-ca-dir is empty: pass the directory caa keeps its agent CA in (caa's --agent-ca-dir, by default its ledger's directory)"))
+	}
+	if f.refresh <= 0 {
+		errs = append(errs, errors.New("--refresh must be positive"))
+	}
+	if _, err := newLogger(io.Discard, f.logFormat, f.logLevel); err != nil {
+		errs = append(errs, err)
+	}
+	return joinLine(errs)
+}
+
+// newRelayCommand is `caa relay`: the agent relay daemon (package relayd).
+func newRelayCommand() *cobra.Command {
+	f := &relayFlags{}
+	cmd := &cobra.Command{
+		Use:   "relay",
+		Short: "Serve the sandboxes' agent sockets for caa, outliving caa's upgrades",
+		Long: "caa relay owns the kata shims' agent sockets and connections and relays them to the pod VMs\n" +
+			"over mutual TLS, so that caa's restarts and upgrades never cut a shim's connection. caa\n" +
+			"(run with --relay-socket) tells it what to serve. It keeps no state of its own: after its\n" +
+			"own restart caa registers every live sandbox again (connections open at that moment are lost).",
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runRelay(cmd.Context(), f, cmd.ErrOrStderr()) },
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&f.socket, "socket", envOr("CAA_RELAY_SOCKET", defaultRelaySocket),
+		"the control socket caa calls (mode 0600; caa's --relay-socket) (env CAA_RELAY_SOCKET)")
+	fs.StringVar(&f.caDir, "agent-ca-dir", envOr("CAA_AGENT_CA_DIR", filepath.Dir(ledger.DefaultPath)),
+		"the agent CA's directory, where caa writes "+relayd.ClientFile+" (env CAA_AGENT_CA_DIR)")
+	fs.DurationVar(&f.refresh, "refresh", envDuration("CAA_RELAY_REFRESH", 10*time.Second),
+		"how often "+relayd.ClientFile+" is checked for new certificates (env CAA_RELAY_REFRESH)")
+	fs.StringVar(&f.logFormat, "log-format", envOr("CAA_LOG_FORMAT", "text"), "log format: text or json (env CAA_LOG_FORMAT)")
+	fs.StringVar(&f.logLevel, "log-level", envOr("CAA_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env CAA_LOG_LEVEL)")
+	return cmd
+}
+
+func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
+	if err := f.check(); err != nil {
+		return usageError{err}
+	}
+	log, _ := newLogger(stderr, f.logFormat, f.logLevel)
+	log = log.With("component", "relay")
+	fail := func(err error) error {
+		log.Error("caa relay cannot run", "err", err)
+		return loggedError{err}
+	}
+	// caa writes its client file at start; the daemon may start first.
+	file := filepath.Join(f.caDir, relayd.ClientFile)
+	var srv *relayd.Server
+	for {
+		var err error
+		if srv, err = relayd.NewServer(relayd.Config{ClientFile: file, Refresh: f.refresh, Log: log}); err == nil {
+			break
+		}
+		log.Warn("waiting for caa's client file", "err", err)
+		if sleepCtx(ctx, 2*time.Second) != nil {
+			return nil
+		}
+	}
+	ln, err := relayd.Listen(f.socket)
+	if err != nil {
+		return fail(err)
+	}
+	log.Info("caa relay serving", "version", version, "socket", f.socket, "boot", srv.Boot())
+	if err := srv.Serve(ctx, ln); err != nil {
+		return fail(err)
+	}
+	log.Info("caa relay stopped; its agent sockets are closed")
+	return nil
+}

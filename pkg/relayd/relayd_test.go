@@ -1,0 +1,237 @@
+package relayd_test
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/containerd/ttrpc"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caa-project/caa/internal/agentproto"
+	"github.com/caa-project/caa/pkg/pki"
+	"github.com/caa-project/caa/pkg/relayd"
+	"github.com/caa-project/caa/pkg/relayd/relaydtest"
+)
+
+type daemon struct {
+	caDir  string
+	ca     *pki.CA
+	srv    *relayd.Server
+	client *relayd.Client
+	dir    string // short: unix socket paths are capped at 108 bytes
+	stop   context.CancelFunc
+	done   chan struct{}
+}
+
+func startDaemon(t *testing.T) *daemon {
+	t.Helper()
+	d := &daemon{caDir: t.TempDir()}
+	var err error
+	d.ca, err = pki.LoadOrCreateCA(d.caDir)
+	require.NoError(t, err)
+	require.NoError(t, relayd.WriteClientFile(d.caDir, d.ca))
+	d.dir, err = os.MkdirTemp("", "rd")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(d.dir) })
+	d.srv, err = relayd.NewServer(relayd.Config{ClientFile: filepath.Join(d.caDir, relayd.ClientFile), Refresh: time.Hour, DialTimeout: 2 * time.Second})
+	require.NoError(t, err)
+	ctl := filepath.Join(d.dir, "relay.sock")
+	ln, err := relayd.Listen(ctl)
+	require.NoError(t, err)
+	ctx, stop := context.WithCancel(context.Background())
+	d.stop, d.done = stop, make(chan struct{})
+	go func() {
+		defer close(d.done)
+		_ = d.srv.Serve(ctx, ln)
+	}()
+	t.Cleanup(func() { stop(); <-d.done })
+	d.client = &relayd.Client{Socket: ctl}
+	return d
+}
+
+func (d *daemon) sock(id string) string { return filepath.Join(d.dir, "pods", id, "agent.ttrpc") }
+
+func ctxT(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+func shim(t *testing.T, sock string) *ttrpc.Client {
+	t.Helper()
+	c, err := net.Dial("unix", sock)
+	require.NoError(t, err)
+	cl := ttrpc.NewClient(c)
+	t.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+func TestControlSocketIsPrivate(t *testing.T) {
+	d := startDaemon(t)
+	fi, err := os.Stat(d.client.Socket)
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
+	fi, err = os.Stat(filepath.Join(d.caDir, relayd.ClientFile))
+	require.NoError(t, err)
+	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm(), "the client file holds private keys")
+	data, err := os.ReadFile(filepath.Join(d.caDir, relayd.ClientFile))
+	require.NoError(t, err)
+	ca, err := os.ReadFile(filepath.Join(d.caDir, pki.CurrentFile))
+	require.NoError(t, err)
+	assert.NotContains(t, string(data), string(ca[len(d.ca.CertPEM()):]), "the CA's key never goes to the relay daemon")
+}
+
+// Serve again with the same arguments (caa's restart) keeps the listener
+// and the shim's connection; Stop closes both.
+func TestServeIsIdempotentAndStopCloses(t *testing.T) {
+	d := startDaemon(t)
+	fw := relaydtest.StartForwarder(t, d.ca, "podvm-a")
+	ctx := ctxT(t)
+	sock := d.sock("sb1")
+	resp, err := d.client.Serve(ctx, "sb1", sock, fw.Addr(), "podvm-a")
+	require.NoError(t, err)
+	assert.False(t, resp.Kept)
+	require.NoError(t, d.client.Reach(ctx, "sb1"))
+
+	cl := shim(t, sock)
+	waited := make(chan error, 1)
+	go func() {
+		st, err := agentproto.WaitProcess(ctx, cl, "c1", "")
+		if err == nil && st != 7 {
+			err = assert.AnError
+		}
+		waited <- err
+	}()
+	require.NoError(t, fw.Agent.AwaitWaiting(ctx, "c1"))
+	accepted := fw.Accepted()
+
+	resp, err = d.client.Serve(ctx, "sb1", sock, fw.Addr(), "podvm-a")
+	require.NoError(t, err)
+	assert.True(t, resp.Kept, "the same arguments keep the relay")
+	_, err = agentproto.Check(ctx, cl)
+	require.NoError(t, err, "the shim's connection survives a repeated Serve")
+	assert.Equal(t, accepted, fw.Accepted(), "no new connection to the VM")
+	entries, boot, err := d.client.List(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, d.srv.Boot(), boot)
+	require.Len(t, entries, 1)
+	assert.Equal(t, relayd.Entry{Sandbox: "sb1", Socket: sock, Addr: fw.Addr(), ServerName: "podvm-a", Open: 1}, entries[0])
+
+	require.True(t, fw.Agent.Release("c1", 7))
+	require.NoError(t, <-waited)
+
+	go func() {
+		_, err := agentproto.WaitProcess(ctx, cl, "c2", "")
+		waited <- err
+	}()
+	require.NoError(t, fw.Agent.AwaitWaiting(ctx, "c2"))
+	require.NoError(t, d.client.Stop(ctx, "sb1"))
+	require.Error(t, <-waited, "Stop ends the shim's calls")
+	_, err = os.Stat(sock)
+	assert.ErrorIs(t, err, os.ErrNotExist)
+	require.NoError(t, d.client.Stop(ctx, "sb1"), "Stop is idempotent")
+	entries, _, err = d.client.List(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, entries)
+}
+
+// Other arguments for the same sandbox replace its relay.
+func TestServeWithNewArgumentsReplaces(t *testing.T) {
+	d := startDaemon(t)
+	a := relaydtest.StartForwarder(t, d.ca, "podvm-a")
+	b := relaydtest.StartForwarder(t, d.ca, "podvm-b")
+	ctx := ctxT(t)
+	sock := d.sock("sb1")
+	_, err := d.client.Serve(ctx, "sb1", sock, a.Addr(), "podvm-a")
+	require.NoError(t, err)
+	resp, err := d.client.Serve(ctx, "sb1", sock, b.Addr(), "podvm-b")
+	require.NoError(t, err)
+	assert.False(t, resp.Kept)
+	require.NoError(t, d.client.Reach(ctx, "sb1"))
+	_, err = agentproto.Check(ctx, shim(t, sock))
+	require.NoError(t, err)
+	assert.Equal(t, 2, b.Agent.Checks(), "Reach's check and the shim's went to the new VM")
+	assert.Zero(t, a.Agent.Checks())
+}
+
+func TestBadRequestsNameTheField(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	for _, tc := range []struct {
+		req  relayd.Request
+		want string
+	}{
+		{relayd.Request{Op: "serve", Sandbox: "../x", Socket: d.sock("x"), Addr: "127.0.0.1:1"}, "sandbox"},
+		{relayd.Request{Op: "serve", Sandbox: "sb1", Socket: "rel/agent.ttrpc", Addr: "127.0.0.1:1"}, "socket"},
+		{relayd.Request{Op: "serve", Sandbox: "sb1", Socket: d.sock("sb1")}, "addr is empty"},
+		{relayd.Request{Op: "serve", Sandbox: "sb1", Socket: d.sock("sb1"), Addr: "10.0.0.1"}, "addr"},
+		{relayd.Request{Op: "reach", Sandbox: "nope"}, "not served"},
+		{relayd.Request{Op: "frobnicate"}, "unknown op"},
+	} {
+		_, err := d.client.Do(ctx, tc.req)
+		require.Error(t, err, "%+v", tc.req)
+		assert.Contains(t, err.Error(), tc.want)
+	}
+	_, err := d.client.Serve(ctx, "sb1", d.sock("sb1"), "127.0.0.1:1", "")
+	require.NoError(t, err)
+	_, err = d.client.Serve(ctx, "sb2", d.sock("sb1"), "127.0.0.1:1", "")
+	require.ErrorContains(t, err, "served for sandbox sb1")
+
+	_, _, err = (&relayd.Client{Socket: filepath.Join(d.dir, "none.sock")}).List(ctx)
+	require.ErrorIs(t, err, relayd.ErrUnavailable)
+}
+
+// A rotation (caa restarted with a new CA and the old one as previous)
+// reaches the daemon through the client file: new connections use it.
+func TestClientFileIsReadAgainOnChange(t *testing.T) {
+	d := startDaemon(t)
+	ctx := ctxT(t)
+	// A VM of a CA the daemon does not know yet.
+	other, err := pki.LoadOrCreateCA(t.TempDir())
+	require.NoError(t, err)
+	fw := relaydtest.StartForwarder(t, other, "podvm-new")
+	_, err = d.client.Serve(ctx, "sb1", d.sock("sb1"), fw.Addr(), "podvm-new")
+	require.NoError(t, err)
+	short, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
+	err = d.client.Reach(short, "sb1")
+	cancel()
+	require.Error(t, err, "a VM of an unknown CA is refused")
+
+	require.NoError(t, relayd.WriteClientFile(d.caDir, other))
+	// Any Serve reads the file again (and so does the periodic refresh).
+	_, err = d.client.Serve(ctx, "sb2", d.sock("sb2"), fw.Addr(), "podvm-new")
+	require.NoError(t, err)
+	require.NoError(t, d.client.Reach(ctx, "sb1"), "the relay served before the change uses the new certificates")
+}
+
+func TestBadClientFileIsRefused(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, relayd.ClientFile)
+	_, err := relayd.NewServer(relayd.Config{ClientFile: path})
+	require.ErrorContains(t, err, "--relay-socket")
+	require.NoError(t, os.WriteFile(path, []byte("junk"), 0o644))
+	_, err = relayd.NewServer(relayd.Config{ClientFile: path})
+	require.ErrorContains(t, err, "0600")
+	require.NoError(t, os.Chmod(path, 0o600))
+	_, err = relayd.NewServer(relayd.Config{ClientFile: path})
+	require.ErrorContains(t, err, "want at least one of each")
+}
+
+// The daemon's own shutdown closes its sockets: that is what its rare
+// upgrades cost (caa's do not reach it).
+func TestDaemonShutdownClosesSockets(t *testing.T) {
+	d := startDaemon(t)
+	fw := relaydtest.StartForwarder(t, d.ca, "podvm-a")
+	ctx := ctxT(t)
+	_, err := d.client.Serve(ctx, "sb1", d.sock("sb1"), fw.Addr(), "podvm-a")
+	require.NoError(t, err)
+	d.stop()
+	<-d.done
+	_, err = os.Stat(d.sock("sb1"))
+	assert.ErrorIs(t, err, os.ErrNotExist)
+}

@@ -1,0 +1,335 @@
+package relayd
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/caa-project/caa/pkg/relay"
+)
+
+// Config is what a Server works with.
+type Config struct {
+	// ClientFile is caa's client file (dir/ClientFile of the agent CA).
+	ClientFile string
+	// Refresh is how often the client file is checked for a change
+	// (default 10 s; every Serve checks it too).
+	Refresh time.Duration
+	// DialTimeout bounds a shim connection's dial of the forwarder
+	// (relay.Config.DialTimeout).
+	DialTimeout time.Duration
+	// Dial, when set, opens the relays' TCP connections (tests).
+	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	Log  *slog.Logger
+}
+
+// Server is the relay daemon's state: the relays it serves, by sandbox.
+type Server struct {
+	cfg   Config
+	log   *slog.Logger
+	certs *certStore
+	boot  string
+
+	mu     sync.Mutex
+	relays map[string]*served
+	closed bool
+}
+
+type served struct {
+	e Entry
+	r *relay.Relay
+}
+
+// NewServer checks that caa's client file can be read: without it no relay
+// could reach a VM.
+func NewServer(cfg Config) (*Server, error) {
+	if cfg.ClientFile == "" {
+		return nil, errors.New("relayd: Config.ClientFile is empty: pass <agent CA dir>/" + ClientFile)
+	}
+	if cfg.Refresh <= 0 {
+		cfg.Refresh = 10 * time.Second
+	}
+	if cfg.Log == nil {
+		cfg.Log = slog.New(slog.DiscardHandler)
+	}
+	s := &Server{cfg: cfg, log: cfg.Log, certs: newCertStore(cfg.ClientFile), relays: map[string]*served{}}
+	if _, err := s.certs.refresh(); err != nil {
+		return nil, err
+	}
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	s.boot = hex.EncodeToString(b[:])
+	return s, nil
+}
+
+// Boot identifies this run of the daemon.
+func (s *Server) Boot() string { return s.boot }
+
+// Listen opens the control socket at path, mode 0600 (a stale socket file
+// is replaced; any other file there is an error).
+func Listen(path string) (net.Listener, error) {
+	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
+		return nil, fmt.Errorf("relayd: %w", err)
+	}
+	if fi, err := os.Lstat(path); err == nil {
+		if fi.Mode().Type() != fs.ModeSocket {
+			return nil, fmt.Errorf("relayd: %s exists and is not a socket: remove it or pass another --socket", path)
+		}
+		if err := os.Remove(path); err != nil {
+			return nil, fmt.Errorf("relayd: remove stale control socket: %w", err)
+		}
+	}
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		return nil, fmt.Errorf("relayd: listen on %s: %w", path, err)
+	}
+	if err := os.Chmod(path, 0o600); err != nil {
+		ln.Close()
+		return nil, fmt.Errorf("relayd: %w", err)
+	}
+	return ln, nil
+}
+
+// Serve answers control calls on ln until ctx is done, then closes every
+// relay: the daemon's own shutdown ends the shims' connections (that is
+// what its rare upgrades cost; caa's never reach here).
+func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	var wg sync.WaitGroup
+	defer func() {
+		ln.Close()
+		wg.Wait()
+		s.closeAll()
+	}()
+	context.AfterFunc(ctx, func() { ln.Close() })
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(s.cfg.Refresh)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				s.refreshCerts()
+			}
+		}
+	}()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return err
+			}
+			s.log.Warn("control socket accept failed", "err", err)
+			if sleep(ctx, 100*time.Millisecond) != nil {
+				return nil
+			}
+			continue
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			s.handle(ctx, c)
+		}()
+	}
+}
+
+func (s *Server) refreshCerts() {
+	changed, err := s.certs.refresh()
+	switch {
+	case err != nil:
+		s.log.Warn("caa's client file unreadable; keeping the certificates read before", "err", err)
+	case changed:
+		s.log.Info("caa's client certificates read again; new connections use them", "file", s.cfg.ClientFile)
+	}
+}
+
+// handle serves one control connection: one request, one answer. The
+// client hanging up cancels the request.
+func (s *Server) handle(ctx context.Context, c net.Conn) {
+	defer c.Close()
+	var req Request
+	dec := json.NewDecoder(io.LimitReader(c, 64<<10))
+	if err := dec.Decode(&req); err != nil {
+		_ = json.NewEncoder(c).Encode(Response{Boot: s.boot, Error: "bad request: " + err.Error()})
+		return
+	}
+	rctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() { // the client closes its side when it gives up
+		var b [1]byte
+		_, _ = c.Read(b[:])
+		cancel()
+	}()
+	resp := s.Do(rctx, req)
+	_ = json.NewEncoder(c).Encode(resp)
+}
+
+// Do runs one request; the control socket's handler and tests call it.
+func (s *Server) Do(ctx context.Context, req Request) Response {
+	resp := Response{Boot: s.boot}
+	var err error
+	switch req.Op {
+	case OpServe:
+		resp.Kept, err = s.serve(req)
+	case OpStop:
+		err = s.stop(req.Sandbox)
+	case OpList:
+		resp.Entries = s.list()
+	case OpReach:
+		err = s.reach(ctx, req)
+	default:
+		err = fmt.Errorf("unknown op %q: want %s, %s, %s or %s", req.Op, OpServe, OpStop, OpList, OpReach)
+	}
+	if err != nil {
+		resp.Error = err.Error()
+	}
+	return resp
+}
+
+var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
+
+func checkServe(req Request) error {
+	switch {
+	case !validID.MatchString(req.Sandbox):
+		return fmt.Errorf("sandbox %q: want 1-128 letters, digits, '.', '_' or '-'", req.Sandbox)
+	case req.Socket == "" || !filepath.IsAbs(req.Socket):
+		return fmt.Errorf("socket %q: want the agent socket's absolute path", req.Socket)
+	case req.Addr == "":
+		return errors.New("addr is empty: want the forwarder's VM_IP:15150")
+	}
+	if _, _, err := net.SplitHostPort(req.Addr); err != nil {
+		return fmt.Errorf("addr %q: %w", req.Addr, err)
+	}
+	return nil
+}
+
+// serve starts serving a sandbox's agent socket. The same arguments again
+// keep the listener and its connections (caa's restart registers every
+// live sandbox again); other arguments replace the relay; a socket path
+// served for another sandbox is refused.
+func (s *Server) serve(req Request) (kept bool, err error) {
+	if err := checkServe(req); err != nil {
+		return false, err
+	}
+	want := Entry{Sandbox: req.Sandbox, Socket: req.Socket, Addr: req.Addr, ServerName: req.ServerName}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false, errors.New("the relay daemon is shutting down")
+	}
+	old := s.relays[req.Sandbox]
+	if old != nil {
+		o := old.e
+		o.Open = 0
+		if o == want {
+			return true, nil
+		}
+	}
+	for id, sv := range s.relays {
+		if id != req.Sandbox && sv.e.Socket == req.Socket {
+			return false, fmt.Errorf("socket %s is served for sandbox %s: stop it first", req.Socket, id)
+		}
+	}
+	s.refreshCerts()
+	if old != nil {
+		delete(s.relays, req.Sandbox)
+		_ = old.r.Close()
+		s.log.Info("agent relay replaced", "sandbox", req.Sandbox, "was", old.e.Addr, "now", req.Addr)
+	}
+	if err := os.MkdirAll(filepath.Dir(req.Socket), 0o700); err != nil {
+		return false, fmt.Errorf("agent socket directory: %w", err)
+	}
+	r, err := relay.Start(context.Background(), relay.Config{
+		SocketPath: req.Socket, Addr: req.Addr, TLS: s.certs.tlsConfig(), ServerName: req.ServerName,
+		DialTimeout: s.cfg.DialTimeout, Dial: s.cfg.Dial, Log: s.log.With("sandbox", req.Sandbox),
+	})
+	if err != nil {
+		return false, err
+	}
+	s.relays[req.Sandbox] = &served{e: want, r: r}
+	s.log.Info("serving agent socket", "sandbox", req.Sandbox, "socket", req.Socket, "forwarder", req.Addr)
+	return false, nil
+}
+
+// stop closes a sandbox's socket and its connections; an unknown sandbox
+// is no error (stop is idempotent).
+func (s *Server) stop(id string) error {
+	s.mu.Lock()
+	sv := s.relays[id]
+	delete(s.relays, id)
+	s.mu.Unlock()
+	if sv == nil {
+		return nil
+	}
+	s.log.Info("agent socket stopped", "sandbox", id, "socket", sv.e.Socket)
+	return sv.r.Close()
+}
+
+func (s *Server) list() []Entry {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]Entry, 0, len(s.relays))
+	for _, sv := range s.relays {
+		e := sv.e
+		e.Open = sv.r.Stats().Open
+		out = append(out, e)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Sandbox < out[j].Sandbox })
+	return out
+}
+
+func (s *Server) reach(ctx context.Context, req Request) error {
+	s.mu.Lock()
+	sv := s.relays[req.Sandbox]
+	s.mu.Unlock()
+	if sv == nil {
+		return fmt.Errorf("sandbox %q is not served: Serve it first", req.Sandbox)
+	}
+	wait := req.Wait
+	if wait <= 0 {
+		wait = 30 * time.Second
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	return sv.r.WaitReachable(ctx)
+}
+
+func (s *Server) closeAll() {
+	s.mu.Lock()
+	s.closed = true
+	all := s.relays
+	s.relays = map[string]*served{}
+	s.mu.Unlock()
+	for _, sv := range all {
+		_ = sv.r.Close()
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}

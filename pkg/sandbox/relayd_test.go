@@ -1,0 +1,657 @@
+package sandbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/containerd/ttrpc"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/caa-project/caa/internal/agentproto"
+	"github.com/caa-project/caa/pkg/ledger"
+	"github.com/caa-project/caa/pkg/pki"
+	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/pkg/reconcile"
+	"github.com/caa-project/caa/pkg/relayd"
+	"github.com/caa-project/caa/pkg/relayd/relaydtest"
+	"github.com/caa-project/caa/test/mocks/cloud"
+)
+
+// daemonRig is caa (a Manager over a real ledger file and the memory
+// cloud) with its agent sockets in a relay daemon (relayd.Server on its
+// control socket) that reaches a fake forwarder over real mutual TLS.
+type daemonRig struct {
+	t       *testing.T
+	path    string
+	cloud   *cloud.Cloud
+	prov    provider.Provider
+	pods    *fakePods
+	fake    *fakeSide
+	ca      *pki.CA
+	caDir   string
+	sockDir string
+	client  *relayd.Client
+	fw      *relaydtest.Forwarder
+
+	daemonStop func() // ends the relay daemon (its own shutdown)
+
+	led  *ledger.Ledger
+	m    *Manager
+	side *RelaydSide
+	stop context.CancelFunc
+}
+
+const (
+	sbHealth = "sb-health"
+	sbStream = "sb-stream"
+)
+
+func newDaemonRig(t *testing.T) *daemonRig {
+	t.Helper()
+	return newDaemonRigFor(t, VMName("web", sbHealth), VMName("feed", sbStream))
+}
+
+// newDaemonRigFor is a daemonRig whose forwarder's certificate names the
+// given VMs.
+func newDaemonRigFor(t *testing.T, vmNames ...string) *daemonRig {
+	t.Helper()
+	r := &daemonRig{t: t, path: filepath.Join(t.TempDir(), "ledger.db"), caDir: t.TempDir(),
+		cloud: cloud.New(cloud.Options{IDPrefix: "vm-", KeepTerminated: time.Hour}),
+		pods:  &fakePods{pods: map[string]*reconcile.Pod{}}, fake: newFakeSide()}
+	r.prov = newMemory(r.cloud)
+	var err error
+	r.ca, err = pki.LoadOrCreateCA(r.caDir)
+	require.NoError(t, err)
+	require.NoError(t, relayd.WriteClientFile(r.caDir, r.ca))
+	// Unix socket paths are capped at 108 bytes: a short directory.
+	r.sockDir, err = os.MkdirTemp("", "sb")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(r.sockDir) })
+	// One forwarder plays every VM: its certificate names each VM.
+	r.fw = relaydtest.StartForwarder(t, r.ca, vmNames...)
+	r.startDaemon()
+	t.Cleanup(func() { r.stopDaemon() })
+	ctl := filepath.Join(r.sockDir, "relay.sock")
+	r.client = &relayd.Client{Socket: ctl}
+	r.start(r.prov)
+	t.Cleanup(func() { r.kill() })
+	return r
+}
+
+// startDaemon starts a relay daemon on the control socket.
+func (r *daemonRig) startDaemon() {
+	r.t.Helper()
+	srv, err := relayd.NewServer(relayd.Config{
+		ClientFile: filepath.Join(r.caDir, relayd.ClientFile), DialTimeout: 2 * time.Second,
+		Dial: func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "tcp", r.fw.Addr())
+		},
+	})
+	require.NoError(r.t, err)
+	ln, err := relayd.Listen(filepath.Join(r.sockDir, "relay.sock"))
+	require.NoError(r.t, err)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ctx, ln) }()
+	r.daemonStop = func() { stop(); <-done }
+}
+
+func (r *daemonRig) stopDaemon() {
+	if r.daemonStop != nil {
+		r.daemonStop()
+		r.daemonStop = nil
+	}
+}
+
+// start is a caa process starting on the ledger: a new manager, a new
+// RelaydSide, and the startup Sync.
+func (r *daemonRig) start(prov provider.Provider) {
+	r.t.Helper()
+	led, err := ledger.Open(ledger.Options{Path: r.path, Node: "node-1", Cluster: "c1", Timeout: time.Second})
+	require.NoError(r.t, err)
+	ctx, stop := context.WithCancel(context.Background())
+	r.led, r.stop = led, stop
+	r.side = &RelaydSide{PodSide: r.fake, Client: r.client}
+	r.m = New(Config{
+		Ledger: led, Provider: prov, Pods: r.pods, Side: r.side,
+		Spec:    provider.SpecConfig{DefaultType: "small", DefaultImage: "podvm-image", Types: []provider.InstanceType{{Name: "small", VCPUs: 1, MemoryMiB: 2048}}},
+		Cluster: "c1", Node: "node-1", NodeIP: net.ParseIP("192.0.2.10"), SocketDir: r.sockDir,
+		Poll: 5 * time.Millisecond, StartTimeout: 5 * time.Second, PodWait: 200 * time.Millisecond,
+		ConfirmMissing: time.Hour, Stop: ctx,
+	})
+}
+
+// shutdown is caa's graceful exit (SIGTERM): Close, which must leave the
+// daemon's relays serving.
+func (r *daemonRig) shutdown() {
+	if r.m == nil {
+		return
+	}
+	r.stop()
+	r.m.Wait()
+	r.m.Close()
+	_ = r.led.Close()
+	r.m = nil
+}
+
+// kill is SIGKILL: nothing runs on the way out (the bbolt file is closed
+// only so the next process of this test can open it).
+func (r *daemonRig) kill() {
+	if r.m == nil {
+		return
+	}
+	r.stop()
+	r.m.Wait()
+	_ = r.led.Close()
+	r.m = nil
+}
+
+// adopt is the restarted caa's startup: Sync serves every running sandbox
+// again (through the daemon: same arguments, connections kept), then the
+// daemon's List is reconciled against the ledger.
+func (r *daemonRig) adopt(ctx context.Context) Report {
+	r.t.Helper()
+	rep, err := r.m.Sync(ctx, 5*time.Second)
+	require.NoError(r.t, err)
+	_, err = r.side.Reconcile(ctx, r.led)
+	require.NoError(r.t, err)
+	return rep
+}
+
+func (r *daemonRig) run(ctx context.Context, id, pod string) string {
+	r.t.Helper()
+	r.pods.add(&reconcile.Pod{UID: "uid-" + pod, Namespace: "team", Name: pod, RuntimeClass: "kata-remote", Annotations: map[string]string{}})
+	sock, err := r.m.CreateVM(ctx, id, shimAnnotations(pod), "/var/run/netns/"+pod)
+	require.NoError(r.t, err)
+	require.NoError(r.t, r.m.StartVM(ctx, id))
+	return sock
+}
+
+// healthChecker is kata's shim health-checking its agent every period on
+// its one connection; a check that fails, or gets no answer within
+// timeout, is a miss (kata fails the sandbox on one). It records the
+// longest gap between a request and its answer.
+type healthChecker struct {
+	mu      sync.Mutex
+	checks  int
+	misses  []string
+	longest time.Duration
+}
+
+func (h *healthChecker) run(ctx context.Context, cl *ttrpc.Client, period, timeout time.Duration) {
+	for ctx.Err() == nil {
+		cctx, cancel := context.WithTimeout(ctx, timeout)
+		t0 := time.Now()
+		st, err := agentproto.Check(cctx, cl)
+		d := time.Since(t0)
+		cancel()
+		if ctx.Err() != nil {
+			return
+		}
+		h.mu.Lock()
+		h.checks++
+		h.longest = max(h.longest, d)
+		if err != nil || st != agentproto.Serving {
+			h.misses = append(h.misses, fmt.Sprintf("check %d after %s: status %d, err %v", h.checks, d, st, err))
+		}
+		h.mu.Unlock()
+		select {
+		case <-ctx.Done():
+		case <-time.After(period):
+		}
+	}
+}
+
+// count is the number of checks so far.
+func (h *healthChecker) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.checks
+}
+
+// window resets the longest gap and returns the previous one.
+func (h *healthChecker) window() (longest time.Duration, checks int, misses []string) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	longest, checks, misses = h.longest, h.checks, append([]string(nil), h.misses...)
+	h.longest = 0
+	return
+}
+
+// streamer writes a numbered byte pattern through a relayed connection and
+// reads the echo back as it goes, checking that every byte comes back, in
+// order.
+type streamer struct {
+	conn    net.Conn
+	written atomic.Int64
+	read    atomic.Int64
+	werr    chan error
+	rerr    chan error
+	stopc   chan struct{}
+}
+
+func pattern(off int64) byte { return byte(off*7 + off/251) }
+
+func startStream(t *testing.T, sock string) *streamer {
+	t.Helper()
+	c, err := net.Dial("unix", sock)
+	require.NoError(t, err)
+	_, err = c.Write(relaydtest.StreamMagic)
+	require.NoError(t, err)
+	s := &streamer{conn: c, werr: make(chan error, 1), rerr: make(chan error, 1), stopc: make(chan struct{})}
+	go func() {
+		buf := make([]byte, 4096)
+		var off int64
+		for {
+			select {
+			case <-s.stopc:
+				s.werr <- nil
+				return
+			case <-time.After(time.Millisecond):
+			}
+			for i := range buf {
+				buf[i] = pattern(off + int64(i))
+			}
+			if _, err := c.Write(buf); err != nil {
+				s.werr <- fmt.Errorf("stream write after %d bytes: %w", off, err)
+				return
+			}
+			off += int64(len(buf))
+			s.written.Store(off)
+		}
+	}()
+	go func() {
+		buf := make([]byte, 8192)
+		var off int64
+		for {
+			n, err := c.Read(buf)
+			for i := range n {
+				if buf[i] != pattern(off+int64(i)) {
+					s.rerr <- fmt.Errorf("stream byte %d: got %d, want %d", off+int64(i), buf[i], pattern(off+int64(i)))
+					return
+				}
+			}
+			off += int64(n)
+			s.read.Store(off)
+			if err != nil {
+				s.rerr <- fmt.Errorf("stream read after %d bytes: %w", off, err)
+				return
+			}
+		}
+	}()
+	return s
+}
+
+// finish stops writing and waits until every byte written came back.
+func (s *streamer) finish(t *testing.T) int64 {
+	t.Helper()
+	close(s.stopc)
+	require.NoError(t, <-s.werr)
+	total := s.written.Load()
+	deadline := time.Now().Add(10 * time.Second)
+	for s.read.Load() < total {
+		select {
+		case err := <-s.rerr:
+			require.NoError(t, err)
+		case <-time.After(time.Millisecond):
+		}
+		require.True(t, time.Now().Before(deadline), "the echo of %d bytes: %d came back", total, s.read.Load())
+	}
+	s.conn.Close()
+	return total
+}
+
+// TestRelayDaemonCarriesShimsThroughCaaRestarts: with the agent sockets in
+// the relay daemon, a graceful restart of caa, a SIGKILL of caa and a new
+// caa that fails at start all leave the shim's connection working: kata's
+// health check never misses, a WaitProcess in flight throughout completes,
+// a byte stream loses no byte. It reports the longest stall the shim sees
+// in a window with a restart against a window without.
+func TestRelayDaemonCarriesShimsThroughCaaRestarts(t *testing.T) {
+	r := newDaemonRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	sock := r.run(ctx, sbHealth, "web")
+	streamSock := r.run(ctx, sbStream, "feed")
+
+	conn, err := net.Dial("unix", sock)
+	require.NoError(t, err)
+	cl := ttrpc.NewClient(conn)
+	defer cl.Close()
+	waited := make(chan error, 1)
+	go func() {
+		st, err := agentproto.WaitProcess(ctx, cl, "c1", "")
+		if err == nil && st != 137 {
+			err = fmt.Errorf("WaitProcess answered %d, want 137", st)
+		}
+		waited <- err
+	}()
+	require.NoError(t, r.fw.Agent.AwaitWaiting(ctx, "c1"))
+	stream := startStream(t, streamSock)
+
+	// kata checks every 5 s; here every 20 ms. The timeout is generous
+	// for a loaded test machine: a cut connection fails a call at once.
+	const period, timeout = 20 * time.Millisecond, time.Second
+	hc := &healthChecker{}
+	hctx, hstop := context.WithCancel(ctx)
+	hdone := make(chan struct{})
+	go func() { defer close(hdone); hc.run(hctx, cl, period, timeout) }()
+	// Windows of the same length, each of at least a few checks.
+	window := func(what string, during func()) time.Duration {
+		start := time.Now()
+		hc.window() // reset
+		before := hc.count()
+		during()
+		eventually(t, func() bool { return hc.count() >= before+10 }, what+": ten more checks")
+		if rest := 400*time.Millisecond - time.Since(start); rest > 0 {
+			time.Sleep(rest) // the window's length, not a synchronisation
+		}
+		longest, _, _ := hc.window()
+		return longest
+	}
+
+	// Three rounds of four windows: the per-kind median of the longest
+	// stall evens out a loaded machine's scheduling noise.
+	stalls := map[string][]time.Duration{}
+	for range 3 {
+		stalls["no restart"] = append(stalls["no restart"], window("no restart", func() {}))
+		stalls["graceful restart"] = append(stalls["graceful restart"], window("graceful restart", func() {
+			r.shutdown()
+			r.start(r.prov)
+			rep := r.adopt(ctx)
+			assert.ElementsMatch(t, []string{sbHealth, sbStream}, rep.Served)
+		}))
+		stalls["SIGKILL"] = append(stalls["SIGKILL"], window("SIGKILL", func() {
+			r.kill()
+			r.start(r.prov)
+			rep := r.adopt(ctx)
+			assert.ElementsMatch(t, []string{sbHealth, sbStream}, rep.Served)
+		}))
+		stalls["broken new caa"] = append(stalls["broken new caa"], window("broken new caa", func() {
+			r.kill()
+			r.start(failingList{r.prov})
+			_, err := r.m.Sync(ctx, time.Second)
+			require.Error(t, err, "the broken caa fails at start")
+			r.shutdown() // and exits
+			r.start(r.prov)
+			r.adopt(ctx)
+		}))
+	}
+	hstop()
+	<-hdone
+	_, checks, misses := hc.window()
+	assert.Zero(t, len(misses), "kata's health check must never miss; the first misses: %v", misses[:min(len(misses), 3)])
+	assert.Greater(t, checks, 120)
+
+	require.True(t, r.fw.Agent.Release("c1", 137), "the WaitProcess is still in flight at the agent")
+	require.NoError(t, <-waited)
+	total := stream.finish(t)
+	assert.Greater(t, total, int64(0))
+
+	entries, _, err := r.client.List(ctx)
+	require.NoError(t, err)
+	require.Len(t, entries, 2)
+	assert.Equal(t, 1, entries[0].Open, "the shim's one connection, never reconnected")
+	assert.Zero(t, r.cloud.Counters()[cloud.OpCreate]-2, "no VM was created by the restarts")
+	median := func(ds []time.Duration) time.Duration {
+		ds = append([]time.Duration(nil), ds...)
+		slices.Sort(ds)
+		return ds[len(ds)/2]
+	}
+	base := median(stalls["no restart"])
+	msg := fmt.Sprintf("longest stall seen by the shim (median of 3 windows): no restart %s", base)
+	for _, kind := range []string{"graceful restart", "SIGKILL", "broken new caa"} {
+		d := median(stalls[kind])
+		msg += fmt.Sprintf("; %s %s (x%.2f)", kind, d, float64(d)/float64(base))
+	}
+	t.Logf("%s; %d checks, %d stream bytes", msg, checks, total)
+}
+
+// failingList is a cloud that cannot list: a new caa that fails at start.
+type failingList struct{ provider.Provider }
+
+func (failingList) List(context.Context, provider.Selector) ([]provider.VM, error) {
+	return nil, errors.New("listing refused (a broken new caa)")
+}
+
+// StopVM, a VM that dies and a sandbox that ended while caa was down all
+// close the daemon's socket, so kata fails that sandbox.
+func TestRelayDaemonSocketClosesWhenTheSandboxEnds(t *testing.T) {
+	r := newDaemonRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sock := r.run(ctx, sbHealth, "web")
+	streamSock := r.run(ctx, sbStream, "feed")
+
+	// The VM dies behind caa's back: the next sync loses the sandbox.
+	stream := startStream(t, streamSock)
+	require.NoError(t, r.cloud.Kill(r.sandbox(sbStream).VMID))
+	rep, err := r.m.Sync(ctx, time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, []string{sbStream}, rep.Lost)
+	_, err = os.Stat(streamSock)
+	assert.ErrorIs(t, err, os.ErrNotExist, "a lost VM's socket is closed")
+	require.NoError(t, stream.conn.SetReadDeadline(time.Now().Add(10*time.Second)))
+	_, err = io.Copy(io.Discard, stream.conn)
+	var ne net.Error
+	require.False(t, errors.As(err, &ne) && ne.Timeout(), "the shim's connection ends (EOF or reset), it does not hang: %v", err)
+
+	// StopVM.
+	cl := ttrpc.NewClient(mustDial(t, sock))
+	defer cl.Close()
+	_, err = agentproto.Check(ctx, cl)
+	require.NoError(t, err)
+	require.NoError(t, r.m.StopVM(ctx, sbHealth))
+	_, err = agentproto.Check(ctx, cl)
+	require.Error(t, err, "StopVM closes the shim's connection")
+	entries, _, err := r.client.List(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, entries)
+
+	// A sandbox whose StopVM completed while caa was down keeps its socket
+	// in the daemon until the next caa reconciles: simulate the crash after
+	// the ledger moved on by serving it behind caa's back.
+	eventually(t, func() bool { _, err := r.led.GetSandbox(sbHealth); return err != nil }, "the stopped sandbox's record goes")
+	_, err = r.client.Serve(ctx, sbHealth, sock, "192.0.2.99:15150", "x")
+	require.NoError(t, err)
+	_, err = r.client.Serve(ctx, sbStream, streamSock, "192.0.2.97:15150", "z") // Lost in the ledger
+	require.NoError(t, err)
+	_, err = r.client.Serve(ctx, "sb-unknown", filepath.Join(r.sockDir, "sb-unknown", "agent.ttrpc"), "192.0.2.98:15150", "y")
+	require.NoError(t, err)
+	r.kill()
+	r.start(r.prov)
+	r.adopt(ctx)
+	entries, _, err = r.client.List(ctx)
+	require.NoError(t, err)
+	var left []string
+	for _, e := range entries {
+		left = append(left, e.Sandbox)
+	}
+	assert.Equal(t, []string{"sb-unknown"}, left, "the sockets of the stopped and the lost sandbox are stopped; one the ledger never knew is left (no evidence)")
+}
+
+func (r *daemonRig) sandbox(id string) ledger.Sandbox {
+	r.t.Helper()
+	s, err := r.led.GetSandbox(id)
+	require.NoError(r.t, err)
+	return s
+}
+
+func mustDial(t *testing.T, sock string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("unix", sock)
+	require.NoError(t, err)
+	return c
+}
+
+// A restart of the daemon itself loses the connections of that moment
+// (said in the docs), and caa serves every socket again (Keep sees the new
+// boot id): the socket comes back and a new connection works.
+func TestDaemonRestartIsServedAgain(t *testing.T) {
+	r := newDaemonRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sock := r.run(ctx, sbHealth, "web")
+	_, boot, err := r.client.List(ctx)
+	require.NoError(t, err)
+	cl := ttrpc.NewClient(mustDial(t, sock))
+	defer cl.Close()
+	_, err = agentproto.Check(ctx, cl)
+	require.NoError(t, err)
+
+	r.stopDaemon()
+	_, err = agentproto.Check(ctx, cl)
+	require.Error(t, err, "the daemon's restart cuts the shim's connection")
+	_, err = os.Stat(sock)
+	require.ErrorIs(t, err, os.ErrNotExist)
+	r.startDaemon()
+
+	r.side.keepOnce(ctx)
+	entries, boot2, err := r.client.List(ctx)
+	require.NoError(t, err)
+	assert.NotEqual(t, boot, boot2, "a new daemon run")
+	require.Len(t, entries, 1, "caa served the sandbox again")
+	assert.Equal(t, sbHealth, entries[0].Sandbox)
+	_, err = agentproto.Check(ctx, ttrpc.NewClient(mustDial(t, sock)))
+	require.NoError(t, err, "a new shim connection reaches the agent")
+}
+
+// A StopVM in a new caa of a sandbox whose relay an earlier caa registered
+// (the new caa holds no relay for it yet) still stops the daemon's socket,
+// within one Keep period.
+func TestStopVMAfterRestartStopsTheDaemonsSocket(t *testing.T) {
+	r := newDaemonRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	sock := r.run(ctx, sbHealth, "web")
+	r.kill()
+	r.start(r.prov) // no Sync yet: this caa holds no relay of the sandbox
+	kctx, kstop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); r.side.Keep(kctx, 10*time.Millisecond, r.led) }()
+	defer func() { kstop(); <-done }()
+	eventually(t, func() bool { return r.side.rounds.Load() >= 2 }, "Keep's first rounds (the startup reconciliation) are done")
+	require.NoError(t, r.m.StopVM(ctx, sbHealth)) // this caa had no relay to close
+	eventually(t, func() bool { _, err := os.Stat(sock); return errors.Is(err, os.ErrNotExist) }, "Keep stops the socket of the stopped sandbox")
+}
+
+// TestRollingRestartKeepsEverySandbox is the rollout in process:
+// three nodes (each its own ledger, relay daemon and forwarder) with ten
+// running sandboxes each; caa is restarted node by node (one graceful, one
+// SIGKILL, one graceful) while every sandbox's shim health-checks its agent
+// and has a WaitProcess in flight. No check misses, no sandbox fails, every
+// wait completes, no VM is created; the longest stall in the rollout is
+// logged against the same span without it.
+func TestRollingRestartKeepsEverySandbox(t *testing.T) {
+	const nodes, perNode = 3, 10
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	type shim struct {
+		node   int
+		id     string
+		hc     *healthChecker
+		waited chan error
+	}
+	rigs := make([]*daemonRig, nodes)
+	var shims []*shim
+	hctx, hstop := context.WithCancel(ctx)
+	var hwg sync.WaitGroup
+	for n := range nodes {
+		var names []string
+		for i := range perNode {
+			names = append(names, VMName(fmt.Sprintf("p%d", i), fmt.Sprintf("sb-%d-%d", n, i)))
+		}
+		r := newDaemonRigFor(t, names...)
+		rigs[n] = r
+		for i := range perNode {
+			id := fmt.Sprintf("sb-%d-%d", n, i)
+			sock := r.run(ctx, id, fmt.Sprintf("p%d", i))
+			cl := ttrpc.NewClient(mustDial(t, sock))
+			t.Cleanup(func() { cl.Close() })
+			s := &shim{node: n, id: id, hc: &healthChecker{}, waited: make(chan error, 1)}
+			go func() {
+				st, err := agentproto.WaitProcess(ctx, cl, "c-"+id, "")
+				if err == nil && st != 3 {
+					err = fmt.Errorf("WaitProcess answered %d", st)
+				}
+				s.waited <- err
+			}()
+			require.NoError(t, r.fw.Agent.AwaitWaiting(ctx, "c-"+id))
+			hwg.Add(1)
+			go func() { defer hwg.Done(); s.hc.run(hctx, cl, 50*time.Millisecond, time.Second) }()
+			shims = append(shims, s)
+		}
+	}
+	longest := func() time.Duration {
+		var d time.Duration
+		for _, s := range shims {
+			l, _, _ := s.hc.window()
+			d = max(d, l)
+		}
+		return d
+	}
+	checks := func() int {
+		n := 0
+		for _, s := range shims {
+			n += s.hc.count()
+		}
+		return n
+	}
+	span := func(what string, during func()) time.Duration {
+		start := time.Now()
+		longest() // reset
+		before := checks()
+		during()
+		eventually(t, func() bool { return checks() >= before+3*len(shims) }, what+": three more checks per sandbox")
+		if rest := time.Second - time.Since(start); rest > 0 {
+			time.Sleep(rest) // the span's length, not a synchronisation
+		}
+		return longest()
+	}
+	base := span("no rollout", func() {})
+	rollout := span("rollout", func() {
+		for n, r := range rigs {
+			if n == 1 {
+				r.kill()
+			} else {
+				r.shutdown()
+			}
+			r.start(r.prov)
+			rep := r.adopt(ctx)
+			assert.Len(t, rep.Served, perNode, "node %d: every sandbox served again", n)
+			assert.Empty(t, rep.Lost)
+		}
+	})
+	hstop()
+	hwg.Wait()
+	misses := 0
+	for _, s := range shims {
+		_, _, m := s.hc.window()
+		misses += len(m)
+		assert.Empty(t, m, "sandbox %s: kata's health check never misses", s.id)
+		require.True(t, rigs[s.node].fw.Agent.Release("c-"+s.id, 3), "sandbox %s: its WaitProcess is still in flight", s.id)
+		require.NoError(t, <-s.waited, "sandbox %s", s.id)
+	}
+	for n, r := range rigs {
+		all, err := r.led.ListSandboxes()
+		require.NoError(t, err)
+		for _, sb := range all {
+			assert.Equal(t, ledger.SandboxRunning, sb.Phase, "node %d sandbox %s", n, sb.ID)
+		}
+		assert.EqualValues(t, perNode, r.cloud.Counters()[cloud.OpCreate], "node %d: no VM created by the rollout", n)
+	}
+	t.Logf("%d nodes x %d sandboxes, rollout one node at a time: %d misses, %d checks; longest stall %s against %s without the rollout (x%.2f)",
+		nodes, perNode, misses, checks(), rollout, base, float64(rollout)/float64(base))
+}
