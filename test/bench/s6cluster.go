@@ -136,14 +136,28 @@ func (b *bench) s6ClusterIdle(ctx context.Context, e *env, fl *fleet, f *fakeClo
 }
 
 // waitViews waits until every node's caa has said it audits from the
-// cluster caa's view.
+// cluster caa's view. A caa that exited because its health port was taken
+// meanwhile (see fleet.waitReady) is started again.
 func waitViews(ctx context.Context, fl *fleet, limit time.Duration) error {
 	deadline := time.Now().Add(limit)
-	for i, d := range fl.daemons {
+	for i := range fl.daemons {
+		restarts := 0
 		for {
+			d := fl.daemons[i]
 			log, _ := os.ReadFile(d.logPath)
 			if strings.Contains(string(log), "auditing from the cluster caa's cloud view") {
 				break
+			}
+			if d.exited() && restarts < 2 && strings.Contains(tail(d.logPath, 3), "address already in use") {
+				restarts++
+				fl.b.logf("S6 %s: %s's health port was taken; starting it again", fl.f.name, fl.nodes[i])
+				if err := fl.start(i, fl.extra[i]...); err != nil {
+					return err
+				}
+				if _, err := fl.waitReady(ctx, i, time.Minute); err != nil {
+					return err
+				}
+				continue
 			}
 			if time.Now().After(deadline) {
 				return fmt.Errorf("%s never audited from the cluster caa's view in %s; see %s", fl.nodes[i], limit, d.logPath)
