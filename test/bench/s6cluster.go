@@ -236,10 +236,12 @@ func s6ClusterRows(cfg s6Config, m *s6Measured, cm *s6ClusterMeasured, noCluster
 		hour := fleetHour(float64(size.nodes), float64(size.nodes*size.pods))
 		rows = append(rows, Row{Case: c, Metric: "fleet's cloud reads per hour", Unit: "reads", Runs: []float64{sumMap(hour)}})
 		byClass, _ := ClassUse(name, hour)
+		var bucketRows []Row
 		for _, class := range readClasses(name) {
-			rows = append(rows, atMost(c, class+" bucket", "% of refill", s6IdlePercent,
+			bucketRows = append(bucketRows, atMost(c, class+" bucket", "% of refill", s6IdlePercent,
 				PercentOfRefill(byClass[class]/3600, m.limits[class])))
 		}
+		rows = append(rows, busiest(bucketRows, strings.TrimPrefix(c, name+", ")+": busiest read bucket")...)
 		details = append(details, fmt.Sprintf("%s: reads an hour by op %s (listings every %s, linear in pages of %s VMs; node audits every %s)",
 			c, CountsLine(roundMap(hour)), s6ClusterInterval, Num(page), s6Audit))
 	}
@@ -248,9 +250,11 @@ func s6ClusterRows(cfg s6Config, m *s6Measured, cm *s6ClusterMeasured, noCluster
 	hour := scaleMap(noCluster, s6ScaleNodes)
 	rows = append(rows, Row{Case: c, Metric: "fleet's cloud reads per hour", Unit: "reads", Runs: []float64{sumMap(hour)}})
 	byClass, _ := ClassUse(name, hour)
+	var bucketRows []Row
 	for _, class := range readClasses(name) {
-		rows = append(rows, Row{Case: c, Metric: class + " bucket", Unit: "% of refill", Runs: []float64{PercentOfRefill(byClass[class]/3600, m.limits[class])}})
+		bucketRows = append(bucketRows, Row{Case: c, Metric: class + " bucket", Unit: "% of refill", Runs: []float64{PercentOfRefill(byClass[class]/3600, m.limits[class])}})
 	}
+	rows = append(rows, busiest(bucketRows, strings.TrimPrefix(c, name+", ")+": busiest read bucket")...)
 	if name == "ibmcloud" {
 		details = append(details, "ibmcloud: the buckets' refills are assumptions, not IBM's figures: IBM Cloud publishes no per-account "+
 			"rate for the VPC API nor for Global Search; the fake meters VPC reads at EC2's DescribeInstances refill (20 a second) and "+
