@@ -39,3 +39,14 @@ func TestVolumeIDOfCRN(t *testing.T) {
 		assert.Equal(t, want, volumeIDOfCRN(crn), crn)
 	}
 }
+
+func TestTaggingEndpointBesideTheSearchOne(t *testing.T) {
+	for search, want := range map[string]string{
+		"": "https://tags.global-search-tagging.cloud.ibm.com",
+		"https://api.private.global-search-tagging.cloud.ibm.com": "https://tags.private.global-search-tagging.cloud.ibm.com",
+		"http://127.0.0.1:8080":                                   "http://127.0.0.1:8080",
+	} {
+		assert.Equal(t, want, Config{SearchEndpoint: search}.taggingEndpoint(), search)
+	}
+	assert.Equal(t, "https://tags.example", Config{SearchEndpoint: "http://127.0.0.1:8080", TaggingEndpoint: "https://tags.example"}.taggingEndpoint())
+}
