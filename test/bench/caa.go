@@ -33,6 +33,12 @@ type Daemon struct {
 // StartCaa runs `bin run args... --health-addr <free port>` in env, output
 // to logPath. The clock for time to ready starts just before the exec.
 func StartCaa(bin string, args, env []string, logPath string) (*Daemon, error) {
+	return startCaaCommand(bin, "run", args, env, logPath)
+}
+
+// startCaaCommand is StartCaa for any caa subcommand with a health
+// endpoint (run, cluster).
+func startCaaCommand(bin, sub string, args, env []string, logPath string) (*Daemon, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, fmt.Errorf("find a health port: %w", err)
@@ -43,7 +49,7 @@ func StartCaa(bin string, args, env []string, logPath string) (*Daemon, error) {
 	if err != nil {
 		return nil, fmt.Errorf("caa log: %w", err)
 	}
-	cmd := exec.Command(bin, append(append([]string{"run"}, args...), "--health-addr", addr)...)
+	cmd := exec.Command(bin, append(append([]string{sub}, args...), "--health-addr", addr)...)
 	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = out, out
 	// A dying bench must not leave caa running.

@@ -254,7 +254,7 @@ func newBudgetedFake(name string, budget *cloud.Budget) (*fakeCloud, error) {
 }
 
 // writeOps are the counters of calls that change the cloud.
-var writeOps = []string{cloud.OpCreate, cloud.OpDelete, armfake.OpNICCreate, armfake.OpNICDelete, vpcfake.OpVolumeDelete}
+var writeOps = []string{cloud.OpCreate, cloud.OpDelete, armfake.OpNICCreate, armfake.OpNICDelete, vpcfake.OpVolumeDelete, vpcfake.OpTagAttach}
 
 // cloudWrites sums the write counters.
 func cloudWrites(counters map[string]int64) int64 {

@@ -335,6 +335,8 @@ type s6Measured struct {
 	restartBytes        []float64
 	startup             map[int][]startupRun
 	setupTime           time.Duration
+	// cluster is the idle phase with the cluster caa.
+	cluster *s6ClusterMeasured
 }
 
 // startupRun is one node's startup with others VMs of other nodes.
@@ -503,6 +505,14 @@ func (b *bench) s6Cloud(ctx context.Context, e *env, cfg s6Config, name string, 
 		return nil, err
 	}
 	b.logf("S6 %s: idle window done: %d calls, %v audits", name, m.idle["total"], m.audits)
+
+	// Idle again, with the cluster caa beside the fleet.
+	clock.rest()
+	budget.ResetCounts()
+	if m.cluster, err = b.s6ClusterIdle(ctx, e, fl, f, cfg, clock); err != nil {
+		return nil, err
+	}
+	b.logf("S6 %s: idle with the cluster caa done: %v listings, %v audits", name, m.cluster.listings, m.cluster.audits)
 
 	// Churn, with the default audit interval: no audit is due for at
 	// least half of it after a start. The start of the whole fleet at
@@ -775,6 +785,10 @@ func s6Rows(cfg s6Config, m *s6Measured) ([]Row, []string) {
 		CountsLine(roundMap(scaleMap(slope, 1000))), CountsLine(roundMap(atScale)), CountsLine(roundMap(unmetered))))
 	if len(slope) > 0 {
 		details[len(details)-1] += " (growth shown per 1,000 VMs)"
+	}
+	if m.cluster != nil {
+		crows, cdetails := s6ClusterRows(cfg, m, m.cluster, scaleHour)
+		rows, details = append(rows, crows...), append(details, cdetails...)
 	}
 
 	// Churn.

@@ -177,3 +177,36 @@ func TestMergeByCloudKeepsTheCloudsNotRun(t *testing.T) {
 	all := Scenario{ID: "S6", Pivot: true, Rows: []Row{{Case: "aws, idle", Runs: []float64{5}}}}
 	assert.Equal(t, all, mergeByCloud(Scenario{Rows: []Row{{Case: "aws, idle"}}}, all), "every cloud measured again: the new run whole")
 }
+
+// TestClusterRowsScaleListingsByPages: the cluster caa's listing grows
+// by pages of the cluster's VMs (two hits a VM on IBM), the node audits
+// by nodes, and the fleet's draw is a share of each bucket's refill.
+func TestClusterRowsScaleListingsByPages(t *testing.T) {
+	cfg := s6Config{nodes: 24, pods: 30, idleAudit: 15 * time.Second, idleWindow: 45 * time.Second}
+	m := &s6Measured{name: "ibmcloud", limits: vpcfake.PublishedLimits()}
+	cm := &s6ClusterMeasured{
+		// Alone: 2 listings of 720 VMs, each 2 searches (1,440 hits).
+		alone: map[string]int64{opSearch: 4, vpcfake.OpIAMToken: 1}, listingsAlone: 2,
+		// With the fleet: 3 listings (6 searches) and 72 audits that read
+		// nothing.
+		idle: map[string]int64{opSearch: 6}, audits: 72, listings: 3,
+	}
+	rows, _ := s6ClusterRows(cfg, m, cm, map[string]float64{opSearch: 6})
+	get := func(c, metric string) float64 {
+		for _, r := range rows {
+			if r.Case == c && r.Metric == metric {
+				return r.Runs[0]
+			}
+		}
+		t.Fatalf("no row %q %q", c, metric)
+		return 0
+	}
+	// At the bench's size: 2 searches a listing, 6 listings an hour.
+	assert.InDelta(t, 12, get("ibmcloud, idle with the cluster caa, 24 nodes x 30 pods", "fleet's cloud reads per hour"), 1e-9)
+	// At 30,000 VMs: 60 pages of 500 VMs instead of 2.
+	at := "ibmcloud, idle with the cluster caa, 1000 nodes x 30 pods"
+	assert.InDelta(t, 6*2*30, get(at, "fleet's cloud reads per hour"), 1e-9)
+	assert.InDelta(t, 100*360.0/3600/10, get(at, vpcfake.ClassSearch+" bucket"), 1e-9, "of Global Search's 10 a second")
+	// Without it: 6 searches per node per hour, 1,000 nodes.
+	assert.InDelta(t, 6000, get("ibmcloud, idle without the cluster caa, 1000 nodes x 30 pods", "fleet's cloud reads per hour"), 1e-9)
+}

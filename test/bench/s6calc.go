@@ -121,6 +121,7 @@ var opClasses = map[string]map[string][]string{
 		cloud.OpCreate:         {vpcfake.ClassCreate},
 		cloud.OpDelete:         {vpcfake.ClassDelete},
 		vpcfake.OpVolumeDelete: {vpcfake.ClassDelete},
+		vpcfake.OpTagAttach:    {vpcfake.ClassTagging},
 	},
 }
 

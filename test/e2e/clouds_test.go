@@ -52,6 +52,8 @@ import (
 // flags and environment for it, and the cloud-specific parts of the checks.
 type fakeCloud struct {
 	name string
+	// url is the fake's own address (set where a test needs it).
+	url  string
 	core *cloud.Cloud
 	// args select the provider and point it at the fake.
 	args []string
@@ -276,6 +278,7 @@ func newIBMCloudFake(t *testing.T) *fakeCloud {
 	t.Cleanup(srv.Close)
 	return &fakeCloud{
 		name: "ibmcloud",
+		url:  srv.URL,
 		core: core,
 		args: []string{"--provider", "ibmcloud",
 			"--ibmcloud-endpoint", srv.URL + "/v1", "--ibmcloud-iam-endpoint", srv.URL, "--ibmcloud-search-endpoint", srv.URL,

@@ -3,11 +3,15 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -21,6 +25,7 @@ import (
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/e2e/cluster"
 	"github.com/caa-project/caa/test/mocks/cloud"
+	vpcfake "github.com/caa-project/caa/test/mocks/ibmcloud"
 )
 
 // The cluster scope's end-to-end tests: `caa cluster` replicas and node
@@ -37,17 +42,24 @@ const (
 // url; extra flags come last and override.
 func launchClusterCaa(t *testing.T, c *cluster.Cluster, url, identity string, extra ...string) *daemon {
 	t.Helper()
+	cloudArgs := []string{"--provider", "aws", "--aws-endpoint", url, "--aws-region", "us-east-1",
+		"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", ec2Image, "--aws-instance-type", ec2Type}
+	return launchClusterCaaOn(t, c, identity, append(cloudArgs, extra...), awsEnv())
+}
+
+// launchClusterCaaOn starts one `caa cluster` replica with the cloud's
+// flags (and any others, last) in env.
+func launchClusterCaaOn(t *testing.T, c *cluster.Cluster, identity string, cloudArgs, env []string) *daemon {
+	t.Helper()
 	port, err := cluster.FreePort()
 	require.NoError(t, err)
 	logs := &cluster.SyncBuffer{}
 	args := []string{"cluster", "--kubeconfig", c.Kubeconfig(), "--identity", identity, "--lease-namespace", scopeNamespace,
 		"--health-addr", "127.0.0.1:" + strconv.Itoa(port), "--log-format", "json",
 		"--interval", "1s", "--node-gone-grace", scopeGrace.String(),
-		"--lease-duration", "3s", "--lease-renew-deadline", "2s", "--lease-retry", "500ms",
-		"--provider", "aws", "--aws-endpoint", url, "--aws-region", "us-east-1",
-		"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", ec2Image, "--aws-instance-type", ec2Type}
-	cmd := exec.Command(caaBin, append(args, extra...)...)
-	cmd.Env = awsEnv()
+		"--lease-duration", "3s", "--lease-renew-deadline", "2s", "--lease-retry", "500ms"}
+	cmd := exec.Command(caaBin, append(args, cloudArgs...)...)
+	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = logs, logs
 	require.NoError(t, cmd.Start())
 	d := &daemon{cmd: cmd, health: fmt.Sprintf("http://127.0.0.1:%d", port), logs: logs, done: make(chan error, 1)}
@@ -68,11 +80,17 @@ func launchClusterCaa(t *testing.T, c *cluster.Cluster, url, identity string, ex
 // would have made them.
 func seedVMs(t *testing.T, core *cloud.Cloud, clusterID, node string, n int) []string {
 	t.Helper()
+	return seedVMsOf(t, core, clusterID, node, n, ec2Type, ec2Image)
+}
+
+// seedVMsOf is seedVMs with the cloud's instance type and image.
+func seedVMsOf(t *testing.T, core *cloud.Cloud, clusterID, node string, n int, instanceType, image string) []string {
+	t.Helper()
 	var ids []string
 	for i := range n {
 		spec := provider.Spec{Key: fmt.Sprintf("%s-%d-a1", node, i), Cluster: clusterID, Node: node,
 			PodUID: fmt.Sprintf("%s-uid-%d", node, i), PodNamespace: "team", PodName: fmt.Sprintf("%s-%d", node, i)}
-		in, err := core.Create(cloud.CreateRequest{Tags: spec.Tags(), InstanceType: ec2Type, Image: ec2Image})
+		in, err := core.Create(cloud.CreateRequest{Tags: spec.Tags(), InstanceType: instanceType, Image: image})
 		require.NoError(t, err)
 		ids = append(ids, in.ID)
 	}
@@ -367,4 +385,107 @@ func TestClusterScopeWithoutANodeListDeletesNothing(t *testing.T) {
 	assert.Zero(t, front.count(), "no cloud call at all without a synced Node cache")
 	assert.Equal(t, 503, d.readyz(), "not ready: the Node cache never synced")
 	d.stop(t)
+}
+
+// TestClusterScopeOnIBMCloud is TestClusterScopeCollectsDepartedNodes's
+// shape on IBM Cloud, kept short: the leader lists the cluster with one
+// Global Search by the cluster tag (the instances' own tags, read from
+// the index), deletes a deleted node's VMs after the grace and only
+// those, never a cordoned NotReady node's nor another cluster's; and the
+// node caa of a live node audits against the view it publishes.
+func TestClusterScopeOnIBMCloud(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	require.NoError(t, c.EnsureNamespace(ctx, scopeNamespace))
+	ibm := newIBMCloudFake(t)
+	id := clusterUID(ctx, t, c)
+	env := append(hermeticEnv(), ibm.env...)
+
+	vms := map[string][]string{}
+	for _, n := range []string{"gone", "sick", "healthy"} {
+		_, err := c.CreateNode(ctx, n)
+		require.NoError(t, err)
+		vms[n] = seedVMsOf(t, ibm.core, id, n, 2, ibmProfile, ibmImage)
+	}
+	foreign := seedVMsOf(t, ibm.core, "another-cluster", "gone", 1, ibmProfile, ibmImage)
+
+	healthy := launchCaa(t, c, "healthy", filepath.Join(t.TempDir(), "healthy", "ledger.db"), "ibmcloud", ibm.args, env)
+	healthy.waitReady(t, func() {})
+
+	sick, err := c.Client().CoreV1().Nodes().Get(ctx, "sick", metav1.GetOptions{})
+	require.NoError(t, err)
+	sick.Spec.Unschedulable = true
+	sick, err = c.Client().CoreV1().Nodes().Update(ctx, sick, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	sick.Status.Conditions[0].Status = corev1.ConditionFalse
+	_, err = c.Client().CoreV1().Nodes().UpdateStatus(ctx, sick, metav1.UpdateOptions{})
+	require.NoError(t, err)
+
+	// The leader has a front of its own on the same cloud, to count its
+	// calls apart from the node caa's.
+	apiKey := strings.TrimPrefix(ibm.env[0], "IBMCLOUD_API_KEY=")
+	var leaderCalls sync.Map // path -> *atomic.Int64
+	leaderFake := vpcfake.NewServer(ibm.core, vpcfake.WithAPIKey(apiKey))
+	leaderSrv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		kind := r.Method + " " + r.URL.Path
+		if strings.HasPrefix(r.URL.Path, "/v1/") {
+			kind = r.Method + " " + strings.Join(strings.Split(r.URL.Path, "/")[:3], "/")
+		}
+		n, _ := leaderCalls.LoadOrStore(kind, new(atomic.Int64))
+		n.(*atomic.Int64).Add(1)
+		leaderFake.ServeHTTP(w, r)
+	}))
+	t.Cleanup(leaderSrv.Close)
+	leaderArgs := slices.Clone(ibm.args)
+	for i, a := range leaderArgs {
+		leaderArgs[i] = strings.Replace(a, ibm.url, leaderSrv.URL, 1)
+	}
+	launchClusterCaaOn(t, c, "replica-a", leaderArgs, env)
+	require.Eventually(t, func() bool {
+		n, err := c.Client().CoreV1().Nodes().Get(ctx, "gone", metav1.GetOptions{})
+		return err == nil && n.Annotations["caa.dev/cloud-view"] != ""
+	}, 30*time.Second, condPoll, "views published")
+	require.Eventually(t, func() bool {
+		return strings.Contains(healthy.logs.String(), "auditing from the cluster caa's cloud view")
+	},
+		30*time.Second, condPoll, "the live node audits against the view")
+
+	require.NoError(t, c.Client().CoreV1().Nodes().Delete(ctx, "gone", metav1.DeleteOptions{}))
+	deletedAt := time.Now()
+	require.Eventually(t, func() bool {
+		for _, s := range states(ibm.core, vms["gone"]) {
+			if s != provider.StateTerminated && s != "missing" { // VPC shows no deleted instance
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, condPoll, "the departed node's VMs deleted")
+	for _, in := range ibm.core.Instances() {
+		if in.Tags[provider.TagNode] == "gone" && in.Tags[provider.TagCluster] == id {
+			assert.GreaterOrEqual(t, in.EndedAt.Sub(deletedAt), scopeGrace, "VM %s deleted before the grace", in.ID)
+		}
+	}
+	deadline := time.Now().Add(2 * scopeGrace)
+	for time.Now().Before(deadline) {
+		for _, n := range []string{"sick", "healthy"} {
+			require.True(t, allIn(states(ibm.core, vms[n]), provider.StateRunning), "node %s's VMs untouched: %v", n, states(ibm.core, vms[n]))
+		}
+		require.True(t, allIn(states(ibm.core, foreign), provider.StateRunning), "another cluster's VM untouched")
+		time.Sleep(condPoll)
+	}
+	assert.Equal(t, int64(2), ibm.core.Counters()["deleted"], "exactly the departed node's two VMs")
+	// The leader's listings are searches and nothing else: every VM is
+	// alive in the index, with its tags on the instance; its only other
+	// calls are the IAM token and the two deletes.
+	leaderCalls.Range(func(k, v any) bool {
+		switch k.(string) {
+		case "POST /v3/resources/search", "POST /identity/token":
+		case "DELETE /v1/instances":
+			assert.EqualValues(t, 2, v.(*atomic.Int64).Load(), "the leader's deletes")
+		default:
+			t.Errorf("the leader called %s %d times: its listing should need no read", k, v.(*atomic.Int64).Load())
+		}
+		return true
+	})
 }

@@ -38,7 +38,7 @@ func cheaperInBulk(total int64, n int) bool {
 // boot volume's attachment; the answer costs no separate count and one
 // round trip less than asking first. Otherwise the volume listing is
 // cancelled (at most its first page spent) and the VMs are read by id.
-func (p *Provider) listBig(ctx context.Context, sel provider.Selector, ids []string) ([]provider.VM, error) {
+func (p *Provider) listBig(ctx context.Context, sel provider.Selector, ids []string) ([]readVM, error) {
 	type tagged struct {
 		owned map[string]map[string]string
 		err   error
@@ -78,10 +78,10 @@ func (p *Provider) listBig(ctx context.Context, sel provider.Selector, ids []str
 	if v.err != nil {
 		return nil, v.err
 	}
-	var out []provider.VM
+	var out []readVM
 	for i := range all {
 		if tags, ok := v.owned[str(all[i].ID)]; ok {
-			out = append(out, vmOf(&all[i], tags))
+			out = append(out, readVM{vmOf(&all[i], tags), str(all[i].CRN)})
 		}
 	}
 	return out, nil
@@ -132,7 +132,7 @@ func (p *Provider) taggedInstances(ctx context.Context, sel provider.Selector) (
 	out := map[string]map[string]string{}
 	err = pages(ctx, p.cfg.ReadTimeout, pager.HasNext, pager.GetNextWithContext, func(v vpcv1.Volume) string {
 		tags := decodeUserTags(v.UserTags)
-		if sel.Matches(tags) {
+		if matches(sel, tags) {
 			for _, a := range v.VolumeAttachments {
 				if str(a.Type) == "boot" && a.Instance != nil {
 					out[str(a.Instance.ID)] = tags

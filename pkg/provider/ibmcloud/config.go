@@ -70,6 +70,12 @@ type Config struct {
 	// https://api.global-search-tagging.cloud.ibm.com (the private one is
 	// https://api.private.global-search-tagging.cloud.ibm.com).
 	SearchEndpoint string
+	// TaggingEndpoint is the IBM Cloud Global Tagging API URL Create tags
+	// instances through; empty means the one beside SearchEndpoint: the
+	// public https://tags.global-search-tagging.cloud.ibm.com for the public
+	// search endpoint, the private one for the private, and the search URL
+	// itself for any other (a proxy or a fake serving both).
+	TaggingEndpoint string
 	// AccountID, when set, is passed to Global Search as account_id; empty
 	// means the account of the credentials.
 	AccountID string
@@ -108,6 +114,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.Endpoint, "ibmcloud-endpoint", provider.FirstEnv("CAA_IBMCLOUD_ENDPOINT"), "VPC API URL, overriding the region's (env CAA_IBMCLOUD_ENDPOINT)")
 	fs.StringVar(&c.IAMEndpoint, "ibmcloud-iam-endpoint", provider.FirstEnv("CAA_IBMCLOUD_IAM_ENDPOINT"), "IAM token service URL (env CAA_IBMCLOUD_IAM_ENDPOINT)")
 	fs.StringVar(&c.SearchEndpoint, "ibmcloud-search-endpoint", envOr("CAA_IBMCLOUD_SEARCH_ENDPOINT", globalsearchv2.DefaultServiceURL), "Global Search API URL, for listing the node's VMs by tag (env CAA_IBMCLOUD_SEARCH_ENDPOINT)")
+	fs.StringVar(&c.TaggingEndpoint, "ibmcloud-tagging-endpoint", provider.FirstEnv("CAA_IBMCLOUD_TAGGING_ENDPOINT"), "Global Tagging API URL, for tagging the VMs' instances; empty: the one beside the search endpoint (env CAA_IBMCLOUD_TAGGING_ENDPOINT)")
 	fs.StringVar(&c.AccountID, "ibmcloud-account-id", provider.FirstEnv("CAA_IBMCLOUD_ACCOUNT_ID"), "account whose resources Global Search looks in; empty: the credentials' account (env CAA_IBMCLOUD_ACCOUNT_ID)")
 	c.durationFlag(fs, &c.ReadTimeout, "read-timeout", provider.DefaultReadTimeout, "deadline of each read call, its retries included")
 	c.durationFlag(fs, &c.WriteTimeout, "write-timeout", provider.DefaultWriteTimeout, "deadline of each create or delete call, its retries included")
@@ -154,7 +161,7 @@ func (c Config) Validate() error {
 			return fmt.Errorf("ibmcloud: --ibmcloud-zone %q is not in region %q", c.Zone, c.Region)
 		}
 	}
-	for flag, u := range map[string]string{"endpoint": c.Endpoint, "iam-endpoint": c.IAMEndpoint, "search-endpoint": c.SearchEndpoint} {
+	for flag, u := range map[string]string{"endpoint": c.Endpoint, "iam-endpoint": c.IAMEndpoint, "search-endpoint": c.SearchEndpoint, "tagging-endpoint": c.TaggingEndpoint} {
 		if u == "" {
 			continue
 		}
@@ -191,6 +198,25 @@ func (c Config) searchEndpoint() string {
 		return c.SearchEndpoint
 	}
 	return globalsearchv2.DefaultServiceURL
+}
+
+// taggingEndpoint is the Global Tagging API URL: the configured one, or
+// the one beside the search endpoint. IBM serves the two APIs from
+// api.[private.]global-search-tagging.cloud.ibm.com and
+// tags.[private.]global-search-tagging.cloud.ibm.com; any other search
+// URL is taken to serve both.
+func (c Config) taggingEndpoint() string {
+	if c.TaggingEndpoint != "" {
+		return c.TaggingEndpoint
+	}
+	search := c.searchEndpoint()
+	if u, err := url.Parse(search); err == nil && strings.HasSuffix(u.Host, "global-search-tagging.cloud.ibm.com") {
+		if host, ok := strings.CutPrefix(u.Host, "api."); ok {
+			u.Host = "tags." + host
+			return u.String()
+		}
+	}
+	return search
 }
 
 // authenticator picks the credential route:

@@ -2,19 +2,22 @@
 // instances, built on the official VPC Go SDK (vpcv1) and IBM's Go SDK
 // core, narrowed to the calls it makes (vpcAPI), with the SDK's own pagers
 // (NewInstancesPager, NewVolumesPager) for its two listings, and on IBM's
-// Global Search (platform-services-go-sdk, globalsearchv2) to find a
-// node's VMs by tag.
+// Global Search and Global Tagging (platform-services-go-sdk,
+// globalsearchv2 and globaltaggingv1) to tag VMs and find them by tag.
 //
-// Where the tags live. VPC instances carry no tags, but volumes carry user
-// tags, and the boot volume is created by the same POST /instances that
-// makes the instance. So every tag of the VM (spec.Tags() over the
-// configured extra tags) is written as a user tag of its boot volume, in
-// one request, and read back from it. User tags are short and of a small
-// alphabet, so keys and values are escaped and long ones cut into numbered
-// pieces (see tags.go); every tag round-trips exactly, TagPod's '/'
-// included. The alternative, IBM's Global Tagging service,
-// is another API and SDK, and its tags are attached after the instance
-// exists, leaving a window where a crash strands an untagged VM.
+// Where the tags live. Every tag of the VM (spec.Tags() over the
+// configured extra tags) is written twice: as user tags of its boot
+// volume, in the same POST /instances that makes the instance (VPC takes
+// no tags for the instance itself), and as user tags of the instance,
+// attached right after through IBM's Global Tagging service (POST
+// /v3/tags/attach, globaltaggingv1; tagging.go). User tags are short and
+// of a small alphabet, so keys and values are escaped and long ones cut
+// into numbered pieces (see tags.go); every tag round-trips exactly,
+// TagPod's '/' included. The volume's copy closes the window the attach
+// leaves: a create cut off before it, or an attach the tagging service
+// refuses (it may not know a new instance yet), still leaves a VM its
+// tags name, which the node's next List finds by the volume and tags.
+// Create does not fail for a failed attach: its caller needs the id.
 //
 // Names. The instance name is "caa-" + up to 15 characters of the
 // idempotency key (for people matching a VM to its ledger record) + 80 bits
@@ -33,35 +36,34 @@
 // create is refused for its name and surfaces as ErrConflict.
 //
 // List asks Global Search (Config.SearchEndpoint, the public endpoint by
-// default) for the VPC volumes carrying caa's managed-by tag and the
+// default) for the VPC resources carrying caa's managed-by tag and the
 // (first piece of the) encoded cluster and node tags, each a quoted phrase
-// of the escaped alphabet, so no node name can change the query; it asks
-// for the CRN only, in pages of 1,000, and follows search_cursor until a
-// page holds fewer hits than that (the service hands a live cursor back on
-// every page, the last one included, so waiting for an empty page would
-// cost every listing a second search). Each hit is then read from VPC by id: the volume (its
-// decoded tags are checked against the selector and name the instance it
-// boots) and the instance (state, addresses, shape; it must be in the
-// configured VPC and resource group). A listing of a node with n VMs costs
-// one search (per thousand hits) and 2n reads, at most four in flight,
-// whatever else the account holds. Above 50 VMs, List asks at once for
-// the first page of the VPC's instances and for the boot volumes with the
-// node's tag; when the instance count on that page says VPC's listings
-// cost fewer calls than 2n reads, it pages on through the instances and
-// joins them with the volumes on the boot volume's attachment, as it did
-// before Global Search; otherwise it drops the volume listing and reads by
-// id.
+// of the escaped alphabet, so no node name can change the query: the
+// node's instances and their boot volumes. It asks, per hit, for the CRN,
+// type and tags and, of an instance, the parts of its VPC document List
+// needs (status, creation time, shape, zone, VPC, resource group, boot
+// volume, address), in pages of 1,000, and follows search_cursor until a
+// page holds fewer hits than that (the service hands a live cursor back
+// on every page, the last one included, so waiting for an empty page
+// would cost every listing a second search). An alive instance in the
+// configured VPC and resource group is listed as the index shows it: an
+// idle node's audit costs one search, whatever else the account holds.
+// ListCluster (index.go) is the same search without the node's tag: the
+// cluster caa's one listing of every node's VMs.
 //
-// The search index lags VPC by seconds to minutes, so List trusts it for
-// discovery only: a hit VPC answers 404 for (deleted, the index not yet
-// told) is left out, states come from the VPC reads, and a VM the index
-// does not show yet is missing from the listing, which the reconciler
-// confirms by a Get before it acts (invariant I3). Create's lookup by
-// name goes to VPC (GET /instances?name=), never to the index, so a VM the
-// index does not show is still found by its key. Where the tags live did
-// not change, so VMs created before this listing are found the same way.
-// Get reads the instance and then its boot volume. Neither retries a
-// NotFound: eventual consistency is the caller's to see.
+// The search index lags VPC by seconds to minutes, so it decides nothing
+// alone (invariant I3): an instance it shows in another state (stopped,
+// failed, deleting) or cannot place is read from VPC by id and listed as
+// VPC shows it, or not at all on VPC's 404; a VM it does not show yet is
+// missing from the listing, which the reconciler confirms by a Get before
+// it acts; a boot volume whose instance it does not show as tagged is
+// read as before (volume, then instance: two reads), and above 50 of
+// those VPC's instance and volume listings replace the reads when they
+// cost fewer calls (bulk.go). Create's lookup by name goes to VPC (GET
+// /instances?name=), never to the index, so a VM the index does not show
+// is still found by its key. Get reads the instance and then its boot
+// volume. Neither retries a NotFound: eventual consistency is the
+// caller's to see.
 //
 // Delete deletes the instance; the boot volume (delete_volume_on_instance_delete)
 // and the virtual network interface of its network attachment (auto_delete)
@@ -97,8 +99,10 @@
 // external configuration for service "vpc" (VPC_AUTH_TYPE, VPC_APIKEY,
 // VPC_AUTH_URL, an ibm-credentials.env file). --ibmcloud-iam-endpoint,
 // when set, is the token service of the API key and trusted-profile
-// routes. The same authenticator signs the Global Search calls: IAM
-// tokens are account-wide, and search shows only what the caller may view.
+// routes. The same authenticator signs the Global Search and Global
+// Tagging calls: IAM tokens are account-wide, search shows only what the
+// caller may view, and attaching a user tag takes the Editor role on the
+// resource, which caa holds on its instances already.
 // Config.AccountID, when set, is passed as account_id. Keys and tokens are
 // held by the SDK's authenticator only and never logged or put in an
 // error.

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"net/http"
 	"strings"
@@ -12,6 +13,7 @@ import (
 
 	"github.com/IBM/go-sdk-core/v5/core"
 	"github.com/IBM/platform-services-go-sdk/globalsearchv2"
+	"github.com/IBM/platform-services-go-sdk/globaltaggingv1"
 	"github.com/IBM/vpc-go-sdk/vpcv1"
 
 	"github.com/caa-project/caa/pkg/provider"
@@ -42,6 +44,7 @@ type vpcAPI interface {
 type Provider struct {
 	api    vpcAPI
 	search searchAPI
+	tags   taggingAPI
 	cfg    Config
 	// crTokenFiles are where the trusted-profile route looks for its
 	// compute-resource token, the first found being used (nil on other
@@ -49,6 +52,7 @@ type Provider struct {
 	crTokenFiles []string
 	// route describes the credential route, for the log; no secret.
 	route string
+	log   *slog.Logger
 	// searchLimit is the page List asks Global Search for; zero is
 	// searchLimit, the API's largest. Tests lower it to see pages.
 	searchLimit int
@@ -85,7 +89,12 @@ func New(_ context.Context, cfg Config) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ibmcloud: Global Search client for %s: %w", searchURL, err)
 	}
-	p := &Provider{api: svc, search: gs, cfg: cfg}
+	taggingURL := cfg.taggingEndpoint()
+	gt, err := globaltaggingv1.NewGlobalTaggingV1(&globaltaggingv1.GlobalTaggingV1Options{URL: taggingURL, Authenticator: auth})
+	if err != nil {
+		return nil, fmt.Errorf("ibmcloud: Global Tagging client for %s: %w", taggingURL, err)
+	}
+	p := &Provider{api: svc, search: gs, tags: gt, cfg: cfg, log: slog.Default()}
 	switch a := auth.(type) {
 	case *core.ContainerAuthenticator:
 		p.crTokenFiles = []string{a.CRTokenFilename}
@@ -145,7 +154,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM,
 	}
 	name := instanceName(spec)
 
-	if vm, found, err := p.adopt(ctx, name, spec); err != nil || found {
+	if vm, found, err := p.adopt(ctx, name, spec, userTags); err != nil || found {
 		return vm, err
 	}
 	opts := &vpcv1.CreateInstanceOptions{InstancePrototype: p.prototype(spec, name, userTags)}
@@ -156,18 +165,26 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM,
 		cerr := classify(opCreate, resp, err)
 		if errors.Is(cerr, provider.ErrConflict) {
 			// Most likely our own name, taken by a racing or earlier call.
-			if vm, found, aerr := p.adopt(ctx, name, spec); aerr != nil || found {
+			if vm, found, aerr := p.adopt(ctx, name, spec, userTags); aerr != nil || found {
 				return vm, aerr
 			}
 		}
 		return provider.VM{}, cerr
 	}
+	// The instance exists now; until its tags are attached only its boot
+	// volume names it. A failed attach (the tagging service may not know
+	// the instance yet) does not fail the create, whose caller needs the
+	// id: the node's next List finds the VM by its boot volume and
+	// attaches them then.
+	p.tagOrLog(ctx, str(in.CRN), userTags)
 	return vmOf(in, tags), nil
 }
 
 // adopt finds the instance named for spec and checks it is spec's: its
-// tags carry spec's key and cluster, and its shape is spec's.
-func (p *Provider) adopt(ctx context.Context, name string, spec provider.Spec) (provider.VM, bool, error) {
+// tags carry spec's key and cluster, and its shape is spec's. It attaches
+// userTags to the instance it adopts (again: attaching is idempotent), so
+// that a create cut off between the instance and its tags ends tagged.
+func (p *Provider) adopt(ctx context.Context, name string, spec provider.Spec, userTags []string) (provider.VM, bool, error) {
 	opts := &vpcv1.ListInstancesOptions{Name: ptr(name)}
 	coll, resp, err := call(ctx, p.cfg.ReadTimeout, provider.DefaultReadTimeout, func(ctx context.Context) (*vpcv1.InstanceCollection, *core.DetailedResponse, error) {
 		return p.api.ListInstancesWithContext(ctx, opts)
@@ -196,6 +213,7 @@ func (p *Provider) adopt(ctx context.Context, name string, spec provider.Spec) (
 		return conflict("instance %s for key %s has profile %s and image %s; this call asks for %s and %s",
 			vm.ID, spec.Key, vm.InstanceType, vm.Image, spec.InstanceType, spec.Image)
 	}
+	p.tagOrLog(ctx, str(in.CRN), userTags)
 	return vm, true, nil
 }
 
@@ -235,28 +253,6 @@ func (p *Provider) bootVolumeTags(ctx context.Context, op string, in *vpcv1.Inst
 		return nil, classify(op, resp, err)
 	}
 	return decodeUserTags(vol.UserTags), nil
-}
-
-// List returns every VM tagged for sel. Global Search finds the boot
-// volumes tagged for sel's cluster and node (its index, not VPC, knows
-// tags across the account); each hit is then read from VPC by id, the
-// volume for its tags and attachment, the instance for its state, so that
-// what List returns is as fresh as Get. Hits VPC no longer shows (the
-// index lags behind deletes) are left out, and VMs the index does not
-// show yet are missing: the caller confirms a missing VM by id before it
-// acts (invariant I3). For a node of up to bulkAbove VMs the cost is one
-// search plus two reads per VM, whatever else the account holds. A node
-// with more VMs than that is listed from VPC's listings instead when they
-// cost fewer calls (see listBig).
-func (p *Provider) List(ctx context.Context, sel provider.Selector) ([]provider.VM, error) {
-	ids, err := p.searchVolumes(ctx, sel)
-	if err != nil {
-		return nil, err
-	}
-	if len(ids) > bulkAbove {
-		return p.listBig(ctx, sel, ids)
-	}
-	return p.readVMs(ctx, sel, ids)
 }
 
 // Delete deletes the instance; its boot volume and network interface go

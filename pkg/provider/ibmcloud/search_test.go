@@ -30,13 +30,22 @@ import (
 type meter struct {
 	next http.Handler
 
-	mu      sync.Mutex
-	calls   int
-	bytes   int
-	queries []string
+	mu       sync.Mutex
+	calls    int
+	bytes    int
+	queries  []string
+	attaches int
 }
 
 func (m *meter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path == "/v3/tags/attach" {
+		// A write, counted apart from a listing's reads.
+		m.next.ServeHTTP(w, r)
+		m.mu.Lock()
+		m.attaches++
+		m.mu.Unlock()
+		return
+	}
 	if r.URL.Path == "/v3/resources/search" {
 		body, _ := io.ReadAll(r.Body)
 		r.Body = io.NopCloser(bytes.NewReader(body))
@@ -59,7 +68,7 @@ func (m *meter) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 func (m *meter) reset() {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.calls, m.bytes, m.queries = 0, 0, nil
+	m.calls, m.bytes, m.queries, m.attaches = 0, 0, nil, 0
 }
 
 func (m *meter) read() (calls, bytes int, queries []string) {
@@ -81,12 +90,12 @@ func (c *countingWriter) Write(b []byte) (int, error) {
 
 // meteredFake is a provider on a fake (pages of up to 100, VPC's largest)
 // behind a meter.
-func meteredFake(t *testing.T) (*ibmcloud.Provider, *cloud.Cloud, *meter, string) {
+func meteredFake(t *testing.T, fakeOpts ...vpcfake.Option) (*ibmcloud.Provider, *cloud.Cloud, *meter, string) {
 	t.Helper()
 	opts := conformance.Options(&conformance.Clock{})
 	opts.PageSize = 100
 	c := cloud.New(opts)
-	m := &meter{next: vpcfake.NewServer(c, vpcfake.WithAPIKey(testAPIKey), vpcfake.WithAccessToken(testAccessToken))}
+	m := &meter{next: vpcfake.NewServer(c, append([]vpcfake.Option{vpcfake.WithAPIKey(testAPIKey), vpcfake.WithAccessToken(testAccessToken)}, fakeOpts...)...)}
 	srv := httptest.NewServer(m)
 	t.Cleanup(srv.Close)
 	t.Setenv(ibmcloud.EnvAPIKey, testAPIKey)
@@ -147,7 +156,7 @@ func TestListCostDoesNotGrowWithOtherNodes(t *testing.T) {
 	t.Logf("old listing (volumes by tag + every instance of the VPC): %d calls %d bytes; %d calls %d bytes",
 		before0.calls, before0.bytes, before5k.calls, before5k.bytes)
 
-	assert.Equal(t, 7, after0.calls, "one search, then a volume and an instance read per VM")
+	assert.Equal(t, 1, after0.calls, "one search: the index shows the instances running")
 	assert.Equal(t, after0.calls, after5k.calls, "the calls do not grow with other nodes' VMs")
 	assert.InEpsilon(t, after0.bytes, after5k.bytes, 0.05, "nor do the bytes read")
 	assert.Greater(t, before5k.calls, 10*before0.calls, "the old listing did grow (the measurement works)")
@@ -184,7 +193,7 @@ func oldListing(t *testing.T, url, node string) int {
 }
 
 // TestHostileNodeNameCannotChangeTheQuery lists for node names that
-// would rewrite a naively built query: each query keeps its five terms
+// would rewrite a naively built query: each query keeps its four terms
 // and finds only that node's VM.
 func TestHostileNodeNameCannotChangeTheQuery(t *testing.T) {
 	p, _, m, _ := meteredFake(t)
@@ -209,19 +218,21 @@ func TestHostileNodeNameCannotChangeTheQuery(t *testing.T) {
 		_, _, queries := m.read()
 		require.Len(t, queries, 1)
 		q := queries[0]
-		assert.Equal(t, 4, strings.Count(q, " AND "), "five terms: %s", q)
+		assert.Equal(t, 3, strings.Count(q, " AND "), "four terms: %s", q)
 		assert.NotContains(t, q, " OR ")
-		assert.True(t, strings.HasPrefix(q, `family:is AND type:volume AND tags:"caa-managed-by:caa" AND tags:"caa-cluster:`), q)
+		assert.True(t, strings.HasPrefix(q, `family:is AND tags:"caa-managed-by:caa" AND tags:"caa-cluster:`), q)
 	}
 }
 
-// TestABigNodeIsListedTheCheaperWay: a node of more than 50 VMs is read
-// VM by VM when the VPC is large, and from VPC's two listings when they
-// cost fewer calls.
+// TestABigNodeIsListedTheCheaperWay: a node of more than 50 VMs whose
+// instances carry no tags (made before caa tagged instances) is read VM
+// by VM when the VPC is large, and from VPC's two listings when they cost
+// fewer calls; either way each such instance is tagged once, and the next
+// listing is one search.
 func TestABigNodeIsListedTheCheaperWay(t *testing.T) {
 	sel := provider.Selector{Cluster: conformance.Cluster, Node: "node-big"}
 	list := func(others int) int {
-		p, c, m, _ := meteredFake(t)
+		p, c, m, _ := meteredFake(t, vpcfake.WithUntaggedSeeds())
 		seed(t, c, sel.Node, 60)
 		for i := range others / 100 {
 			seed(t, c, fmt.Sprintf("node-other-%d", i), 100)
@@ -237,6 +248,16 @@ func TestABigNodeIsListedTheCheaperWay(t *testing.T) {
 			require.Equal(t, provider.StateRunning, vm.State)
 		}
 		calls, _, _ := m.read()
+		m.mu.Lock()
+		attaches := m.attaches
+		m.mu.Unlock()
+		assert.Equal(t, 60, attaches, "each untagged instance is tagged once")
+		m.reset()
+		vms, err = p.List(context.Background(), sel)
+		require.NoError(t, err)
+		require.Len(t, vms, 60)
+		again, _, _ := m.read()
+		assert.Equal(t, 1, again, "once tagged, one search lists them")
 		return calls
 	}
 	assert.Equal(t, 1+1+1, list(0), "search, then at once the first (and only) page of instances, whose count decides, and one page of volumes")
@@ -255,9 +276,10 @@ func TestOneSearchPerListing(t *testing.T) {
 	}{
 		{0, 1000, 1},
 		{3, 1000, 1},
-		{5, 2, 3},
-		{4, 2, 3},
-		{1, 1, 2},
+		// Two hits per VM: its instance and its boot volume.
+		{5, 2, 6},
+		{4, 2, 5},
+		{1, 1, 3},
 	} {
 		t.Run(fmt.Sprintf("%d VMs, pages of %d", tc.vms, tc.limit), func(t *testing.T) {
 			p, c, m, _ := meteredFake(t)
@@ -277,7 +299,8 @@ func TestOneSearchPerListing(t *testing.T) {
 	}
 }
 
-// TestAListingOutlastsRefusalsForRate lists a node's VMs against a read
+// TestAListingOutlastsRefusalsForRate lists a node's VMs (untagged
+// instances, found by their boot volumes and read by id) against a read
 // bucket far smaller than the listing's reads: the refused reads wait the
 // Retry-After and go again, so the listing finishes, where failing on the
 // first refusal would leave a fleet starting at once retrying whole
@@ -287,7 +310,7 @@ func TestAListingOutlastsRefusalsForRate(t *testing.T) {
 	opts.PageSize = 100
 	c := cloud.New(opts)
 	budget := cloud.NewBudget(time.Now, map[string]cloud.Limit{vpcfake.ClassRead: cloud.PerSecond(6, 50)})
-	srv := httptest.NewServer(vpcfake.NewServer(c, vpcfake.WithAPIKey(testAPIKey), vpcfake.WithAccessToken(testAccessToken), vpcfake.WithBudget(budget)))
+	srv := httptest.NewServer(vpcfake.NewServer(c, vpcfake.WithAPIKey(testAPIKey), vpcfake.WithAccessToken(testAccessToken), vpcfake.WithBudget(budget), vpcfake.WithUntaggedSeeds()))
 	t.Cleanup(srv.Close)
 	t.Setenv(ibmcloud.EnvAPIKey, testAPIKey)
 	p, err := ibmcloud.New(context.Background(), testConfig(srv.URL))

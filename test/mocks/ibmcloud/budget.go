@@ -25,16 +25,20 @@ const (
 	// service is not VPC's), 50 tokens, 10 back a second. IBM publishes no
 	// figure for it either: an assumption.
 	ClassSearch = "search"
+	// ClassTagging: Global Tagging requests (one attach per create), a
+	// bucket of their own, 50 tokens, 10 back a second: an assumption too.
+	ClassTagging = "tagging"
 )
 
 // PublishedLimits are the limits the fake enforces by class; the IAM token
 // endpoint is not metered.
 func PublishedLimits() map[string]cloud.Limit {
 	return map[string]cloud.Limit{
-		ClassRead:   cloud.PerSecond(100, 20),
-		ClassCreate: cloud.PerSecond(50, 5),
-		ClassDelete: cloud.PerSecond(50, 5),
-		ClassSearch: cloud.PerSecond(50, 10),
+		ClassRead:    cloud.PerSecond(100, 20),
+		ClassCreate:  cloud.PerSecond(50, 5),
+		ClassDelete:  cloud.PerSecond(50, 5),
+		ClassSearch:  cloud.PerSecond(50, 10),
+		ClassTagging: cloud.PerSecond(50, 10),
 	}
 }
 

@@ -54,7 +54,8 @@ func TestProviderReadsBudgetRefusalAsThrottled(t *testing.T) {
 	clk := &conformance.Clock{}
 	b := vpcfake.NewBudget(clk.Now)
 	c := cloud.New(conformance.Options(&conformance.Clock{}))
-	srv := httptest.NewServer(vpcfake.NewServer(c, vpcfake.WithAPIKey(apiKey), vpcfake.WithBudget(b)))
+	fake := vpcfake.NewServer(c, vpcfake.WithAPIKey(apiKey), vpcfake.WithBudget(b)).(*vpcfake.Server)
+	srv := httptest.NewServer(fake)
 	t.Cleanup(srv.Close)
 	t.Setenv(ibmcloud.EnvAPIKey, apiKey)
 	p, err := ibmcloud.New(context.Background(), ibmcloud.Config{
@@ -84,7 +85,11 @@ func TestProviderReadsBudgetRefusalAsThrottled(t *testing.T) {
 	_, err = p.Get(ctx, vm.ID)
 	throttled(t, err)
 	_, err = p.List(ctx, provider.Selector{Cluster: conformance.Cluster, Node: "node-a"})
+	require.NoError(t, err, "the index shows the VM alive: the listing reads nothing")
+	fake.PinIndexStatus(vm.ID, "stopped")
+	_, err = p.List(ctx, provider.Selector{Cluster: conformance.Cluster, Node: "node-a"})
 	throttled(t, err)
+	fake.PinIndexStatus(vm.ID, "")
 
 	clk.Advance(10 * time.Second) // reads refilled, for any lookup a write makes first
 	b.Drain(vpcfake.ClassSearch)
@@ -98,15 +103,16 @@ func TestProviderReadsBudgetRefusalAsThrottled(t *testing.T) {
 	throttled(t, p.Delete(ctx, vm.ID))
 
 	n := b.Counts()
-	assert.EqualValues(t, 1, n[cloud.OpGet].Throttled, "the SDK does not retry a refusal")
-	// List searches (a bucket of its own), then reads the hit by id: with
-	// reads drained, the volume read is refused, and tried again after its
-	// Retry-After up to 5 times in all (the bucket's clock stands still
-	// here, so every try is refused); with searches drained, the search
-	// is refused, and nothing is read.
-	assert.EqualValues(t, 5, n[vpcfake.OpVolumeGet].Throttled)
+	// Get's refusal is not retried by the SDK (1). List searches (a bucket
+	// of its own) and reads by id only what the index shows dead: with
+	// reads drained, that instance read is refused, and tried again after
+	// its Retry-After up to 5 times in all (the bucket's clock stands
+	// still here, so every try is refused); with searches drained, the
+	// search is refused, and nothing is read.
+	assert.EqualValues(t, 1+5, n[cloud.OpGet].Throttled)
+	assert.Zero(t, n[vpcfake.OpVolumeGet].Calls)
 	assert.EqualValues(t, 1, n[cloud.OpList].Throttled, "the search, not retried")
-	assert.EqualValues(t, 4, n[cloud.OpList].Calls, "two searches, one per listing, and the two creates' lookups by name")
+	assert.EqualValues(t, 5, n[cloud.OpList].Calls, "three searches, one per listing, and the two creates' lookups by name")
 	assert.EqualValues(t, 1, n[cloud.OpCreate].Throttled)
 	assert.EqualValues(t, 1, n[cloud.OpDelete].Throttled)
 	assert.Len(t, c.Live(), 1, "the refused calls changed nothing")

@@ -16,8 +16,10 @@ import (
 )
 
 // The Global Search part of the fake: POST /v3/resources/search over an
-// index of the VPC volumes (one document per instance's boot volume) that
-// lags the core by the server's search lag, on the core's clock.
+// index of the VPC instances and their boot volumes (two documents per
+// instance) that lags the core by the server's search lag, on the core's
+// clock. A volume shows its user tags; an instance, the user tags
+// attached to it through Global Tagging (tagging.go).
 //
 // The query language is the subset caa sends, parsed, not pattern
 // matched: terms joined by AND, each field:value with the field one of
@@ -40,16 +42,28 @@ const (
 	searchMoreInfo     = "https://cloud.ibm.com/apidocs/search"
 )
 
+// WithUntaggedSeeds makes instances seeded straight into the core show in
+// the index without tags of their own, as VMs made before caa tagged
+// instances do: only their boot volumes carry caa's tags.
+func WithUntaggedSeeds() Option { return func(s *Server) { s.untaggedSeeds = true } }
+
 // WithSearchLag makes the search index lag the VMs by d, on the core's
 // clock: a VM created less than d ago is not found yet, one deleted less
 // than d ago is still found. The default, 0, is an index in step with VPC.
 func WithSearchLag(d time.Duration) Option { return func(s *Server) { s.searchLag = d } }
 
-// searchDoc is one indexed volume.
+// searchDoc is one indexed resource: an instance's boot volume, or the
+// instance itself.
 type searchDoc struct {
+	typ                 string // "volume" or "instance"
 	crn, id, name, zone string
 	group               string   // its resource group, for the caller's view
 	tags                []string // as shown: "key:value", lower case
+	// For an instance: the instance as the index last saw it, whose VPC
+	// document (doc) is built only for a hit, and the status the index
+	// shows ("" : the instance's own).
+	in     cloud.Instance
+	status string
 }
 
 // searchRequest is the body the SDK sends.
@@ -118,14 +132,18 @@ func (s *Server) search(w http.ResponseWriter, r *http.Request) {
 	next := cur
 	// Search shows only what the caller may view: a volume it may not
 	// read is left out, as if it were not there.
-	visible := s.visibleTo(r, "volume")
+	visible := map[string]func(id, group string) bool{"volume": s.visibleTo(r, "volume"), "instance": s.visibleTo(r, "instance")}
 	docs := s.index(cur.After)
 	next.After = cur.After + len(docs)
+	var byID map[string]cloud.Resource
 	for i, doc := range docs {
-		if !doc.matches(terms) || !visible(doc.id, doc.group) {
+		if !doc.matches(terms) || !visible[doc.typ](doc.id, doc.group) {
 			continue
 		}
-		items = append(items, doc.item(cur.Fields))
+		if byID == nil {
+			byID = s.resourcesByID()
+		}
+		items = append(items, doc.item(cur.Fields, baseURL(r), byID))
 		if len(items) == limit {
 			next.After = cur.After + i + 1
 			break
@@ -172,29 +190,68 @@ func decodeSearchJSON(w http.ResponseWriter, r *http.Request, v any) bool {
 	return true
 }
 
-// index is the search index now, from core position after on: the boot
-// volume of every instance created at least the lag ago and not deleted
-// longer than the lag ago.
+// index is the search index now, from position after on. It holds two
+// documents per core instance, at positions 2i (its boot volume) and
+// 2i+1 (the instance), for every instance created at least the lag ago
+// and not deleted longer than the lag ago; a cursor counts positions. An
+// instance deleted less than the lag ago shows with status "deleting",
+// the last VPC shows of it. State changes of a live instance show at once
+// (the lag applies to creation and deletion only), unless a test pinned
+// what the index shows (PinIndexStatus).
 func (s *Server) index(after int) []searchDoc {
 	all := s.cloud.Instances()
-	if after >= len(all) {
+	first := after / 2
+	if first >= len(all) {
 		return nil
 	}
-	all = all[after:]
+	all = all[first:]
 	now := s.cloud.Now()
 	byID := s.resourcesByID()
-	out := make([]searchDoc, 0, len(all))
+	out := make([]searchDoc, 0, 2*len(all))
 	for _, in := range all {
-		doc, ok := s.docOf(in, byID)
+		vol, ok := s.docOf(in, byID)
 		visible := !now.Before(in.CreatedAt.Add(s.searchLag)) &&
 			(in.State != provider.StateTerminated || now.Before(in.EndedAt.Add(s.searchLag)))
-		if !ok || !visible {
-			// Keep positions: a cursor counts core positions.
-			doc = searchDoc{}
+		inst := searchDoc{}
+		if visible {
+			inst = s.instanceDoc(in, byID)
 		}
-		out = append(out, doc)
+		if !ok || !visible {
+			// Keep positions: a cursor counts positions.
+			vol = searchDoc{}
+		}
+		out = append(out, vol, inst)
 	}
-	return out
+	return out[after%2:]
+}
+
+// instanceDoc is the index document of an instance. One seeded straight
+// into the core (no API call made it) shows its core tags, as if caa had
+// attached them.
+func (s *Server) instanceDoc(in cloud.Instance, byID map[string]cloud.Resource) searchDoc {
+	s.mu.Lock()
+	_, made := s.docs[in.ID]
+	status := s.pinned[in.ID]
+	s.mu.Unlock()
+	nic := nicOf(in, byID)
+	zone := propOr(nic, "zone", in.Zone)
+	return searchDoc{
+		typ: "instance", crn: crnPrefix + zone + account + "instance:" + in.ID, id: in.ID, name: in.Name, zone: zone,
+		group: groupOf(nic), tags: s.shownInstanceTags(in.ID, !made && !s.untaggedSeeds, in.Tags), in: in, status: status,
+	}
+}
+
+// PinIndexStatus makes the search index show status (a VPC instance
+// status such as "stopped") for the instance until it is unpinned with
+// "": a stale index, for tests that check the index never decides alone.
+func (s *Server) PinIndexStatus(id, status string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if status == "" {
+		delete(s.pinned, id)
+		return
+	}
+	s.pinned[id] = status
 }
 
 // docOf is the index document of an instance's boot volume: the one
@@ -226,7 +283,7 @@ func newSearchDoc(b bootVolume, zone string) searchDoc {
 	if b.zone != "" {
 		zone = b.zone
 	}
-	return searchDoc{crn: b.crn(zone), id: b.id, name: b.name, zone: zone, group: b.group, tags: formatUserTags(b.tags)}
+	return searchDoc{typ: "volume", crn: b.crn(zone), id: b.id, name: b.name, zone: zone, group: b.group, tags: formatUserTags(b.tags)}
 }
 
 func (d searchDoc) matches(terms []term) bool {
@@ -240,7 +297,7 @@ func (d searchDoc) matches(terms []term) bool {
 				return false
 			}
 		case "type":
-			if t.value != "volume" {
+			if t.value != d.typ {
 				return false
 			}
 		case "tags":
@@ -252,11 +309,17 @@ func (d searchDoc) matches(terms []term) bool {
 	return true
 }
 
-// item is the hit with the requested fields; the CRN always.
-func (d searchDoc) item(fields []string) map[string]any {
+// item is the hit with the requested fields; the CRN always. An
+// instance's hit also holds doc, the instance's VPC document (as GET
+// /v1/instances/{id} shows it, with the status the index shows), and a
+// field "doc.a.b" asks for that part of it only, nested as in doc.
+func (d searchDoc) item(fields []string, base string, byID map[string]cloud.Resource) map[string]any {
 	all := map[string]any{
-		"crn": d.crn, "name": d.name, "type": "volume", "family": "is", "service_name": "is",
+		"crn": d.crn, "name": d.name, "type": d.typ, "family": "is", "service_name": "is",
 		"account_id": "fakeaccount", "resource_id": d.id, "region": regionOf(d.zone), "tags": d.tags,
+	}
+	if d.typ == "instance" {
+		all["doc"] = d.document(base, byID)
 	}
 	if len(fields) == 0 {
 		fields = []string{"account_id", "name", "type", "family"}
@@ -268,9 +331,51 @@ func (d searchDoc) item(fields []string) map[string]any {
 		}
 		if v, ok := all[f]; ok {
 			out[f] = v
+			continue
+		}
+		if path, ok := strings.CutPrefix(f, "doc."); ok && all["doc"] != nil {
+			copyPath(out, all, append([]string{"doc"}, strings.Split(path, ".")...))
 		}
 	}
 	return out
+}
+
+// document is the instance's VPC JSON as a map.
+func (d searchDoc) document(base string, byID map[string]cloud.Resource) map[string]any {
+	v := instanceViewOf(base, d.in, byID)
+	if d.status != "" {
+		v.Status = d.status
+	}
+	b, _ := json.Marshal(v)
+	var m map[string]any
+	_ = json.Unmarshal(b, &m)
+	return m
+}
+
+// copyPath copies src's value at path into dst, creating the maps on the
+// way; nothing when src has no value there.
+func copyPath(dst, src map[string]any, path []string) {
+	v, ok := src[path[0]]
+	if !ok {
+		return
+	}
+	if len(path) == 1 {
+		dst[path[0]] = v
+		return
+	}
+	sub, ok := v.(map[string]any)
+	if !ok {
+		return
+	}
+	next, _ := dst[path[0]].(map[string]any)
+	if next == nil {
+		next = map[string]any{}
+	}
+	before := len(next)
+	copyPath(next, sub, path[1:])
+	if len(next) > before || dst[path[0]] != nil {
+		dst[path[0]] = next
+	}
 }
 
 // regionOf is the region of a zone name like us-south-1.

@@ -20,8 +20,11 @@
 //	GET    /v1/subnets/{id}, /v1/vpcs/{id}, /v1/security_groups/{id},
 //	       /v1/images/{id}      reads of what caa's configuration names
 //	                            (WithNetwork; ops "subnet.get", ...)
-//	POST   /v3/resources/search Global Search over the volumes' user tags
-//	                            (op "list", budget class "search"; search.go)
+//	POST   /v3/resources/search Global Search over the instances' and the
+//	                            volumes' user tags (op "list", budget class
+//	                            "search"; search.go)
+//	POST   /v3/tags/attach      Global Tagging: user tags onto an instance
+//	                            (op "tags.attach", class "tagging"; tagging.go)
 //	       /_control/...        the core's test controls
 //
 // How the fake maps VPC onto the core: an instance is a core instance; its
@@ -99,26 +102,31 @@ func WithPolicies(fn func() *Policies) Option { return func(s *Server) { s.polic
 
 // Server is the fake's HTTP handler.
 type Server struct {
-	cloud      *cloud.Cloud
-	mux        *http.ServeMux
-	apiKey     string
-	fixedToken string
-	budget     *cloud.Budget    // nil: nothing metered (WithBudget)
-	searchLag  time.Duration    // WithSearchLag
-	profile    *TrustedProfile  // WithTrustedProfile
-	policyFn   func() *Policies // WithPolicies
-	network    *Network         // WithNetwork
-	seq        atomic.Int64
+	cloud         *cloud.Cloud
+	mux           *http.ServeMux
+	apiKey        string
+	fixedToken    string
+	budget        *cloud.Budget    // nil: nothing metered (WithBudget)
+	searchLag     time.Duration    // WithSearchLag
+	untaggedSeeds bool             // WithUntaggedSeeds
+	profile       *TrustedProfile  // WithTrustedProfile
+	policyFn      func() *Policies // WithPolicies
+	network       *Network         // WithNetwork
+	seq           atomic.Int64
 
 	mu     sync.Mutex
 	tokens map[string]grantee   // access tokens IAM issued
-	docs   map[string]searchDoc // search documents of API-made instances, by instance id
+	docs   map[string]searchDoc // search documents of API-made instances' boot volumes, by instance id
+	// instanceTags are the user tags attached to instances through Global
+	// Tagging (tagging.go), by instance id.
+	instanceTags map[string][]string
+	pinned       map[string]string // statuses the index shows, by instance id (PinIndexStatus)
 }
 
 // NewServer returns the VPC and IAM front end over c, with the core's
 // controls mounted at cloud.ControlPrefix.
 func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
-	s := &Server{cloud: c, mux: http.NewServeMux(), tokens: map[string]grantee{}, docs: map[string]searchDoc{}}
+	s := &Server{cloud: c, mux: http.NewServeMux(), tokens: map[string]grantee{}, docs: map[string]searchDoc{}, instanceTags: map[string][]string{}, pinned: map[string]string{}}
 	for _, o := range opts {
 		o(s)
 	}
@@ -152,6 +160,16 @@ func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
 			return
 		}
 		s.search(w, r)
+	})
+	s.mux.HandleFunc("POST "+tagAttachPath, func(w http.ResponseWriter, r *http.Request) {
+		if !s.admit(w, r, OpTagAttach, true, false) || !s.metered(w, OpTagAttach, ClassTagging) {
+			return
+		}
+		if !s.authorized(r) {
+			writeSearchProblem(w, http.StatusUnauthorized, "not_authorized", "The request is not authorized: the IAM token is missing, expired or invalid.")
+			return
+		}
+		s.attachTags(w, r)
 	})
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusNotFound, "invalid_route", "The requested route does not exist.", nil)
