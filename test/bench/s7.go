@@ -90,10 +90,10 @@ func (b *bench) s7Cloud(ctx context.Context, e *env, f *fakeCloud, node, ns, clu
 	}
 	c := fmt.Sprintf("%s, N=%d", f.name, s7Pods)
 	auth := authCalls[f.name]
-	bound := WarmRestartBound(exec, podList, scan, auth, n, pageSizes[f.name], s1Latency)
+	bound := WarmRestartBound(exec, podList, scan, auth, n, listPage[f.name], s1Latency)
 	gap := Row{Case: c, Metric: "reconciler gap", Unit: "ms", MaxRatio: 1.25, Bound: ms(bound),
 		BoundNote: fmt.Sprintf("S1's bound for this case: process start %s + pod list %s + ledger open and scan %s + (%d token + %d page(s)) x %s",
-			round(exec), round(podList), round(scan), auth, Pages(n, pageSizes[f.name]), s1Latency)}
+			round(exec), round(podList), round(scan), auth, Pages(n, listPage[f.name]), s1Latency)}
 	wait := Row{Case: c, Metric: "new pod's VM during the hand-over", Unit: "ms", MaxRatio: 1.5,
 		BoundNote: fmt.Sprintf("the run's gap + %s for each cloud call from the pod's creation to its VM (the new caa's startup listing, then the create's own calls); "+
 			"latency only, so the target allows 1.5x for the pod's watch event, the work queue and the process", s1Latency)}
