@@ -290,10 +290,12 @@ func (r *Relay) dialOnce(ctx context.Context) (net.Conn, error) {
 // is made and kata's agent health check through it says SERVING (so the VM
 // accepted caa's client certificate, which TLS 1.3 reports only after the
 // handshake, and the agent behind the forwarder is up). It retries until ctx
-// ends, then returns the last reason.
+// ends, then returns the last reason. The first retries come quickly (a
+// forwarder that is seconds from listening is the usual case on StartVM,
+// and each refused probe costs one connect); they slow to one every 2s.
 func (r *Relay) WaitReachable(ctx context.Context) error {
 	var last error
-	for delay := 50 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
+	for delay := 10 * time.Millisecond; ; delay = min(2*delay, 2*time.Second) {
 		if r.isClosed() {
 			return errors.New("relay: closed")
 		}

@@ -41,16 +41,7 @@ func TestHypervisorSigkillMidStartVM(t *testing.T) {
 	sock, err := e.shim.CreateVM(ctx, id, pod.annotations(nil), pod.net.NSPath)
 	require.NoError(t, err)
 
-	landed := e.hold.arm()
-	started := make(chan error, 1)
-	go func() { started <- e.shim.StartVM(ctx, id) }()
-	select {
-	case <-landed:
-	case err := <-started:
-		t.Fatalf("StartVM returned before its create landed: %v", err)
-	case <-ctx.Done():
-		t.Fatal("the create never reached the fake EC2")
-	}
+	started := e.startVMUntilCreateLands(ctx, t, id)
 	require.NoError(t, d.cmd.Process.Kill())
 	<-d.done
 	require.Error(t, <-started, "the shim's StartVM breaks with caa")
@@ -89,15 +80,7 @@ func TestHypervisorSigkillMidStartVM(t *testing.T) {
 	id2 := sandboxID(22)
 	_, err = e.shim.CreateVM(ctx, id2, pod.annotations(nil), pod.net.NSPath)
 	require.NoError(t, err)
-	landed = e.hold.arm()
-	go func() { started <- e.shim.StartVM(ctx, id2) }()
-	select {
-	case <-landed:
-	case err := <-started:
-		t.Fatalf("StartVM returned before its create landed: %v", err)
-	case <-ctx.Done():
-		t.Fatal("the create never reached the fake EC2")
-	}
+	started = e.startVMUntilCreateLands(ctx, t, id2)
 	require.NoError(t, d.cmd.Process.Kill())
 	<-d.done
 	require.Error(t, <-started)
@@ -357,16 +340,7 @@ func TestHypervisorSigtermMidStartVM(t *testing.T) {
 	sock, err := e.shim.CreateVM(ctx, id, pod.annotations(nil), pod.net.NSPath)
 	require.NoError(t, err)
 
-	landed := e.hold.arm()
-	started := make(chan error, 1)
-	go func() { started <- e.shim.StartVM(ctx, id) }()
-	select {
-	case <-landed:
-	case err := <-started:
-		t.Fatalf("StartVM returned before its create landed: %v", err)
-	case <-ctx.Done():
-		t.Fatal("the create never reached the fake EC2")
-	}
+	started := e.startVMUntilCreateLands(ctx, t, id)
 	e.door.reset()
 	t0 := time.Now()
 	d.stop(t) // SIGTERM; exit 0 required
@@ -390,4 +364,22 @@ func TestHypervisorSigtermMidStartVM(t *testing.T) {
 	assert.Equal(t, first, instanceIDs(e.sandboxVMs(id)), "the repeated StartVM got the VM the first create made (I1)")
 	require.NoError(t, agentCheck(ctx, sock))
 	d.stop(t)
+}
+
+// startVMUntilCreateLands sends StartVM for id with the fake EC2's answer
+// to the create held, and returns once the create has landed (the VM
+// exists, caa has not heard so); the channel gets StartVM's outcome.
+func (e *hvEnv) startVMUntilCreateLands(ctx context.Context, t *testing.T, id string) <-chan error {
+	t.Helper()
+	landed := e.hold.arm()
+	started := make(chan error, 1)
+	go func() { started <- e.shim.StartVM(ctx, id) }()
+	select {
+	case <-landed:
+	case err := <-started:
+		t.Fatalf("StartVM returned before its create landed: %v", err)
+	case <-ctx.Done():
+		t.Fatal("the create never reached the fake EC2")
+	}
+	return started
 }
