@@ -157,7 +157,7 @@ func (b *bench) s8(ctx context.Context) (sc Scenario, err error) {
 	start.Bound = ms(2*s8Latency + hs)
 	start.BoundNote = fmt.Sprintf("the cloud's create and the read that shows the VM running (2 x %s) + one agent call relayed over a new mutual-TLS connection "+
 		"(%s, the median of fresh health checks through a served socket); no boot delay, so the rest is caa's own work (durable intent, "+
-		"certificate, user data, tunnel, relay; the relay's first probe usually meets a VM still starting and waits its first 50 ms back-off) "+
+		"certificate, user data, tunnel, relay; the relay's first probe usually meets a VM still starting and waits its first 10 ms back-off) "+
 		"and the fake VM's start", s8Latency, round(hs))
 
 	var rows []Row
