@@ -17,6 +17,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/caa-project/caa/pkg/health"
+	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/ledger/ledgerapi"
 	"github.com/caa-project/caa/pkg/provider"
 )
@@ -130,19 +131,43 @@ func hexSum(h hash.Hash) string { return hex.EncodeToString(h.Sum(nil)) }
 // ledger yet, or when the ledger is not this node's, cluster's and the
 // Node's (the open that follows refuses those with the reason).
 func recordedPreflight(ctx context.Context, path, node, cluster, nodeLedger string, timeout time.Duration) string {
+	return readRecordedMeta(ctx, path, timeout).preflight(node, cluster, nodeLedger)
+}
+
+// recordedMeta is the ledger's meta as a start finds it before it asks
+// for the ledger; ok is false when there is none to read.
+type recordedMeta struct {
+	m  ledger.Meta
+	ok bool
+}
+
+// readRecordedMeta reads the meta of the ledger at path, from its holder's
+// socket or the file, within timeout. A start reads it while it asks the
+// apiserver for the cluster and Node (it needs neither to read, only to
+// judge what it read).
+func readRecordedMeta(ctx context.Context, path string, timeout time.Duration) recordedMeta {
 	if _, err := os.Stat(path); err != nil {
-		return ""
+		return recordedMeta{}
 	}
 	r, err := ledgerapi.Open(ctx, path, timeout)
 	if err != nil {
-		return ""
+		return recordedMeta{}
 	}
 	defer func() { _ = r.Close() }()
 	m, err := r.Meta(ctx)
-	if err != nil || m.Node != node || m.Cluster != cluster || (nodeLedger != "" && m.ID != nodeLedger) {
+	if err != nil {
+		return recordedMeta{}
+	}
+	return recordedMeta{m: m, ok: true}
+}
+
+// preflight is the recorded fingerprint when the ledger is this node's,
+// cluster's and the Node's, else "".
+func (r recordedMeta) preflight(node, cluster, nodeLedger string) string {
+	if !r.ok || r.m.Node != node || r.m.Cluster != cluster || (nodeLedger != "" && r.m.ID != nodeLedger) {
 		return ""
 	}
-	return m.Preflight
+	return r.m.Preflight
 }
 
 // preflightRun is one way of running the provider's preflight until it
@@ -238,10 +263,10 @@ const recordedPreflightTimeout = 500 * time.Millisecond
 // background and returns at once; otherwise it returns when the preflight
 // passed, or ctx is done.
 func preflightGate(ctx context.Context, f *runFlags, log *slog.Logger, status *health.Status, p provider.Provider,
-	clusterID, nodeLedger string, event func(string), serve func(string, func() error)) (string, error) {
+	clusterID, nodeLedger string, recorded recordedMeta, event func(string), serve func(string, func() error)) (string, error) {
 	fp := preflightFingerprint(f.providerName, f.flags, os.Environ(), os.ReadFile)
 	run := preflightRun{log: log, p: p, event: event}
-	if recorded := recordedPreflight(ctx, f.ledgerPath, f.node, clusterID, nodeLedger, recordedPreflightTimeout); recorded == fp {
+	if recorded.preflight(f.node, clusterID, nodeLedger) == fp {
 		log.Info("cloud settings unchanged since the last passed preflight: it runs again once ready, off the path to ready",
 			"fingerprint", fp)
 		run.reason, run.after = status.SetPreflight, true

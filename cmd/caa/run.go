@@ -421,12 +421,23 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	// The cluster id and the Node's ledger id, read before the ledger file
 	// is opened (a refusal must not leave a new, empty file behind).
 	var clusterID, nodeLedger string
+	// The ledger's recorded preflight is read meanwhile (preflightGate).
+	metaRead := make(chan recordedMeta, 1)
+	go func() { metaRead <- readRecordedMeta(stopCtx, f.ledgerPath, recordedPreflightTimeout) }()
 	err = retryAPI(stopCtx, log, status, func(ctx context.Context) error {
-		if clusterID, err = f.clusterOf(ctx, client); err != nil {
-			return err
-		}
-		nodeLedger, err = reconcile.NodeLedgerID(ctx, client, f.node)
-		return err
+		// Two independent reads, side by side: each is a round trip on
+		// the path to ready.
+		var nodeErr error
+		var wg sync.WaitGroup
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			nodeLedger, nodeErr = reconcile.NodeLedgerID(ctx, client, f.node)
+		}()
+		var clusterErr error
+		clusterID, clusterErr = f.clusterOf(ctx, client)
+		wg.Wait()
+		return errors.Join(clusterErr, nodeErr)
 	})
 	if err != nil {
 		return shutdownErr(ctx, err)
@@ -449,7 +460,7 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	}
 	events := reconcile.NewKubeEvents(client, f.node)
 	defer events.Shutdown()
-	passed, err := preflightGate(stopCtx, f, log, status, prov, clusterID, nodeLedger, func(reason string) {
+	passed, err := preflightGate(stopCtx, f, log, status, prov, clusterID, nodeLedger, <-metaRead, func(reason string) {
 		events.NodeEvent(f.node, true, "CaaPreflightFailed", reason)
 	}, serve)
 	if err != nil {
