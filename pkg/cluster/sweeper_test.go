@@ -68,11 +68,22 @@ type sweepEnv struct {
 
 func newSweepEnv(t *testing.T, nodes ...string) *sweepEnv {
 	t.Helper()
+	return newSweepEnvWith(t, nil, nodes...)
+}
+
+// newSweepEnvWith lets prepare install the fake clientset's reactors
+// before the Node informer starts: a reactor added while the informer
+// lists races with it.
+func newSweepEnvWith(t *testing.T, prepare func(*fake.Clientset), nodes ...string) *sweepEnv {
+	t.Helper()
 	var objs []runtime.Object
 	for _, n := range nodes {
 		objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n, UID: types.UID("uid-" + n)}})
 	}
 	e := &sweepEnv{client: fake.NewClientset(objs...), cloud: &fakeCloud{}, now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
+	if prepare != nil {
+		prepare(e.client)
+	}
 	var err error
 	e.nodes, err = NewNodes(e.client, e.clock)
 	require.NoError(t, err)
@@ -140,9 +151,10 @@ func TestSweepDeletesOnlyTheDepartedNodesVMsAfterTheGrace(t *testing.T) {
 func TestSweepDeletesNothingWithoutEvidence(t *testing.T) {
 	vms := []provider.VM{vmOf("a", "gone", provider.StateRunning)}
 	t.Run("unsynced Node cache: no listing either", func(t *testing.T) {
-		e := newSweepEnv(t)
-		e.client.PrependReactor("list", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
-			return true, nil, errors.New("apiserver down")
+		e := newSweepEnvWith(t, func(c *fake.Clientset) {
+			c.PrependReactor("list", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
+				return true, nil, errors.New("apiserver down")
+			})
 		})
 		e.cloud.vms = vms
 		for range 4 {
@@ -153,24 +165,26 @@ func TestSweepDeletesNothingWithoutEvidence(t *testing.T) {
 		assert.Empty(t, e.cloud.deleted)
 	})
 	t.Run("the apiserver cannot confirm the node is gone", func(t *testing.T) {
-		e := newSweepEnv(t)
+		e := newSweepEnvWith(t, func(c *fake.Clientset) {
+			c.PrependReactor("get", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
+				return true, nil, errors.New("apiserver down")
+			})
+		})
 		e.cloud.vms = vms
 		e.waitSynced(t)
-		e.client.PrependReactor("get", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
-			return true, nil, errors.New("apiserver down")
-		})
 		for range 4 {
 			e.sweepAfter(10 * time.Minute)
 		}
 		assert.Empty(t, e.cloud.deleted)
 	})
 	t.Run("the cache lags: the node exists", func(t *testing.T) {
-		e := newSweepEnv(t)
+		e := newSweepEnvWith(t, func(c *fake.Clientset) {
+			c.PrependReactor("get", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
+				return true, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gone", UID: "new"}}, nil
+			})
+		})
 		e.cloud.vms = vms
 		e.waitSynced(t)
-		e.client.PrependReactor("get", "nodes", func(clienttesting.Action) (bool, runtime.Object, error) {
-			return true, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "gone", UID: "new"}}, nil
-		})
 		for range 4 {
 			e.sweepAfter(10 * time.Minute)
 		}
