@@ -143,7 +143,9 @@ func TestKataDrivesARealPodVM(t *testing.T) {
 		return err
 	}))
 	defer rx.Close()
-	require.True(t, sendUntilReceived(t, cn.NodeNS, pod.IP.Addr().String()+":7777", rx), "no packet crossed caa's tunnel")
+	sent, err := podvmfake.SendUntilReceived(cn.NodeNS, pod.IP.Addr().String()+":7777", rx)
+	require.NoError(t, err)
+	require.True(t, sent, "no packet crossed caa's tunnel")
 
 	// The VM is killed behind caa's back: the sandbox is lost, its socket
 	// closes, and a StartVM cannot give it another VM.
@@ -166,26 +168,6 @@ func TestKataDrivesARealPodVM(t *testing.T) {
 	require.NoError(t, err)
 	assert.Less(t, time.Since(t1), time.Second)
 	require.Eventually(t, func() bool { _, err := led.GetSandbox(id); return err != nil }, 10*time.Second, 10*time.Millisecond)
-}
-
-func sendUntilReceived(t *testing.T, ns, dst string, rx *net.UDPConn) bool {
-	t.Helper()
-	var tx net.Conn
-	require.NoError(t, podvmfake.InNetNS(ns, func() error {
-		var err error
-		tx, err = net.Dial("udp4", dst)
-		return err
-	}))
-	defer tx.Close()
-	buf := make([]byte, 64)
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		_, _ = tx.Write([]byte("ping"))
-		_ = rx.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-		if n, err := rx.Read(buf); err == nil && string(buf[:n]) == "ping" {
-			return true
-		}
-	}
-	return false
 }
 
 // TestRestartServesEveryAgentAgainBeforeReady: a caa process ends with

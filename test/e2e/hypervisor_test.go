@@ -102,7 +102,9 @@ func TestHypervisorKataPodEndToEnd(t *testing.T) {
 		return err
 	}))
 	defer rx.Close()
-	require.True(t, sendUntilReceived(t, e.cn.NodeNS, pod.net.IP.Addr().String()+":7777", rx), "no packet crossed caa's tunnel")
+	sent, err := podvmfake.SendUntilReceived(e.cn.NodeNS, pod.net.IP.Addr().String()+":7777", rx)
+	require.NoError(t, err)
+	require.True(t, sent, "no packet crossed caa's tunnel")
 	// And back: the VM, as the pod, reaches the pod's gateway on the node.
 	var back *net.UDPConn
 	require.NoError(t, podvmfake.InNetNS(e.cn.NodeNS, func() error {
@@ -110,7 +112,9 @@ func TestHypervisorKataPodEndToEnd(t *testing.T) {
 		return err
 	}))
 	defer back.Close()
-	require.True(t, sendUntilReceived(t, vm.Host.NS, pod.net.GatewayIP.String()+":7778", back), "no packet from the VM crossed caa's tunnel")
+	sent, err = podvmfake.SendUntilReceived(vm.Host.NS, pod.net.GatewayIP.String()+":7778", back)
+	require.NoError(t, err)
+	require.True(t, sent, "no packet from the VM crossed caa's tunnel")
 
 	// StopVM: answered within kata's second; the VM is deleted after.
 	t1 := time.Now()
@@ -144,26 +148,6 @@ func pemBody(t *testing.T, b []byte) string {
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	require.Greater(t, len(lines), 2, "a PEM block")
 	return lines[1]
-}
-
-func sendUntilReceived(t *testing.T, ns, dst string, rx *net.UDPConn) bool {
-	t.Helper()
-	var tx net.Conn
-	require.NoError(t, podvmfake.InNetNS(ns, func() error {
-		var err error
-		tx, err = net.Dial("udp4", dst)
-		return err
-	}))
-	defer tx.Close()
-	buf := make([]byte, 64)
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		_, _ = tx.Write([]byte("ping"))
-		_ = rx.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-		if n, err := rx.Read(buf); err == nil && string(buf[:n]) == "ping" {
-			return true
-		}
-	}
-	return false
 }
 
 // TestHypervisorHostileInput: the shim (or a pod's author) asks for what

@@ -441,3 +441,28 @@ func DialIn(path string) func(ctx context.Context, network, addr string) (net.Co
 		return c, err
 	}
 }
+
+// SendUntilReceived sends "ping" over UDP from inside the namespace at ns to
+// dst until rx reads it back, for up to 10 s: the tunnel between a node and
+// a VM is up once one datagram crosses it. It reports whether one did; an
+// error is a socket that could not be opened in ns.
+func SendUntilReceived(ns, dst string, rx *net.UDPConn) (bool, error) {
+	var tx net.Conn
+	if err := InNetNS(ns, func() error {
+		var err error
+		tx, err = net.Dial("udp4", dst)
+		return err
+	}); err != nil {
+		return false, fmt.Errorf("dial %s from %s: %w", dst, ns, err)
+	}
+	defer tx.Close()
+	buf := make([]byte, 64)
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
+		_, _ = tx.Write([]byte("ping"))
+		_ = rx.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
+		if n, err := rx.Read(buf); err == nil && string(buf[:n]) == "ping" {
+			return true, nil
+		}
+	}
+	return false, nil
+}

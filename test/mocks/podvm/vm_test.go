@@ -103,7 +103,9 @@ func TestPodVMEndToEnd(t *testing.T) {
 		return err
 	}))
 	defer rx.Close()
-	require.True(t, sendUntilReceived(t, cn.NodeNS, pod.IP.Addr().String()+":7777", rx), "no packet crossed caa's tunnel to the VM")
+	sent, err := podvmfake.SendUntilReceived(cn.NodeNS, pod.IP.Addr().String()+":7777", rx)
+	require.NoError(t, err)
+	require.True(t, sent, "no packet crossed caa's tunnel to the VM")
 
 	// caa with another CA's client certificate gets nowhere.
 	other, err := pki.LoadOrCreateCA(t.TempDir())
@@ -125,26 +127,6 @@ func TestPodVMEndToEnd(t *testing.T) {
 	vm.Close()
 	_, err = agentproto.Check(ctx, shim)
 	require.Error(t, err)
-}
-
-func sendUntilReceived(t *testing.T, ns, dst string, rx *net.UDPConn) bool {
-	t.Helper()
-	var tx net.Conn
-	require.NoError(t, podvmfake.InNetNS(ns, func() error {
-		var err error
-		tx, err = net.Dial("udp4", dst)
-		return err
-	}))
-	defer tx.Close()
-	buf := make([]byte, 64)
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); {
-		_, _ = tx.Write([]byte("ping"))
-		_ = rx.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
-		if n, err := rx.Read(buf); err == nil && string(buf[:n]) == "ping" {
-			return true
-		}
-	}
-	return false
 }
 
 func TestBootRefusesUserDataThePodVMWouldNot(t *testing.T) {
