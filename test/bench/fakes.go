@@ -37,6 +37,10 @@ type fakeCloud struct {
 	// busy is the time the fake's handlers took, summed over requests,
 	// injected latency included (the caller subtracts it).
 	busy atomic.Int64
+	// served counts the requests whose time busy holds: the core counts a
+	// call when it starts, so a call still in flight when a run stops
+	// (a background preflight, an audit) is in its counters, not in busy.
+	served atomic.Int64
 	// sent is the response bytes (bodies) the fake wrote to its clients.
 	sent atomic.Int64
 	// budget meters the calls with the cloud's published limits (nil:
@@ -158,6 +162,7 @@ func (f *fakeCloud) timed(h http.Handler) http.Handler {
 		h.ServeHTTP(&byteCounter{ResponseWriter: w, n: &f.sent}, r)
 		f.wrote(r)
 		f.busy.Add(int64(time.Since(start)))
+		f.served.Add(1)
 	})
 }
 

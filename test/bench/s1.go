@@ -110,6 +110,7 @@ func (b *bench) s1(ctx context.Context) (Scenario, []PlotPoint, error) {
 			for i := range b.count {
 				f.core.ResetCounters()
 				f.busy.Store(0)
+				f.served.Store(0)
 				before := e.proxy.Snapshot()
 				d, err := StartCaa(b.caa, b.caaArgs(f, node, e.kubeconfig, ledgerPath), hermeticEnv(f.env...), b.logPath("s1-"+name))
 				if err != nil {
@@ -131,8 +132,7 @@ func (b *bench) s1(ctx context.Context) (Scenario, []PlotPoint, error) {
 					return sc, nil, err
 				}
 				counters := f.core.Counters()
-				calls := counters["total"]
-				serve = append(serve, ms(time.Duration(f.busy.Load())-time.Duration(calls)*s1Latency))
+				serve = append(serve, ms(time.Duration(f.busy.Load())-time.Duration(f.served.Load())*s1Latency))
 				listTime = append(listTime, 1000*sumPrefix(m, `caa_cloud_call_duration_seconds_sum{op="list"`))
 				passTime = append(passTime, 1000*sumPrefix(m, "caa_reconcile_pass_duration_seconds_sum"))
 				traffic := Diff(e.proxy.Snapshot(), before)

@@ -2,6 +2,7 @@ package armfake
 
 import (
 	"encoding/json"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -120,6 +121,7 @@ func (x *searchIndex) snapshot() []map[string]any {
 func (s *server) documents() []doc {
 	var out []doc
 	token := ""
+	s.docs.Turn()
 	for {
 		page, next, err := s.cloud.List(nil, token, 0)
 		if err != nil {
@@ -137,10 +139,15 @@ func (s *server) documents() []doc {
 		token = next
 	}
 	for _, res := range s.cloud.Resources(nicType) {
-		out = append(out, doc{body: toDocument(s.renderNIC(res), nicType, s.opts.resourceGroup)})
+		out = append(out, doc{body: s.document(s.renderNIC(res), nicType)})
+	}
+	keys := make(map[string]string, len(out)) // lower-case ids, once each
+	for _, d := range out {
+		id := d.body["id"].(string)
+		keys[id] = strings.ToLower(id)
 	}
 	slices.SortFunc(out, func(a, b doc) int {
-		return strings.Compare(strings.ToLower(a.body["id"].(string)), strings.ToLower(b.body["id"].(string)))
+		return strings.Compare(keys[a.body["id"].(string)], keys[b.body["id"].(string)])
 	})
 	return out
 }
@@ -149,17 +156,19 @@ func (s *server) documents() []doc {
 // properties.extended.instanceView the power state, as Resource Graph adds
 // it for virtual machines (none for a failed VM, as in the instance view).
 func (s *server) graphVM(in cloud.Instance) map[string]any {
-	d := toDocument(s.renderVM(in, s.metaOf(in.ID), "", false), vmType, s.opts.resourceGroup)
+	// The cached document is shared: change copies of the levels written.
+	d := maps.Clone(s.document(s.renderVM(in, s.metaOf(in.ID), "", false), vmType))
 	// Resource Graph keeps the id as the group was created, whatever case
 	// the compute API echoes (fidelity.go, WithEchoedCase).
 	d["id"] = s.armID(vmType, in.Name)
 	_, power := armStates(in)
 	if power != "" {
 		props, _ := d["properties"].(map[string]any)
+		props = maps.Clone(props)
 		if props == nil {
 			props = map[string]any{}
-			d["properties"] = props
 		}
+		d["properties"] = props
 		props["extended"] = map[string]any{"instanceView": map[string]any{"powerState": map[string]any{
 			"code": "PowerState/" + power, "level": "Info", "displayStatus": "VM " + power,
 		}}}
@@ -167,11 +176,20 @@ func (s *server) graphVM(in cloud.Instance) map[string]any {
 	return d
 }
 
-// toDocument turns an ARM model into a Resource Graph document: its JSON as
-// a generic object, the type in lower case, and the resource group and
-// subscription as columns of their own.
-func toDocument(model any, typ, group string) map[string]any {
+// document turns an ARM model into a Resource Graph document (toDocument).
+// The document is shared, from the server's cache while the model's JSON
+// is unchanged: callers copy what they change.
+func (s *server) document(model any, typ string) map[string]any {
 	raw, _ := json.Marshal(model)
+	return s.docs.Get(typ+"\x00"+string(raw), func() map[string]any {
+		return toDocument(raw, typ, s.opts.resourceGroup)
+	})
+}
+
+// toDocument turns an ARM model's JSON into a Resource Graph document: a
+// generic object, the type in lower case, and the resource group and
+// subscription as columns of their own.
+func toDocument(raw []byte, typ, group string) map[string]any {
 	var d map[string]any
 	_ = json.Unmarshal(raw, &d)
 	d["type"] = strings.ToLower(typ)

@@ -170,6 +170,8 @@ type server struct {
 
 	// index is the lagging Resource Graph index; nil without a lag.
 	index *searchIndex
+	// docs are the Resource Graph documents of the last rendering.
+	docs cloud.DocCache
 
 	mu    sync.Mutex
 	meta  map[string]vmMeta // by core instance id

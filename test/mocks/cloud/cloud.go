@@ -398,15 +398,23 @@ func (c *Cloud) liveCount(now time.Time) int {
 
 // view advances an instance's state by the clock and returns a copy.
 func (c *Cloud) view(in *Instance, now time.Time) Instance {
+	out := c.peek(in, now)
+	out.Tags = maps.Clone(in.Tags)
+	out.IPs = slices.Clone(in.IPs)
+	out.Resources = slices.Clone(in.Resources)
+	out.userData = slices.Clone(in.userData)
+	return out
+}
+
+// peek is view without the copies of tags, addresses, resources and user
+// data: for a match function to read under the lock, never to keep. A
+// large listing matched most of the cloud for a page of it.
+func (c *Cloud) peek(in *Instance, now time.Time) Instance {
 	if in.State == provider.StatePending && !now.Before(in.bootAt) {
 		in.State = provider.StateRunning
 	}
 	out := *in
 	out.EndedAt = in.endedAt
-	out.Tags = maps.Clone(in.Tags)
-	out.IPs = slices.Clone(in.IPs)
-	out.Resources = slices.Clone(in.Resources)
-	out.userData = slices.Clone(in.userData)
 	return out
 }
 
@@ -435,7 +443,8 @@ func (c *Cloud) Get(id string) (Instance, error) {
 
 // List returns one page of the visible instances that match, in creation
 // order, and the token of the next page ("" at the end). size <= 0 or above
-// the cloud's page size means the cloud's page size.
+// the cloud's page size means the cloud's page size. match reads the
+// instance under the cloud's lock and must not keep or change it.
 func (c *Cloud) List(match func(Instance) bool, token string, size int) ([]Instance, string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -457,14 +466,13 @@ func (c *Cloud) List(match func(Instance) bool, token string, size int) ([]Insta
 		if !c.visible(in, now) {
 			continue
 		}
-		v := c.view(in, now)
-		if match != nil && !match(v) {
+		if match != nil && !match(c.peek(in, now)) {
 			continue
 		}
 		if len(page) == size {
 			return page, strconv.Itoa(page[len(page)-1].seq), nil
 		}
-		page = append(page, v)
+		page = append(page, c.view(in, now))
 	}
 	return page, "", nil
 }
@@ -477,7 +485,7 @@ func (c *Cloud) Count(match func(Instance) bool) int {
 	now := c.opts.Now()
 	n := 0
 	for _, in := range c.order {
-		if c.visible(in, now) && (match == nil || match(c.view(in, now))) {
+		if c.visible(in, now) && (match == nil || match(c.peek(in, now))) {
 			n++
 		}
 	}

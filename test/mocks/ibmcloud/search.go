@@ -143,7 +143,7 @@ func (s *Server) search(w http.ResponseWriter, r *http.Request) {
 		if byID == nil {
 			byID = s.resourcesByID()
 		}
-		items = append(items, doc.item(cur.Fields, baseURL(r), byID))
+		items = append(items, doc.item(cur.Fields, baseURL(r), byID, &s.docCache))
 		if len(items) == limit {
 			next.After = cur.After + i + 1
 			break
@@ -313,13 +313,13 @@ func (d searchDoc) matches(terms []term) bool {
 // instance's hit also holds doc, the instance's VPC document (as GET
 // /v1/instances/{id} shows it, with the status the index shows), and a
 // field "doc.a.b" asks for that part of it only, nested as in doc.
-func (d searchDoc) item(fields []string, base string, byID map[string]cloud.Resource) map[string]any {
+func (d searchDoc) item(fields []string, base string, byID map[string]cloud.Resource, cache *cloud.DocCache) map[string]any {
 	all := map[string]any{
 		"crn": d.crn, "name": d.name, "type": d.typ, "family": "is", "service_name": "is",
 		"account_id": "fakeaccount", "resource_id": d.id, "region": regionOf(d.zone), "tags": d.tags,
 	}
 	if d.typ == "instance" {
-		all["doc"] = d.document(base, byID)
+		all["doc"] = d.document(base, byID, cache)
 	}
 	if len(fields) == 0 {
 		fields = []string{"account_id", "name", "type", "family"}
@@ -340,16 +340,19 @@ func (d searchDoc) item(fields []string, base string, byID map[string]cloud.Reso
 	return out
 }
 
-// document is the instance's VPC JSON as a map.
-func (d searchDoc) document(base string, byID map[string]cloud.Resource) map[string]any {
+// document is the instance's VPC JSON as a map, shared through cache while
+// that JSON is unchanged.
+func (d searchDoc) document(base string, byID map[string]cloud.Resource, cache *cloud.DocCache) map[string]any {
 	v := instanceViewOf(base, d.in, byID)
 	if d.status != "" {
 		v.Status = d.status
 	}
 	b, _ := json.Marshal(v)
-	var m map[string]any
-	_ = json.Unmarshal(b, &m)
-	return m
+	return cache.Get(string(b), func() map[string]any {
+		var m map[string]any
+		_ = json.Unmarshal(b, &m)
+		return m
+	})
 }
 
 // copyPath copies src's value at path into dst, creating the maps on the

@@ -113,6 +113,7 @@ type Server struct {
 	policyFn      func() *Policies // WithPolicies
 	network       *Network         // WithNetwork
 	seq           atomic.Int64
+	docCache      cloud.DocCache // instances' search documents (search.go)
 
 	mu     sync.Mutex
 	tokens map[string]grantee   // access tokens IAM issued
