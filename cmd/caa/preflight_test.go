@@ -13,6 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caa-project/caa/pkg/ledger"
+	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/pkg/reconcile"
+	"github.com/caa-project/caa/test/mocks/memory"
 )
 
 // fingerprintOf parses args as `caa run` would and digests the preflight's
@@ -157,4 +160,51 @@ func writeLedger(t *testing.T, path, node, cluster, fp string) string {
 	id := l.Meta().ID
 	require.NoError(t, l.Close())
 	return id
+}
+
+// TestStartEarly: a warm restart lists ahead of the apiserver's answers
+// only under the cluster and node its ledger recorded, when the cloud
+// settings are those of the last passed preflight and no caa holds the
+// ledger; otherwise it waits for the cluster id (and hypervisor mode and
+// a held ledger never list early).
+func TestStartEarly(t *testing.T) {
+	f := &runFlags{clouds: compiledClouds()}
+	cmd := &cobra.Command{Use: "run"}
+	addRunFlags(cmd, f)
+	require.NoError(t, cmd.Flags().Parse([]string{"--provider", "aws", "--aws-region", "us-east-1"}))
+	f.node = "n1"
+	f.ledgerPath = filepath.Join(t.TempDir(), "ledger.db")
+	fp := preflightFingerprint(f.providerName, f.flags, os.Environ(), os.ReadFile)
+	p := memory.New(nil)
+	ctx := t.Context()
+	sel := func(pf *reconcile.Prefetch, cluster string) bool {
+		_, ok := pf.Wait(ctx, provider.Selector{Cluster: cluster, Node: "n1"})
+		return ok
+	}
+
+	assert.Nil(t, f.startEarly(ctx, p, recordedMeta{}, ""), "nothing recorded: wait for the cluster id")
+	writeLedger(t, f.ledgerPath, "n1", "c1", fp)
+	rec := readRecordedMeta(ctx, f.ledgerPath, recordedPreflightTimeout)
+	require.True(t, rec.ok)
+	pf := f.startEarly(ctx, p, rec, "")
+	require.NotNil(t, pf, "recorded cluster, same settings, free ledger")
+	assert.True(t, sel(pf, "c1"))
+	assert.False(t, sel(pf, "c2"), "a guess the apiserver contradicts is not used")
+
+	other := rec
+	other.m.Preflight = "sha256:other"
+	assert.Nil(t, f.startEarly(ctx, p, other, ""), "changed settings: the preflight first")
+	other = rec
+	other.m.Node = "n2"
+	assert.Nil(t, f.startEarly(ctx, p, other, ""), "another node's ledger")
+	assert.NotNil(t, f.startEarly(ctx, p, other, "c1"), "with the cluster id known, the usual early listing")
+
+	l, err := ledger.Open(ledger.Options{Path: f.ledgerPath, Node: "n1", Cluster: "c1", Timeout: time.Second})
+	require.NoError(t, err)
+	assert.Nil(t, f.startEarly(ctx, p, rec, ""), "a held ledger is listed after its release")
+	assert.Nil(t, f.startEarly(ctx, p, rec, "c1"))
+	require.NoError(t, l.Close())
+
+	f.hv.socket = filepath.Join(t.TempDir(), "hv.sock")
+	assert.Nil(t, f.startEarly(ctx, p, rec, "c1"), "hypervisor mode lists nothing at the start")
 }

@@ -418,12 +418,39 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	serve("health server", func() error { return srv.Serve(stopCtx) })
 	log.Info("caa starting", "version", version, "provider", f.providerName, "ledger", f.ledgerPath, "health", srv.Addr().String())
 
+	// The pod cache starts syncing at once: it needs nothing read below.
+	pods, err := reconcile.NewPodSource(client, f.node, f.runtimeClasses, 0)
+	if err != nil {
+		return err
+	}
+	serve("pod informer", func() error { pods.Run(stopCtx); return nil })
+
+	// The cloud's client is built, and the ledger's recorded meta read,
+	// while the apiserver answers the reads below; on a warm restart the
+	// startup listing goes out from there too (startEarly).
+	var (
+		// raw is the cloud's provider itself (its optional interfaces,
+		// the preflight's among them, are seen on it); prov counts calls.
+		raw, prov provider.Provider
+		specCfg   provider.SpecConfig
+		provErr   error
+		recorded  recordedMeta
+		early     *reconcile.Prefetch
+	)
+	provDone := make(chan struct{})
+	go func() {
+		defer close(provDone)
+		if raw, specCfg, provErr = f.newProvider(ctx, log); provErr != nil {
+			return
+		}
+		prov = health.InstrumentProvider(raw, metrics)
+		recorded = readRecordedMeta(stopCtx, f.ledgerPath, recordedPreflightTimeout)
+		early = f.startEarly(stopCtx, prov, recorded, "")
+	}()
+
 	// The cluster id and the Node's ledger id, read before the ledger file
 	// is opened (a refusal must not leave a new, empty file behind).
 	var clusterID, nodeLedger string
-	// The ledger's recorded preflight is read meanwhile (preflightGate).
-	metaRead := make(chan recordedMeta, 1)
-	go func() { metaRead <- readRecordedMeta(stopCtx, f.ledgerPath, recordedPreflightTimeout) }()
 	err = retryAPI(stopCtx, log, status, func(ctx context.Context) error {
 		// Two independent reads, side by side: each is a round trip on
 		// the path to ready.
@@ -439,6 +466,7 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 		wg.Wait()
 		return errors.Join(clusterErr, nodeErr)
 	})
+	<-provDone
 	if err != nil {
 		return shutdownErr(ctx, err)
 	}
@@ -449,32 +477,19 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	// beside it still holds the ledger and keeps reconciling. The pod
 	// cache syncs from the apiserver while the preflight asks the cloud:
 	// each waits on a different server.
-	pods, err := reconcile.NewPodSource(client, f.node, f.runtimeClasses, 0)
-	if err != nil {
-		return err
-	}
-	serve("pod informer", func() error { pods.Run(stopCtx); return nil })
-	prov, specCfg, err := f.newProvider(ctx, log)
-	if err != nil {
-		return fmt.Errorf("provider %s: %w", f.providerName, err)
+	if provErr != nil {
+		return fmt.Errorf("provider %s: %w", f.providerName, provErr)
 	}
 	events := reconcile.NewKubeEvents(client, f.node)
 	defer events.Shutdown()
-	passed, err := preflightGate(stopCtx, f, log, status, prov, clusterID, nodeLedger, <-metaRead, func(reason string) {
+	passed, err := preflightGate(stopCtx, f, log, status, raw, clusterID, nodeLedger, recorded, func(reason string) {
 		events.NodeEvent(f.node, true, "CaaPreflightFailed", reason)
 	}, serve)
 	if err != nil {
 		return shutdownErr(ctx, err)
 	}
-	prov = health.InstrumentProvider(prov, metrics)
-	// The startup listing goes out now, while the pod cache syncs and the
-	// ledger opens, when no caa holds the ledger; it serves the first pass
-	// only if this start then opens the ledger from a free lock
-	// (reconcile.Prefetch says why that is safe). A hand-over's ledger is
-	// listed after the release instead.
-	var early *reconcile.Prefetch
-	if f.hv.socket == "" && ledger.Free(f.ledgerPath) {
-		early = reconcile.StartPrefetch(stopCtx, prov, provider.Selector{Cluster: clusterID, Node: f.node}, f.cloudTimeout)
+	if early == nil {
+		early = f.startEarly(stopCtx, prov, recorded, clusterID)
 	}
 	status.SetBlocked("starting: reading this node's pods")
 	if !pods.WaitSynced(stopCtx) {
@@ -491,6 +506,33 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	err = n.run(ctx, stopCtx)
 	log.Info("caa stopped")
 	return err
+}
+
+// startEarly starts the startup pass's one listing ahead of the pass, while
+// the pod cache syncs and the ledger opens, when no caa holds the ledger:
+// it serves the first pass only if this start then opens the ledger from a
+// free lock (reconcile.Prefetch says why that is safe). A hand-over's
+// ledger is listed after the release instead, and hypervisor mode lists
+// nothing at the start. With cluster "" it is a warm restart's guess, made
+// before the apiserver has named the cluster: the cluster and node the
+// ledger recorded, when the cloud settings are those of its last passed
+// preflight; a guess the apiserver then contradicts is for another
+// selector, and the pass lists as usual. nil: no listing started.
+func (f *runFlags) startEarly(ctx context.Context, p provider.Provider, recorded recordedMeta, cluster string) *reconcile.Prefetch {
+	if f.hv.socket != "" {
+		return nil
+	}
+	if cluster == "" {
+		if !recorded.ok || recorded.m.Node != f.node || recorded.m.Cluster == "" ||
+			recorded.m.Preflight != preflightFingerprint(f.providerName, f.flags, os.Environ(), os.ReadFile) {
+			return nil
+		}
+		cluster = recorded.m.Cluster
+	}
+	if !ledger.Free(f.ledgerPath) {
+		return nil
+	}
+	return reconcile.StartPrefetch(ctx, p, provider.Selector{Cluster: cluster, Node: f.node}, f.cloudTimeout)
 }
 
 // shutdownErr is nil when err only says that the daemon was told to stop.
