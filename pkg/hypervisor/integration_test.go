@@ -18,7 +18,6 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/caa-project/caa/internal/agentproto"
-	"github.com/caa-project/caa/pkg/hypervisor/hypervisorpb"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/pki"
 	"github.com/caa-project/caa/pkg/provider"
@@ -27,6 +26,7 @@ import (
 	"github.com/caa-project/caa/pkg/sandbox"
 	ec2fake "github.com/caa-project/caa/test/mocks/aws"
 	"github.com/caa-project/caa/test/mocks/cloud"
+	katafake "github.com/caa-project/caa/test/mocks/kata"
 	"github.com/caa-project/caa/test/mocks/memory"
 	podvmfake "github.com/caa-project/caa/test/mocks/podvm"
 )
@@ -104,20 +104,15 @@ func TestKataDrivesARealPodVM(t *testing.T) {
 		Poll: 20 * time.Millisecond, StartTimeout: 30 * time.Second, Stop: stop,
 	})
 	defer func() { halt(); m.Close(); m.Wait() }()
-	sh := shim{serve(t, m)}
+	sh := katafake.Shim{Socket: serve(t, m)}
 	id := "e2e0000000000000000000000000000000000000000000000000000000000001"
 
-	cl, done := sh.client(t)
-	res, err := cl.CreateVM(ctx, &hypervisorpb.CreateVMRequest{Id: id, NetworkNamespacePath: pod.NSPath, Annotations: map[string]string{
+	agentSocket, err := sh.CreateVM(ctx, id, map[string]string{
 		sandbox.AnnotationSandboxName: "web-0", sandbox.AnnotationSandboxNamespace: "shop", provider.AnnotationMachineType: "",
-	}})
-	done()
+	}, pod.NSPath)
 	require.NoError(t, err)
 	t0 := time.Now()
-	cl, done = sh.client(t)
-	_, err = cl.StartVM(ctx, &hypervisorpb.StartVMRequest{Id: id})
-	done()
-	require.NoError(t, err, "failed boots: %v", fleet.Failed())
+	require.NoError(t, sh.StartVM(ctx, id), "failed boots: %v", fleet.Failed())
 	t.Logf("StartVM took %s", time.Since(t0))
 	rec, err := led.GetSandbox(id)
 	require.NoError(t, err)
@@ -128,7 +123,7 @@ func TestKataDrivesARealPodVM(t *testing.T) {
 	assert.Equal(t, pod.IP, vm.Files.Config.Network.PodIP, "the VM plays the pod's own address")
 
 	// The shim's one long-lived connection to the agent.
-	conn, err := net.Dial("unix", res.GetAgentSocketPath())
+	conn, err := net.Dial("unix", agentSocket)
 	require.NoError(t, err)
 	agent := ttrpc.NewClient(conn)
 	defer agent.Close()
@@ -153,19 +148,13 @@ func TestKataDrivesARealPodVM(t *testing.T) {
 	rep, err := m.Sync(ctx, time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, []string{id}, rep.Lost)
-	_, err = net.Dial("unix", res.GetAgentSocketPath())
+	_, err = net.Dial("unix", agentSocket)
 	require.Error(t, err, "the lost sandbox's agent socket is closed")
-	cl, done = sh.client(t)
-	_, err = cl.StartVM(ctx, &hypervisorpb.StartVMRequest{Id: id})
-	done()
-	assert.Equal(t, codes.FailedPrecondition, status.Code(err))
+	assert.Equal(t, codes.FailedPrecondition, status.Code(sh.StartVM(ctx, id)))
 
 	// StopVM: answered fast; the record goes once the VM is deleted.
-	cl, done = sh.client(t)
 	t1 := time.Now()
-	_, err = cl.StopVM(ctx, &hypervisorpb.StopVMRequest{Id: id})
-	done()
-	require.NoError(t, err)
+	require.NoError(t, sh.StopVM(ctx, id))
 	assert.Less(t, time.Since(t1), time.Second)
 	require.Eventually(t, func() bool { _, err := led.GetSandbox(id); return err != nil }, 10*time.Second, 10*time.Millisecond)
 }
