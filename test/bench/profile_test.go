@@ -8,12 +8,7 @@ import (
 	"sync"
 	"testing"
 
-	"github.com/spf13/pflag"
-
 	"github.com/caa-project/caa/pkg/provider"
-	"github.com/caa-project/caa/pkg/provider/aws"
-	"github.com/caa-project/caa/pkg/provider/azure"
-	"github.com/caa-project/caa/pkg/provider/ibmcloud"
 )
 
 // BenchmarkStartupList is S1's cloud listing in-process, for a CPU
@@ -56,38 +51,6 @@ func BenchmarkStartupList(b *testing.B) {
 			}
 		})
 	}
-}
-
-// providerFromFlags builds a cloud's provider the way `caa run` does, from
-// its --<cloud>-... flags.
-func providerFromFlags(ctx context.Context, name string, flags []string) (provider.Provider, error) {
-	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
-	var (
-		a  aws.Config
-		az azure.Config
-		ib ibmcloud.Config
-	)
-	a.AddFlags(fs)
-	az.AddFlags(fs)
-	ib.AddFlags(fs)
-	var own []string
-	for i := 0; i < len(flags); i++ {
-		if flags[i] == "--provider" {
-			i++
-			continue
-		}
-		own = append(own, flags[i])
-	}
-	if err := fs.Parse(own); err != nil {
-		return nil, err
-	}
-	switch name {
-	case "aws":
-		return aws.New(ctx, a)
-	case "azure":
-		return azure.New(ctx, az)
-	}
-	return ibmcloud.New(ctx, ib)
 }
 
 // seed creates n VMs for sel through the provider, 16 at a time.
