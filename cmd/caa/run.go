@@ -444,8 +444,10 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 			return
 		}
 		prov = health.InstrumentProvider(raw, metrics)
+		log.Debug("start: cloud client built", "since", time.Since(started))
 		recorded = readRecordedMeta(stopCtx, f.ledgerPath, recordedPreflightTimeout)
 		early = f.startEarly(stopCtx, prov, recorded, "")
+		log.Debug("start: ledger meta read", "since", time.Since(started), "earlyListing", early != nil)
 	}()
 
 	// The cluster id and the Node's ledger id, read before the ledger file
@@ -466,6 +468,7 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 		wg.Wait()
 		return errors.Join(clusterErr, nodeErr)
 	})
+	log.Debug("start: cluster and Node read", "since", time.Since(started))
 	<-provDone
 	if err != nil {
 		return shutdownErr(ctx, err)
@@ -495,6 +498,7 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	if !pods.WaitSynced(stopCtx) {
 		return shutdownErr(ctx, errors.New("the pod cache did not sync"))
 	}
+	log.Debug("start: pod cache synced", "since", time.Since(started))
 
 	n := &nodeDaemon{
 		f: f, log: log, status: status, client: client, events: events, pods: pods,

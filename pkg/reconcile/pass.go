@@ -158,8 +158,9 @@ func (r *Reconciler) Pass(ctx context.Context, pods []*Pod, synced bool) (out Pa
 	err = nil // a corrupt record was tolerated above
 	// A listing handed over from before the ledger opened serves once
 	// (prefetch.go); a cluster view that served instead drops it.
-	if pf := r.takePrefetch(); !have {
+	if pf := r.takePrefetch(); !have && pf != nil {
 		vms, have = pf.Wait(ctx, sel)
+		r.Exec.log().Debug("the listing taken before the ledger opened", "used", have, "age", time.Since(pf.Started()))
 	}
 	if !have {
 		if err := r.Exec.read(ctx); err != nil {
