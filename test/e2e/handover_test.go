@@ -210,6 +210,67 @@ func newHandoverNode(ctx context.Context, t *testing.T) handoverNode {
 	return handoverNode{c: c, core: core, ec2: sharedEC2(core), ledgerPath: filepath.Join(t.TempDir(), "caa", "ledger.db")}
 }
 
+// launch starts a caa on the node, through front f, as the DaemonSet's pod
+// named pod; extra flags come last.
+func (h handoverNode) launch(t *testing.T, f *front, label, pod string, extra ...string) *daemon {
+	t.Helper()
+	args := append(append(f.args(), "--pod-name", pod), extra...)
+	return launchCaa(t, h.c, handoverNodeName, h.ledgerPath, label, args, awsEnv())
+}
+
+// holding creates n peer pods and starts the caa "v1" (pod caa-v1) that
+// holds the ledger, ready with one VM each; before is those VMs.
+func (h handoverNode) holding(ctx context.Context, t *testing.T, f *front, n int, extra ...string) (v1 *daemon, pods, before map[string]string) {
+	t.Helper()
+	pods = createPods(ctx, t, h.c, "team", "web", handoverNodeName, n)
+	v1 = h.launch(t, f, "v1", "caa-v1", extra...)
+	v1.waitReady(t, func() {})
+	requireOneEach(t, h.core, pods, time.Minute)
+	return v1, pods, liveVMs(h.core)
+}
+
+// servesNewPods creates two more peer pods (named prefix-…) into pods and
+// waits for one VM each: whichever caa reconciles, the node does.
+func (h handoverNode) servesNewPods(ctx context.Context, t *testing.T, pods map[string]string, prefix string) {
+	t.Helper()
+	maps.Copy(pods, createPods(ctx, t, h.c, "team", prefix, handoverNodeName, 2))
+	requireOneEach(t, h.core, pods, time.Minute)
+}
+
+// noneReplaced checks that every VM of before still serves its pod.
+func (h handoverNode) noneReplaced(t *testing.T, before map[string]string) {
+	t.Helper()
+	live := liveVMs(h.core)
+	for uid, id := range before {
+		assert.Equal(t, id, live[uid], "no VM replaced")
+	}
+}
+
+// verify runs `caa ledger verify` on the node's ledger.
+func (h handoverNode) verify(t *testing.T) {
+	t.Helper()
+	assert.Contains(t, runCaa(t, "ledger", "verify", "--ledger", h.ledgerPath), "ok")
+}
+
+// waitHandoverWith waits until the caa's hand-over with the pod named
+// peer has the outcome.
+func (d *daemon) waitHandoverWith(t *testing.T, outcome, peer string, within time.Duration, what string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		s, ok := d.snapshot()
+		return ok && s.Handover != nil && s.Handover.Outcome == outcome && strings.Contains(s.Handover.Peer, peer)
+	}, within, condPoll, what)
+}
+
+// waitLeaseHeldBy waits until the ledger's lease names the process of v.
+func (h handoverNode) waitLeaseHeldBy(t *testing.T, v *daemon, what string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		l, err := holder.ReadLease(holder.LeasePath(h.ledgerPath))
+		return err == nil && l.PID == v.cmd.Process.Pid
+	}, time.Minute, condPoll, what)
+}
+
 // TestSurgeHandOver: a second caa on the node's ledger (a DaemonSet update
 // with maxSurge 1) takes the ledger over from the first; the first stays up,
 // live and inert; no VM is touched; the node is without a reconciler only
@@ -218,17 +279,11 @@ func TestSurgeHandOver(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	h := newHandoverNode(ctx, t)
-	c, core, ec2, ledgerPath := h.c, h.core, h.ec2, h.ledgerPath
-	const node = handoverNodeName
-	pods := createPods(ctx, t, c, "team", "web", node, 10)
+	core := h.core
+	f1, f2 := newFront(t, h.ec2), newFront(t, h.ec2)
+	v1, pods, before := h.holding(ctx, t, f1, 10)
 
-	f1, f2 := newFront(t, ec2), newFront(t, ec2)
-	v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1"), awsEnv())
-	v1.waitReady(t, func() {})
-	requireOneEach(t, core, pods, time.Minute)
-	before := liveVMs(core)
-
-	v2 := launchCaa(t, c, node, ledgerPath, "v2", append(f2.args(), "--pod-name", "caa-v2"), awsEnv())
+	v2 := h.launch(t, f2, "v2", "caa-v2")
 	v2.waitReady(t, func() {})
 	took := v2.waitHandover(t, health.HandoverDone, 10*time.Second)
 	gave := v1.waitHandover(t, health.HandoverDone, 10*time.Second)
@@ -260,10 +315,8 @@ func TestSurgeHandOver(t *testing.T) {
 
 	// New work goes to the new caa only; the old one never calls the cloud again.
 	v1Calls := f1.count()
-	more := createPods(ctx, t, c, "team", "api", node, 3)
-	maps.Copy(pods, more)
-	requireOneEach(t, core, pods, time.Minute)
-	assert.Len(t, f2.writes(), 3, "the new caa creates the new pods' VMs")
+	h.servesNewPods(ctx, t, pods, "api")
+	assert.Len(t, f2.writes(), 2, "the new caa creates the new pods' VMs")
 	assert.Equal(t, v1Writes, len(f1.writes()))
 	assert.Equal(t, v1Calls, f1.count(), "the inert caa makes no cloud call")
 
@@ -271,8 +324,7 @@ func TestSurgeHandOver(t *testing.T) {
 	v2.requireRunning(t)
 	assert.Equal(t, http.StatusOK, v2.readyz())
 	v2.stop(t)
-	out := runCaa(t, "ledger", "verify", "--ledger", ledgerPath)
-	assert.Contains(t, out, "ok")
+	h.verify(t)
 }
 
 // TestHandOverWithACreateInFlight: the old caa is mid-create when the new
@@ -293,19 +345,17 @@ func TestHandOverWithACreateInFlight(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 			defer cancel()
 			h := newHandoverNode(ctx, t)
-			c, core, ec2, ledgerPath := h.c, h.core, h.ec2, h.ledgerPath
-			const node = handoverNodeName
-
-			f1, f2 := newFront(t, ec2), newFront(t, ec2)
-			v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1", "--shutdown-grace", tc.grace), awsEnv())
+			core := h.core
+			f1, f2 := newFront(t, h.ec2), newFront(t, h.ec2)
+			v1 := h.launch(t, f1, "v1", "caa-v1", "--shutdown-grace", tc.grace)
 			v1.waitReady(t, func() {})
 
 			const slow = 2 * time.Second
 			f1.slowCreate.Store(int64(slow))
-			pods := createPods(ctx, t, c, "team", "web", node, 2)
+			pods := createPods(ctx, t, h.c, "team", "web", handoverNodeName, 2)
 			require.Eventually(t, func() bool { return f1.creating.Load() > 0 }, time.Minute, condPoll, "the old caa has a create in flight")
 
-			v2 := launchCaa(t, c, node, ledgerPath, "v2", append(f2.args(), "--pod-name", "caa-v2"), awsEnv())
+			v2 := h.launch(t, f2, "v2", "caa-v2")
 			v2.waitReady(t, func() {})
 			v2.waitHandover(t, health.HandoverDone, 10*time.Second)
 			requireOneEach(t, core, pods, time.Minute)
@@ -328,7 +378,7 @@ func TestHandOverWithACreateInFlight(t *testing.T) {
 			}
 			v1.stop(t)
 			v2.stop(t)
-			assert.Contains(t, runCaa(t, "ledger", "verify", "--ledger", ledgerPath), "ok")
+			h.verify(t)
 		})
 	}
 }
@@ -340,21 +390,13 @@ func TestHandbackWhenTheNewCaaFails(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
 	defer cancel()
 	h := newHandoverNode(ctx, t)
-	c, core, ec2, ledgerPath := h.c, h.core, h.ec2, h.ledgerPath
-	const node = handoverNodeName
-	pods := createPods(ctx, t, c, "team", "web", node, 5)
-
-	f1, f2 := newFront(t, ec2), newFront(t, ec2)
-	v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1",
-		"--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "2s"), awsEnv())
-	v1.waitReady(t, func() {})
-	requireOneEach(t, core, pods, time.Minute)
-	before := liveVMs(core)
+	f1, f2 := newFront(t, h.ec2), newFront(t, h.ec2)
+	v1, pods, before := h.holding(ctx, t, f1, 5, "--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "2s")
 
 	// A new version whose node listing hangs never finishes its startup
 	// pass: it is released the ledger, then aborted, and gives it back.
 	f2.hangList.Store(true)
-	v2 := launchCaa(t, c, node, ledgerPath, "v2-hangs", append(f2.args(), "--pod-name", "caa-v2", "--shutdown-grace", "1s"), awsEnv())
+	v2 := h.launch(t, f2, "v2-hangs", "caa-v2", "--shutdown-grace", "1s")
 	back := v1.waitHandover(t, health.HandoverHandedBack, time.Minute)
 	assert.Contains(t, back.Reason, "not ready within 4s")
 	v1.waitReady(t, func() {})
@@ -362,13 +404,12 @@ func TestHandbackWhenTheNewCaaFails(t *testing.T) {
 	v2.requireRunning(t)
 	assert.Equal(t, http.StatusServiceUnavailable, v2.readyz())
 	assert.Contains(t, v2.readyBody(), "hand-over was aborted")
-	maps.Copy(pods, createPods(ctx, t, c, "team", "api", node, 2))
-	requireOneEach(t, core, pods, time.Minute)
+	h.servesNewPods(ctx, t, pods, "api")
 	v2.stop(t)
 
 	// The kubelet restarts the failed pod's container: the same pod asks
 	// again and is refused for a while, so the node keeps its reconciler.
-	again := launchCaa(t, c, node, ledgerPath, "v2-restarted", append(f2.args(), "--pod-name", "caa-v2", "--shutdown-grace", "1s"), awsEnv())
+	again := h.launch(t, f2, "v2-restarted", "caa-v2", "--shutdown-grace", "1s")
 	require.Eventually(t, func() bool { return strings.Contains(again.readyBody(), "failed a hand-over") }, time.Minute, condPoll,
 		"the pod that failed a hand-over is refused")
 	// v1 runs the shipped cooldown: it must outlast the shipped startup
@@ -384,26 +425,19 @@ func TestHandbackWhenTheNewCaaFails(t *testing.T) {
 
 	// A new version killed after the release: the old caa sees the
 	// connection drop and takes the ledger back at once.
-	f3 := newFront(t, ec2)
+	f3 := newFront(t, h.ec2)
 	f3.hangList.Store(true)
-	v3 := launchCaa(t, c, node, ledgerPath, "v3-killed", append(f3.args(), "--pod-name", "caa-v3"), awsEnv())
-	require.Eventually(t, func() bool {
-		s, ok := v1.snapshot()
-		return ok && s.Handover != nil && s.Handover.Outcome == health.HandoverUnderway && strings.Contains(s.Handover.Peer, "caa-v3")
-	}, time.Minute, condPoll, "the old caa released the ledger")
+	v3 := h.launch(t, f3, "v3-killed", "caa-v3")
+	v1.waitHandoverWith(t, health.HandoverUnderway, "caa-v3", time.Minute, "the old caa released the ledger")
 	assert.Equal(t, http.StatusOK, v1.readyz(), "the old caa stays Ready while the new one starts, or the DaemonSet controller would delete it")
 	v3.kill(t)
 	back = v1.waitHandover(t, health.HandoverHandedBack, 30*time.Second)
 	assert.Contains(t, back.Reason, "went away")
 	v1.waitReady(t, func() {})
-	maps.Copy(pods, createPods(ctx, t, c, "team", "db", node, 2))
-	requireOneEach(t, core, pods, time.Minute)
-
-	for uid, id := range before {
-		assert.Equal(t, id, liveVMs(core)[uid], "no VM replaced")
-	}
+	h.servesNewPods(ctx, t, pods, "db")
+	h.noneReplaced(t, before)
 	v1.stop(t)
-	assert.Contains(t, runCaa(t, "ledger", "verify", "--ledger", ledgerPath), "ok")
+	h.verify(t)
 }
 
 // TestBrokenNewVersionNeverAsks: a new caa with a setting that fails before
@@ -414,15 +448,12 @@ func TestBrokenNewVersionNeverAsks(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	h := newHandoverNode(ctx, t)
-	c, core, ec2, ledgerPath := h.c, h.core, h.ec2, h.ledgerPath
-	const node = handoverNodeName
-	f1 := newFront(t, ec2)
-	v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1"), awsEnv())
-	v1.waitReady(t, func() {})
+	f1 := newFront(t, h.ec2)
+	v1, pods, _ := h.holding(ctx, t, f1, 0)
 
 	// An unknown runtime-class flag value is fine, a bad flag is not: the
 	// process exits on its usage error without touching the socket.
-	bad := launchCaa(t, c, node, ledgerPath, "bad-flags", append(f1.args(), "--create-rate", "0"), awsEnv())
+	bad := h.launch(t, f1, "bad-flags", "caa-v2", "--create-rate", "0")
 	select {
 	case err := <-bad.done:
 		require.Error(t, err, "a usage error exits non-zero")
@@ -431,8 +462,7 @@ func TestBrokenNewVersionNeverAsks(t *testing.T) {
 	}
 	assert.Equal(t, http.StatusOK, v1.readyz())
 	assert.Empty(t, v1.handoverOutcome(), "no hand-over was started")
-	pods := createPods(ctx, t, c, "team", "web", node, 2)
-	requireOneEach(t, core, pods, time.Minute)
+	h.servesNewPods(ctx, t, pods, "api")
 	v1.stop(t)
 }
 
@@ -447,14 +477,14 @@ func TestSigkillDuringHandOver(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
 	defer cancel()
 	h := newHandoverNode(ctx, t)
-	c, core, ec2, ledgerPath := h.c, h.core, h.ec2, h.ledgerPath
+	c, core, ledgerPath := h.c, h.core, h.ledgerPath
 	const node = handoverNodeName
 	all := createPods(ctx, t, c, "team", "web", node, 6)
 
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 7))
-	f := newFront(t, ec2)
+	f := newFront(t, h.ec2)
 	args := func(name string) []string {
 		return append(f.args(), "--pod-name", name, "--shutdown-grace", "2s", "--handover-ready-timeout", "20s", "--boot-timeout", "10s")
 	}
@@ -496,7 +526,7 @@ func TestSigkillDuringHandOver(t *testing.T) {
 	require.True(t, ok, why)
 	assert.Len(t, core.Live(), len(all), "no duplicate and no leaked VM")
 	cur.stop(t)
-	assert.Contains(t, runCaa(t, "ledger", "verify", "--ledger", ledgerPath), "ok")
+	h.verify(t)
 }
 
 // refusedUntil is the time in a cooldown refusal's "refused until <time>:".
@@ -555,26 +585,13 @@ func TestHungNewCaaAfterItTookTheLedger(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	h := newHandoverNode(ctx, t)
-	c, core, ec2, ledgerPath := h.c, h.core, h.ec2, h.ledgerPath
-	const node = handoverNodeName
-	pods := createPods(ctx, t, c, "team", "web", node, 3)
-	f1, f2 := newFront(t, ec2), newFront(t, ec2)
-	v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1",
-		"--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "1s"), awsEnv())
-	v1.waitReady(t, func() {})
-	requireOneEach(t, core, pods, time.Minute)
-	before := liveVMs(core)
+	f1, f2 := newFront(t, h.ec2), newFront(t, h.ec2)
+	v1, pods, before := h.holding(ctx, t, f1, 3, "--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "1s")
 
 	f2.hangList.Store(true) // keeps v2 in its startup pass, the ledger open
-	v2 := launchCaa(t, c, node, ledgerPath, "v2-hangs", append(f2.args(), "--pod-name", "caa-v2"), awsEnv())
-	require.Eventually(t, func() bool {
-		s, ok := v1.snapshot()
-		return ok && s.Handover != nil && s.Handover.Outcome == health.HandoverUnderway && strings.Contains(s.Handover.Peer, "caa-v2")
-	}, time.Minute, condPoll, "the old caa released the ledger")
-	require.Eventually(t, func() bool {
-		l, err := holder.ReadLease(holder.LeasePath(ledgerPath))
-		return err == nil && l.PID == v2.cmd.Process.Pid
-	}, time.Minute, condPoll, "the new caa holds the ledger and its lease")
+	v2 := h.launch(t, f2, "v2-hangs", "caa-v2")
+	v1.waitHandoverWith(t, health.HandoverUnderway, "caa-v2", time.Minute, "the old caa released the ledger")
+	h.waitLeaseHeldBy(t, v2, "the new caa holds the ledger and its lease")
 	v2.signal(t, syscall.SIGSTOP)
 	t.Cleanup(func() { _ = v2.cmd.Process.Signal(syscall.SIGKILL) })
 
@@ -588,13 +605,10 @@ func TestHungNewCaaAfterItTookTheLedger(t *testing.T) {
 
 	v2.kill(t) // what the kubelet does when the hung caa's probe gives up
 	v1.waitReady(t, func() {})
-	maps.Copy(pods, createPods(ctx, t, c, "team", "api", node, 2))
-	requireOneEach(t, core, pods, time.Minute)
-	for uid, id := range before {
-		assert.Equal(t, id, liveVMs(core)[uid], "no VM replaced")
-	}
+	h.servesNewPods(ctx, t, pods, "api")
+	h.noneReplaced(t, before)
 	v1.stop(t)
-	assert.Contains(t, runCaa(t, "ledger", "verify", "--ledger", ledgerPath), "ok")
+	h.verify(t)
 }
 
 // TestFrozenHolderAfterTheRelease (issue 17, item 6): the old caa is
@@ -607,25 +621,13 @@ func TestFrozenHolderAfterTheRelease(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	h := newHandoverNode(ctx, t)
-	c, core, ec2, ledgerPath := h.c, h.core, h.ec2, h.ledgerPath
-	const node = handoverNodeName
-	pods := createPods(ctx, t, c, "team", "web", node, 3)
-	f1, f2, f3 := newFront(t, ec2), newFront(t, ec2), newFront(t, ec2)
-	v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1",
-		"--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "1s"), awsEnv())
-	v1.waitReady(t, func() {})
-	requireOneEach(t, core, pods, time.Minute)
+	f1, f2, f3 := newFront(t, h.ec2), newFront(t, h.ec2), newFront(t, h.ec2)
+	v1, pods, _ := h.holding(ctx, t, f1, 3, "--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "1s")
 
 	f2.hangList.Store(true)
-	v2 := launchCaa(t, c, node, ledgerPath, "v2", append(f2.args(), "--pod-name", "caa-v2", "--cloud-timeout", "2s"), awsEnv())
-	require.Eventually(t, func() bool {
-		s, ok := v1.snapshot()
-		return ok && s.Handover != nil && s.Handover.Outcome == health.HandoverUnderway && strings.Contains(s.Handover.Peer, "caa-v2")
-	}, time.Minute, condPoll, "the old caa was asked")
-	require.Eventually(t, func() bool {
-		l, err := holder.ReadLease(holder.LeasePath(ledgerPath))
-		return err == nil && l.PID == v2.cmd.Process.Pid
-	}, time.Minute, condPoll, "the old caa released the ledger: the new caa holds it and its lease")
+	v2 := h.launch(t, f2, "v2", "caa-v2", "--cloud-timeout", "2s")
+	v1.waitHandoverWith(t, health.HandoverUnderway, "caa-v2", time.Minute, "the old caa was asked")
+	h.waitLeaseHeldBy(t, v2, "the old caa released the ledger: the new caa holds it and its lease")
 	v1.signal(t, syscall.SIGSTOP)
 	t.Cleanup(func() { _ = v1.cmd.Process.Signal(syscall.SIGKILL) })
 	f2.hangList.Store(false)
@@ -636,12 +638,11 @@ func TestFrozenHolderAfterTheRelease(t *testing.T) {
 
 	v1.waitHandover(t, health.HandoverDone, 30*time.Second)
 	assert.Contains(t, v1.readyBody(), "handed over to caa-v2")
-	v3 := launchCaa(t, c, node, ledgerPath, "v3", append(f3.args(), "--pod-name", "caa-v3"), awsEnv())
+	v3 := h.launch(t, f3, "v3", "caa-v3")
 	v3.waitReady(t, func() {})
 	took := v3.waitHandover(t, health.HandoverDone, 30*time.Second)
 	assert.Contains(t, took.Peer, "caa-v2", "the new caa served the hand-over socket")
-	maps.Copy(pods, createPods(ctx, t, c, "team", "api", node, 2))
-	requireOneEach(t, core, pods, time.Minute)
+	h.servesNewPods(ctx, t, pods, "api")
 	v1.stop(t)
 	v2.stop(t)
 	v3.stop(t)
@@ -655,25 +656,19 @@ func TestFrozenHolderBeforeTheRelease(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	h := newHandoverNode(ctx, t)
-	c, core, ec2, ledgerPath := h.c, h.core, h.ec2, h.ledgerPath
-	const node = handoverNodeName
-	pods := createPods(ctx, t, c, "team", "web", node, 3)
-	f1, f2 := newFront(t, ec2), newFront(t, ec2)
-	v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1"), awsEnv())
-	v1.waitReady(t, func() {})
-	requireOneEach(t, core, pods, time.Minute)
+	f1, f2 := newFront(t, h.ec2), newFront(t, h.ec2)
+	v1, pods, _ := h.holding(ctx, t, f1, 3)
 
 	v1.signal(t, syscall.SIGSTOP)
 	t.Cleanup(func() { _ = v1.cmd.Process.Signal(syscall.SIGKILL) })
-	v2 := launchCaa(t, c, node, ledgerPath, "v2", append(f2.args(), "--pod-name", "caa-v2", "--shutdown-grace", "1s"), awsEnv())
+	v2 := h.launch(t, f2, "v2", "caa-v2", "--shutdown-grace", "1s")
 	require.Eventually(t, func() bool { return strings.Contains(v2.readyBody(), "asking the caa that holds the ledger") }, time.Minute, condPoll)
 	v2.requireLiveFor(t, 3*e2eStale, "the new caa asking a frozen holder")
 	v1.signal(t, syscall.SIGCONT)
 	v2.waitReady(t, func() {})
 	v2.waitHandover(t, health.HandoverDone, 30*time.Second)
 	assert.NotContains(t, v2.readyBody(), "failed a hand-over")
-	maps.Copy(pods, createPods(ctx, t, c, "team", "api", node, 2))
-	requireOneEach(t, core, pods, time.Minute)
+	h.servesNewPods(ctx, t, pods, "api")
 	v1.stop(t)
 	v2.stop(t)
 }
@@ -688,17 +683,10 @@ func TestInertCaaTakesTheLedgerBackWhenItsSuccessorIsGone(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	h := newHandoverNode(ctx, t)
-	c, core, ec2, ledgerPath := h.c, h.core, h.ec2, h.ledgerPath
-	const node = handoverNodeName
-	pods := createPods(ctx, t, c, "team", "web", node, 3)
-	f1, f2, f3 := newFront(t, ec2), newFront(t, ec2), newFront(t, ec2)
-	v1 := launchCaa(t, c, node, ledgerPath, "v1", append(f1.args(), "--pod-name", "caa-v1",
-		"--handover-inert-check", "300ms"), awsEnv())
-	v1.waitReady(t, func() {})
-	requireOneEach(t, core, pods, time.Minute)
-	before := liveVMs(core)
+	f1, f2, f3 := newFront(t, h.ec2), newFront(t, h.ec2), newFront(t, h.ec2)
+	v1, pods, before := h.holding(ctx, t, f1, 3, "--handover-inert-check", "300ms")
 
-	v2 := launchCaa(t, c, node, ledgerPath, "v2", append(f2.args(), "--pod-name", "caa-v2"), awsEnv())
+	v2 := h.launch(t, f2, "v2", "caa-v2")
 	v2.waitReady(t, func() {})
 	v1.waitHandover(t, health.HandoverDone, 10*time.Second)
 	require.Equal(t, http.StatusServiceUnavailable, v1.readyz())
@@ -712,21 +700,15 @@ func TestInertCaaTakesTheLedgerBackWhenItsSuccessorIsGone(t *testing.T) {
 	v2.kill(t)
 	v1.waitReady(t, func() {})
 	assert.Contains(t, v1.logs.String(), "taking the ledger back")
-	maps.Copy(pods, createPods(ctx, t, c, "team", "api", node, 2))
-	requireOneEach(t, core, pods, time.Minute)
-	for uid, id := range before {
-		assert.Equal(t, id, liveVMs(core)[uid], "no VM replaced")
-	}
+	h.servesNewPods(ctx, t, pods, "api")
+	h.noneReplaced(t, before)
 
 	// It serves the hand-over socket again: the next caa takes over.
-	v3 := launchCaa(t, c, node, ledgerPath, "v3", append(f3.args(), "--pod-name", "caa-v3"), awsEnv())
+	v3 := h.launch(t, f3, "v3", "caa-v3")
 	v3.waitReady(t, func() {})
-	require.Eventually(t, func() bool {
-		s, ok := v1.snapshot()
-		return ok && s.Handover != nil && s.Handover.Outcome == health.HandoverDone && strings.Contains(s.Handover.Peer, "caa-v3")
-	}, 10*time.Second, condPoll, "the caa that took the ledger back hands it over again")
+	v1.waitHandoverWith(t, health.HandoverDone, "caa-v3", 10*time.Second, "the caa that took the ledger back hands it over again")
 	assert.Empty(t, f3.writes(), "the next caa adopts every VM")
 	v1.stop(t)
 	v3.stop(t)
-	assert.Contains(t, runCaa(t, "ledger", "verify", "--ledger", ledgerPath), "ok")
+	h.verify(t)
 }
