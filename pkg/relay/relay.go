@@ -32,6 +32,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/ttrpc"
@@ -70,9 +71,11 @@ type Relay struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	born   time.Time // the origin of heardAt: time.Since reads the monotonic clock
 
 	mu       sync.Mutex
 	conns    map[net.Conn]struct{}
+	pairs    map[*pair]struct{} // the relayed connections open now
 	closed   bool
 	accepted int
 	relayed  int
@@ -131,7 +134,8 @@ func Start(ctx context.Context, cfg Config) (*Relay, error) {
 		tc.ServerName = host
 	}
 	rctx, cancel := context.WithCancel(ctx)
-	r := &Relay{cfg: cfg, tls: tc, ln: ln, log: log, ctx: rctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
+	r := &Relay{cfg: cfg, tls: tc, ln: ln, log: log, ctx: rctx, cancel: cancel, born: time.Now(),
+		conns: map[net.Conn]struct{}{}, pairs: map[*pair]struct{}{}}
 	r.wg.Add(1)
 	go r.accept()
 	context.AfterFunc(rctx, func() { _ = r.Close() })
@@ -223,28 +227,73 @@ func (r *Relay) serve(shim net.Conn) {
 	}
 	defer r.untrack(vm)
 	defer vm.Close()
+	p := &pair{}
 	r.mu.Lock()
 	r.relayed++
 	r.open++
+	r.pairs[p] = struct{}{}
 	r.mu.Unlock()
 	defer func() {
 		r.mu.Lock()
 		r.open--
+		delete(r.pairs, p)
 		r.mu.Unlock()
 	}()
 
 	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
+	go func() {
+		_, _ = io.Copy(vm, shim)
 		done <- struct{}{}
-	}
-	go pipe(vm, shim)
-	go pipe(shim, vm)
+	}()
+	go func() {
+		_, _ = io.Copy(shim, &heardReader{src: vm, r: r, p: p})
+		done <- struct{}{}
+	}()
 	// Either side ending ends the pair: ttrpc has no half-closed use.
 	<-done
 	shim.Close()
 	vm.Close()
 	<-done
+}
+
+// pair is one relayed shim connection; heardAt is when its VM side last
+// sent bytes, in nanoseconds since the relay's birth (0: not yet).
+type pair struct{ heardAt atomic.Int64 }
+
+// heardReader notes each read that brought bytes from the VM: decrypted
+// bytes from the forwarder prove the VM reachable over mutual TLS at that
+// moment. One clock read per TLS record is noise beside its decryption.
+type heardReader struct {
+	src io.Reader
+	r   *Relay
+	p   *pair
+}
+
+func (h *heardReader) Read(b []byte) (int, error) {
+	n, err := h.src.Read(b)
+	if n > 0 {
+		h.p.heardAt.Store(max(int64(time.Since(h.r.born)), 1))
+	}
+	return n, err
+}
+
+// Heard says how long ago the VM last sent bytes on a relayed connection
+// that is still open (an answer to the shim's health check, a stream's
+// data), as measured on the monotonic clock. ok is false when no open
+// connection has heard from its VM: none is open (a connection the VM cut
+// is no evidence), or the open ones carried nothing back yet. The age
+// grows while the VM stays silent, so a frozen VM's evidence ages out.
+func (r *Relay) Heard() (age time.Duration, ok bool) {
+	r.mu.Lock()
+	var last int64
+	for p := range r.pairs {
+		last = max(last, p.heardAt.Load())
+	}
+	r.mu.Unlock()
+	if last == 0 {
+		return 0, false
+	}
+	return time.Since(r.born) - time.Duration(last), true
 }
 
 // dial opens one mutual-TLS connection to the forwarder, retrying for up to

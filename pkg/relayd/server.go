@@ -188,7 +188,7 @@ func (s *Server) Do(ctx context.Context, req Request) Response {
 	var err error
 	switch req.Op {
 	case OpServe:
-		resp.Kept, err = s.serve(req)
+		resp.Kept, resp.HeardAgo, err = s.serve(req)
 	case OpStop:
 		err = s.stop(req.Sandbox)
 	case OpList:
@@ -225,27 +225,23 @@ func checkServe(req Request) error {
 // keep the listener and its connections (caa's restart registers every
 // live sandbox again); other arguments replace the relay; a socket path
 // served for another sandbox is refused.
-func (s *Server) serve(req Request) (kept bool, err error) {
+func (s *Server) serve(req Request) (kept bool, heard time.Duration, err error) {
 	if err := checkServe(req); err != nil {
-		return false, err
+		return false, 0, err
 	}
 	want := Entry{Sandbox: req.Sandbox, Socket: req.Socket, Addr: req.Addr, ServerName: req.ServerName}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return false, errors.New("the relay daemon is shutting down")
+		return false, 0, errors.New("the relay daemon is shutting down")
 	}
 	old := s.relays[req.Sandbox]
-	if old != nil {
-		o := old.e
-		o.Open = 0
-		if o == want {
-			return true, nil
-		}
+	if old != nil && old.e == want {
+		return true, heardAgo(old.r), nil
 	}
 	for id, sv := range s.relays {
 		if id != req.Sandbox && sv.e.Socket == req.Socket {
-			return false, fmt.Errorf("socket %s is served for sandbox %s: stop it first", req.Socket, id)
+			return false, 0, fmt.Errorf("socket %s is served for sandbox %s: stop it first", req.Socket, id)
 		}
 	}
 	s.refreshCerts()
@@ -255,18 +251,27 @@ func (s *Server) serve(req Request) (kept bool, err error) {
 		s.log.Info("agent relay replaced", "sandbox", req.Sandbox, "was", old.e.Addr, "now", req.Addr)
 	}
 	if err := os.MkdirAll(filepath.Dir(req.Socket), 0o700); err != nil {
-		return false, fmt.Errorf("agent socket directory: %w", err)
+		return false, 0, fmt.Errorf("agent socket directory: %w", err)
 	}
 	r, err := relay.Start(context.Background(), relay.Config{
 		SocketPath: req.Socket, Addr: req.Addr, TLS: s.certs.tlsConfig(), ServerName: req.ServerName,
 		DialTimeout: s.cfg.DialTimeout, Dial: s.cfg.Dial, Log: s.log.With("sandbox", req.Sandbox),
 	})
 	if err != nil {
-		return false, err
+		return false, 0, err
 	}
 	s.relays[req.Sandbox] = &served{e: want, r: r}
 	s.log.Info("serving agent socket", "sandbox", req.Sandbox, "socket", req.Socket, "forwarder", req.Addr)
-	return false, nil
+	return false, 0, nil
+}
+
+// heardAgo is Entry.HeardAgo of r: 0 without evidence, at least 1 ns with.
+func heardAgo(r *relay.Relay) time.Duration {
+	age, ok := r.Heard()
+	if !ok {
+		return 0
+	}
+	return max(age, 1)
 }
 
 // stop closes a sandbox's socket and its connections; an unknown sandbox
@@ -290,6 +295,7 @@ func (s *Server) list() []Entry {
 	for _, sv := range s.relays {
 		e := sv.e
 		e.Open = sv.r.Stats().Open
+		e.HeardAgo = heardAgo(sv.r)
 		out = append(out, e)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Sandbox < out[j].Sandbox })

@@ -44,7 +44,8 @@ type daemonRig struct {
 	client  *relayd.Client
 	fw      *relaydtest.Forwarder
 
-	daemonStop func() // ends the relay daemon (its own shutdown)
+	daemonStop func()        // ends the relay daemon (its own shutdown)
+	fresh      time.Duration // RelaydSide.Fresh of each caa started
 
 	led  *ledger.Ledger
 	m    *Manager
@@ -123,7 +124,7 @@ func (r *daemonRig) start(prov provider.Provider) {
 	require.NoError(r.t, err)
 	ctx, stop := context.WithCancel(context.Background())
 	r.led, r.stop = led, stop
-	r.side = &RelaydSide{PodSide: r.fake, Client: r.client}
+	r.side = &RelaydSide{PodSide: r.fake, Client: r.client, Fresh: r.fresh}
 	r.m = New(Config{
 		Ledger: led, Provider: prov, Pods: r.pods, Side: r.side,
 		Spec:    provider.SpecConfig{DefaultType: "small", DefaultImage: "podvm-image", Types: []provider.InstanceType{{Name: "small", VCPUs: 1, MemoryMiB: 2048}}},
@@ -654,4 +655,79 @@ func TestRollingRestartKeepsEverySandbox(t *testing.T) {
 	}
 	t.Logf("%d nodes x %d sandboxes, rollout one node at a time: %d misses, %d checks; longest stall %s against %s without the rollout (x%.2f)",
 		nodes, perNode, misses, checks(), rollout, base, float64(rollout)/float64(base))
+}
+
+// entry is the daemon's List entry of a sandbox.
+func (r *daemonRig) entry(ctx context.Context, id string) relayd.Entry {
+	r.t.Helper()
+	entries, _, err := r.client.List(ctx)
+	require.NoError(r.t, err)
+	for _, e := range entries {
+		if e.Sandbox == id {
+			return e
+		}
+	}
+	r.t.Fatalf("the relay daemon does not serve sandbox %s", id)
+	return relayd.Entry{}
+}
+
+// A restarted caa counts a kept relay reachable with no probe when its VM
+// answered the shim lately; it never does on stale evidence: a VM that went
+// silent is probed once its last word is older than the window, and a
+// killed VM's closed connection is no evidence at all. Either way the probe
+// finds it unreachable and the sandbox stays pending.
+func TestKeptRelayIsReachableOnRecentTrafficOnly(t *testing.T) {
+	setup := func(t *testing.T, fresh time.Duration) (*daemonRig, context.Context, *ttrpc.Client) {
+		r := newDaemonRigFor(t, VMName("web", sbHealth))
+		r.fresh = fresh
+		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+		t.Cleanup(cancel)
+		r.kill()
+		r.start(r.prov)
+		sock := r.run(ctx, sbHealth, "web")
+		cl := ttrpc.NewClient(mustDial(t, sock))
+		t.Cleanup(func() { cl.Close() })
+		_, err := agentproto.Check(ctx, cl)
+		require.NoError(t, err)
+		return r, ctx, cl
+	}
+	restart := func(r *daemonRig, ctx context.Context) Report {
+		r.kill()
+		r.start(r.prov)
+		rep, err := r.m.Sync(ctx, 300*time.Millisecond)
+		require.NoError(t, err)
+		return rep
+	}
+
+	t.Run("recent traffic, no probe", func(t *testing.T) {
+		r, ctx, cl := setup(t, FreshWindow)
+		_, err := agentproto.Check(ctx, cl)
+		require.NoError(t, err)
+		accepted := r.fw.Accepted()
+		rep := restart(r, ctx)
+		assert.Equal(t, []string{sbHealth}, rep.Served)
+		assert.Equal(t, accepted, r.fw.Accepted(), "no handshake of caa's own: the shim's traffic was the proof")
+		_, err = agentproto.Check(ctx, cl)
+		require.NoError(t, err)
+	})
+	t.Run("a silent VM is probed once its word is stale", func(t *testing.T) {
+		const fresh = 200 * time.Millisecond
+		r, ctx, _ := setup(t, fresh)
+		r.fw.Silence()
+		eventually(t, func() bool { return r.entry(ctx, sbHealth).HeardAgo > fresh }, "the VM's last word ages past the window")
+		require.Equal(t, 1, r.entry(ctx, sbHealth).Open, "the shim's connection is still open, only silent")
+		accepted := r.fw.Accepted()
+		rep := restart(r, ctx)
+		assert.Empty(t, rep.Served)
+		assert.Contains(t, rep.Pending, sbHealth, "probed and found unreachable")
+		assert.Equal(t, accepted, r.fw.Accepted(), "the silent VM took no new connection")
+	})
+	t.Run("a killed VM's closed connection is no evidence", func(t *testing.T) {
+		r, ctx, _ := setup(t, time.Hour)
+		r.fw.Close()
+		eventually(t, func() bool { return r.entry(ctx, sbHealth).Open == 0 }, "the relay sees the VM's connection end")
+		rep := restart(r, ctx)
+		assert.Empty(t, rep.Served)
+		assert.Contains(t, rep.Pending, sbHealth, "probed and found unreachable, however recent its last word")
+	})
 }
