@@ -14,6 +14,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"sync"
 	"time"
@@ -33,7 +34,18 @@ type Config struct {
 	DialTimeout time.Duration
 	// Dial, when set, opens the relays' TCP connections (tests).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	Log  *slog.Logger
+	// AllowUIDs are the uids whose processes may use the control socket
+	// (checked with SO_PEERCRED on each connection, besides the socket's
+	// 0600 mode). Nil: the daemon's own uid and root (0). Otherwise exactly
+	// these.
+	AllowUIDs []uint32
+	Log       *slog.Logger
+}
+
+// peer is the process at the other end of a control connection.
+type peer struct {
+	pid      int32
+	uid, gid uint32
 }
 
 // Server is the relay daemon's state: the relays it serves, by sandbox.
@@ -42,6 +54,7 @@ type Server struct {
 	log   *slog.Logger
 	certs *certStore
 	boot  string
+	allow []uint32 // sorted
 
 	mu     sync.Mutex
 	relays map[string]*served
@@ -65,7 +78,13 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: cfg.Log, certs: newCertStore(cfg.ClientFile), relays: map[string]*served{}}
+	allow := slices.Clone(cfg.AllowUIDs)
+	if allow == nil {
+		allow = []uint32{0, uint32(os.Getuid())}
+	}
+	slices.Sort(allow)
+	allow = slices.Compact(allow)
+	s := &Server{cfg: cfg, log: cfg.Log, certs: newCertStore(cfg.ClientFile), relays: map[string]*served{}, allow: allow}
 	if _, err := s.certs.refresh(); err != nil {
 		return nil, err
 	}
@@ -161,10 +180,41 @@ func (s *Server) refreshCerts() {
 	}
 }
 
+// Allowed returns the uids whose processes may use the control socket.
+func (s *Server) Allowed() []uint32 { return slices.Clone(s.allow) }
+
+// admit checks the peer of a control connection: only the allowed uids may
+// tell the daemon what to serve or stop. The socket's mode already keeps
+// others out; this holds when the mode was widened or the socket's
+// directory is shared with another user's process.
+func (s *Server) admit(c net.Conn) error {
+	p, err := peerOf(c)
+	if err != nil {
+		s.log.Warn("control connection refused: its peer's credentials are unreadable", "err", err)
+		return fmt.Errorf("refused: the peer's credentials are unreadable: %w", err)
+	}
+	if slices.Contains(s.allow, p.uid) {
+		return nil
+	}
+	s.log.Warn("control connection refused: its peer's uid is not allowed",
+		"peerPid", p.pid, "peerUid", p.uid, "peerGid", p.gid, "allowedUids", s.allow)
+	return fmt.Errorf("refused: uid %d (pid %d) may not use the relay daemon's control socket; it accepts uids %v (caa relay --allow-uid)",
+		p.uid, p.pid, s.allow)
+}
+
 // handle serves one control connection: one request, one answer. The
 // client hanging up cancels the request.
 func (s *Server) handle(ctx context.Context, c net.Conn) {
 	defer c.Close()
+	if err := s.admit(c); err != nil {
+		// Take the request off the socket first (briefly), so the
+		// client's write does not fail and it reads why it was refused.
+		_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		var ignored Request
+		_ = json.NewDecoder(io.LimitReader(c, 64<<10)).Decode(&ignored)
+		_ = json.NewEncoder(c).Encode(Response{Error: err.Error()})
+		return
+	}
 	var req Request
 	dec := json.NewDecoder(io.LimitReader(c, 64<<10))
 	if err := dec.Decode(&req); err != nil {
