@@ -26,11 +26,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net"
-	"os"
-	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -38,6 +35,7 @@ import (
 	"github.com/containerd/ttrpc"
 
 	"github.com/caa-project/caa/internal/agentproto"
+	"github.com/caa-project/caa/internal/unixsock"
 )
 
 // Config says where to listen and where to relay to.
@@ -113,18 +111,14 @@ func Start(ctx context.Context, cfg Config) (*Relay, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("socket", cfg.SocketPath, "forwarder", cfg.Addr)
-	if err := os.MkdirAll(filepath.Dir(cfg.SocketPath), 0o750); err != nil {
-		return nil, fmt.Errorf("relay: %w", err)
-	}
-	if err := removeStaleSocket(cfg.SocketPath); err != nil {
-		return nil, err
-	}
-	ln, err := net.Listen("unix", cfg.SocketPath)
-	if err != nil {
+	ln, err := unixsock.Listen(cfg.SocketPath, unixsock.Options{DirMode: 0o750})
+	switch {
+	case errors.Is(err, unixsock.ErrNotSocket):
+		return nil, fmt.Errorf("relay: %w: remove it or choose another agent socket path", err)
+	case err != nil:
 		return nil, fmt.Errorf("relay: listen on %s: %w", cfg.SocketPath, err)
 	}
 	// Close removes the file; a crashed caa leaves it, and Start removes it.
-	ln.(*net.UnixListener).SetUnlinkOnClose(true)
 	tc := cfg.TLS.Clone()
 	if cfg.ServerName != "" {
 		tc.ServerName = cfg.ServerName
@@ -142,44 +136,9 @@ func Start(ctx context.Context, cfg Config) (*Relay, error) {
 	return r, nil
 }
 
-func removeStaleSocket(path string) error {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("relay: %w", err)
-	}
-	if fi.Mode().Type() != fs.ModeSocket {
-		return fmt.Errorf("relay: %s exists and is not a socket (%s): remove it or choose another agent socket path", path, fi.Mode().Type())
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("relay: remove stale socket: %w", err)
-	}
-	return nil
-}
-
 func (r *Relay) accept() {
 	defer r.wg.Done()
-	var delay time.Duration
-	for {
-		c, err := r.ln.Accept()
-		if err != nil {
-			if r.isClosed() || errors.Is(err, net.ErrClosed) {
-				return
-			}
-			// Out of file descriptors and the like: closing the socket
-			// would fail the sandbox, so wait and accept again.
-			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			r.log.Warn("agent socket accept failed; retrying", "err", err, "in", delay)
-			select {
-			case <-time.After(delay):
-			case <-r.ctx.Done():
-				return
-			}
-			continue
-		}
-		delay = 0
+	_ = unixsock.Accept(r.ctx, r.ln, r.log, func(c net.Conn) {
 		if !r.track(c) {
 			c.Close()
 			return
@@ -189,7 +148,7 @@ func (r *Relay) accept() {
 		r.mu.Unlock()
 		r.wg.Add(1)
 		go r.serve(c)
-	}
+	})
 }
 
 // track registers c so Close closes it; false once the relay is closed.

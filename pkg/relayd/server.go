@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -19,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caa-project/caa/internal/unixsock"
 	"github.com/caa-project/caa/pkg/relay"
 )
 
@@ -100,24 +100,12 @@ func (s *Server) Boot() string { return s.boot }
 // Listen opens the control socket at path, mode 0600 (a stale socket file
 // is replaced; any other file there is an error).
 func Listen(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("relayd: %w", err)
-	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode().Type() != fs.ModeSocket {
-			return nil, fmt.Errorf("relayd: %s exists and is not a socket: remove it or pass another --socket", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("relayd: remove stale control socket: %w", err)
-		}
-	}
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("relayd: listen on %s: %w", path, err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("relayd: %w", err)
+	ln, err := unixsock.Listen(path, unixsock.Options{Mode: 0o600})
+	switch {
+	case errors.Is(err, unixsock.ErrNotSocket):
+		return nil, fmt.Errorf("relayd: %w: remove it or pass another --socket", err)
+	case err != nil:
+		return nil, fmt.Errorf("relayd: control socket %s: %w", path, err)
 	}
 	return ln, nil
 }
@@ -132,7 +120,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		wg.Wait()
 		s.closeAll()
 	}()
-	context.AfterFunc(ctx, func() { ln.Close() })
+	// Ends the refresh loop and the calls in flight before the wait above,
+	// also when ln was closed under Serve.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -147,27 +138,17 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			}
 		}
 	}()
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			if errors.Is(err, net.ErrClosed) {
-				return err
-			}
-			s.log.Warn("control socket accept failed", "err", err)
-			if sleep(ctx, 100*time.Millisecond) != nil {
-				return nil
-			}
-			continue
-		}
+	err := unixsock.Accept(ctx, ln, s.log, func(c net.Conn) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			s.handle(ctx, c)
 		}()
+	})
+	if ctx.Err() != nil {
+		return nil
 	}
+	return err
 }
 
 func (s *Server) refreshCerts() {
@@ -376,16 +357,5 @@ func (s *Server) closeAll() {
 	s.mu.Unlock()
 	for _, sv := range all {
 		_ = sv.r.Close()
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }
