@@ -116,3 +116,10 @@ func Accept(ctx context.Context, ln net.Listener, log *slog.Logger, handle func(
 		}
 	}
 }
+
+// Cred is the process at the other end of a unix socket connection, as the
+// kernel saw it connect.
+type Cred struct {
+	PID      int32
+	UID, GID uint32
+}

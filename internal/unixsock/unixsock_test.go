@@ -97,3 +97,21 @@ func TestAcceptServesUntilTheContextEnds(t *testing.T) {
 	require.NoError(t, ln.Close())
 	require.ErrorIs(t, unixsock.Accept(context.Background(), ln, nil, func(net.Conn) {}), net.ErrClosed)
 }
+
+func TestPeerIsTheConnectingProcess(t *testing.T) {
+	path := filepath.Join(shortDir(t), "p.sock")
+	ln, err := unixsock.Listen(path, unixsock.Options{})
+	require.NoError(t, err)
+	defer ln.Close()
+	c, err := net.Dial("unix", path)
+	require.NoError(t, err)
+	defer c.Close()
+	s, err := ln.Accept()
+	require.NoError(t, err)
+	defer s.Close()
+	cred, err := unixsock.Peer(s)
+	require.NoError(t, err)
+	assert.Equal(t, unixsock.Cred{PID: int32(os.Getpid()), UID: uint32(os.Getuid()), GID: uint32(os.Getgid())}, cred)
+	_, err = unixsock.Peer(&net.TCPConn{})
+	require.Error(t, err, "only a unix socket has a peer's credentials")
+}

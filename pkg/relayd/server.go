@@ -42,12 +42,6 @@ type Config struct {
 	Log       *slog.Logger
 }
 
-// peer is the process at the other end of a control connection.
-type peer struct {
-	pid      int32
-	uid, gid uint32
-}
-
 // Server is the relay daemon's state: the relays it serves, by sandbox.
 type Server struct {
 	cfg   Config
@@ -169,18 +163,18 @@ func (s *Server) Allowed() []uint32 { return slices.Clone(s.allow) }
 // others out; this holds when the mode was widened or the socket's
 // directory is shared with another user's process.
 func (s *Server) admit(c net.Conn) error {
-	p, err := peerOf(c)
+	p, err := unixsock.Peer(c)
 	if err != nil {
 		s.log.Warn("control connection refused: its peer's credentials are unreadable", "err", err)
 		return fmt.Errorf("refused: the peer's credentials are unreadable: %w", err)
 	}
-	if slices.Contains(s.allow, p.uid) {
+	if slices.Contains(s.allow, p.UID) {
 		return nil
 	}
 	s.log.Warn("control connection refused: its peer's uid is not allowed",
-		"peerPid", p.pid, "peerUid", p.uid, "peerGid", p.gid, "allowedUids", s.allow)
+		"peerPid", p.PID, "peerUid", p.UID, "peerGid", p.GID, "allowedUids", s.allow)
 	return fmt.Errorf("refused: uid %d (pid %d) may not use the relay daemon's control socket; it accepts uids %v (caa relay --allow-uid)",
-		p.uid, p.pid, s.allow)
+		p.UID, p.PID, s.allow)
 }
 
 // handle serves one control connection: one request, one answer. The
