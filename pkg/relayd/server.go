@@ -36,8 +36,8 @@ type Config struct {
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// AllowUIDs are the uids whose processes may use the control socket
 	// (checked with SO_PEERCRED on each connection, besides the socket's
-	// 0600 mode). Nil: the daemon's own uid and root (0). Otherwise exactly
-	// these.
+	// 0600 mode). Empty: the daemon's own uid and root (0). Otherwise
+	// exactly these.
 	AllowUIDs []uint32
 	Log       *slog.Logger
 }
@@ -73,7 +73,7 @@ func NewServer(cfg Config) (*Server, error) {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
 	allow := slices.Clone(cfg.AllowUIDs)
-	if allow == nil {
+	if len(allow) == 0 {
 		allow = []uint32{0, uint32(os.Getuid())}
 	}
 	slices.Sort(allow)
