@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"path/filepath"
 	"time"
 
@@ -22,6 +23,7 @@ type relayFlags struct {
 	socket    string
 	caDir     string
 	refresh   time.Duration
+	allowUIDs []uint
 	logFormat string
 	logLevel  string
 }
@@ -36,6 +38,11 @@ func (f *relayFlags) check() error {
 	}
 	if f.refresh <= 0 {
 		errs = append(errs, errors.New("--refresh must be positive"))
+	}
+	for _, u := range f.allowUIDs {
+		if u > math.MaxUint32 {
+			errs = append(errs, fmt.Errorf("--allow-uid %d: not a uid (0 to %d)", u, uint32(math.MaxUint32)))
+		}
 	}
 	if _, err := newLogger(io.Discard, f.logFormat, f.logLevel); err != nil {
 		errs = append(errs, err)
@@ -63,6 +70,9 @@ func newRelayCommand() *cobra.Command {
 		"the agent CA's directory, where caa writes "+relayd.ClientFile+" (env CAA_AGENT_CA_DIR)")
 	fs.DurationVar(&f.refresh, "refresh", envDuration("CAA_RELAY_REFRESH", 10*time.Second),
 		"how often "+relayd.ClientFile+" is checked for new certificates (env CAA_RELAY_REFRESH)")
+	fs.UintSliceVar(&f.allowUIDs, "allow-uid", nil,
+		"uids whose processes may use the control socket, checked on each connection with SO_PEERCRED besides the socket's 0600 mode "+
+			"(repeat it or separate with commas; it replaces the default: the daemon's own uid and 0)")
 	fs.StringVar(&f.logFormat, "log-format", envOr("CAA_LOG_FORMAT", "text"), "log format: text or json (env CAA_LOG_FORMAT)")
 	fs.StringVar(&f.logLevel, "log-level", envOr("CAA_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env CAA_LOG_LEVEL)")
 	return cmd
@@ -80,10 +90,14 @@ func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	}
 	// caa writes its client file at start; the daemon may start first.
 	file := filepath.Join(f.caDir, relayd.ClientFile)
+	var allow []uint32 // nil: relayd's default
+	for _, u := range f.allowUIDs {
+		allow = append(allow, uint32(u))
+	}
 	var srv *relayd.Server
 	for {
 		var err error
-		if srv, err = relayd.NewServer(relayd.Config{ClientFile: file, Refresh: f.refresh, Log: log}); err == nil {
+		if srv, err = relayd.NewServer(relayd.Config{ClientFile: file, Refresh: f.refresh, AllowUIDs: allow, Log: log}); err == nil {
 			break
 		}
 		log.Warn("waiting for caa's client file", "err", err)
@@ -95,7 +109,7 @@ func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	if err != nil {
 		return fail(err)
 	}
-	log.Info("caa relay serving", "version", version, "socket", f.socket, "boot", srv.Boot())
+	log.Info("caa relay serving", "version", version, "socket", f.socket, "boot", srv.Boot(), "allowedUids", srv.Allowed())
 	if err := srv.Serve(ctx, ln); err != nil {
 		return fail(err)
 	}

@@ -202,6 +202,10 @@ func TestRelayFlagsNameTheFix(t *testing.T) {
 	assert.ErrorContains(t, on.check(), `--relay-socket "relay.sock"`)
 	on.relay = defaultRelaySocket
 	assert.NoError(t, on.check())
+
+	r = caa(t, "relay", "--allow-uid", "0,4294967296")
+	assert.Equal(t, exitUsage, r.code)
+	assert.Contains(t, r.stderr, "--allow-uid 4294967296: not a uid")
 }
 
 // syncWriter collects a process's output for a test's messages.

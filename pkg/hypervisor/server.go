@@ -14,14 +14,13 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
-	"os"
-	"path/filepath"
 	"time"
 
 	"github.com/containerd/ttrpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
+	"github.com/caa-project/caa/internal/unixsock"
 	"github.com/caa-project/caa/pkg/hypervisor/hypervisorpb"
 	"github.com/caa-project/caa/pkg/sandbox"
 )
@@ -115,24 +114,10 @@ func (s *Service) log() *slog.Logger {
 // Listen opens the service's unix socket at path (0600 in a 0700
 // directory made if missing), replacing a stale socket file that no
 // process serves (a restart after SIGKILL). A socket another process still
-// serves is refused.
+// serves is refused, and so is a file that is not a socket.
 func Listen(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("hypervisor socket %s: %w", path, err)
-	}
-	if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-		_ = c.Close()
-		return nil, fmt.Errorf("hypervisor socket %s: another process serves it", path)
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("hypervisor socket %s: remove the stale file: %w", path, err)
-	}
-	ln, err := net.Listen("unix", path)
+	ln, err := unixsock.Listen(path, unixsock.Options{Mode: 0o600, RefuseServed: true})
 	if err != nil {
-		return nil, fmt.Errorf("hypervisor socket %s: %w", path, err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		_ = ln.Close()
 		return nil, fmt.Errorf("hypervisor socket %s: %w", path, err)
 	}
 	return ln, nil

@@ -26,17 +26,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net"
-	"os"
-	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/containerd/ttrpc"
 
 	"github.com/caa-project/caa/internal/agentproto"
+	"github.com/caa-project/caa/internal/unixsock"
 )
 
 // Config says where to listen and where to relay to.
@@ -70,9 +69,11 @@ type Relay struct {
 	ctx    context.Context
 	cancel context.CancelFunc
 	wg     sync.WaitGroup
+	born   time.Time // the origin of heardAt: time.Since reads the monotonic clock
 
 	mu       sync.Mutex
 	conns    map[net.Conn]struct{}
+	pairs    map[*pair]struct{} // the relayed connections open now
 	closed   bool
 	accepted int
 	relayed  int
@@ -110,18 +111,14 @@ func Start(ctx context.Context, cfg Config) (*Relay, error) {
 		log = slog.New(slog.DiscardHandler)
 	}
 	log = log.With("socket", cfg.SocketPath, "forwarder", cfg.Addr)
-	if err := os.MkdirAll(filepath.Dir(cfg.SocketPath), 0o750); err != nil {
-		return nil, fmt.Errorf("relay: %w", err)
-	}
-	if err := removeStaleSocket(cfg.SocketPath); err != nil {
-		return nil, err
-	}
-	ln, err := net.Listen("unix", cfg.SocketPath)
-	if err != nil {
+	ln, err := unixsock.Listen(cfg.SocketPath, unixsock.Options{DirMode: 0o750})
+	switch {
+	case errors.Is(err, unixsock.ErrNotSocket):
+		return nil, fmt.Errorf("relay: %w: remove it or choose another agent socket path", err)
+	case err != nil:
 		return nil, fmt.Errorf("relay: listen on %s: %w", cfg.SocketPath, err)
 	}
 	// Close removes the file; a crashed caa leaves it, and Start removes it.
-	ln.(*net.UnixListener).SetUnlinkOnClose(true)
 	tc := cfg.TLS.Clone()
 	if cfg.ServerName != "" {
 		tc.ServerName = cfg.ServerName
@@ -131,51 +128,17 @@ func Start(ctx context.Context, cfg Config) (*Relay, error) {
 		tc.ServerName = host
 	}
 	rctx, cancel := context.WithCancel(ctx)
-	r := &Relay{cfg: cfg, tls: tc, ln: ln, log: log, ctx: rctx, cancel: cancel, conns: map[net.Conn]struct{}{}}
+	r := &Relay{cfg: cfg, tls: tc, ln: ln, log: log, ctx: rctx, cancel: cancel, born: time.Now(),
+		conns: map[net.Conn]struct{}{}, pairs: map[*pair]struct{}{}}
 	r.wg.Add(1)
 	go r.accept()
 	context.AfterFunc(rctx, func() { _ = r.Close() })
 	return r, nil
 }
 
-func removeStaleSocket(path string) error {
-	fi, err := os.Lstat(path)
-	if errors.Is(err, fs.ErrNotExist) {
-		return nil
-	}
-	if err != nil {
-		return fmt.Errorf("relay: %w", err)
-	}
-	if fi.Mode().Type() != fs.ModeSocket {
-		return fmt.Errorf("relay: %s exists and is not a socket (%s): remove it or choose another agent socket path", path, fi.Mode().Type())
-	}
-	if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
-		return fmt.Errorf("relay: remove stale socket: %w", err)
-	}
-	return nil
-}
-
 func (r *Relay) accept() {
 	defer r.wg.Done()
-	var delay time.Duration
-	for {
-		c, err := r.ln.Accept()
-		if err != nil {
-			if r.isClosed() || errors.Is(err, net.ErrClosed) {
-				return
-			}
-			// Out of file descriptors and the like: closing the socket
-			// would fail the sandbox, so wait and accept again.
-			delay = min(max(2*delay, 5*time.Millisecond), time.Second)
-			r.log.Warn("agent socket accept failed; retrying", "err", err, "in", delay)
-			select {
-			case <-time.After(delay):
-			case <-r.ctx.Done():
-				return
-			}
-			continue
-		}
-		delay = 0
+	_ = unixsock.Accept(r.ctx, r.ln, r.log, func(c net.Conn) {
 		if !r.track(c) {
 			c.Close()
 			return
@@ -185,7 +148,7 @@ func (r *Relay) accept() {
 		r.mu.Unlock()
 		r.wg.Add(1)
 		go r.serve(c)
-	}
+	})
 }
 
 // track registers c so Close closes it; false once the relay is closed.
@@ -223,28 +186,73 @@ func (r *Relay) serve(shim net.Conn) {
 	}
 	defer r.untrack(vm)
 	defer vm.Close()
+	p := &pair{}
 	r.mu.Lock()
 	r.relayed++
 	r.open++
+	r.pairs[p] = struct{}{}
 	r.mu.Unlock()
 	defer func() {
 		r.mu.Lock()
 		r.open--
+		delete(r.pairs, p)
 		r.mu.Unlock()
 	}()
 
 	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn) {
-		_, _ = io.Copy(dst, src)
+	go func() {
+		_, _ = io.Copy(vm, shim)
 		done <- struct{}{}
-	}
-	go pipe(vm, shim)
-	go pipe(shim, vm)
+	}()
+	go func() {
+		_, _ = io.Copy(shim, &heardReader{src: vm, r: r, p: p})
+		done <- struct{}{}
+	}()
 	// Either side ending ends the pair: ttrpc has no half-closed use.
 	<-done
 	shim.Close()
 	vm.Close()
 	<-done
+}
+
+// pair is one relayed shim connection; heardAt is when its VM side last
+// sent bytes, in nanoseconds since the relay's birth (0: not yet).
+type pair struct{ heardAt atomic.Int64 }
+
+// heardReader notes each read that brought bytes from the VM: decrypted
+// bytes from the forwarder prove the VM reachable over mutual TLS at that
+// moment. One clock read per TLS record is noise beside its decryption.
+type heardReader struct {
+	src io.Reader
+	r   *Relay
+	p   *pair
+}
+
+func (h *heardReader) Read(b []byte) (int, error) {
+	n, err := h.src.Read(b)
+	if n > 0 {
+		h.p.heardAt.Store(max(int64(time.Since(h.r.born)), 1))
+	}
+	return n, err
+}
+
+// Heard says how long ago the VM last sent bytes on a relayed connection
+// that is still open (an answer to the shim's health check, a stream's
+// data), as measured on the monotonic clock. ok is false when no open
+// connection has heard from its VM: none is open (a connection the VM cut
+// is no evidence), or the open ones carried nothing back yet. The age
+// grows while the VM stays silent, so a frozen VM's evidence ages out.
+func (r *Relay) Heard() (age time.Duration, ok bool) {
+	r.mu.Lock()
+	var last int64
+	for p := range r.pairs {
+		last = max(last, p.heardAt.Load())
+	}
+	r.mu.Unlock()
+	if last == 0 {
+		return 0, false
+	}
+	return time.Since(r.born) - time.Duration(last), true
 }
 
 // dial opens one mutual-TLS connection to the forwarder, retrying for up to

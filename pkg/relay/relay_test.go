@@ -355,3 +355,43 @@ func TestShimConnectionWaitsForTheBootingVM(t *testing.T) {
 	require.NoError(t, <-got)
 	require.Equal(t, 1, vm.Agent.Checks())
 }
+
+// Heard reports the age of the VM's last bytes on an open relayed
+// connection: bytes the shim sends prove nothing about the VM, the age grows
+// while the VM is silent, and a connection the VM cut is no evidence.
+func TestHeardCountsOnlyTheVMsBytesOnOpenConnections(t *testing.T) {
+	f := newFixture(t)
+	vm := boot(t, f, "")
+	tc, err := f.ca.ClientTLS()
+	require.NoError(t, err)
+	r, sock := startRelay(t, vm.Addr().String(), tc)
+	ctx := ctxT(t)
+	require.NoError(t, r.WaitReachable(ctx)) // a probe is not a relayed connection
+	_, ok := r.Heard()
+	require.False(t, ok, "nothing relayed yet")
+
+	// A shim that sent half a ttrpc frame: the agent waits for the rest and
+	// answers nothing.
+	quiet, err := net.Dial("unix", sock)
+	require.NoError(t, err)
+	defer quiet.Close()
+	_, err = quiet.Write([]byte{0, 0, 0, 40, 0, 0})
+	require.NoError(t, err)
+	require.Eventually(t, func() bool { return r.Stats().Open == 1 }, 10*time.Second, time.Millisecond)
+	_, ok = r.Heard()
+	require.False(t, ok, "the shim's bytes are not the VM's")
+
+	cl := shim(t, sock)
+	_, err = agentproto.Check(ctx, cl)
+	require.NoError(t, err)
+	age, ok := r.Heard()
+	require.True(t, ok, "the agent's answer came back from the VM")
+	require.Less(t, age, 5*time.Second)
+	require.Eventually(t, func() bool { a, ok := r.Heard(); return ok && a > age+20*time.Millisecond }, 10*time.Second, time.Millisecond,
+		"the age grows while the VM says nothing")
+
+	vm.Close()
+	require.Eventually(t, func() bool { return r.Stats().Open == 0 }, 10*time.Second, time.Millisecond)
+	_, ok = r.Heard()
+	require.False(t, ok, "the VM's cut connections are no evidence")
+}

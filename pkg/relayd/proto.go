@@ -33,6 +33,11 @@ type Entry struct {
 	ServerName string `json:"serverName,omitempty"`
 	// Open counts the shim connections relayed now.
 	Open int `json:"open"`
+	// HeardAgo is how long ago the VM last sent bytes on one of those open
+	// connections (kata's health check answers every 5 s), on the daemon's
+	// monotonic clock; 0 means no such evidence (no open connection, or
+	// nothing came back yet). Nanoseconds in JSON.
+	HeardAgo time.Duration `json:"heardAgo,omitempty"`
 }
 
 // Response answers a Request. Error is empty on success.
@@ -43,6 +48,10 @@ type Response struct {
 	Boot string `json:"boot"`
 	// Kept is true when a Serve found the same sandbox served with the
 	// same arguments and kept its listener and connections.
-	Kept    bool    `json:"kept,omitempty"`
-	Entries []Entry `json:"entries,omitempty"`
+	Kept bool `json:"kept,omitempty"`
+	// HeardAgo is, for a kept Serve, the relay's Entry.HeardAgo at that
+	// moment: a restarted caa takes recent VM traffic as proof of reach
+	// instead of probing (0: no evidence, probe).
+	HeardAgo time.Duration `json:"heardAgo,omitempty"`
+	Entries  []Entry       `json:"entries,omitempty"`
 }

@@ -113,6 +113,7 @@ func TestServeIsIdempotentAndStopCloses(t *testing.T) {
 	resp, err = d.client.Serve(ctx, "sb1", sock, fw.Addr(), "podvm-a")
 	require.NoError(t, err)
 	assert.True(t, resp.Kept, "the same arguments keep the relay")
+	assert.Zero(t, resp.HeardAgo, "a call in flight is no word from the VM yet")
 	_, err = agentproto.Check(ctx, cl)
 	require.NoError(t, err, "the shim's connection survives a repeated Serve")
 	assert.Equal(t, accepted, fw.Accepted(), "no new connection to the VM")
@@ -120,7 +121,15 @@ func TestServeIsIdempotentAndStopCloses(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, d.srv.Boot(), boot)
 	require.Len(t, entries, 1)
+	heard := entries[0].HeardAgo
+	assert.Positive(t, heard, "the health check's answer came from the VM")
+	assert.Less(t, heard, 10*time.Second)
+	entries[0].HeardAgo = 0
 	assert.Equal(t, relayd.Entry{Sandbox: "sb1", Socket: sock, Addr: fw.Addr(), ServerName: "podvm-a", Open: 1}, entries[0])
+	resp, err = d.client.Serve(ctx, "sb1", sock, fw.Addr(), "podvm-a")
+	require.NoError(t, err)
+	assert.True(t, resp.Kept)
+	assert.GreaterOrEqual(t, resp.HeardAgo, heard, "a kept Serve answers the age of the VM's last word")
 
 	require.True(t, fw.Agent.Release("c1", 7))
 	require.NoError(t, <-waited)

@@ -8,16 +8,17 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"io/fs"
 	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"sort"
 	"sync"
 	"time"
 
+	"github.com/caa-project/caa/internal/unixsock"
 	"github.com/caa-project/caa/pkg/relay"
 )
 
@@ -33,7 +34,12 @@ type Config struct {
 	DialTimeout time.Duration
 	// Dial, when set, opens the relays' TCP connections (tests).
 	Dial func(ctx context.Context, network, addr string) (net.Conn, error)
-	Log  *slog.Logger
+	// AllowUIDs are the uids whose processes may use the control socket
+	// (checked with SO_PEERCRED on each connection, besides the socket's
+	// 0600 mode). Empty: the daemon's own uid and root (0). Otherwise
+	// exactly these.
+	AllowUIDs []uint32
+	Log       *slog.Logger
 }
 
 // Server is the relay daemon's state: the relays it serves, by sandbox.
@@ -42,6 +48,7 @@ type Server struct {
 	log   *slog.Logger
 	certs *certStore
 	boot  string
+	allow []uint32 // sorted
 
 	mu     sync.Mutex
 	relays map[string]*served
@@ -65,7 +72,13 @@ func NewServer(cfg Config) (*Server, error) {
 	if cfg.Log == nil {
 		cfg.Log = slog.New(slog.DiscardHandler)
 	}
-	s := &Server{cfg: cfg, log: cfg.Log, certs: newCertStore(cfg.ClientFile), relays: map[string]*served{}}
+	allow := slices.Clone(cfg.AllowUIDs)
+	if len(allow) == 0 {
+		allow = []uint32{0, uint32(os.Getuid())}
+	}
+	slices.Sort(allow)
+	allow = slices.Compact(allow)
+	s := &Server{cfg: cfg, log: cfg.Log, certs: newCertStore(cfg.ClientFile), relays: map[string]*served{}, allow: allow}
 	if _, err := s.certs.refresh(); err != nil {
 		return nil, err
 	}
@@ -81,24 +94,12 @@ func (s *Server) Boot() string { return s.boot }
 // Listen opens the control socket at path, mode 0600 (a stale socket file
 // is replaced; any other file there is an error).
 func Listen(path string) (net.Listener, error) {
-	if err := os.MkdirAll(filepath.Dir(path), 0o700); err != nil {
-		return nil, fmt.Errorf("relayd: %w", err)
-	}
-	if fi, err := os.Lstat(path); err == nil {
-		if fi.Mode().Type() != fs.ModeSocket {
-			return nil, fmt.Errorf("relayd: %s exists and is not a socket: remove it or pass another --socket", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return nil, fmt.Errorf("relayd: remove stale control socket: %w", err)
-		}
-	}
-	ln, err := net.Listen("unix", path)
-	if err != nil {
-		return nil, fmt.Errorf("relayd: listen on %s: %w", path, err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		ln.Close()
-		return nil, fmt.Errorf("relayd: %w", err)
+	ln, err := unixsock.Listen(path, unixsock.Options{Mode: 0o600})
+	switch {
+	case errors.Is(err, unixsock.ErrNotSocket):
+		return nil, fmt.Errorf("relayd: %w: remove it or pass another --socket", err)
+	case err != nil:
+		return nil, fmt.Errorf("relayd: control socket %s: %w", path, err)
 	}
 	return ln, nil
 }
@@ -113,7 +114,10 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 		wg.Wait()
 		s.closeAll()
 	}()
-	context.AfterFunc(ctx, func() { ln.Close() })
+	// Ends the refresh loop and the calls in flight before the wait above,
+	// also when ln was closed under Serve.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
@@ -128,27 +132,17 @@ func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
 			}
 		}
 	}()
-	for {
-		c, err := ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil {
-				return nil
-			}
-			if errors.Is(err, net.ErrClosed) {
-				return err
-			}
-			s.log.Warn("control socket accept failed", "err", err)
-			if sleep(ctx, 100*time.Millisecond) != nil {
-				return nil
-			}
-			continue
-		}
+	err := unixsock.Accept(ctx, ln, s.log, func(c net.Conn) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			s.handle(ctx, c)
 		}()
+	})
+	if ctx.Err() != nil {
+		return nil
 	}
+	return err
 }
 
 func (s *Server) refreshCerts() {
@@ -161,10 +155,41 @@ func (s *Server) refreshCerts() {
 	}
 }
 
+// Allowed returns the uids whose processes may use the control socket.
+func (s *Server) Allowed() []uint32 { return slices.Clone(s.allow) }
+
+// admit checks the peer of a control connection: only the allowed uids may
+// tell the daemon what to serve or stop. The socket's mode already keeps
+// others out; this holds when the mode was widened or the socket's
+// directory is shared with another user's process.
+func (s *Server) admit(c net.Conn) error {
+	p, err := unixsock.Peer(c)
+	if err != nil {
+		s.log.Warn("control connection refused: its peer's credentials are unreadable", "err", err)
+		return fmt.Errorf("refused: the peer's credentials are unreadable: %w", err)
+	}
+	if slices.Contains(s.allow, p.UID) {
+		return nil
+	}
+	s.log.Warn("control connection refused: its peer's uid is not allowed",
+		"peerPid", p.PID, "peerUid", p.UID, "peerGid", p.GID, "allowedUids", s.allow)
+	return fmt.Errorf("refused: uid %d (pid %d) may not use the relay daemon's control socket; it accepts uids %v (caa relay --allow-uid)",
+		p.UID, p.PID, s.allow)
+}
+
 // handle serves one control connection: one request, one answer. The
 // client hanging up cancels the request.
 func (s *Server) handle(ctx context.Context, c net.Conn) {
 	defer c.Close()
+	if err := s.admit(c); err != nil {
+		// Take the request off the socket first (briefly), so the
+		// client's write does not fail and it reads why it was refused.
+		_ = c.SetReadDeadline(time.Now().Add(time.Second))
+		var ignored Request
+		_ = json.NewDecoder(io.LimitReader(c, 64<<10)).Decode(&ignored)
+		_ = json.NewEncoder(c).Encode(Response{Error: err.Error()})
+		return
+	}
 	var req Request
 	dec := json.NewDecoder(io.LimitReader(c, 64<<10))
 	if err := dec.Decode(&req); err != nil {
@@ -188,7 +213,7 @@ func (s *Server) Do(ctx context.Context, req Request) Response {
 	var err error
 	switch req.Op {
 	case OpServe:
-		resp.Kept, err = s.serve(req)
+		resp.Kept, resp.HeardAgo, err = s.serve(req)
 	case OpStop:
 		err = s.stop(req.Sandbox)
 	case OpList:
@@ -225,27 +250,23 @@ func checkServe(req Request) error {
 // keep the listener and its connections (caa's restart registers every
 // live sandbox again); other arguments replace the relay; a socket path
 // served for another sandbox is refused.
-func (s *Server) serve(req Request) (kept bool, err error) {
+func (s *Server) serve(req Request) (kept bool, heard time.Duration, err error) {
 	if err := checkServe(req); err != nil {
-		return false, err
+		return false, 0, err
 	}
 	want := Entry{Sandbox: req.Sandbox, Socket: req.Socket, Addr: req.Addr, ServerName: req.ServerName}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
-		return false, errors.New("the relay daemon is shutting down")
+		return false, 0, errors.New("the relay daemon is shutting down")
 	}
 	old := s.relays[req.Sandbox]
-	if old != nil {
-		o := old.e
-		o.Open = 0
-		if o == want {
-			return true, nil
-		}
+	if old != nil && old.e == want {
+		return true, heardAgo(old.r), nil
 	}
 	for id, sv := range s.relays {
 		if id != req.Sandbox && sv.e.Socket == req.Socket {
-			return false, fmt.Errorf("socket %s is served for sandbox %s: stop it first", req.Socket, id)
+			return false, 0, fmt.Errorf("socket %s is served for sandbox %s: stop it first", req.Socket, id)
 		}
 	}
 	s.refreshCerts()
@@ -255,18 +276,27 @@ func (s *Server) serve(req Request) (kept bool, err error) {
 		s.log.Info("agent relay replaced", "sandbox", req.Sandbox, "was", old.e.Addr, "now", req.Addr)
 	}
 	if err := os.MkdirAll(filepath.Dir(req.Socket), 0o700); err != nil {
-		return false, fmt.Errorf("agent socket directory: %w", err)
+		return false, 0, fmt.Errorf("agent socket directory: %w", err)
 	}
 	r, err := relay.Start(context.Background(), relay.Config{
 		SocketPath: req.Socket, Addr: req.Addr, TLS: s.certs.tlsConfig(), ServerName: req.ServerName,
 		DialTimeout: s.cfg.DialTimeout, Dial: s.cfg.Dial, Log: s.log.With("sandbox", req.Sandbox),
 	})
 	if err != nil {
-		return false, err
+		return false, 0, err
 	}
 	s.relays[req.Sandbox] = &served{e: want, r: r}
 	s.log.Info("serving agent socket", "sandbox", req.Sandbox, "socket", req.Socket, "forwarder", req.Addr)
-	return false, nil
+	return false, 0, nil
+}
+
+// heardAgo is Entry.HeardAgo of r: 0 without evidence, at least 1 ns with.
+func heardAgo(r *relay.Relay) time.Duration {
+	age, ok := r.Heard()
+	if !ok {
+		return 0
+	}
+	return max(age, 1)
 }
 
 // stop closes a sandbox's socket and its connections; an unknown sandbox
@@ -290,6 +320,7 @@ func (s *Server) list() []Entry {
 	for _, sv := range s.relays {
 		e := sv.e
 		e.Open = sv.r.Stats().Open
+		e.HeardAgo = heardAgo(sv.r)
 		out = append(out, e)
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].Sandbox < out[j].Sandbox })
@@ -320,16 +351,5 @@ func (s *Server) closeAll() {
 	s.mu.Unlock()
 	for _, sv := range all {
 		_ = sv.r.Close()
-	}
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
 	}
 }

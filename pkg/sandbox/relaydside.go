@@ -24,6 +24,11 @@ type RelaydSide struct {
 	PodSide
 	Client *relayd.Client
 	Log    *slog.Logger
+	// Fresh is how recent the VM's last bytes on a kept relay's open shim
+	// connection must be for a restarted caa to count the sandbox reachable
+	// without a probe (default FreshWindow). 0 takes the default; negative
+	// always probes.
+	Fresh time.Duration
 
 	ops        sync.Mutex // one of StartRelay, Close, keepOnce at a time
 	mu         sync.Mutex
@@ -45,6 +50,21 @@ const maxProbes = 4
 // keptProbe bounds that first probe; a kept relay whose VM does not answer
 // in time waits unbounded, as a new one does, without holding a turn.
 const keptProbe = 5 * time.Second
+
+// FreshWindow is RelaydSide.Fresh's default: two of kata's 5 s health
+// check periods. A shim that checks its agent hears from the VM every 5 s,
+// so a live sandbox stays within it even with one check answered late; a VM
+// that went silent (killed without a reset, frozen, cut off) is probed
+// again at most 10 s after its last word, and one whose connection ended is
+// probed at once (the daemon keeps no evidence of closed connections).
+const FreshWindow = 10 * time.Second
+
+func (p *RelaydSide) fresh() time.Duration {
+	if p.Fresh == 0 {
+		return FreshWindow
+	}
+	return p.Fresh
+}
 
 var _ PodSide = (*RelaydSide)(nil)
 
@@ -81,19 +101,47 @@ func (p *RelaydSide) StartRelay(ctx context.Context, socketPath, addr, serverNam
 	delete(p.stops, req.Sandbox)
 	p.boot = resp.Boot
 	p.mu.Unlock()
-	p.log().Info("agent socket served by the relay daemon", "sandbox", req.Sandbox, "kept", resp.Kept)
-	return &daemonRelay{side: p, id: req.Sandbox, kept: resp.Kept}, nil
+	p.log().Info("agent socket served by the relay daemon", "sandbox", req.Sandbox, "kept", resp.Kept, "vmHeardAgo", resp.HeardAgo)
+	dr := &daemonRelay{side: p, id: req.Sandbox, kept: resp.Kept}
+	if resp.Kept && resp.HeardAgo > 0 {
+		dr.heard = time.Now().Add(-resp.HeardAgo)
+	}
+	return dr, nil
 }
 
 type daemonRelay struct {
 	side *RelaydSide
 	id   string
 	kept bool // the daemon kept serving it (a restarted caa's registration)
+
+	mu    sync.Mutex
+	heard time.Time // when the VM last spoke on an open shim connection, as the daemon saw at Serve; zero: unknown
+}
+
+// recent takes the Serve answer's evidence, once: true if the VM spoke on
+// the shim's open connection within the Fresh window before now.
+func (r *daemonRelay) recent() (time.Duration, bool) {
+	r.mu.Lock()
+	heard := r.heard
+	r.heard = time.Time{}
+	r.mu.Unlock()
+	if heard.IsZero() {
+		return 0, false
+	}
+	age := time.Since(heard)
+	return age, age <= r.side.fresh()
 }
 
 func (r *daemonRelay) WaitReachable(ctx context.Context) error {
 	p := r.side
 	if r.kept {
+		// The shim's own traffic proves the VM reachable over mutual TLS
+		// (and its agent answering) more cheaply than a handshake of our
+		// own, which takes the CPU the shims' checks need.
+		if age, ok := r.recent(); ok {
+			p.log().Debug("agent reachable: its VM spoke on the shim's connection lately; not probed", "sandbox", r.id, "ago", age)
+			return nil
+		}
 		p.mu.Lock()
 		if p.probes == nil {
 			p.probes = make(chan struct{}, maxProbes)

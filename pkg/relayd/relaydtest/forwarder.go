@@ -32,6 +32,10 @@ type Forwarder struct {
 	mu       sync.Mutex
 	accepted int
 	conns    map[net.Conn]struct{}
+	agents   map[net.Conn]struct{} // the connections to the agent
+	silent   chan struct{}         // closed by Silence
+	closed   chan struct{}         // closed by Close
+	once     sync.Once
 }
 
 // StartForwarder serves on 127.0.0.1 with a server certificate for names
@@ -51,7 +55,8 @@ func StartForwarder(t testing.TB, ca *pki.CA, names ...string) *Forwarder {
 	require.NoError(t, err)
 	agent, err := podvmfake.StartAgent()
 	require.NoError(t, err)
-	f := &Forwarder{Agent: agent, ln: ln, conns: map[net.Conn]struct{}{}}
+	f := &Forwarder{Agent: agent, ln: ln, conns: map[net.Conn]struct{}{}, agents: map[net.Conn]struct{}{},
+		silent: make(chan struct{}), closed: make(chan struct{})}
 	go f.serve()
 	t.Cleanup(f.Close)
 	return f
@@ -69,6 +74,7 @@ func (f *Forwarder) Accepted() int {
 
 // Close stops it (the VM is gone) and closes every connection.
 func (f *Forwarder) Close() {
+	f.once.Do(func() { close(f.closed) })
 	f.ln.Close()
 	f.mu.Lock()
 	for c := range f.conns {
@@ -76,6 +82,23 @@ func (f *Forwarder) Close() {
 	}
 	f.mu.Unlock()
 	f.Agent.Close()
+}
+
+// Silence is a VM that stops answering without closing anything (frozen,
+// or cut off with no reset): new connections are refused, and the open
+// ones stay open but carry nothing more, until Close.
+func (f *Forwarder) Silence() {
+	f.mu.Lock()
+	select {
+	case <-f.silent:
+	default:
+		close(f.silent)
+	}
+	f.ln.Close()
+	for a := range f.agents {
+		a.Close()
+	}
+	f.mu.Unlock()
 }
 
 func (f *Forwarder) serve() {
@@ -112,6 +135,19 @@ func (f *Forwarder) handle(c net.Conn) {
 		return
 	}
 	defer a.Close()
+	f.mu.Lock()
+	f.agents[a] = struct{}{}
+	f.mu.Unlock()
+	defer func() {
+		f.mu.Lock()
+		delete(f.agents, a)
+		f.mu.Unlock()
+	}()
+	select {
+	case <-f.silent:
+		return
+	default:
+	}
 	if _, err := a.Write(head); err != nil {
 		return
 	}
@@ -119,4 +155,10 @@ func (f *Forwarder) handle(c net.Conn) {
 	go func() { _, _ = io.Copy(a, c); done <- struct{}{} }()
 	go func() { _, _ = io.Copy(c, a); done <- struct{}{} }()
 	<-done
+	select {
+	case <-f.silent: // keep the relay's connection open, and say nothing
+		go func() { _, _ = io.Copy(io.Discard, c) }()
+		<-f.closed
+	default:
+	}
 }

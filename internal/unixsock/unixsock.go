@@ -1,0 +1,125 @@
+// Package unixsock opens and serves the unix sockets caa and its relay
+// daemon listen on (kata's hypervisor socket, the agent sockets, the relay
+// daemon's control socket): the socket's directory made if missing, a stale
+// socket file from a killed process replaced, the mode set, and an accept
+// loop that survives transient errors and ends with its context.
+package unixsock
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io/fs"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"time"
+)
+
+// ErrNotSocket: the path holds a file that is not a socket (never removed).
+var ErrNotSocket = errors.New("exists and is not a socket")
+
+// ErrServed: another process still accepts connections on the socket.
+var ErrServed = errors.New("another process serves it")
+
+// Options say how Listen treats the path.
+type Options struct {
+	// DirMode is the mode of the socket's directory when Listen makes it
+	// (default 0700); an existing directory is left as it is.
+	DirMode fs.FileMode
+	// Mode, when not 0, is set on the socket file once it listens.
+	Mode fs.FileMode
+	// RefuseServed makes a socket that a live process still accepts on an
+	// error (ErrServed) instead of being replaced.
+	RefuseServed bool
+}
+
+// Listen listens on a unix socket at path. A socket file left by a process
+// that is gone (SIGKILL leaves it) is replaced; any other kind of file
+// there is an error wrapping ErrNotSocket, so a wrong path never deletes
+// data. Closing the listener removes the file.
+func Listen(path string, o Options) (*net.UnixListener, error) {
+	if o.DirMode == 0 {
+		o.DirMode = 0o700
+	}
+	if err := os.MkdirAll(filepath.Dir(path), o.DirMode); err != nil {
+		return nil, err
+	}
+	fi, err := os.Lstat(path)
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+	case err != nil:
+		return nil, err
+	case fi.Mode().Type() != fs.ModeSocket:
+		return nil, fmt.Errorf("%s %w (%s)", path, ErrNotSocket, fi.Mode().Type())
+	default:
+		if o.RefuseServed {
+			if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
+				_ = c.Close()
+				return nil, fmt.Errorf("%s: %w", path, ErrServed)
+			}
+		}
+		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			return nil, fmt.Errorf("remove the stale socket file: %w", err)
+		}
+	}
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
+	if err != nil {
+		return nil, err
+	}
+	ln.SetUnlinkOnClose(true)
+	if o.Mode != 0 {
+		if err := os.Chmod(path, o.Mode); err != nil {
+			_ = ln.Close()
+			return nil, err
+		}
+	}
+	return ln, nil
+}
+
+// Accept hands each connection accepted on ln to handle (in the calling
+// goroutine: handle starts its own if it blocks) until ln is closed; ctx's
+// end closes ln. An accept error other than the listener's closing (out of
+// file descriptors, say) is logged and retried after a back-off growing
+// from 5 ms to 1 s: closing the socket would fail every client for good.
+// It returns ctx's error if ctx ended, else the error of the closed ln
+// (wrapping net.ErrClosed).
+func Accept(ctx context.Context, ln net.Listener, log *slog.Logger, handle func(net.Conn)) error {
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
+	defer stop()
+	var delay time.Duration
+	for {
+		c, err := ln.Accept()
+		if err == nil {
+			delay = 0
+			handle(c)
+			continue
+		}
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if errors.Is(err, net.ErrClosed) {
+			return err
+		}
+		delay = min(max(2*delay, 5*time.Millisecond), time.Second)
+		log.Warn("accept failed; retrying", "socket", ln.Addr().String(), "err", err, "in", delay)
+		t := time.NewTimer(delay)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ctx.Err()
+		case <-t.C:
+		}
+	}
+}
+
+// Cred is the process at the other end of a unix socket connection, as the
+// kernel saw it connect.
+type Cred struct {
+	PID      int32
+	UID, GID uint32
+}
