@@ -6,7 +6,7 @@ import (
 	"syscall"
 	"time"
 
-	"golang.org/x/sys/unix"
+	"github.com/caa-project/caa/internal/unixsock"
 )
 
 // Cred is the kernel's word on the process at the other end of a unix
@@ -17,21 +17,11 @@ type Cred struct {
 }
 
 func peerCred(c net.Conn) Cred {
-	uc, ok := c.(*net.UnixConn)
-	if !ok {
-		return Cred{}
-	}
-	rc, err := uc.SyscallConn()
+	u, err := unixsock.Peer(c)
 	if err != nil {
 		return Cred{}
 	}
-	var cred Cred
-	_ = rc.Control(func(fd uintptr) {
-		if u, err := unix.GetsockoptUcred(int(fd), unix.SOL_SOCKET, unix.SO_PEERCRED); err == nil {
-			cred = Cred{PID: int(u.Pid), UID: int(u.Uid)}
-		}
-	})
-	return cred
+	return Cred{PID: int(u.PID), UID: int(u.UID)}
 }
 
 // connAlive peeks at the socket without blocking: end of stream means the
