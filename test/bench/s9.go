@@ -9,7 +9,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"sync"
 	"syscall"
 	"time"
 
@@ -49,9 +48,8 @@ type s9Node struct {
 	relayDone chan error
 	gen       int
 	sbs       []s8Sandbox
-	conns     []*katafake.Agent
+	shims     katafake.Shims // each sandbox's shim connection, in order
 	vms       []*podvmfake.FleetVM
-	checks    sync.WaitGroup
 }
 
 func (b *bench) s9(ctx context.Context) (sc Scenario, err error) {
@@ -112,16 +110,12 @@ func (b *bench) s9(ctx context.Context) (sc Scenario, err error) {
 	defer func() {
 		stopChecks()
 		for _, n := range nodes {
-			n.checks.Wait()
-			for _, a := range n.conns {
-				_ = a.Close()
-			}
+			n.shims.Wait()
+			n.shims.Close()
 		}
 	}()
 	for _, n := range nodes {
-		for _, a := range n.conns {
-			n.checks.Go(func() { a.HealthCheck(checkCtx, s9CheckPeriod, s9CheckTimeout) })
-		}
+		n.shims.Check(checkCtx, s9CheckPeriod, s9CheckTimeout)
 	}
 
 	c := fmt.Sprintf("%d nodes x %d sandboxes", s9Nodes, s9PerNode)
@@ -308,7 +302,7 @@ func (n *s9Node) startSandboxes(ctx context.Context, h *nsHarness) (err error) {
 		if err != nil {
 			return err
 		}
-		n.sbs, n.vms, n.conns = append(n.sbs, sb), append(n.vms, vm), append(n.conns, a)
+		n.sbs, n.vms, n.shims.Agents = append(n.sbs, sb), append(n.vms, vm), append(n.shims.Agents, a)
 	}
 	return nil
 }
@@ -336,7 +330,7 @@ func (b *bench) s9Run(ctx context.Context, nodes []*s9Node, run int) (s9Result, 
 		cid := fmt.Sprintf("c-%s-%d", n.node, run)
 		waited := make(chan error, 1)
 		go func() {
-			st, err := n.conns[0].WaitProcess(ctx, cid)
+			st, err := n.shims.Agents[0].WaitProcess(ctx, cid)
 			if err == nil && st != 42 {
 				err = fmt.Errorf("WaitProcess answered %d, want 42", st)
 			}
@@ -353,18 +347,14 @@ func (b *bench) s9Run(ctx context.Context, nodes []*s9Node, run int) (s9Result, 
 			return r, fmt.Errorf("%s: %w", n.node, err)
 		}
 		fl[i] = inflight{cid: cid, waited: waited, stream: s}
-		for _, a := range n.conns {
-			missesBefore += len(a.Misses())
-			checksBefore += a.Checks()
-		}
+		c, m := n.shims.Counts()
+		checksBefore, missesBefore = checksBefore+c, missesBefore+m
 		writesBefore += cloudWrites(n.f.core.Counters())
 	}
 	longest := func() time.Duration {
 		var d time.Duration
 		for _, n := range nodes {
-			for _, a := range n.conns {
-				d = max(d, a.Longest())
-			}
+			d = max(d, n.shims.Longest())
 		}
 		return d
 	}
@@ -401,16 +391,14 @@ func (b *bench) s9Run(ctx context.Context, nodes []*s9Node, run int) (s9Result, 
 		}
 		r.streamed += written - lost
 		r.lost += lost
-		for _, a := range n.conns {
-			r.misses += len(a.Misses())
-			r.checks += a.Checks()
-		}
+		c, m := n.shims.Counts()
+		r.checks, r.misses = r.checks+c, r.misses+m
 		r.writes += cloudWrites(n.f.core.Counters())
 		served, err := n.servedWithShim(ctx)
 		if err != nil {
 			return r, err
 		}
-		for j, a := range n.conns {
+		for j, a := range n.shims.Agents {
 			if len(a.Misses()) > 0 || !served[n.sbs[j].id] {
 				r.failed++
 			}

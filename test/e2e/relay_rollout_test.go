@@ -46,13 +46,12 @@ type rollNode struct {
 
 	ids   []string
 	socks []string
-	conns []*katafake.Agent // each sandbox's shim connection
+	shims katafake.Shims // each sandbox's shim connection, in order
 	vms   []*podvmfake.FleetVM
 	// waited answers the node's long call (WaitProcess on its first
 	// sandbox); stream runs through its second sandbox's socket.
 	waited chan error
 	stream *katafake.Stream
-	checks sync.WaitGroup
 }
 
 func newRollNode(ctx context.Context, t *testing.T, c *cluster.Cluster, name string) *rollNode {
@@ -125,7 +124,7 @@ func (n *rollNode) runSandboxes(ctx context.Context, t *testing.T, count int) {
 		a, err := katafake.DialAgent(ctx, socks[i])
 		require.NoError(t, err)
 		t.Cleanup(func() { _ = a.Close() })
-		n.conns = append(n.conns, a)
+		n.shims.Agents = append(n.shims.Agents, a)
 		n.socks = append(n.socks, socks[i])
 	}
 }
@@ -135,13 +134,10 @@ func (n *rollNode) runSandboxes(ctx context.Context, t *testing.T, count int) {
 // stream (second sandbox's socket), until ctx ends.
 func (n *rollNode) load(ctx, checkCtx context.Context, t *testing.T) {
 	t.Helper()
-	for _, a := range n.conns {
-		n.checks.Add(1)
-		go func() { defer n.checks.Done(); a.HealthCheck(checkCtx, rollCheckPeriod, rollCheckTimeout) }()
-	}
+	n.shims.Check(checkCtx, rollCheckPeriod, rollCheckTimeout)
 	cid := "c-" + n.node
 	go func() {
-		st, err := n.conns[0].WaitProcess(ctx, cid)
+		st, err := n.shims.Agents[0].WaitProcess(ctx, cid)
 		if err == nil && st != 42 {
 			err = fmt.Errorf("WaitProcess answered %d, want 42", st)
 		}
@@ -177,11 +173,10 @@ func (n *rollNode) writes() (creates, deletes int) {
 // the long call completes once released, the stream loses no byte.
 func (n *rollNode) settle(t *testing.T) (checks, misses int, streamed int64) {
 	t.Helper()
-	n.checks.Wait()
-	for i, a := range n.conns {
-		checks += a.Checks()
+	n.shims.Wait()
+	checks, misses = n.shims.Counts()
+	for i, a := range n.shims.Agents {
 		m := a.Misses()
-		misses += len(m)
 		assert.Zero(t, len(m), "%s sandbox %d: kata's health check never misses; the first misses: %v", n.node, i, m[:min(len(m), 3)])
 	}
 	require.True(t, n.vms[0].Agent.Release("c-"+n.node, 42), "%s: the long call is still in flight at the agent", n.node)
@@ -215,18 +210,14 @@ func (n *rollNode) requireAdopted(t *testing.T) {
 // longest check-to-answer time any shim saw in it, with the span's length.
 func stallSpan(nodes []*rollNode, during func()) (time.Duration, time.Duration) {
 	for _, n := range nodes {
-		for _, a := range n.conns {
-			a.Longest() // a new window
-		}
+		n.shims.Longest() // a new window
 	}
 	start := time.Now()
 	during()
 	took := time.Since(start)
 	var longest time.Duration
 	for _, n := range nodes {
-		for _, a := range n.conns {
-			longest = max(longest, a.Longest())
-		}
+		longest = max(longest, n.shims.Longest())
 	}
 	return longest, took
 }
@@ -347,12 +338,12 @@ func TestRelayRolloutFaults(t *testing.T) {
 	n.caa = v3
 	assert.Equal(t, http.StatusOK, v3.readyz())
 	// A few more checks per sandbox on the adopted relays.
-	from := make([]int, len(n.conns))
-	for i, a := range n.conns {
+	from := make([]int, len(n.shims.Agents))
+	for i, a := range n.shims.Agents {
 		from[i] = a.Checks()
 	}
 	require.Eventually(t, func() bool {
-		for i, a := range n.conns {
+		for i, a := range n.shims.Agents {
 			if a.Checks() < from[i]+3 {
 				return false
 			}

@@ -200,3 +200,46 @@ func (s *Stream) Finish(within time.Duration) (written, lost int64, err error) {
 	}
 	return written, 0, err
 }
+
+// Shims are the shims of many sandboxes, checked and measured together.
+type Shims struct {
+	Agents []*Agent
+	wg     sync.WaitGroup
+}
+
+// Check starts every shim's HealthCheck until ctx ends; Wait waits for
+// them to end.
+func (s *Shims) Check(ctx context.Context, period, timeout time.Duration) {
+	for _, a := range s.Agents {
+		s.wg.Go(func() { a.HealthCheck(ctx, period, timeout) })
+	}
+}
+
+// Wait waits until every HealthCheck started by Check has returned.
+func (s *Shims) Wait() { s.wg.Wait() }
+
+// Longest is the longest check-to-answer time any shim saw since the last
+// call; it starts a new window for each.
+func (s *Shims) Longest() time.Duration {
+	var d time.Duration
+	for _, a := range s.Agents {
+		d = max(d, a.Longest())
+	}
+	return d
+}
+
+// Counts are the checks and misses of every shim so far.
+func (s *Shims) Counts() (checks, misses int) {
+	for _, a := range s.Agents {
+		checks += a.Checks()
+		misses += len(a.Misses())
+	}
+	return checks, misses
+}
+
+// Close closes every shim's connection.
+func (s *Shims) Close() {
+	for _, a := range s.Agents {
+		_ = a.Close()
+	}
+}
