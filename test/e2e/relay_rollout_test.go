@@ -95,6 +95,15 @@ func (n *rollNode) startRelay(ctx context.Context, t *testing.T) {
 // agent connection.
 func (n *rollNode) runSandboxes(ctx context.Context, t *testing.T, count int) {
 	t.Helper()
+	n.beginSandboxes(ctx, t, count)()
+}
+
+// beginSandboxes creates the pods and sends the shim's calls; the function
+// it returns waits for the answers, checks them and opens the shims'
+// connections (on the test's goroutine, so the nodes' sandboxes can start
+// side by side).
+func (n *rollNode) beginSandboxes(ctx context.Context, t *testing.T, count int) (finish func()) {
+	t.Helper()
 	base := len(n.ids)
 	socks := make([]string, count)
 	errs := make([]error, count)
@@ -112,8 +121,18 @@ func (n *rollNode) runSandboxes(ctx context.Context, t *testing.T, count int) {
 			}
 		}()
 	}
-	wg.Wait()
-	for i := range count {
+	return func() {
+		t.Helper()
+		wg.Wait()
+		n.openShims(ctx, t, base, socks, errs)
+	}
+}
+
+// openShims checks the answers to the shim's calls for sandboxes base...
+// and opens each one's shim connection.
+func (n *rollNode) openShims(ctx context.Context, t *testing.T, base int, socks []string, errs []error) {
+	t.Helper()
+	for i := range socks {
 		id := n.ids[base+i]
 		require.NoError(t, errs[i], "sandbox %s on %s (failed boots: %v)", id, n.node, n.fleet.Failed())
 		vms := n.liveSandboxVMs(id)
@@ -239,7 +258,6 @@ func TestRelayRolloutKeepsEverySandbox(t *testing.T) {
 	for i := range all {
 		all[i] = newRollNode(ctx, t, c, fmt.Sprintf("worker-%d", i+1))
 	}
-	var wg sync.WaitGroup
 	for _, n := range all {
 		n.caa = n.startCaa(t)
 	}
@@ -248,13 +266,12 @@ func TestRelayRolloutKeepsEverySandbox(t *testing.T) {
 		n.startRelay(ctx, t)
 	}
 	// The nodes' sandboxes start side by side, as a cluster's do.
+	var finish []func()
 	for _, n := range all {
-		wg.Add(1)
-		go func() { defer wg.Done(); n.runSandboxes(ctx, t, perNode) }()
+		finish = append(finish, n.beginSandboxes(ctx, t, perNode))
 	}
-	wg.Wait()
-	if t.Failed() {
-		t.FailNow()
+	for _, f := range finish {
+		f()
 	}
 	checkCtx, stopChecks := context.WithCancel(ctx)
 	defer stopChecks()
