@@ -1,6 +1,7 @@
 // Command bench runs caa's benchmark scenarios (S1 warm restart, S2
 // recreate storm, S4 memory, S5 apiserver cost, S6 the fleet, S7 the surge
-// hand-over, S8 the remote hypervisor mode) with the real caa binary,
+// hand-over, S8 the remote hypervisor mode, S9 a rolling update of caa
+// with the agent sockets in caa relay) with the real caa binary,
 // a real kube-apiserver and the fake clouds, joins them with the ledger's
 // Go benchmarks (S3, summarised by internal/benchreport), and writes the
 // results, their raw data, the S1 plot and the README's Benchmarks section.
@@ -60,7 +61,7 @@ func run(ctx context.Context, args []string) (int, error) {
 		clouds    = fs.String("clouds", "aws,azure,ibmcloud", "S1: clouds")
 		others    = fs.String("others", "0,5000,10000", "S4: pods on other nodes")
 		window    = fs.Duration("s5-window", 2*time.Minute, "S5: steady-state window")
-		scenarios = fs.String("scenarios", "s1,s2,s4,s5,s6,s7,s8", "scenarios to run (s8 needs root)")
+		scenarios = fs.String("scenarios", "s1,s2,s4,s5,s6,s7,s8,s9", "scenarios to run (s8 and s9 need root)")
 		s6Nodes   = fs.Int("s6-nodes", 0, "S6: caa processes in the fleet (default 24; 5 with -quick)")
 		s6Pods    = fs.Int("s6-pods", 0, "S6: peer pods per node (default 30; 10 with -quick)")
 		s6Others  = fs.String("s6-others", "", "S6: VMs of other nodes for the startup cases, growing (default 0,5000,20000; 0,2000 with -quick)")
@@ -173,6 +174,8 @@ func run(ctx context.Context, args []string) (int, error) {
 			sc, err = b.s7(ctx)
 		case "s8":
 			sc, err = b.s8(ctx)
+		case "s9":
+			sc, err = b.s9(ctx)
 		default:
 			return 2, fmt.Errorf("-scenarios: unknown %q", s)
 		}

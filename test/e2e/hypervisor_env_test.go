@@ -47,6 +47,7 @@ type hvEnv struct {
 	door  *arrivals
 	hold  *createHold
 	fleet *podvmfake.Fleet
+	ec2   http.Handler // the fake EC2's server over aws.core, for other doors to it
 	node  string
 	// dir is short: agent socket paths (dir/pods/<64 hex>/agent.ttrpc)
 	// must fit a unix socket address.
@@ -58,8 +59,14 @@ type hvEnv struct {
 func newHVEnv(ctx context.Context, t *testing.T) *hvEnv {
 	t.Helper()
 	cn := podvmfake.NewCloudNetwork(t) // skips only where the kernel lacks netns or VXLAN
-	c := cluster.Start(ctx, t)
-	e := &hvEnv{c: c, cn: cn, node: "worker-1", door: &arrivals{}, hold: &createHold{}}
+	return newHVEnvOn(ctx, t, cluster.Start(ctx, t), cn, "worker-1")
+}
+
+// newHVEnvOn is node on cluster c (several nodes may share one apiserver),
+// in its own cloud network cn with its own fake EC2 and pod VM fleet.
+func newHVEnvOn(ctx context.Context, t *testing.T, c *cluster.Cluster, cn *podvmfake.CloudNetwork, node string) *hvEnv {
+	t.Helper()
+	e := &hvEnv{c: c, cn: cn, node: node, door: &arrivals{}, hold: &createHold{}}
 	_, err := c.CreateNode(ctx, e.node)
 	require.NoError(t, err)
 
@@ -70,7 +77,8 @@ func newHVEnv(ctx context.Context, t *testing.T) *hvEnv {
 		ln, err = net.Listen("tcp", "127.0.0.1:0")
 		return err
 	}))
-	srv := httptest.NewUnstartedServer(e.door.wrap(e.hold.wrap(ec2fake.NewServer(core))))
+	e.ec2 = ec2fake.NewServer(core)
+	srv := httptest.NewUnstartedServer(e.door.wrap(e.hold.wrap(e.ec2)))
 	_ = srv.Listener.Close()
 	srv.Listener = ln
 	srv.Start()

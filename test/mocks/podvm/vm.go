@@ -1,6 +1,7 @@
 package podvmfake
 
 import (
+	"bytes"
 	"context"
 	"crypto/tls"
 	"crypto/x509"
@@ -47,7 +48,12 @@ type VM struct {
 	accepted int
 	rejected []error
 	relayed  int
+	echoed   int
 }
+
+// StreamMagic opens a connection the fake forwarder echoes instead of
+// relaying it to the agent (the same bytes as relaydtest.StreamMagic).
+var StreamMagic = []byte("STREAM!!")
 
 // Boot reads the user data as the pod VM's provisioning does, builds the VM's
 // end of the tunnel when it has a namespace, starts the fake agent and serves
@@ -148,12 +154,29 @@ func (vm *VM) forward(c *tls.Conn) {
 		vm.log.Info("fake forwarder refused a connection", "err", err)
 		return
 	}
+	// A connection opening with StreamMagic is echoed back instead (a byte
+	// stream through the relay that a test can check for loss); any other
+	// is kata's agent protocol, whose client speaks first.
+	head := make([]byte, len(StreamMagic))
+	if _, err := io.ReadFull(c, head); err != nil {
+		return
+	}
+	if bytes.Equal(head, StreamMagic) {
+		vm.mu.Lock()
+		vm.echoed++
+		vm.mu.Unlock()
+		_, _ = io.Copy(c, c)
+		return
+	}
 	agent, err := net.Dial("unix", vm.Agent.Socket())
 	if err != nil {
 		vm.log.Error("fake forwarder cannot reach the agent", "err", err)
 		return
 	}
 	defer agent.Close()
+	if _, err := agent.Write(head); err != nil {
+		return
+	}
 	vm.mu.Lock()
 	vm.relayed++
 	vm.mu.Unlock()
@@ -173,13 +196,15 @@ type Stats struct {
 	Accepted, Relayed int
 	Rejected          []error
 	Open              int
+	// Echoed counts the connections that opened with StreamMagic.
+	Echoed int
 }
 
 // Stats returns the forwarder's counts so far.
 func (vm *VM) Stats() Stats {
 	vm.mu.Lock()
 	defer vm.mu.Unlock()
-	return Stats{Accepted: vm.accepted, Relayed: vm.relayed, Rejected: append([]error(nil), vm.rejected...), Open: len(vm.conns)}
+	return Stats{Accepted: vm.accepted, Relayed: vm.relayed, Rejected: append([]error(nil), vm.rejected...), Open: len(vm.conns), Echoed: vm.echoed}
 }
 
 // Close stops the forwarder and the agent and cuts every connection: the VM
