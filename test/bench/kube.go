@@ -163,20 +163,42 @@ func forgetLedger(ctx context.Context, client kubernetes.Interface, node string)
 
 // podListTime is the median of runs LISTs of node's pods, the list caa's
 // informer makes (field selector spec.nodeName, from the watch cache).
+// The watch cache may trail the pods just created: it is first waited for
+// (up to 30 s), then timed.
 func podListTime(ctx context.Context, client kubernetes.Interface, node string, want, runs int) (time.Duration, error) {
-	var ds []float64
-	for range runs {
-		start := time.Now()
-		list, err := client.CoreV1().Pods("").List(ctx, metav1.ListOptions{
+	list := func() (int, error) {
+		l, err := client.CoreV1().Pods("").List(ctx, metav1.ListOptions{
 			FieldSelector:   fields.OneTermEqualSelector("spec.nodeName", node).String(),
 			ResourceVersion: "0",
 		})
 		if err != nil {
 			return 0, fmt.Errorf("list pods of node %s: %w", node, err)
 		}
+		return len(l.Items), nil
+	}
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		n, err := list()
+		if err != nil {
+			return 0, err
+		}
+		if n == want {
+			break
+		}
+		if time.Now().After(deadline) {
+			return 0, fmt.Errorf("node %s has %d pods in the apiserver's watch cache, want %d", node, n, want)
+		}
+		time.Sleep(50 * time.Millisecond) // polling the cache: the apiserver has no event for "caught up"
+	}
+	var ds []float64
+	for range runs {
+		start := time.Now()
+		n, err := list()
+		if err != nil {
+			return 0, err
+		}
 		ds = append(ds, float64(time.Since(start)))
-		if len(list.Items) != want {
-			return 0, fmt.Errorf("node %s has %d pods, want %d", node, len(list.Items), want)
+		if n != want {
+			return 0, fmt.Errorf("node %s has %d pods, want %d", node, n, want)
 		}
 	}
 	return time.Duration(Median(ds)), nil
