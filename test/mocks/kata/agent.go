@@ -27,6 +27,9 @@ type Agent struct {
 	checks  int
 	misses  []string
 	longest time.Duration
+	// window is when the current window of Longest began: a check sent
+	// before it counts in the window before, even if answered in this one.
+	window time.Time
 }
 
 // DialAgent opens the shim's one connection to an agent socket.
@@ -54,7 +57,9 @@ func (a *Agent) HealthCheck(ctx context.Context, period, timeout time.Duration) 
 		}
 		a.mu.Lock()
 		a.checks++
-		a.longest = max(a.longest, d)
+		if !t0.Before(a.window) {
+			a.longest = max(a.longest, d)
+		}
 		if err != nil || st != agentproto.Serving {
 			a.misses = append(a.misses, fmt.Sprintf("check %d after %s: status %d, err %v", a.checks, d, st, err))
 		}
@@ -80,13 +85,14 @@ func (a *Agent) Misses() []string {
 	return append([]string(nil), a.misses...)
 }
 
-// Longest returns the longest check-to-answer time since the last call and
-// starts a new window.
+// Longest returns the longest check-to-answer time of the checks sent since
+// the last call, and starts a new window.
 func (a *Agent) Longest() time.Duration {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	d := a.longest
 	a.longest = 0
+	a.window = time.Now()
 	return d
 }
 
@@ -208,10 +214,20 @@ type Shims struct {
 }
 
 // Check starts every shim's HealthCheck until ctx ends; Wait waits for
-// them to end.
+// them to end. The shims' first checks are spread over one period, as
+// shims started with their sandboxes at different moments are: checks
+// all sent at once would queue behind each other.
 func (s *Shims) Check(ctx context.Context, period, timeout time.Duration) {
-	for _, a := range s.Agents {
-		s.wg.Go(func() { a.HealthCheck(ctx, period, timeout) })
+	for i, a := range s.Agents {
+		offset := period * time.Duration(i) / time.Duration(len(s.Agents))
+		s.wg.Go(func() {
+			select {
+			case <-ctx.Done():
+				return
+			case <-time.After(offset):
+			}
+			a.HealthCheck(ctx, period, timeout)
+		})
 	}
 }
 
