@@ -59,7 +59,7 @@ func (b *bench) s9(ctx context.Context) (sc Scenario, err error) {
 			"%d sandboxes started by a fake kata shim (CreateVM, StartVM). Each sandbox's shim keeps one connection to its agent socket and health-checks "+
 			"the agent every %s (kata: 5 s; a check unanswered in %s is a miss); each node has one WaitProcess in flight and one byte stream "+
 			"(%d bytes every %s, echoed by the fake forwarder). A run is one rolling update as the DaemonSet does it with maxSurge 1: node by node, a "+
-			"new caa pod (same binary, another pod name) starts beside the old one, takes the ledger over, turns ready, and the old one is stopped (SIGTERM). "+
+			"new caa pod (same binary: the EC2-only build an AWS node runs, when the bench builds caa; another pod name) starts beside the old one, takes the ledger over, turns ready, and the old one is stopped (SIGTERM). "+
 			"The stall is the longest check-to-answer time any shim saw during the rollout; the bound is the same figure over a span of the same "+
 			"length right after it, with no hand-over (median over the runs). %d run(s).",
 			s9Nodes, s9PerNode, s9CheckPeriod, s9CheckTimeout, s9StreamChunk, s9StreamEvery, b.count)}
@@ -227,7 +227,7 @@ func (n *s9Node) startCaa() (*Daemon, error) {
 	var d *Daemon
 	err := podvmfake.InNetNS(n.cn.NodeNS, func() error {
 		var err error
-		d, err = StartCaa(n.b.caa, args, hermeticEnv(n.f.env...), n.b.logPath("s9-"+n.node))
+		d, err = StartCaa(n.b.s9Binary(), args, hermeticEnv(n.f.env...), n.b.logPath("s9-"+n.node))
 		return err
 	})
 	if err != nil {
@@ -244,7 +244,7 @@ func (n *s9Node) startRelay(ctx context.Context) (stop func(), err error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(n.b.caa, "relay", "--socket", n.relaySock, "--agent-ca-dir", filepath.Dir(n.ledger), "--log-format", "json")
+	cmd := exec.Command(n.b.s9Binary(), "relay", "--socket", n.relaySock, "--agent-ca-dir", filepath.Dir(n.ledger), "--log-format", "json")
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := podvmfake.InNetNS(n.cn.NodeNS, cmd.Start); err != nil {
@@ -444,4 +444,14 @@ func (n *s9Node) servedWithShim(ctx context.Context) (map[string]bool, error) {
 		out[e.Sandbox] = e.Open > 0
 	}
 	return out, nil
+}
+
+// s9Binary is the caa S9 runs: the EC2-only build when the bench built one
+// (an AWS node runs the image of its cloud, `make image CLOUDS=aws`, whose
+// start does not initialise the other clouds' SDKs), else -caa's.
+func (b *bench) s9Binary() string {
+	if b.caaAWS != "" {
+		return b.caaAWS
+	}
+	return b.caa
 }
