@@ -206,7 +206,11 @@ func (s *server) queryResources(w http.ResponseWriter, r *http.Request) {
 	if offset < len(rows) {
 		end := min(len(rows), offset+size)
 		out.Data = rows[offset:end]
-		if end < len(rows) {
+		if end < len(rows) && q.summarizes() {
+			// Resource Graph pages no summarize ("simplified first
+			// page only"): no token, and a flag that groups are missing.
+			out.ResultTruncated = "true"
+		} else if end < len(rows) {
 			raw, _ := json.Marshal(skipToken{Offset: end, Query: queryDigest(req)})
 			out.SkipToken = base64.RawURLEncoding.EncodeToString(raw)
 		}
