@@ -29,7 +29,7 @@ var _ provider.ClusterLister = (*Provider)(nil)
 // that each fit one answer, sized from a count made first. An answer that
 // says it was truncated anyway makes the listing start again with twice
 // the parts. The guidance also puts an answer's size at 16 MB at most: a
-// part holds at most clusterVMsPerAnswer VMs (about 3 MB with caa's own
+// part holds at most clusterVMsPerAnswer VMs (about 2.2 MB with caa's own
 // tags), whatever its nodes.
 
 // clusterFilter is every VM of the resource group tagged for the cluster
