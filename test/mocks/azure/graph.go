@@ -16,8 +16,9 @@ import (
 // The fake Resource Graph: POST /providers/Microsoft.ResourceGraph/resources,
 // the API version the SDK (armresourcegraph v0.10.0) sends, over the search
 // index (see searchIndex), answering the KQL subset of kql.go in the
-// objectArray format, paged with $skipToken. A query is counted under
-// cloud.OpList.
+// objectArray format, paged with $skipToken (a summarize is not paged:
+// its first page only, resultTruncated when groups were left out). A
+// query is counted under cloud.OpList.
 
 // GraphAPIVersion is the api-version of the query API the fake serves.
 const GraphAPIVersion = "2024-04-01"

@@ -32,8 +32,8 @@ import (
 //
 // Keywords and column names are case-sensitive, as in KQL. hash() is not
 // KQL's (xxhash64): it is FNV-1a's 64 bits read as a signed integer, so
-// that, like KQL's, half its values are negative; a query can rely only on
-// it being a function of its argument. summarize answers as Resource Graph
+// that about half its values are negative, as a signed 64-bit result may
+// be; a query can rely only on it being a function of its argument. summarize answers as Resource Graph
 // does (its "simplified first page only"): one page, never a $skipToken,
 // resultTruncated when the groups did not fit.
 
