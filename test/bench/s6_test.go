@@ -210,3 +210,28 @@ func TestClusterRowsScaleListingsByPages(t *testing.T) {
 	// Without it: 6 searches per node per hour, 1,000 nodes.
 	assert.InDelta(t, 6000, get("ibmcloud, idle without the cluster caa, 1000 nodes x 30 pods", "fleet's cloud reads per hour"), 1e-9)
 }
+
+// TestClusterRowsScaleAzureByParts: Azure's cluster listing is grouped by
+// node: a count and one query per part of the nodes (azure.ClusterParts),
+// so 30,000 VMs cost 7 queries a listing, not 30 pages.
+func TestClusterRowsScaleAzureByParts(t *testing.T) {
+	cfg := s6Config{nodes: 24, pods: 30, idleAudit: 15 * time.Second, idleWindow: 45 * time.Second}
+	m := &s6Measured{name: "azure", limits: armfake.PublishedLimits()}
+	cm := &s6ClusterMeasured{
+		// Alone: 2 listings of 720 VMs, each a count and one grouped query.
+		alone: map[string]int64{opGraph: 4}, listingsAlone: 2,
+		idle: map[string]int64{opGraph: 6}, audits: 72, listings: 3,
+	}
+	rows, _ := s6ClusterRows(cfg, m, cm, map[string]float64{opGraph: 6})
+	var got, pct float64
+	for _, r := range rows {
+		if r.Case == "azure, idle with the cluster caa, 1000 nodes x 30 pods" && r.Metric == "fleet's cloud reads per hour" {
+			got = r.Runs[0]
+		}
+		if r.Case == "azure, idle with the cluster caa, 1000 nodes x 30 pods" && r.Metric == armfake.ClassGraphUser+" bucket" {
+			pct = r.Runs[0]
+		}
+	}
+	assert.InDelta(t, 6*7, got, 1e-9, "6 listings an hour of a count and 6 parts")
+	assert.InDelta(t, 100*42.0/3600/3, pct, 1e-9, "of Resource Graph's 15 queries per 5 s")
+}

@@ -10,6 +10,8 @@ import (
 	"time"
 
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/caa-project/caa/pkg/provider/azure"
 )
 
 // S6 with the cluster caa: one `caa cluster` (a single replica, so the
@@ -28,9 +30,10 @@ const (
 )
 
 // s6ClusterPage is, per cloud, the VMs one page of the cluster caa's
-// listing holds (EC2 DescribeInstances' MaxResults and Resource Graph's
-// $top, 1,000; Global Search's limit, 1,000 hits, two per VM: the
-// instance and its boot volume), for the extrapolation.
+// listing holds (EC2 DescribeInstances' MaxResults, 1,000; Global
+// Search's limit, 1,000 hits, two per VM: the instance and its boot
+// volume), for the extrapolation. Azure's listing is grouped by node and
+// grows by azure.ClusterParts instead.
 var s6ClusterPage = map[string]float64{"aws": 1000, "azure": 1000, "ibmcloud": 500}
 
 // s6ClusterMeasured is what the cluster phase counted.
@@ -217,6 +220,10 @@ func s6ClusterRows(cfg s6Config, m *s6Measured, cm *s6ClusterMeasured, noCluster
 			k := vms / v0
 			if isListingOp(op) {
 				k = math.Ceil(vms/page) / math.Ceil(v0/page)
+				if name == "azure" {
+					// Grouped by node: a count, then a query per part.
+					k = float64(1+azure.ClusterParts(int(nodes), int(vms))) / float64(1+azure.ClusterParts(cfg.nodes, int(v0)))
+				}
 			}
 			listing[op] = v * k
 		}
@@ -242,8 +249,12 @@ func s6ClusterRows(cfg s6Config, m *s6Measured, cm *s6ClusterMeasured, noCluster
 				PercentOfRefill(byClass[class]/3600, m.limits[class])))
 		}
 		rows = append(rows, busiest(bucketRows, strings.TrimPrefix(c, name+", ")+": busiest read bucket")...)
-		details = append(details, fmt.Sprintf("%s: reads an hour by op %s (listings every %s, linear in pages of %s VMs; node audits every %s)",
-			c, CountsLine(roundMap(hour)), s6ClusterInterval, Num(page), s6Audit))
+		shape := fmt.Sprintf("linear in pages of %s VMs", Num(page))
+		if name == "azure" {
+			shape = fmt.Sprintf("a count and %d grouped queries, azure.ClusterParts", azure.ClusterParts(size.nodes, size.nodes*size.pods))
+		}
+		details = append(details, fmt.Sprintf("%s: reads an hour by op %s (listings every %s, %s; node audits every %s)",
+			c, CountsLine(roundMap(hour)), s6ClusterInterval, shape, s6Audit))
 	}
 	// Without it, at 1,000 nodes, for the comparison in one place.
 	c := fmt.Sprintf("%s, idle without the cluster caa, %d nodes x %d pods", name, s6ScaleNodes, s6ScalePods)

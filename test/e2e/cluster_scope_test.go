@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -24,6 +26,7 @@ import (
 
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/e2e/cluster"
+	armfake "github.com/caa-project/caa/test/mocks/azure"
 	"github.com/caa-project/caa/test/mocks/cloud"
 	vpcfake "github.com/caa-project/caa/test/mocks/ibmcloud"
 )
@@ -488,4 +491,142 @@ func TestClusterScopeOnIBMCloud(t *testing.T) {
 		}
 		return true
 	})
+}
+
+// TestClusterAuditReplacesTheNodeListingOnIBMCloud is
+// TestClusterAuditReplacesTheNodeListing on IBM Cloud: with the cluster
+// caa leading, the node's caa makes no Global Search of its own, and an
+// instance deleted behind its back is replaced within an audit interval
+// through the view (the node reads only that instance, by id); once the
+// leader is gone for two intervals, the node searches again.
+func TestClusterAuditReplacesTheNodeListingOnIBMCloud(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	require.NoError(t, c.EnsureNamespace(ctx, scopeNamespace))
+	ibm := newIBMCloudFake(t)
+	env := append(hermeticEnv(), ibm.env...)
+
+	// The node's caa goes through a front of its own that counts its
+	// searches; the same fake serves both caa, so the tags one attaches
+	// the other sees.
+	target, err := url.Parse(ibm.url)
+	require.NoError(t, err)
+	proxy := httputil.NewSingleHostReverseProxy(target)
+	var searches atomic.Int64
+	front := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/v3/resources/search" {
+			searches.Add(1)
+		}
+		proxy.ServeHTTP(w, r)
+	}))
+	t.Cleanup(front.Close)
+	nodeArgs := slices.Clone(ibm.args)
+	for i, a := range nodeArgs {
+		nodeArgs[i] = strings.Replace(a, ibm.url, front.URL, 1)
+	}
+
+	const node = "worker-1"
+	_, err = c.CreateNode(ctx, node)
+	require.NoError(t, err)
+	for i := range 3 {
+		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%d", i), node, nil)
+		require.NoError(t, err)
+	}
+	d := launchCaa(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"), "node", append(nodeArgs, "--audit-interval", "1s"), env)
+	d.waitReady(t, func() {})
+	require.Eventually(t, func() bool { return len(ibm.live()) == 3 }, 30*time.Second, condPoll, "three VMs")
+
+	leader := launchClusterCaaOn(t, c, "replica-a", ibm.args, env)
+	require.Eventually(t, func() bool { return strings.Contains(d.logs.String(), "auditing from the cluster caa's cloud view") },
+		30*time.Second, condPoll, "the node audits against the view")
+	before := searches.Load()
+
+	first := ibm.live()
+	var killedUID, killedID string
+	for uid, id := range first {
+		killedUID, killedID = uid, id
+		break
+	}
+	killedAt := time.Now()
+	require.NoError(t, ibm.core.Kill(killedID))
+	require.Eventually(t, func() bool {
+		id, ok := ibm.live()[killedUID]
+		return ok && id != killedID
+	}, 30*time.Second, condPoll, "the killed VM replaced")
+	t.Logf("replaced %s after %s", killedID, time.Since(killedAt).Round(time.Millisecond))
+	time.Sleep(3 * time.Second) // three more audits: the window measured, not a synchronisation
+	assert.Equal(t, before, searches.Load(), "no search of the node's own while the view is fresh")
+	assert.Len(t, ibm.live(), 3)
+
+	leader.stop(t)
+	require.Eventually(t, func() bool { return searches.Load() > before }, 30*time.Second, condPoll,
+		"the view goes stale: the node searches again")
+	assert.Contains(t, d.logs.String(), "auditing alone")
+	d.stop(t)
+}
+
+// TestClusterScopeOnAzure is TestClusterScopeCollectsDepartedNodes's shape
+// on Azure, kept short: the leader lists the cluster with Resource Graph
+// queries grouped by node (here answers of two rows, so the nodes do not
+// fit one and the listing splits them), deletes a deleted node's VMs
+// after the grace and only those, never another node's nor another
+// cluster's; and the node caa of a live node audits against the view.
+func TestClusterScopeOnAzure(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	require.NoError(t, c.EnsureNamespace(ctx, scopeNamespace))
+	az := newAzureFake(t, armfake.WithGraphPageSize(2))
+	id := clusterUID(ctx, t, c)
+	env := append(hermeticEnv(), az.env...)
+
+	vms := map[string][]string{}
+	for _, n := range []string{"gone", "other-1", "other-2", "healthy"} {
+		_, err := c.CreateNode(ctx, n)
+		require.NoError(t, err)
+		vms[n] = seedVMsOf(t, az.core, id, n, 2, azureSize, azureImage)
+	}
+	foreign := seedVMsOf(t, az.core, "another-cluster", "gone", 1, azureSize, azureImage)
+
+	healthy := launchCaa(t, c, "healthy", filepath.Join(t.TempDir(), "healthy", "ledger.db"), "azure", az.args, env)
+	healthy.waitReady(t, func() {})
+	launchClusterCaaOn(t, c, "replica-a", az.args, env)
+	require.Eventually(t, func() bool {
+		for _, n := range []string{"gone", "other-1", "other-2", "healthy"} {
+			node, err := c.Client().CoreV1().Nodes().Get(ctx, n, metav1.GetOptions{})
+			if err != nil || !strings.Contains(node.Annotations["caa.dev/cloud-view"], vms[n][0]) {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, condPoll, "every node's view published, its VMs in it")
+	require.Eventually(t, func() bool {
+		return strings.Contains(healthy.logs.String(), "auditing from the cluster caa's cloud view")
+	}, 30*time.Second, condPoll, "the live node audits against the view")
+
+	require.NoError(t, c.Client().CoreV1().Nodes().Delete(ctx, "gone", metav1.DeleteOptions{}))
+	deletedAt := time.Now()
+	require.Eventually(t, func() bool {
+		for _, s := range states(az.core, vms["gone"]) {
+			if s != provider.StateTerminated && s != "missing" {
+				return false
+			}
+		}
+		return true
+	}, 30*time.Second, condPoll, "the departed node's VMs deleted")
+	for _, in := range az.core.Instances() {
+		if in.Tags[provider.TagNode] == "gone" && in.Tags[provider.TagCluster] == id {
+			assert.GreaterOrEqual(t, in.EndedAt.Sub(deletedAt), scopeGrace, "VM %s deleted before the grace", in.ID)
+		}
+	}
+	deadline := time.Now().Add(2 * scopeGrace)
+	for time.Now().Before(deadline) {
+		for _, n := range []string{"other-1", "other-2", "healthy"} {
+			require.True(t, allIn(states(az.core, vms[n]), provider.StateRunning), "node %s's VMs untouched: %v", n, states(az.core, vms[n]))
+		}
+		require.True(t, allIn(states(az.core, foreign), provider.StateRunning), "another cluster's VM untouched")
+		time.Sleep(condPoll)
+	}
+	assert.Equal(t, int64(2), az.core.Counters()["deleted"], "exactly the departed node's two VMs")
 }

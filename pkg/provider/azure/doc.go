@@ -35,6 +35,11 @@
 // escaped; other control characters refused with ErrInvalidSpec before any
 // call), so a node or cluster name cannot change the query.
 //
+// ListCluster (cluster.go), the cluster caa's listing of every node's
+// VMs, groups on the server instead: a count, then one summarize by node
+// tag per part of the nodes (split by a hash of the tag), a row a node,
+// since Resource Graph answers a summarize with its first page only.
+//
 // The search index lags. Resource Graph trails ARM by seconds to minutes:
 // a new VM may be missing, a deleted one still present, a state stale.
 // Nothing the provider writes is decided on it: Create finds its VM by name

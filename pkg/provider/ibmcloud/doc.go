@@ -113,7 +113,8 @@
 // and security groups, Viewer on the image and on the resource group. A
 // 403 from VPC is ErrAuth, and its message says where that file is.
 // Preflight (preflight.go) reads what the configuration names at start, so
-// a missing read grant or a wrong id is named before any pod is touched.
+// a missing read grant or a wrong id is named before any pod is touched;
+// Global Tagging, where the instances' tags go, is read too (one user tag).
 //
 // User data is sent as the instance's user_data
 // and never logged or put in an error; since the SDK core dumps request

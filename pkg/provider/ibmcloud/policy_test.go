@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -296,4 +297,47 @@ func TestEachMissingGrantStopsTheNodeAndLosesNothing(t *testing.T) {
 		perms = append(perms, lifetest.Permission{Name: g.String(), Named: g.ActionPrefix()})
 	}
 	lifetest.EachMissing(t, perms, lifetest.Missing{Noun: "grant", Passes: 3}, lifeConfig)
+}
+
+// TestPreflightChecksTheTaggingEndpoint: the preflight reads one tag from
+// Global Tagging, where Create and List attach the instances' tags, and a
+// tagging endpoint that is not Global Tagging (a wrong path, nothing
+// listening) or that refuses caa's token fails it with an error naming
+// --ibmcloud-tagging-endpoint.
+func TestPreflightChecksTheTaggingEndpoint(t *testing.T) {
+	r := newProfileRig(t, wallClockOptions(), time.Hour)
+	ctx := context.Background()
+	r.cloud.ResetCounters()
+	require.NoError(t, r.p.Preflight(ctx))
+	assert.EqualValues(t, 1, r.cloud.Counters()[vpcfake.OpTagList], "one read of Global Tagging")
+
+	closed := httptest.NewServer(http.NotFoundHandler())
+	closed.Close()
+	// Another IBM Cloud fake: its IAM never issued caa's token.
+	stranger := httptest.NewServer(vpcfake.NewServer(cloud.New(wallClockOptions())))
+	t.Cleanup(stranger.Close)
+	for _, tc := range []struct {
+		name, endpoint string
+		kind           error
+	}{
+		{"a path that is not Global Tagging", r.cfg.SearchEndpoint + "/not-tagging", provider.ErrInvalidSpec},
+		{"nothing listening", closed.URL, nil},
+		{"a service that refuses the token", stranger.URL, provider.ErrAuth},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := r.cfg
+			cfg.TaggingEndpoint = tc.endpoint
+			cfg.ReadTimeout = 2 * time.Second
+			p, err := ibmcloud.New(ctx, cfg)
+			require.NoError(t, err)
+			err = p.Preflight(ctx)
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), "--ibmcloud-tagging-endpoint")
+			assert.Contains(t, err.Error(), tc.endpoint)
+			if tc.kind != nil {
+				assert.ErrorIs(t, err, tc.kind)
+			}
+			t.Logf("%v", err)
+		})
+	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/IBM/go-sdk-core/v5/core"
 	"github.com/IBM/platform-services-go-sdk/globalsearchv2"
+	"github.com/IBM/platform-services-go-sdk/globaltaggingv1"
 	"github.com/IBM/vpc-go-sdk/vpcv1"
 
 	"github.com/caa-project/caa/pkg/provider"
@@ -51,7 +52,14 @@ var _ provider.Preflighter = (*Provider)(nil)
 //     group; the configured image;
 //   - one page of the instances of the resource group, and of volumes: the
 //     reads List and Get make (is.instance.instance.list, is.volume.volume.list);
-//   - one Global Search query, for the endpoint and the token.
+//   - one Global Search query, for the endpoint and the token;
+//   - one page of one user tag from Global Tagging, where Create and List
+//     attach the instances' tags (--ibmcloud-tagging-endpoint, else the
+//     one beside the search endpoint): its endpoint and that it takes the
+//     token. Attaching needs the Editor role on the instance, which no
+//     read can show before an instance exists; without it the instance
+//     is still found by its boot volume, and the refusal is logged at
+//     each create.
 //
 // The checks go out together. The token exchange happens with them, so a trusted
 // profile IAM refuses, or an API key it does not know, fails here too. A
@@ -93,7 +101,7 @@ func (p *Provider) Preflight(ctx context.Context) error {
 			return err
 		})
 	}
-	checks = append(checks, p.preflightListings, p.preflightVolumes, p.preflightSearch)
+	checks = append(checks, p.preflightListings, p.preflightVolumes, p.preflightSearch, p.preflightTagging)
 	errs := make([]error, len(checks))
 	var wg sync.WaitGroup
 	for i, check := range checks {
@@ -176,6 +184,32 @@ func (p *Provider) preflightSearch(ctx context.Context) error {
 			return p.search.SearchWithContext(ctx, search)
 		})
 	return err
+}
+
+// preflightTagging lists one user tag through Global Tagging: the
+// endpoint answers as Global Tagging and takes caa's token. Every failure
+// names --ibmcloud-tagging-endpoint.
+func (p *Provider) preflightTagging(ctx context.Context) error {
+	opts := &globaltaggingv1.ListTagsOptions{TagType: ptr(globaltaggingv1.ListTagsOptionsTagTypeUserConst), Limit: ptr(int64(1))}
+	if p.cfg.AccountID != "" {
+		opts.AccountID = ptr(p.cfg.AccountID)
+	}
+	endpoint := p.cfg.taggingEndpoint()
+	_, err := read(ctx, p, "a Global Tagging listing of tags", "Global Tagging at "+endpoint, "--ibmcloud-tagging-endpoint",
+		func(ctx context.Context) (*globaltaggingv1.TagList, *core.DetailedResponse, error) {
+			return p.tags.ListTagsWithContext(ctx, opts)
+		})
+	if err == nil || strings.Contains(err.Error(), "--ibmcloud-tagging-endpoint") {
+		return err
+	}
+	var pe *provider.Error
+	if !errors.As(err, &pe) {
+		pe = &provider.Error{Provider: providerName, Op: opPreflight, Err: err}
+	}
+	fix := "set --ibmcloud-tagging-endpoint (env CAA_IBMCLOUD_TAGGING_ENDPOINT) to the Global Tagging API of the account " +
+		"(https://tags.global-search-tagging.cloud.ibm.com, or tags.private. on the private network), or leave it empty to use the one beside --ibmcloud-search-endpoint"
+	return &provider.Error{Kind: pe.Kind, Provider: providerName, Op: opPreflight, Code: pe.Code, Status: pe.Status, RetryAfter: pe.RetryAfter,
+		Message: fmt.Sprintf("Global Tagging at %s, where caa tags its instances, cannot be used: %s: %v", endpoint, fix, err), Err: err}
 }
 
 // read makes one preflight read and turns its failure into an error that

@@ -15,6 +15,7 @@ import (
 // uses.
 type taggingAPI interface {
 	AttachTagWithContext(context.Context, *globaltaggingv1.AttachTagOptions) (*globaltaggingv1.TagResults, *core.DetailedResponse, error)
+	ListTagsWithContext(context.Context, *globaltaggingv1.ListTagsOptions) (*globaltaggingv1.TagList, *core.DetailedResponse, error)
 }
 
 // attachTags attaches userTags (as encodeUserTags wrote them) to the

@@ -16,8 +16,9 @@ import (
 // The fake Resource Graph: POST /providers/Microsoft.ResourceGraph/resources,
 // the API version the SDK (armresourcegraph v0.10.0) sends, over the search
 // index (see searchIndex), answering the KQL subset of kql.go in the
-// objectArray format, paged with $skipToken. A query is counted under
-// cloud.OpList.
+// objectArray format, paged with $skipToken (a summarize is not paged:
+// its first page only, resultTruncated when groups were left out). A
+// query is counted under cloud.OpList.
 
 // GraphAPIVersion is the api-version of the query API the fake serves.
 const GraphAPIVersion = "2024-04-01"
@@ -206,7 +207,11 @@ func (s *server) queryResources(w http.ResponseWriter, r *http.Request) {
 	if offset < len(rows) {
 		end := min(len(rows), offset+size)
 		out.Data = rows[offset:end]
-		if end < len(rows) {
+		if end < len(rows) && q.summarizes() {
+			// Resource Graph pages no summarize ("simplified first
+			// page only"): no token, and a flag that groups are missing.
+			out.ResultTruncated = "true"
+		} else if end < len(rows) {
 			raw, _ := json.Marshal(skipToken{Offset: end, Query: queryDigest(req)})
 			out.SkipToken = base64.RawURLEncoding.EncodeToString(raw)
 		}

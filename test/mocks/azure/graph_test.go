@@ -1,6 +1,7 @@
 package armfake_test
 
 import (
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"sort"
@@ -112,6 +113,9 @@ func TestGraphRefusesWhatItDoesNotParse(t *testing.T) {
 		`Resources | extend x = tolower(name)`,
 		`Resources | where type == 'x' | take 5`,
 		`Resources | where type == 'x';`,
+		`Resources | extend node = tostring(tags['caa-node']) | summarize n = count() by node | project node`,
+		`Resources | extend node = tostring(tags['caa-node']) | where abs(hash(node) % 0) == 0`,
+		`Resources | summarize vms = make_list(nosuchcolumn)`,
 	} {
 		r := f.do(http.MethodPost, graphURL, query(q, nil))
 		require.Equal(t, http.StatusBadRequest, r.status, "%s: %s", q, r.raw)
@@ -287,4 +291,49 @@ func TestGraphIndexLags(t *testing.T) {
 	assert.Equal(t, map[string]string{"vm-a": "PowerState/stopped"}, look(), "deleted less than the lag ago: still there, as it was")
 	clk.Advance(time.Second)
 	assert.Empty(t, look(), "a lag after the delete it is gone")
+}
+
+// TestGraphSummarizeAnswersOnePage: a summarize is answered as Resource
+// Graph answers it, its first page only: the groups that fit, totalRecords
+// counting them all, resultTruncated "true" and no $skipToken to follow.
+// Grouped rows carry what make_list gathered; count and dcount are
+// numbers.
+func TestGraphSummarizeAnswersOnePage(t *testing.T) {
+	f, _ := newGraphFake(t) // the core's pages hold 2
+	for i := range 5 {
+		seedVM(t, f.cloud, fmt.Sprintf("vm-%d", i), fmt.Sprintf("n%d", i%3))
+	}
+	const base = `Resources | where tags['caa-cluster'] == 'c1' | extend node = tostring(tags['caa-node'])`
+
+	r := f.do(http.MethodPost, graphURL, query(base+` | summarize vms = count(), nodes = dcount(node)`, nil))
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	data := r.body["data"].([]any)
+	require.Len(t, data, 1)
+	assert.EqualValues(t, 5, data[0].(map[string]any)["vms"])
+	assert.EqualValues(t, 3, data[0].(map[string]any)["nodes"])
+
+	grouped := base + ` | extend vm = pack_array(name, node) | summarize vms = make_list(vm) by node`
+	r = f.do(http.MethodPost, graphURL, query(grouped, nil))
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	assert.Len(t, r.body["data"].([]any), 2, "one page of the core's size")
+	assert.EqualValues(t, 3, r.body["totalRecords"])
+	assert.Equal(t, "true", r.body["resultTruncated"])
+	assert.NotContains(t, r.body, "$skipToken", "a summarize is not paged")
+	for _, d := range r.body["data"].([]any) {
+		row := d.(map[string]any)
+		for _, vm := range row["vms"].([]any) {
+			assert.Equal(t, row["node"], vm.([]any)[1], "each VM in its node's row")
+		}
+	}
+
+	// Split by a hash of the node: every node in exactly one part.
+	seen := map[string]int{}
+	for part := range 3 {
+		r = f.do(http.MethodPost, graphURL, query(base+fmt.Sprintf(` | where abs(hash(node) %% 3) == %d | summarize vms = make_list(name) by node`, part), nil))
+		require.Equal(t, http.StatusOK, r.status, r.raw)
+		for _, d := range r.body["data"].([]any) {
+			seen[str(d, "node")] += len(d.(map[string]any)["vms"].([]any))
+		}
+	}
+	assert.Equal(t, map[string]int{"n0": 2, "n1": 2, "n2": 1}, seen)
 }

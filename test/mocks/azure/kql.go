@@ -3,6 +3,7 @@ package armfake
 import (
 	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"slices"
 	"strconv"
 	"strings"
@@ -17,15 +18,24 @@ import (
 //	query  := table { '|' op }
 //	table  := Resources | resources
 //	op     := where cond { and cond }
-//	        | extend name = tostring(path) { , name = tostring(path) }
+//	        | extend name = value { , name = value }
 //	        | project column { , column }
+//	        | summarize agg { , agg } [ by column ]   (the last operator only)
 //	cond   := field (== | =~ | != | !~) string
 //	        | field (in | in~) ( string { , string } )
+//	        | abs ( hash ( column ) % integer ) == integer
 //	field  := type | resourceGroup | tags[string]
+//	value  := tostring(path) | tostring(tags[string]) | pack_array(column { , column })
+//	agg    := name = make_list(column) | name = count() | name = dcount(column)
 //	path   := properties { .name | [integer] }
 //	string := '...' or "..." with \\ \' \" \n \r \t escapes
 //
-// Keywords and column names are case-sensitive, as in KQL.
+// Keywords and column names are case-sensitive, as in KQL. hash() is not
+// KQL's (xxhash64): it is FNV-1a's 64 bits read as a signed integer, so
+// that about half its values are negative, as a signed 64-bit result may
+// be; a query can rely only on it being a function of its argument. summarize answers as Resource Graph
+// does (its "simplified first page only"): one page, never a $skipToken,
+// resultTruncated when the groups did not fit.
 
 // kqlQuery is a parsed query: its stages in order.
 type kqlQuery struct {
@@ -33,22 +43,39 @@ type kqlQuery struct {
 }
 
 type kqlStage struct {
-	kind    string // where, extend, project
+	kind    string // where, extend, project, summarize
 	conds   []kqlCond
 	extends []kqlExtend
 	columns []string
+	aggs    []kqlAgg
+	by      string // summarize's group column; "" for one group
 }
 
 type kqlCond struct {
-	field  string // "type", "resourceGroup", or "tags"
-	tag    string // for tags[...]
+	field  string // "type", "resourceGroup", "tags", or "hash" (abs(hash(column) % mod) == want)
+	tag    string // for tags[...]; the column for hash
 	op     string // ==, =~, !=, !~, in, in~
 	values []string
+	mod    int64 // for hash
+	want   int64 // for hash
 }
 
 type kqlExtend struct {
 	name string
-	path []any // string members and int indexes, after "properties"
+	tag  string   // tostring(tags[tag]) when set
+	pack []string // pack_array(columns...) when set
+	path []any    // else tostring(properties...): string members and int indexes
+}
+
+// kqlAgg is one aggregate of summarize.
+type kqlAgg struct {
+	name, fn, column string // fn: make_list, count, dcount
+}
+
+// summarizes reports whether the query groups its rows (and so answers
+// one page only).
+func (q *kqlQuery) summarizes() bool {
+	return len(q.stages) > 0 && q.stages[len(q.stages)-1].kind == "summarize"
 }
 
 // kqlError is a query Resource Graph would refuse: what is wrong and where.
@@ -153,7 +180,7 @@ func lexKQL(src string) ([]kqlToken, *kqlError) {
 				out = append(out, kqlToken{"punct", two, startLine, startCol})
 				i += 2
 				col += 2
-			case strings.ContainsRune("|(),[].=", r):
+			case strings.ContainsRune("|(),[].=%", r):
 				out = append(out, kqlToken{"punct", string(r), startLine, startCol})
 				i += size
 				col++
@@ -220,6 +247,9 @@ func parseKQL(src string) (*kqlQuery, *kqlError) {
 			return nil, err
 		}
 		op := p.next()
+		if q.summarizes() {
+			return nil, p.fail(op, "this fake serves summarize only as the last operator")
+		}
 		var st kqlStage
 		switch {
 		case op.kind == "ident" && op.text == "where":
@@ -228,8 +258,10 @@ func parseKQL(src string) (*kqlQuery, *kqlError) {
 			st, err = p.extend()
 		case op.kind == "ident" && op.text == "project":
 			st, err = p.project()
+		case op.kind == "ident" && op.text == "summarize":
+			st, err = p.summarize()
 		default:
-			return nil, p.fail(op, "expected where, extend or project (the operators this fake serves)")
+			return nil, p.fail(op, "expected where, extend, project or summarize (the operators this fake serves)")
 		}
 		if err != nil {
 			return nil, err
@@ -273,8 +305,10 @@ func (p *kqlParser) cond() (kqlCond, *kqlError) {
 			return c, err
 		}
 		c.tag = k.text
+	case f.kind == "ident" && f.text == "abs":
+		return p.hashCond()
 	default:
-		return c, p.fail(f, "expected type, resourceGroup or tags[...] in a where clause")
+		return c, p.fail(f, "expected type, resourceGroup, tags[...] or abs(hash(...) %% n) in a where clause")
 	}
 	op := p.next()
 	switch {
@@ -323,48 +357,225 @@ func (p *kqlParser) extend() (kqlStage, *kqlError) {
 		if _, err := p.expect("punct", "="); err != nil {
 			return st, err
 		}
-		if _, err := p.expect("ident", "tostring"); err != nil {
-			return st, err
-		}
-		if _, err := p.expect("punct", "("); err != nil {
-			return st, err
-		}
-		if _, err := p.expect("ident", "properties"); err != nil {
-			return st, err
-		}
-		var path []any
-		for {
-			t := p.next()
-			if t.kind == "punct" && t.text == ")" {
-				break
+		fn := p.next()
+		if fn.kind == "ident" && fn.text == "pack_array" {
+			cols, err := p.columnList()
+			if err != nil {
+				return st, err
 			}
-			switch {
-			case t.kind == "punct" && t.text == ".":
-				m, err := p.expect("ident", "")
-				if err != nil {
-					return st, err
-				}
-				path = append(path, m.text)
-			case t.kind == "punct" && t.text == "[":
-				n, err := p.expect("int", "")
-				if err != nil {
-					return st, err
-				}
-				idx, _ := strconv.Atoi(n.text)
-				path = append(path, idx)
-				if _, err := p.expect("punct", "]"); err != nil {
-					return st, err
-				}
-			default:
-				return st, p.fail(t, "expected .member, [index] or )")
+			st.extends = append(st.extends, kqlExtend{name: name.text, pack: cols})
+		} else {
+			if fn.kind != "ident" || fn.text != "tostring" {
+				return st, p.fail(fn, "expected tostring or pack_array")
 			}
+			e, err := p.tostring(name.text)
+			if err != nil {
+				return st, err
+			}
+			st.extends = append(st.extends, e)
 		}
-		st.extends = append(st.extends, kqlExtend{name: name.text, path: path})
 		p.columns = append(p.columns, name.text)
 		if t := p.peek(); t.kind != "punct" || t.text != "," {
 			return st, nil
 		}
 		p.next()
+	}
+}
+
+// tostring parses the rest of tostring(properties...) or tostring(tags[...]).
+func (p *kqlParser) tostring(name string) (kqlExtend, *kqlError) {
+	e := kqlExtend{name: name}
+	if _, err := p.expect("punct", "("); err != nil {
+		return e, err
+	}
+	src := p.next()
+	if src.kind == "ident" && src.text == "tags" {
+		if _, err := p.expect("punct", "["); err != nil {
+			return e, err
+		}
+		k, err := p.expect("string", "")
+		if err != nil {
+			return e, err
+		}
+		if _, err := p.expect("punct", "]"); err != nil {
+			return e, err
+		}
+		if _, err := p.expect("punct", ")"); err != nil {
+			return e, err
+		}
+		e.tag = k.text
+		return e, nil
+	}
+	if src.kind != "ident" || src.text != "properties" {
+		return e, p.fail(src, "expected properties or tags")
+	}
+	for {
+		t := p.next()
+		if t.kind == "punct" && t.text == ")" {
+			return e, nil
+		}
+		switch {
+		case t.kind == "punct" && t.text == ".":
+			m, err := p.expect("ident", "")
+			if err != nil {
+				return e, err
+			}
+			e.path = append(e.path, m.text)
+		case t.kind == "punct" && t.text == "[":
+			n, err := p.expect("int", "")
+			if err != nil {
+				return e, err
+			}
+			idx, _ := strconv.Atoi(n.text)
+			e.path = append(e.path, idx)
+			if _, err := p.expect("punct", "]"); err != nil {
+				return e, err
+			}
+		default:
+			return e, p.fail(t, "expected .member, [index] or )")
+		}
+	}
+}
+
+// column reads the name of a column defined so far.
+func (p *kqlParser) column() (string, *kqlError) {
+	c, err := p.expect("ident", "")
+	if err != nil {
+		return "", err
+	}
+	if !slices.Contains(p.columns, c.text) {
+		return "", &kqlError{fmt.Sprintf("failed to resolve column or scalar expression named '%s'", c.text), c.line, c.col}
+	}
+	return c.text, nil
+}
+
+// columnList reads ( column { , column } ).
+func (p *kqlParser) columnList() ([]string, *kqlError) {
+	if _, err := p.expect("punct", "("); err != nil {
+		return nil, err
+	}
+	var out []string
+	for {
+		c, err := p.column()
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, c)
+		sep := p.next()
+		if sep.kind == "punct" && sep.text == ")" {
+			return out, nil
+		}
+		if sep.kind != "punct" || sep.text != "," {
+			return nil, p.fail(sep, "expected , or )")
+		}
+	}
+}
+
+// hashCond parses the rest of abs(hash(column) % mod) == want.
+func (p *kqlParser) hashCond() (kqlCond, *kqlError) {
+	c := kqlCond{field: "hash"}
+	for _, want := range []string{"(", "hash", "("} {
+		kind := "punct"
+		if want == "hash" {
+			kind = "ident"
+		}
+		if _, err := p.expect(kind, want); err != nil {
+			return c, err
+		}
+	}
+	col, err := p.column()
+	if err != nil {
+		return c, err
+	}
+	c.tag = col
+	if _, err := p.expect("punct", ")"); err != nil {
+		return c, err
+	}
+	if _, err := p.expect("punct", "%"); err != nil {
+		return c, err
+	}
+	m, err := p.expect("int", "")
+	if err != nil {
+		return c, err
+	}
+	if _, err := p.expect("punct", ")"); err != nil {
+		return c, err
+	}
+	if _, err := p.expect("punct", "=="); err != nil {
+		return c, err
+	}
+	w, err := p.expect("int", "")
+	if err != nil {
+		return c, err
+	}
+	c.mod, _ = strconv.ParseInt(m.text, 10, 64)
+	c.want, _ = strconv.ParseInt(w.text, 10, 64)
+	if c.mod == 0 {
+		// KQL's modulo by zero is an error at run time; Resource Graph
+		// refuses the query.
+		return c, &kqlError{"division by zero", m.line, m.col}
+	}
+	return c, nil
+}
+
+// summarize parses agg { , agg } [ by column ].
+func (p *kqlParser) summarize() (kqlStage, *kqlError) {
+	st := kqlStage{kind: "summarize"}
+	var out []string
+	for {
+		name, err := p.expect("ident", "")
+		if err != nil {
+			return st, err
+		}
+		if slices.Contains(out, name.text) {
+			return st, p.fail(name, "column %s is already defined", name.text)
+		}
+		if _, err := p.expect("punct", "="); err != nil {
+			return st, err
+		}
+		fn := p.next()
+		a := kqlAgg{name: name.text, fn: fn.text}
+		switch {
+		case fn.kind == "ident" && fn.text == "count":
+			if _, err := p.expect("punct", "("); err != nil {
+				return st, err
+			}
+			if _, err := p.expect("punct", ")"); err != nil {
+				return st, err
+			}
+		case fn.kind == "ident" && (fn.text == "make_list" || fn.text == "dcount"):
+			cols, err := p.columnList()
+			if err != nil {
+				return st, err
+			}
+			if len(cols) != 1 {
+				return st, p.fail(fn, "%s takes one column here", fn.text)
+			}
+			a.column = cols[0]
+		default:
+			return st, p.fail(fn, "expected make_list, count or dcount (the aggregates this fake serves)")
+		}
+		st.aggs = append(st.aggs, a)
+		out = append(out, a.name)
+		t := p.peek()
+		if t.kind == "punct" && t.text == "," {
+			p.next()
+			continue
+		}
+		if t.kind == "ident" && t.text == "by" {
+			p.next()
+			by, err := p.column()
+			if err != nil {
+				return st, err
+			}
+			if slices.Contains(out, by) {
+				return st, p.fail(t, "column %s is already defined", by)
+			}
+			st.by = by
+			out = append([]string{by}, out...)
+		}
+		p.columns = out
+		return st, nil
 	}
 }
 
@@ -388,44 +599,122 @@ func (p *kqlParser) project() (kqlStage, *kqlError) {
 }
 
 // run evaluates the query over documents (Resource Graph's rows, as JSON
-// objects) and returns the rows it yields, in the documents' order.
+// objects) and returns the rows it yields, in the documents' order (a
+// summarize's groups in the order of their first row).
 func (q *kqlQuery) run(docs []map[string]any) []map[string]any {
-	var out []map[string]any
-	for _, d := range docs {
-		row := d
-		keep := true
-		for _, st := range q.stages {
-			switch st.kind {
-			case "where":
-				for _, c := range st.conds {
-					if !c.match(row) {
-						keep = false
-						break
-					}
+	rows := docs
+	for _, st := range q.stages {
+		var next []map[string]any
+		switch st.kind {
+		case "where":
+			for _, row := range rows {
+				if !slices.ContainsFunc(st.conds, func(c kqlCond) bool { return !c.match(row) }) {
+					next = append(next, row)
 				}
-			case "extend":
+			}
+		case "extend":
+			for _, row := range rows {
 				ext := make(map[string]any, len(row)+len(st.extends))
 				for k, v := range row {
 					ext[k] = v
 				}
 				for _, e := range st.extends {
-					ext[e.name] = toKQLString(walk(row["properties"], e.path))
+					ext[e.name] = e.value(ext)
 				}
-				row = ext
-			case "project":
+				next = append(next, ext)
+			}
+		case "project":
+			for _, row := range rows {
 				proj := make(map[string]any, len(st.columns))
 				for _, col := range st.columns {
 					proj[col] = row[col]
 				}
-				row = proj
+				next = append(next, proj)
 			}
-			if !keep {
-				break
+		case "summarize":
+			next = st.group(rows)
+		}
+		rows = next
+	}
+	return rows
+}
+
+// value is an extended column's value in row.
+func (e kqlExtend) value(row map[string]any) any {
+	switch {
+	case e.tag != "":
+		var v any
+		if tags, ok := row["tags"].(map[string]any); ok {
+			v = tags[e.tag]
+		}
+		return toKQLString(v)
+	case e.pack != nil:
+		out := make([]any, len(e.pack))
+		for i, c := range e.pack {
+			out[i] = row[c]
+		}
+		return out
+	}
+	return toKQLString(walk(row["properties"], e.path))
+}
+
+// group is summarize over rows. Without by, an empty input still gives
+// one row (count() 0), as in KQL.
+func (st kqlStage) group(rows []map[string]any) []map[string]any {
+	type acc struct {
+		key  any
+		rows []map[string]any
+	}
+	var order []string
+	groups := map[string]*acc{}
+	if st.by == "" {
+		order, groups[""] = []string{""}, &acc{}
+	}
+	for _, row := range rows {
+		k := ""
+		if st.by != "" {
+			raw, _ := json.Marshal(row[st.by])
+			k = string(raw)
+		}
+		g, ok := groups[k]
+		if !ok {
+			g = &acc{key: row[st.by]}
+			groups[k] = g
+			order = append(order, k)
+		}
+		g.rows = append(g.rows, row)
+	}
+	out := make([]map[string]any, 0, len(order))
+	for _, k := range order {
+		g := groups[k]
+		row := map[string]any{}
+		if st.by != "" {
+			row[st.by] = g.key
+		}
+		for _, a := range st.aggs {
+			switch a.fn {
+			case "count":
+				row[a.name] = int64(len(g.rows))
+			case "make_list":
+				list := make([]any, 0, len(g.rows))
+				for _, r := range g.rows {
+					if v := r[a.column]; v != nil {
+						list = append(list, v)
+					}
+				}
+				row[a.name] = list
+			case "dcount":
+				seen := map[string]bool{}
+				for _, r := range g.rows {
+					if v := r[a.column]; v != nil {
+						raw, _ := json.Marshal(v)
+						seen[string(raw)] = true
+					}
+				}
+				row[a.name] = int64(len(seen))
 			}
 		}
-		if keep {
-			out = append(out, row)
-		}
+		out = append(out, row)
 	}
 	return out
 }
@@ -433,6 +722,12 @@ func (q *kqlQuery) run(docs []map[string]any) []map[string]any {
 func (c kqlCond) match(row map[string]any) bool {
 	var v any
 	switch c.field {
+	case "hash":
+		h := kqlHash(row[c.tag]) % c.mod
+		if h < 0 {
+			h = -h
+		}
+		return h == c.want
 	case "tags":
 		if tags, ok := row["tags"].(map[string]any); ok {
 			v = tags[c.tag]
@@ -505,4 +800,12 @@ func toKQLString(v any) string {
 		return ""
 	}
 	return string(raw)
+}
+
+// kqlHash is the fake's hash(): FNV-1a over the value's text (a string as
+// it is, anything else as JSON), its 64 bits read as a signed integer.
+func kqlHash(v any) int64 {
+	h := fnv.New64a()
+	_, _ = h.Write([]byte(toKQLString(v)))
+	return int64(h.Sum64())
 }

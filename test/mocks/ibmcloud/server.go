@@ -25,6 +25,8 @@
 //	                            "search"; search.go)
 //	POST   /v3/tags/attach      Global Tagging: user tags onto an instance
 //	                            (op "tags.attach", class "tagging"; tagging.go)
+//	GET    /v3/tags             Global Tagging: the account's user tags
+//	                            (op "tags.list", class "tagging"; tagging.go)
 //	       /_control/...        the core's test controls
 //
 // How the fake maps VPC onto the core: an instance is a core instance; its
@@ -171,6 +173,16 @@ func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
 			return
 		}
 		s.attachTags(w, r)
+	})
+	s.mux.HandleFunc("GET "+tagListPath, func(w http.ResponseWriter, r *http.Request) {
+		if !s.admit(w, r, OpTagList, false, false) || !s.metered(w, OpTagList, ClassTagging) {
+			return
+		}
+		if !s.authorized(r) {
+			writeSearchProblem(w, http.StatusUnauthorized, "not_authorized", "The request is not authorized: the IAM token is missing, expired or invalid.")
+			return
+		}
+		s.listTags(w, r)
 	})
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusNotFound, "invalid_route", "The requested route does not exist.", nil)

@@ -1,8 +1,10 @@
 package vpcfake
 
 import (
+	"errors"
 	"net/http"
 	"slices"
+	"strconv"
 	"strings"
 )
 
@@ -27,6 +29,11 @@ import (
 const OpTagAttach = "tags.attach"
 
 const tagAttachPath = "/v3/tags/attach"
+
+// OpTagList counts GET /v3/tags calls.
+const OpTagList = "tags.list"
+
+const tagListPath = "/v3/tags"
 
 // attachRequest is the body the SDK sends.
 type attachRequest struct {
@@ -148,4 +155,52 @@ func (s *Server) shownInstanceTags(id string, seeded bool, core map[string]strin
 		return tags
 	}
 	return formatUserTags(core)
+}
+
+// listTags is GET /v3/tags: the user tags attached in the account, by
+// name, paged by offset and limit (at most 1,000, the API's largest) as
+// the API's reference ("Get all tags") gives them.
+func (s *Server) listTags(w http.ResponseWriter, r *http.Request) {
+	offset, limit := 0, 100
+	for k, vs := range r.URL.Query() {
+		var err error
+		switch k {
+		case "tag_type":
+			if vs[0] != "user" {
+				writeSearchProblem(w, http.StatusBadRequest, "bad_request", "The fake lists only user tags (tag_type=user).")
+				return
+			}
+		case "account_id", "attached_only", "order_by_name", "timeout", "full_data", "providers", "attached_to":
+		case "offset":
+			offset, err = strconv.Atoi(vs[0])
+		case "limit":
+			limit, err = strconv.Atoi(vs[0])
+			if err == nil && (limit < 1 || limit > 1000) {
+				err = errors.New("out of range")
+			}
+		default:
+			writeSearchProblem(w, http.StatusBadRequest, "bad_request", "The fake does not support the query parameter "+k+".")
+			return
+		}
+		if err != nil || offset < 0 {
+			writeSearchProblem(w, http.StatusBadRequest, "bad_request", "The query parameter "+k+" is not valid.")
+			return
+		}
+	}
+	s.mu.Lock()
+	var names []string
+	for _, tags := range s.instanceTags {
+		for _, t := range tags {
+			if !slices.Contains(names, t) {
+				names = append(names, t)
+			}
+		}
+	}
+	s.mu.Unlock()
+	slices.Sort(names)
+	items := []map[string]string{}
+	for _, n := range names[min(offset, len(names)):min(offset+limit, len(names))] {
+		items = append(items, map[string]string{"name": n})
+	}
+	writeJSON(w, http.StatusOK, map[string]any{"total_count": len(names), "offset": offset, "limit": limit, "items": items})
 }
