@@ -27,6 +27,7 @@ import (
 	"github.com/caa-project/caa/pkg/relayd"
 	"github.com/caa-project/caa/pkg/relayd/relaydtest"
 	"github.com/caa-project/caa/test/mocks/cloud"
+	katafake "github.com/caa-project/caa/test/mocks/kata"
 )
 
 // daemonRig is caa (a Manager over a real ledger file and the memory
@@ -181,57 +182,6 @@ func (r *daemonRig) run(ctx context.Context, id, pod string) string {
 	return sock
 }
 
-// healthChecker is kata's shim health-checking its agent every period on
-// its one connection; a check that fails, or gets no answer within
-// timeout, is a miss (kata fails the sandbox on one). It records the
-// longest gap between a request and its answer.
-type healthChecker struct {
-	mu      sync.Mutex
-	checks  int
-	misses  []string
-	longest time.Duration
-}
-
-func (h *healthChecker) run(ctx context.Context, cl *ttrpc.Client, period, timeout time.Duration) {
-	for ctx.Err() == nil {
-		cctx, cancel := context.WithTimeout(ctx, timeout)
-		t0 := time.Now()
-		st, err := agentproto.Check(cctx, cl)
-		d := time.Since(t0)
-		cancel()
-		if ctx.Err() != nil {
-			return
-		}
-		h.mu.Lock()
-		h.checks++
-		h.longest = max(h.longest, d)
-		if err != nil || st != agentproto.Serving {
-			h.misses = append(h.misses, fmt.Sprintf("check %d after %s: status %d, err %v", h.checks, d, st, err))
-		}
-		h.mu.Unlock()
-		select {
-		case <-ctx.Done():
-		case <-time.After(period):
-		}
-	}
-}
-
-// count is the number of checks so far.
-func (h *healthChecker) count() int {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return h.checks
-}
-
-// window resets the longest gap and returns the previous one.
-func (h *healthChecker) window() (longest time.Duration, checks int, misses []string) {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	longest, checks, misses = h.longest, h.checks, append([]string(nil), h.misses...)
-	h.longest = 0
-	return
-}
-
 // streamer writes a numbered byte pattern through a relayed connection and
 // reads the echo back as it goes, checking that every byte comes back, in
 // order.
@@ -330,11 +280,11 @@ func TestRelayDaemonCarriesShimsThroughCaaRestarts(t *testing.T) {
 
 	conn, err := net.Dial("unix", sock)
 	require.NoError(t, err)
-	cl := ttrpc.NewClient(conn)
-	defer cl.Close()
+	agent := katafake.NewAgent(conn)
+	defer agent.Close()
 	waited := make(chan error, 1)
 	go func() {
-		st, err := agentproto.WaitProcess(ctx, cl, "c1", "")
+		st, err := agent.WaitProcess(ctx, "c1")
 		if err == nil && st != 137 {
 			err = fmt.Errorf("WaitProcess answered %d, want 137", st)
 		}
@@ -346,22 +296,20 @@ func TestRelayDaemonCarriesShimsThroughCaaRestarts(t *testing.T) {
 	// kata checks every 5 s; here every 20 ms. The timeout is generous
 	// for a loaded test machine: a cut connection fails a call at once.
 	const period, timeout = 20 * time.Millisecond, time.Second
-	hc := &healthChecker{}
 	hctx, hstop := context.WithCancel(ctx)
 	hdone := make(chan struct{})
-	go func() { defer close(hdone); hc.run(hctx, cl, period, timeout) }()
+	go func() { defer close(hdone); agent.HealthCheck(hctx, period, timeout) }()
 	// Windows of the same length, each of at least a few checks.
 	window := func(what string, during func()) time.Duration {
 		start := time.Now()
-		hc.window() // reset
-		before := hc.count()
+		agent.Longest() // a new window
+		before := agent.Checks()
 		during()
-		eventually(t, func() bool { return hc.count() >= before+10 }, what+": ten more checks")
+		eventually(t, func() bool { return agent.Checks() >= before+10 }, what+": ten more checks")
 		if rest := 400*time.Millisecond - time.Since(start); rest > 0 {
 			time.Sleep(rest) // the window's length, not a synchronisation
 		}
-		longest, _, _ := hc.window()
-		return longest
+		return agent.Longest()
 	}
 
 	// Three rounds of four windows: the per-kind median of the longest
@@ -393,7 +341,7 @@ func TestRelayDaemonCarriesShimsThroughCaaRestarts(t *testing.T) {
 	}
 	hstop()
 	<-hdone
-	_, checks, misses := hc.window()
+	checks, misses := agent.Checks(), agent.Misses()
 	assert.Zero(t, len(misses), "kata's health check must never miss; the first misses: %v", misses[:min(len(misses), 3)])
 	assert.Greater(t, checks, 120)
 
@@ -558,7 +506,7 @@ func TestRollingRestartKeepsEverySandbox(t *testing.T) {
 	type shim struct {
 		node   int
 		id     string
-		hc     *healthChecker
+		agent  *katafake.Agent
 		waited chan error
 	}
 	rigs := make([]*daemonRig, nodes)
@@ -575,11 +523,10 @@ func TestRollingRestartKeepsEverySandbox(t *testing.T) {
 		for i := range perNode {
 			id := fmt.Sprintf("sb-%d-%d", n, i)
 			sock := r.run(ctx, id, fmt.Sprintf("p%d", i))
-			cl := ttrpc.NewClient(mustDial(t, sock))
-			t.Cleanup(func() { cl.Close() })
-			s := &shim{node: n, id: id, hc: &healthChecker{}, waited: make(chan error, 1)}
+			s := &shim{node: n, id: id, agent: katafake.NewAgent(mustDial(t, sock)), waited: make(chan error, 1)}
+			t.Cleanup(func() { s.agent.Close() })
 			go func() {
-				st, err := agentproto.WaitProcess(ctx, cl, "c-"+id, "")
+				st, err := s.agent.WaitProcess(ctx, "c-"+id)
 				if err == nil && st != 3 {
 					err = fmt.Errorf("WaitProcess answered %d", st)
 				}
@@ -587,22 +534,21 @@ func TestRollingRestartKeepsEverySandbox(t *testing.T) {
 			}()
 			require.NoError(t, r.fw.Agent.AwaitWaiting(ctx, "c-"+id))
 			hwg.Add(1)
-			go func() { defer hwg.Done(); s.hc.run(hctx, cl, 50*time.Millisecond, time.Second) }()
+			go func() { defer hwg.Done(); s.agent.HealthCheck(hctx, 50*time.Millisecond, time.Second) }()
 			shims = append(shims, s)
 		}
 	}
 	longest := func() time.Duration {
 		var d time.Duration
 		for _, s := range shims {
-			l, _, _ := s.hc.window()
-			d = max(d, l)
+			d = max(d, s.agent.Longest())
 		}
 		return d
 	}
 	checks := func() int {
 		n := 0
 		for _, s := range shims {
-			n += s.hc.count()
+			n += s.agent.Checks()
 		}
 		return n
 	}
@@ -655,7 +601,7 @@ func TestRollingRestartKeepsEverySandbox(t *testing.T) {
 	hwg.Wait()
 	misses := 0
 	for _, s := range shims {
-		_, _, m := s.hc.window()
+		m := s.agent.Misses()
 		misses += len(m)
 		assert.Empty(t, m, "sandbox %s: kata's health check never misses", s.id)
 		require.True(t, rigs[s.node].fw.Agent.Release("c-"+s.id, 3), "sandbox %s: its WaitProcess is still in flight", s.id)

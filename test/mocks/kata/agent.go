@@ -38,8 +38,11 @@ func DialAgent(ctx context.Context, socket string) (*Agent, error) {
 	if err != nil {
 		return nil, fmt.Errorf("dial the agent socket %s: %w", socket, err)
 	}
-	return &Agent{conn: c, cl: ttrpc.NewClient(c)}, nil
+	return NewAgent(c), nil
 }
+
+// NewAgent is the shim's side of an agent connection already open.
+func NewAgent(c net.Conn) *Agent { return &Agent{conn: c, cl: ttrpc.NewClient(c)} }
 
 // HealthCheck checks the agent every period until ctx ends. A check that
 // fails, or gets no answer within timeout, is a miss (kata fails the
