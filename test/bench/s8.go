@@ -53,23 +53,12 @@ func (b *bench) s8(ctx context.Context) (sc Scenario, err error) {
 			"StartVM: %d run(s), one new sandbox each, timed at the shim. Restart: caa is stopped (SIGTERM) with %d and then %d sandboxes running and "+
 			"started again, %d run(s) each; timed from the exec to the moment every sandbox's agent socket answers a health check through caa "+
 			"(the shim's view), the cloud's counters read across it.", s8Latency, b.count, s8Small, s8Large, b.count)}
-	if os.Geteuid() != 0 {
-		// Reported as not run rather than failing the other scenarios.
-		b.logf("S8 not run: it builds network namespaces, VXLAN and veth devices, which needs root")
-		sc.Setup += " Not run here: this run was not root (network namespaces, VXLAN and veth need it)."
+	if b.notRoot(&sc, "S8") {
 		return sc, nil
 	}
 	h := &nsHarness{}
 	defer h.cleanup()
-	defer func() {
-		if r := recover(); r != nil {
-			f, ok := r.(harnessFailure)
-			if !ok {
-				panic(r)
-			}
-			err = errors.New(string(f))
-		}
-	}()
+	defer recoverHarness(&err)
 	cn := podvmfake.NewCloudNetwork(h)
 
 	e, err := newEnv(ctx, filepath.Join(b.dir, "s8"), b.logf)
@@ -485,6 +474,30 @@ type nsHarness struct {
 }
 
 type harnessFailure string
+
+// recoverHarness, deferred, turns the harness's failure (a panic of
+// harnessFailure, raised where a test would fail) into the scenario's error.
+func recoverHarness(err *error) {
+	if r := recover(); r != nil {
+		f, ok := r.(harnessFailure)
+		if !ok {
+			panic(r)
+		}
+		*err = errors.New(string(f))
+	}
+}
+
+// notRoot reports, and says in sc, that the scenario (S8, S9) cannot run
+// here: it builds network namespaces, VXLAN and veth devices, which needs
+// root. It is reported as not run rather than failing the other scenarios.
+func (b *bench) notRoot(sc *Scenario, name string) bool {
+	if os.Geteuid() == 0 {
+		return false
+	}
+	b.logf("%s not run: it builds network namespaces, VXLAN and veth devices, which needs root", name)
+	sc.Setup += " Not run here: this run was not root (network namespaces, VXLAN and veth need it)."
+	return true
+}
 
 func (h *nsHarness) Helper()             {}
 func (h *nsHarness) Name() string        { return "s8" }

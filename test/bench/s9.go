@@ -63,22 +63,12 @@ func (b *bench) s9(ctx context.Context) (sc Scenario, err error) {
 			"The stall is the longest check-to-answer time any shim saw during the rollout; the bound is the same figure over a span of the same "+
 			"length right after it, with no hand-over (median over the runs). %d run(s).",
 			s9Nodes, s9PerNode, s9CheckPeriod, s9CheckTimeout, s9StreamChunk, s9StreamEvery, b.count)}
-	if os.Geteuid() != 0 {
-		b.logf("S9 not run: it builds network namespaces, VXLAN and veth devices, which needs root")
-		sc.Setup += " Not run here: this run was not root (network namespaces, VXLAN and veth need it)."
+	if b.notRoot(&sc, "S9") {
 		return sc, nil
 	}
 	h := &nsHarness{}
 	defer h.cleanup()
-	defer func() {
-		if r := recover(); r != nil {
-			f, ok := r.(harnessFailure)
-			if !ok {
-				panic(r)
-			}
-			err = errors.New(string(f))
-		}
-	}()
+	defer recoverHarness(&err)
 	e, err := newEnv(ctx, filepath.Join(b.dir, "s9"), b.logf)
 	if err != nil {
 		return sc, err
