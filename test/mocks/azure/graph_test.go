@@ -337,3 +337,32 @@ func TestGraphSummarizeAnswersOnePage(t *testing.T) {
 	}
 	assert.Equal(t, map[string]int{"n0": 2, "n1": 2, "n2": 1}, seen)
 }
+
+// TestGraphTagConditionsBeforeRendering: the fake renders only the
+// resources a query's leading conditions on tags can keep; each operator
+// must still answer as it does on the rendered documents (a VM without the
+// tag, another node's, a value in another case).
+func TestGraphTagConditionsBeforeRendering(t *testing.T) {
+	f, _ := newGraphFake(t, armfake.WithGraphPageSize(100))
+	seedVM(t, f.cloud, "vm-1", "n1")
+	seedVM(t, f.cloud, "vm-2", "N1")
+	seedVM(t, f.cloud, "vm-3", "n2")
+	_, err := f.cloud.Create(cloud.CreateRequest{Name: "vm-untagged", Image: image, InstanceType: size})
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		cond string
+		want []string
+	}{
+		{`tags['caa-node'] == 'n1'`, []string{"vm-1"}},
+		{`tags['caa-node'] =~ 'n1'`, []string{"vm-1", "vm-2"}},
+		{`tags['caa-node'] != 'n1'`, []string{"vm-2", "vm-3", "vm-untagged"}},
+		{`tags['caa-node'] !~ 'n1'`, []string{"vm-3", "vm-untagged"}},
+		{`tags['caa-node'] in ('n1', 'n2')`, []string{"vm-1", "vm-3"}},
+		{`tags['caa-node'] in~ ('n1')`, []string{"vm-1", "vm-2"}},
+	} {
+		q := "Resources\n| where type =~ 'Microsoft.Compute/virtualMachines'\n| where " + tc.cond + "\n| project id, name"
+		r := f.do(http.MethodPost, graphURL, query(q, nil))
+		require.Equal(t, http.StatusOK, r.status, "%s: %s", tc.cond, r.raw)
+		assert.Equal(t, tc.want, names(r), tc.cond)
+	}
+}

@@ -118,7 +118,12 @@ func (x *searchIndex) snapshot() []map[string]any {
 
 // documents renders the resource group's VMs and NICs as Resource Graph
 // shows them, in id order: what the index holds with no lag.
-func (s *server) documents() []doc {
+func (s *server) documents() []doc { return s.documentsWhere(nil) }
+
+// documentsWhere is documents of the resources whose tags pass keep (nil:
+// all). The tags a document shows are its resource's, so filtering first
+// leaves out exactly what the query's filter on tags would.
+func (s *server) documentsWhere(keep func(tags map[string]string) bool) []doc {
 	var out []doc
 	token := ""
 	s.docs.Turn()
@@ -128,7 +133,7 @@ func (s *server) documents() []doc {
 			break
 		}
 		for _, in := range page {
-			if in.State == provider.StateTerminated {
+			if in.State == provider.StateTerminated || (keep != nil && !keep(in.Tags)) {
 				continue
 			}
 			out = append(out, doc{body: s.graphVM(in), created: in.CreatedAt})
@@ -139,6 +144,9 @@ func (s *server) documents() []doc {
 		token = next
 	}
 	for _, res := range s.cloud.Resources(nicType) {
+		if keep != nil && !keep(res.Tags) {
+			continue
+		}
 		out = append(out, doc{body: s.document(s.renderNIC(res), nicType)})
 	}
 	keys := make(map[string]string, len(out)) // lower-case ids, once each

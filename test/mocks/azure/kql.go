@@ -639,6 +639,39 @@ func (q *kqlQuery) run(docs []map[string]any) []map[string]any {
 	return rows
 }
 
+// tagFilter is the query's conditions on tags in its leading where stages,
+// as a test of a resource's tags: a resource that fails it is in no answer
+// of the query. nil when the query opens with no such condition.
+func (q *kqlQuery) tagFilter() func(tags map[string]string) bool {
+	var conds []kqlCond
+	for _, st := range q.stages {
+		if st.kind != "where" {
+			break
+		}
+		for _, c := range st.conds {
+			if c.field == "tags" {
+				conds = append(conds, c)
+			}
+		}
+	}
+	if len(conds) == 0 {
+		return nil
+	}
+	return func(tags map[string]string) bool {
+		m := make(map[string]any, len(tags))
+		for k, v := range tags {
+			m[k] = v
+		}
+		row := map[string]any{"tags": m}
+		for _, c := range conds {
+			if !c.match(row) {
+				return false
+			}
+		}
+		return true
+	}
+}
+
 // value is an extended column's value in row.
 func (e kqlExtend) value(row map[string]any) any {
 	switch {
