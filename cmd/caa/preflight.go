@@ -181,6 +181,8 @@ type preflightRun struct {
 	event func(reason string)
 	// after: the re-check of a warm restart, which pods do not wait for.
 	after bool
+	// count counts a run and its result (nil: not counted).
+	count func(passed bool)
 }
 
 // untilPassed runs the provider's side-effect-free startup checks, when it
@@ -202,6 +204,9 @@ func (r preflightRun) untilPassed(ctx context.Context, first string) error {
 		callCtx, cancel := context.WithTimeout(ctx, 2*time.Minute)
 		err := pf.Preflight(callCtx)
 		cancel()
+		if r.count != nil && (err == nil || ctx.Err() == nil) {
+			r.count(err == nil)
+		}
 		if err == nil {
 			if last != "" {
 				r.reason("")
@@ -265,7 +270,7 @@ const recordedPreflightTimeout = 500 * time.Millisecond
 func preflightGate(ctx context.Context, f *runFlags, log *slog.Logger, status *health.Status, p provider.Provider,
 	clusterID, nodeLedger string, recorded recordedMeta, event func(string), serve func(string, func() error)) (string, error) {
 	fp := preflightFingerprint(f.providerName, f.flags, os.Environ(), os.ReadFile)
-	run := preflightRun{log: log, p: p, event: event}
+	run := preflightRun{log: log, p: p, event: event, count: status.CountPreflight}
 	if recorded.preflight(f.node, clusterID, nodeLedger) == fp {
 		log.Info("cloud settings unchanged since the last passed preflight: it runs again once ready, off the path to ready",
 			"fingerprint", fp)

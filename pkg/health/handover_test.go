@@ -54,3 +54,14 @@ func TestPodDoneMovesOnePodBetweenTheLists(t *testing.T) {
 	assert.Empty(t, snap.Failed)
 	assert.Zero(t, testutil.ToFloat64(r.m.podsFailed))
 }
+
+func TestPreflightRunsAreCounted(t *testing.T) {
+	r := newRig(t, Config{})
+	assert.Zero(t, testutil.ToFloat64(r.m.preflights.WithLabelValues(PreflightPassed)), "the series exists at 0")
+	r.status.CountPreflight(false)
+	r.status.CountPreflight(false)
+	r.status.CountPreflight(true)
+	assert.Equal(t, 2.0, testutil.ToFloat64(r.m.preflights.WithLabelValues(PreflightFailed)))
+	assert.Equal(t, 1.0, testutil.ToFloat64(r.m.preflights.WithLabelValues(PreflightPassed)))
+	NewStatus(Config{}).CountPreflight(true) // no metrics: nothing to count, no panic
+}

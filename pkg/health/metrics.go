@@ -52,6 +52,7 @@ type Metrics struct {
 	handovers      *prometheus.CounterVec
 	handoverTook   prometheus.Gauge
 	handoverGap    prometheus.Gauge
+	preflights     *prometheus.CounterVec
 
 	kinds, ops, results, phases *labelBound
 
@@ -140,6 +141,10 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 			Name: "caa_handover_gap_seconds",
 			Help: "Seconds the node had no reconciler during the last hand-over: from the old caa stopping work to the new caa's reconciler starting on the opened ledger; 0 before any.",
 		}),
+		preflights: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "caa_preflight_runs_total",
+			Help: "Runs of the cloud preflight (credentials, permissions, resource ids), by result (passed, failed); a warm restart runs it after ready.",
+		}, []string{"result"}),
 		kinds:      newLabelBound(16),
 		ops:        newLabelBound(16),
 		results:    newLabelBound(16),
@@ -150,7 +155,7 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 		m.passes, m.passDuration, m.actions, m.cloudCalls, m.cloudDuration, m.records,
 		m.orphansDeleted, m.timeToReady, m.ready, m.podsPending, m.podsFailed,
 		m.notWatched, m.vmsDegraded, m.orphansPending, m.orphanOldest,
-		m.handovers, m.handoverTook, m.handoverGap,
+		m.handovers, m.handoverTook, m.handoverGap, m.preflights,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	}
@@ -163,6 +168,9 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 	// rather than nothing before the first event.
 	for _, r := range []string{ResultConverged, ResultPending, ResultError} {
 		m.passes.WithLabelValues(r)
+	}
+	for _, r := range []string{PreflightPassed, PreflightFailed} {
+		m.preflights.WithLabelValues(r)
 	}
 	for _, op := range []string{OpCreate, OpGet, OpList, OpDelete} {
 		m.cloudCalls.WithLabelValues(m.ops.value(op), m.results.value(CallOK))

@@ -57,6 +57,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		"caa_handovers_total":                 dto.MetricType_COUNTER,
 		"caa_handover_duration_seconds":       dto.MetricType_GAUGE,
 		"caa_handover_gap_seconds":            dto.MetricType_GAUGE,
+		"caa_preflight_runs_total":            dto.MetricType_COUNTER,
 		"go_goroutines":                       dto.MetricType_GAUGE,
 		"process_start_time_seconds":          dto.MetricType_GAUGE,
 	}

@@ -247,6 +247,23 @@ func (s *Status) SetPreflight(reason string) {
 	s.updateReady()
 }
 
+// Preflight results, the label of caa_preflight_runs_total.
+const (
+	PreflightPassed = "passed"
+	PreflightFailed = "failed"
+)
+
+// CountPreflight counts one run of the cloud preflight and its result.
+func (s *Status) CountPreflight(passed bool) {
+	if m := s.cfg.Metrics; m != nil {
+		r := PreflightFailed
+		if passed {
+			r = PreflightPassed
+		}
+		m.preflights.WithLabelValues(r).Inc()
+	}
+}
+
 // Readied is closed at the first moment /readyz answers 200.
 func (s *Status) Readied() <-chan struct{} { return s.readyCh }
 
