@@ -344,13 +344,17 @@ func TestRelayRolloutFaults(t *testing.T) {
 	v2.stop(t)
 
 	// The next version starts; the old caa is SIGKILLed once it released
-	// the ledger: the new one finishes its start alone and adopts.
-	v3 := n.startCaa(t)
-	require.Eventually(t, func() bool {
-		s, ok := old.snapshot()
-		return ok && s.Handover != nil && s.Handover.Outcome == health.HandoverUnderway && strings.Contains(s.Handover.Peer, "v3")
-	}, time.Minute, condPoll, "the old caa released the ledger to the new one")
+	// the ledger: the new one finishes its start alone and adopts. Its
+	// listing is held (a door of its own again) so that the kill falls
+	// between the release and its readiness, however fast the hand-over;
+	// the held call ends at its --cloud-timeout and is made again.
+	slow := newFront(t, n.ec2)
+	slow.hangList.Store(true)
+	slowDoor := forward(t, n.cn.NodeNS, "127.0.0.1:0", "", strings.TrimPrefix(slow.url, "http://"))
+	v3 := n.startCaa(t, "--aws-endpoint", "http://"+slowDoor, "--cloud-timeout", "2s")
+	old.waitHandoverWith(t, health.HandoverUnderway, "v3", time.Minute, "the old caa released the ledger to the new one")
 	old.kill(t)
+	slow.hangList.Store(false)
 	v3.waitReady(t, func() {})
 	n.caa = v3
 	assert.Equal(t, http.StatusOK, v3.readyz())
