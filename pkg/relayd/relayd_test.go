@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caa-project/caa/internal/agentproto"
+	"github.com/caa-project/caa/internal/unixsock"
 	"github.com/caa-project/caa/pkg/pki"
 	"github.com/caa-project/caa/pkg/relayd"
 	"github.com/caa-project/caa/pkg/relayd/relaydtest"
@@ -243,4 +244,23 @@ func TestDaemonShutdownClosesSockets(t *testing.T) {
 	<-d.done
 	_, err = os.Stat(d.sock("sb1"))
 	assert.ErrorIs(t, err, os.ErrNotExist)
+}
+
+// TestSecondDaemonIsRefusedTheControlSocket: while a relay daemon serves
+// its control socket another cannot take it (it would take the node's
+// agent sockets over); once the first is gone its socket file is stale and
+// a new daemon takes it.
+func TestSecondDaemonIsRefusedTheControlSocket(t *testing.T) {
+	d := startDaemon(t)
+	_, err := relayd.Listen(d.client.Socket)
+	require.ErrorIs(t, err, unixsock.ErrServed)
+	assert.ErrorContains(t, err, "another caa relay runs on this node")
+	_, _, err = d.client.List(ctxT(t))
+	require.NoError(t, err, "the first daemon still serves")
+
+	d.stop()
+	<-d.done
+	ln, err := relayd.Listen(d.client.Socket)
+	require.NoError(t, err, "a stale socket file is replaced")
+	require.NoError(t, ln.Close())
 }

@@ -91,13 +91,17 @@ func NewServer(cfg Config) (*Server, error) {
 // Boot identifies this run of the daemon.
 func (s *Server) Boot() string { return s.boot }
 
-// Listen opens the control socket at path, mode 0600 (a stale socket file
-// is replaced; any other file there is an error).
+// Listen opens the control socket at path, mode 0600. A stale socket file
+// is replaced; one that a live daemon still serves is refused (a second
+// relay daemon must not take the node's sockets from the first), as is any
+// other file there.
 func Listen(path string) (net.Listener, error) {
-	ln, err := unixsock.Listen(path, unixsock.Options{Mode: 0o600})
+	ln, err := unixsock.Listen(path, unixsock.Options{Mode: 0o600, RefuseServed: true})
 	switch {
 	case errors.Is(err, unixsock.ErrNotSocket):
 		return nil, fmt.Errorf("relayd: %w: remove it or pass another --socket", err)
+	case errors.Is(err, unixsock.ErrServed):
+		return nil, fmt.Errorf("relayd: %w: another caa relay runs on this node; stop it first, or pass another --socket", err)
 	case err != nil:
 		return nil, fmt.Errorf("relayd: control socket %s: %w", path, err)
 	}
