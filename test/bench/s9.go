@@ -111,6 +111,7 @@ func (b *bench) s9(ctx context.Context) (sc Scenario, err error) {
 	c := fmt.Sprintf("%d nodes x %d sandboxes", s9Nodes, s9PerNode)
 	stall := Row{Case: c, Metric: "longest stall seen by a shim, across the rollout", Unit: "ms", MaxRatio: s9MaxRatio}
 	base := Row{Case: c, Metric: "longest stall, same span without a hand-over", Unit: "ms"}
+	bare := Row{Case: c, Metric: "longest stall, same span with a bare start of the same binary per node (`caa version`) and no hand-over", Unit: "ms"}
 	took := Row{Case: c, Metric: "rollout (3 hand-overs, the old caa stopped)", Unit: "ms"}
 	misses := Row{Case: c, Metric: "missed health checks", Unit: "checks", HasLimit: true, AtMost: true, EveryRun: true}
 	failed := Row{Case: c, Metric: "failed sandboxes", Unit: "sandboxes", HasLimit: true, AtMost: true, EveryRun: true}
@@ -125,6 +126,7 @@ func (b *bench) s9(ctx context.Context) (sc Scenario, err error) {
 		}
 		stall.Runs = append(stall.Runs, ms(r.stall))
 		base.Runs = append(base.Runs, ms(r.base))
+		bare.Runs = append(bare.Runs, ms(r.exec))
 		took.Runs = append(took.Runs, ms(r.took))
 		misses.Runs = append(misses.Runs, float64(r.misses))
 		failed.Runs = append(failed.Runs, float64(r.failed))
@@ -137,7 +139,7 @@ func (b *bench) s9(ctx context.Context) (sc Scenario, err error) {
 	stall.Bound = Median(base.Runs)
 	stall.BoundNote = "the longest check-to-answer time any shim saw over a span of the rollout's length right after it, with no hand-over " +
 		"(median over the runs): the same shims, connections and machine, without caa being replaced"
-	sc.Rows = []Row{stall, base, took, misses, failed, waits, lost, writes}
+	sc.Rows = []Row{stall, base, bare, took, misses, failed, waits, lost, writes}
 	sc.Details = append(sc.Details, fmt.Sprintf("Over all runs: %d health checks, %d stream bytes echoed. A failed sandbox is one whose shim missed a check "+
 		"(kata tears it down at the first) or whose socket the relay no longer serves with the shim's connection open. The figures are the shim's view: "+
 		"what the new caa costs the shims is its own start (process, ledger, the relay daemon's list) on the cores the shims and "+
@@ -300,7 +302,7 @@ func (n *s9Node) startSandboxes(ctx context.Context, h *nsHarness) (err error) {
 
 // s9Result is one rollout's figures.
 type s9Result struct {
-	stall, base, took             time.Duration
+	stall, base, exec, took       time.Duration
 	misses, failed, waits, checks int
 	lost, streamed, writes        int64
 }
@@ -352,7 +354,9 @@ func (b *bench) s9Run(ctx context.Context, nodes []*s9Node, run int) (s9Result, 
 
 	longest() // a new window
 	t0 := time.Now()
-	for _, n := range nodes {
+	starts := make([]time.Duration, len(nodes))
+	for i, n := range nodes {
+		starts[i] = time.Since(t0)
 		if err := n.surge(ctx); err != nil {
 			return r, err
 		}
@@ -361,6 +365,18 @@ func (b *bench) s9Run(ctx context.Context, nodes []*s9Node, run int) (s9Result, 
 	r.stall = longest()
 	time.Sleep(r.took) // the same span's length, with no hand-over: a measurement window, not a synchronisation
 	r.base = longest()
+	// The same span again, with only a bare start of the same binary
+	// (`caa version`) where each node's new caa started: what any process
+	// start costs the shims on this machine.
+	t1 := time.Now()
+	for _, at := range starts {
+		time.Sleep(time.Until(t1.Add(at))) // pacing the window like the rollout, not a synchronisation
+		if out, err := exec.CommandContext(ctx, b.s9Binary(), "version").CombinedOutput(); err != nil {
+			return r, fmt.Errorf("caa version: %w: %s", err, out)
+		}
+	}
+	time.Sleep(time.Until(t1.Add(r.took)))
+	r.exec = longest()
 
 	for i, n := range nodes {
 		if !n.vms[0].Agent.Release(fl[i].cid, 42) {
