@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caa-project/caa/internal/agentproto"
+	"github.com/caa-project/caa/internal/logbuf"
 	"github.com/caa-project/caa/pkg/pki"
 	"github.com/caa-project/caa/pkg/relayd"
 	"github.com/caa-project/caa/pkg/relayd/relaydtest"
@@ -86,7 +87,7 @@ func TestRelayBinarySurvivesCaaSIGKILL(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	relayCmd := exec.CommandContext(ctx, caaBin, "relay", "--socket", ctl, "--agent-ca-dir", dir)
-	relayLog := &syncWriter{}
+	relayLog := &logbuf.Buffer{}
 	relayCmd.Stderr = relayLog
 	require.NoError(t, relayCmd.Start())
 	defer func() { _ = relayCmd.Process.Kill() }()
@@ -206,22 +207,4 @@ func TestRelayFlagsNameTheFix(t *testing.T) {
 	r = caa(t, "relay", "--allow-uid", "0,4294967296")
 	assert.Equal(t, exitUsage, r.code)
 	assert.Contains(t, r.stderr, "--allow-uid 4294967296: not a uid")
-}
-
-// syncWriter collects a process's output for a test's messages.
-type syncWriter struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncWriter) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncWriter) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }

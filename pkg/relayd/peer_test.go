@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/caa-project/caa/internal/logbuf"
 	"github.com/caa-project/caa/pkg/relayd"
 )
 
@@ -41,30 +41,13 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-type logBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuf) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuf) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
-
 // openDaemon serves a daemon with allow on a control socket in a directory
 // any user may enter, the socket's mode widened to 0666: the peer check is
 // then all that keeps another user out.
-func openDaemon(t *testing.T, allow []uint32) (*relayd.Server, string, *logBuf) {
+func openDaemon(t *testing.T, allow []uint32) (*relayd.Server, string, *logbuf.Buffer) {
 	t.Helper()
 	d := startDaemon(t) // for its CA and client file
-	logs := &logBuf{}
+	logs := &logbuf.Buffer{}
 	srv, err := relayd.NewServer(relayd.Config{ClientFile: filepath.Join(d.caDir, relayd.ClientFile), Refresh: time.Hour,
 		AllowUIDs: allow, Log: slog.New(slog.NewTextHandler(logs, nil))})
 	require.NoError(t, err)

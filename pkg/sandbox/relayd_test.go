@@ -10,7 +10,6 @@ import (
 	"path/filepath"
 	"slices"
 	"sync"
-	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -182,89 +181,6 @@ func (r *daemonRig) run(ctx context.Context, id, pod string) string {
 	return sock
 }
 
-// streamer writes a numbered byte pattern through a relayed connection and
-// reads the echo back as it goes, checking that every byte comes back, in
-// order.
-type streamer struct {
-	conn    net.Conn
-	written atomic.Int64
-	read    atomic.Int64
-	werr    chan error
-	rerr    chan error
-	stopc   chan struct{}
-}
-
-func pattern(off int64) byte { return byte(off*7 + off/251) }
-
-func startStream(t *testing.T, sock string) *streamer {
-	t.Helper()
-	c, err := net.Dial("unix", sock)
-	require.NoError(t, err)
-	_, err = c.Write(relaydtest.StreamMagic)
-	require.NoError(t, err)
-	s := &streamer{conn: c, werr: make(chan error, 1), rerr: make(chan error, 1), stopc: make(chan struct{})}
-	go func() {
-		buf := make([]byte, 4096)
-		var off int64
-		for {
-			select {
-			case <-s.stopc:
-				s.werr <- nil
-				return
-			case <-time.After(time.Millisecond):
-			}
-			for i := range buf {
-				buf[i] = pattern(off + int64(i))
-			}
-			if _, err := c.Write(buf); err != nil {
-				s.werr <- fmt.Errorf("stream write after %d bytes: %w", off, err)
-				return
-			}
-			off += int64(len(buf))
-			s.written.Store(off)
-		}
-	}()
-	go func() {
-		buf := make([]byte, 8192)
-		var off int64
-		for {
-			n, err := c.Read(buf)
-			for i := range n {
-				if buf[i] != pattern(off+int64(i)) {
-					s.rerr <- fmt.Errorf("stream byte %d: got %d, want %d", off+int64(i), buf[i], pattern(off+int64(i)))
-					return
-				}
-			}
-			off += int64(n)
-			s.read.Store(off)
-			if err != nil {
-				s.rerr <- fmt.Errorf("stream read after %d bytes: %w", off, err)
-				return
-			}
-		}
-	}()
-	return s
-}
-
-// finish stops writing and waits until every byte written came back.
-func (s *streamer) finish(t *testing.T) int64 {
-	t.Helper()
-	close(s.stopc)
-	require.NoError(t, <-s.werr)
-	total := s.written.Load()
-	deadline := time.Now().Add(10 * time.Second)
-	for s.read.Load() < total {
-		select {
-		case err := <-s.rerr:
-			require.NoError(t, err)
-		case <-time.After(time.Millisecond):
-		}
-		require.True(t, time.Now().Before(deadline), "the echo of %d bytes: %d came back", total, s.read.Load())
-	}
-	s.conn.Close()
-	return total
-}
-
 // TestRelayDaemonCarriesShimsThroughCaaRestarts: with the agent sockets in
 // the relay daemon, a graceful restart of caa, a SIGKILL of caa and a new
 // caa that fails at start all leave the shim's connection working: kata's
@@ -291,7 +207,8 @@ func TestRelayDaemonCarriesShimsThroughCaaRestarts(t *testing.T) {
 		waited <- err
 	}()
 	require.NoError(t, r.fw.Agent.AwaitWaiting(ctx, "c1"))
-	stream := startStream(t, streamSock)
+	stream, err := katafake.StartStream(ctx, streamSock, relaydtest.StreamMagic, 4096, time.Millisecond)
+	require.NoError(t, err)
 
 	// kata checks every 5 s; here every 20 ms. The timeout is generous
 	// for a loaded test machine: a cut connection fails a call at once.
@@ -347,7 +264,9 @@ func TestRelayDaemonCarriesShimsThroughCaaRestarts(t *testing.T) {
 
 	require.True(t, r.fw.Agent.Release("c1", 137), "the WaitProcess is still in flight at the agent")
 	require.NoError(t, <-waited)
-	total := stream.finish(t)
+	total, lost, err := stream.Finish(10 * time.Second)
+	require.NoError(t, err)
+	assert.Zero(t, lost, "stream bytes lost")
 	assert.Greater(t, total, int64(0))
 
 	entries, _, err := r.client.List(ctx)
@@ -381,15 +300,17 @@ func TestRelayDaemonSocketClosesWhenTheSandboxEnds(t *testing.T) {
 	streamSock := r.run(ctx, sbStream, "feed")
 
 	// The VM dies behind caa's back: the next sync loses the sandbox.
-	stream := startStream(t, streamSock)
+	shim := mustDial(t, streamSock)
+	_, err := shim.Write(relaydtest.StreamMagic)
+	require.NoError(t, err)
 	require.NoError(t, r.cloud.Kill(r.sandbox(sbStream).VMID))
 	rep, err := r.m.Sync(ctx, time.Second)
 	require.NoError(t, err)
 	assert.Equal(t, []string{sbStream}, rep.Lost)
 	_, err = os.Stat(streamSock)
 	assert.ErrorIs(t, err, os.ErrNotExist, "a lost VM's socket is closed")
-	require.NoError(t, stream.conn.SetReadDeadline(time.Now().Add(10*time.Second)))
-	_, err = io.Copy(io.Discard, stream.conn)
+	require.NoError(t, shim.SetReadDeadline(time.Now().Add(10*time.Second)))
+	_, err = io.Copy(io.Discard, shim)
 	var ne net.Error
 	require.False(t, errors.As(err, &ne) && ne.Timeout(), "the shim's connection ends (EOF or reset), it does not hang: %v", err)
 

@@ -1,17 +1,16 @@
 package aws
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"net/http/httptest"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/caa-project/caa/internal/logbuf"
 	"github.com/caa-project/caa/test/conformance"
 	ec2fake "github.com/caa-project/caa/test/mocks/aws"
 	"github.com/caa-project/caa/test/mocks/cloud"
@@ -50,30 +49,12 @@ func isolateSDK(tb testing.TB, accessKeyID, secret string) {
 	}
 }
 
-// logBuffer collects what the provider logs, for the suite's leak checks.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // fakeEC2 is a provider wired to a fresh fake EC2.
 type fakeEC2 struct {
 	provider *Provider
 	cloud    *cloud.Cloud
 	url      string
-	logs     *logBuffer
+	logs     *logbuf.Buffer
 }
 
 // newFakeEC2 starts the fake over a core made with opts and builds a
@@ -84,7 +65,7 @@ func newFakeEC2(tb testing.TB, opts cloud.Options, edit func(*Config)) fakeEC2 {
 	srv := httptest.NewServer(ec2fake.NewServer(c, ec2fake.WithCredentials(testAccessKeyID, testSecretKey)))
 	tb.Cleanup(srv.Close)
 	isolateSDK(tb, testAccessKeyID, testSecretKey)
-	logs := &logBuffer{}
+	logs := &logbuf.Buffer{}
 	cfg := Config{
 		Region: testRegion, SubnetID: testSubnet, SecurityGroupIDs: []string{testGroup},
 		Endpoint: srv.URL, MaxBackoff: 20 * time.Millisecond,

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/caa-project/caa/internal/logbuf"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/conformance"
 	ec2fake "github.com/caa-project/caa/test/mocks/aws"
@@ -47,7 +48,7 @@ func newPolicyFake(t testing.TB, policy func() *ec2fake.Policy, edit func(*Confi
 		ec2fake.WithNetwork([]string{testSubnet}, []string{testGroup}), ec2fake.WithPolicyFunc(policy)))
 	t.Cleanup(srv.Close)
 	isolateSDK(t, testAccessKeyID, testSecretKey)
-	logs := &logBuffer{}
+	logs := &logbuf.Buffer{}
 	cfg := Config{
 		Region: testRegion, SubnetID: testSubnet, SecurityGroupIDs: []string{testGroup},
 		Image: policyImage, InstanceType: policyType,

@@ -1,17 +1,16 @@
 package ibmcloud_test
 
 import (
-	"bytes"
 	"context"
 	"log"
 	"net/http/httptest"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/IBM/go-sdk-core/v5/core"
 	"github.com/stretchr/testify/require"
 
+	"github.com/caa-project/caa/internal/logbuf"
 	"github.com/caa-project/caa/pkg/provider/ibmcloud"
 	"github.com/caa-project/caa/test/conformance"
 	"github.com/caa-project/caa/test/mocks/cloud"
@@ -69,30 +68,12 @@ func BenchmarkIBMCloud(b *testing.B) {
 	}
 }
 
-// lockedBuffer collects log output written from several goroutines.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.buf.String()
-}
-
 // captureSDKLogs sends the IBM SDK core's log, at info level (the most a
 // provider allows), to a buffer for the test, and restores the logger
 // after. The provider itself does not log.
 func captureSDKLogs(t testing.TB) func() string {
 	prev := core.GetLogger()
-	buf := &lockedBuffer{}
+	buf := &logbuf.Buffer{}
 	l := log.New(buf, "", 0)
 	core.SetLogger(core.NewLogger(core.LevelInfo, l, l))
 	t.Cleanup(func() { core.SetLogger(prev) })
