@@ -262,14 +262,13 @@ func (r preflightRun) recheck(ctx context.Context, status *health.Status) {
 // ledger held by a process that does not answer is a cold start.
 const recordedPreflightTimeout = 500 * time.Millisecond
 
-// preflightGate decides how this start runs the preflight, and returns the
-// fingerprint to record in the ledger's meta once it has passed (at the
-// ledger's open): on a warm restart it starts the re-check in the
+// preflightGate decides how this start runs the preflight, whose current
+// fingerprint is fp, and returns the fingerprint to record in the ledger's
+// meta once it has passed (at the ledger's open): on a warm restart it starts the re-check in the
 // background and returns at once; otherwise it returns when the preflight
 // passed, or ctx is done.
 func preflightGate(ctx context.Context, f *runFlags, log *slog.Logger, status *health.Status, p provider.Provider,
-	clusterID, nodeLedger string, recorded recordedMeta, event func(string), serve func(string, func() error)) (string, error) {
-	fp := preflightFingerprint(f.providerName, f.flags, os.Environ(), os.ReadFile)
+	clusterID, nodeLedger string, recorded recordedMeta, fp string, event func(string), serve func(string, func() error)) (string, error) {
 	run := preflightRun{log: log, p: p, event: event, count: status.CountPreflight}
 	if recorded.preflight(f.node, clusterID, nodeLedger) == fp {
 		log.Info("cloud settings unchanged since the last passed preflight: it runs again once ready, off the path to ready",

@@ -182,29 +182,29 @@ func TestStartEarly(t *testing.T) {
 		return ok
 	}
 
-	assert.Nil(t, f.startEarly(ctx, p, recordedMeta{}, ""), "nothing recorded: wait for the cluster id")
+	assert.Nil(t, f.startEarly(ctx, p, recordedMeta{}, fp, ""), "nothing recorded: wait for the cluster id")
 	writeLedger(t, f.ledgerPath, "n1", "c1", fp)
 	rec := readRecordedMeta(ctx, f.ledgerPath, recordedPreflightTimeout)
 	require.True(t, rec.ok)
-	pf := f.startEarly(ctx, p, rec, "")
+	pf := f.startEarly(ctx, p, rec, fp, "")
 	require.NotNil(t, pf, "recorded cluster, same settings, free ledger")
 	assert.True(t, sel(pf, "c1"))
 	assert.False(t, sel(pf, "c2"), "a guess the apiserver contradicts is not used")
 
 	other := rec
 	other.m.Preflight = "sha256:other"
-	assert.Nil(t, f.startEarly(ctx, p, other, ""), "changed settings: the preflight first")
+	assert.Nil(t, f.startEarly(ctx, p, other, fp, ""), "changed settings: the preflight first")
 	other = rec
 	other.m.Node = "n2"
-	assert.Nil(t, f.startEarly(ctx, p, other, ""), "another node's ledger")
-	assert.NotNil(t, f.startEarly(ctx, p, other, "c1"), "with the cluster id known, the usual early listing")
+	assert.Nil(t, f.startEarly(ctx, p, other, fp, ""), "another node's ledger")
+	assert.NotNil(t, f.startEarly(ctx, p, other, fp, "c1"), "with the cluster id known, the usual early listing")
 
 	l, err := ledger.Open(ledger.Options{Path: f.ledgerPath, Node: "n1", Cluster: "c1", Timeout: time.Second})
 	require.NoError(t, err)
-	assert.Nil(t, f.startEarly(ctx, p, rec, ""), "a held ledger is listed after its release")
-	assert.Nil(t, f.startEarly(ctx, p, rec, "c1"))
+	assert.Nil(t, f.startEarly(ctx, p, rec, fp, ""), "a held ledger is listed after its release")
+	assert.Nil(t, f.startEarly(ctx, p, rec, fp, "c1"))
 	require.NoError(t, l.Close())
 
 	f.hv.socket = filepath.Join(t.TempDir(), "hv.sock")
-	assert.Nil(t, f.startEarly(ctx, p, rec, "c1"), "hypervisor mode lists nothing at the start")
+	assert.Nil(t, f.startEarly(ctx, p, rec, fp, "c1"), "hypervisor mode lists nothing at the start")
 }

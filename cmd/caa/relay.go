@@ -6,7 +6,10 @@ import (
 	"fmt"
 	"io"
 	"math"
+	"os"
 	"path/filepath"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
@@ -24,8 +27,11 @@ type relayFlags struct {
 	caDir     string
 	refresh   time.Duration
 	allowUIDs []uint
-	logFormat string
-	logLevel  string
+	// allowEnvErr is a CAA_RELAY_ALLOW_UIDS that does not parse; it
+	// matters unless --allow-uid replaces it.
+	allowEnvErr error
+	logFormat   string
+	logLevel    string
 }
 
 func (f *relayFlags) check() error {
@@ -38,6 +44,9 @@ func (f *relayFlags) check() error {
 	}
 	if f.refresh <= 0 {
 		errs = append(errs, errors.New("--refresh must be positive"))
+	}
+	if f.allowEnvErr != nil {
+		errs = append(errs, f.allowEnvErr)
 	}
 	for _, u := range f.allowUIDs {
 		if u > math.MaxUint32 {
@@ -61,18 +70,25 @@ func newRelayCommand() *cobra.Command {
 			"(run with --relay-socket) tells it what to serve. It keeps no state of its own: after its\n" +
 			"own restart caa registers every live sandbox again (connections open at that moment are lost).",
 		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runRelay(cmd.Context(), f, cmd.ErrOrStderr()) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if cmd.Flags().Changed("allow-uid") {
+				f.allowEnvErr = nil
+			}
+			return runRelay(cmd.Context(), f, cmd.ErrOrStderr())
+		},
 	}
 	fs := cmd.Flags()
+	var allowEnv []uint
+	allowEnv, f.allowEnvErr = envUIDs("CAA_RELAY_ALLOW_UIDS")
 	fs.StringVar(&f.socket, "socket", envOr("CAA_RELAY_SOCKET", defaultRelaySocket),
 		"the control socket caa calls (mode 0600; caa's --relay-socket) (env CAA_RELAY_SOCKET)")
 	fs.StringVar(&f.caDir, "agent-ca-dir", envOr("CAA_AGENT_CA_DIR", filepath.Dir(ledger.DefaultPath)),
 		"the agent CA's directory, where caa writes "+relayd.ClientFile+" (env CAA_AGENT_CA_DIR)")
 	fs.DurationVar(&f.refresh, "refresh", envDuration("CAA_RELAY_REFRESH", 10*time.Second),
 		"how often "+relayd.ClientFile+" is checked for new certificates (env CAA_RELAY_REFRESH)")
-	fs.UintSliceVar(&f.allowUIDs, "allow-uid", nil,
+	fs.UintSliceVar(&f.allowUIDs, "allow-uid", allowEnv,
 		"uids whose processes may use the control socket, checked on each connection with SO_PEERCRED besides the socket's 0600 mode "+
-			"(repeat it or separate with commas; it replaces the default: the daemon's own uid and 0)")
+			"(repeat it or separate with commas; it replaces the default: the daemon's own uid and 0) (env CAA_RELAY_ALLOW_UIDS, comma-separated)")
 	fs.StringVar(&f.logFormat, "log-format", envOr("CAA_LOG_FORMAT", "text"), "log format: text or json (env CAA_LOG_FORMAT)")
 	fs.StringVar(&f.logLevel, "log-level", envOr("CAA_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env CAA_LOG_LEVEL)")
 	return cmd
@@ -115,4 +131,22 @@ func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	}
 	log.Info("caa relay stopped; its agent sockets are closed")
 	return nil
+}
+
+// envUIDs reads a comma-separated list of uids from the environment
+// variable key; unset or empty is nil (the flag's default applies).
+func envUIDs(key string) ([]uint, error) {
+	v := strings.TrimSpace(os.Getenv(key))
+	if v == "" {
+		return nil, nil
+	}
+	var out []uint
+	for _, part := range strings.Split(v, ",") {
+		u, err := strconv.ParseUint(strings.TrimSpace(part), 10, 32)
+		if err != nil {
+			return nil, fmt.Errorf("%s=%q: %q is not a uid (0 to %d): give uids separated by commas, e.g. 0,1000", key, v, part, uint32(math.MaxUint32))
+		}
+		out = append(out, uint(u))
+	}
+	return out, nil
 }

@@ -437,6 +437,10 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 		recorded  recordedMeta
 		early     *reconcile.Prefetch
 	)
+	// What the preflight checks, as it stands for this start: the warm
+	// restart's guess and the preflight's gate compare it with the ledger's
+	// record of the last pass.
+	fp := preflightFingerprint(f.providerName, f.flags, os.Environ(), os.ReadFile)
 	provDone := make(chan struct{})
 	go func() {
 		defer close(provDone)
@@ -446,7 +450,7 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 		prov = health.InstrumentProvider(raw, metrics)
 		log.Debug("start: cloud client built", "since", time.Since(started))
 		recorded = readRecordedMeta(stopCtx, f.ledgerPath, recordedPreflightTimeout)
-		early = f.startEarly(stopCtx, prov, recorded, "")
+		early = f.startEarly(stopCtx, prov, recorded, fp, "")
 		log.Debug("start: ledger meta read", "since", time.Since(started), "earlyListing", early != nil)
 	}()
 
@@ -485,14 +489,14 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	}
 	events := reconcile.NewKubeEvents(client, f.node)
 	defer events.Shutdown()
-	passed, err := preflightGate(stopCtx, f, log, status, raw, clusterID, nodeLedger, recorded, func(reason string) {
+	passed, err := preflightGate(stopCtx, f, log, status, raw, clusterID, nodeLedger, recorded, fp, func(reason string) {
 		events.NodeEvent(f.node, true, "CaaPreflightFailed", reason)
 	}, serve)
 	if err != nil {
 		return shutdownErr(ctx, err)
 	}
 	if early == nil {
-		early = f.startEarly(stopCtx, prov, recorded, clusterID)
+		early = f.startEarly(stopCtx, prov, recorded, fp, clusterID)
 	}
 	status.SetBlocked("starting: reading this node's pods")
 	if !pods.WaitSynced(stopCtx) {
@@ -521,14 +525,15 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 // before the apiserver has named the cluster: the cluster and node the
 // ledger recorded, when the cloud settings are those of its last passed
 // preflight; a guess the apiserver then contradicts is for another
-// selector, and the pass lists as usual. nil: no listing started.
-func (f *runFlags) startEarly(ctx context.Context, p provider.Provider, recorded recordedMeta, cluster string) *reconcile.Prefetch {
+// selector, and the pass lists as usual. fp is this start's preflight
+// fingerprint. nil: no listing started.
+func (f *runFlags) startEarly(ctx context.Context, p provider.Provider, recorded recordedMeta, fp, cluster string) *reconcile.Prefetch {
 	if f.hv.socket != "" {
 		return nil
 	}
 	if cluster == "" {
 		if !recorded.ok || recorded.m.Node != f.node || recorded.m.Cluster == "" ||
-			recorded.m.Preflight != preflightFingerprint(f.providerName, f.flags, os.Environ(), os.ReadFile) {
+			recorded.m.Preflight != fp {
 			return nil
 		}
 		cluster = recorded.m.Cluster
