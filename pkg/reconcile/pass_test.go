@@ -34,7 +34,7 @@ type passFixture struct {
 	path   string
 }
 
-func newPassFixture(t *testing.T, keepTerminated time.Duration) passFixture {
+func newPassFixture(t testing.TB, keepTerminated time.Duration) passFixture {
 	t.Helper()
 	clk := &clock{now: t0}
 	c := cloud.New(cloud.Options{Images: []string{"img"}, KeepTerminated: keepTerminated, Now: clk.Now})
