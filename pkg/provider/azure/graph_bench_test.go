@@ -98,7 +98,8 @@ func recordNodeAnswer(tb testing.TB, vms int) [][]byte {
 }
 
 // BenchmarkDecodeNodeAnswer decodes and reads a recorded answer of 1,000
-// VMs and their NICs (2,000 rows, two pages).
+// VMs and their NICs (2,000 rows, two pages): sdk-any as the generated
+// client and readRow read it (the lenient path), typed as List does.
 func BenchmarkDecodeNodeAnswer(b *testing.B) {
 	pages := recordNodeAnswer(b, 1000)
 	b.Run("sdk-any", func(b *testing.B) {
@@ -112,6 +113,27 @@ func BenchmarkDecodeNodeAnswer(b *testing.B) {
 				}
 				for _, d := range qr.Data.([]any) {
 					if _, ok := readRow(d); ok {
+						n++
+					}
+				}
+			}
+			if n != 2000 {
+				b.Fatalf("%d rows", n)
+			}
+		}
+	})
+	b.Run("typed", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			n := 0
+			images := imageRefs{}
+			for _, raw := range pages {
+				var page graphPage[nodeRow]
+				if err := json.Unmarshal(raw, &page); err != nil {
+					b.Fatal(err)
+				}
+				for i := range page.Data {
+					if _, ok := page.Data[i].row(images); ok {
 						n++
 					}
 				}
