@@ -6,7 +6,6 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/runtime"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
-	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/resourcegraph/armresourcegraph"
 )
 
 // vmAPI is the part of the compute SDK the provider uses;
@@ -29,15 +28,7 @@ type nicAPI interface {
 	Get(ctx context.Context, group, name string, opts *armnetwork.InterfacesClientGetOptions) (armnetwork.InterfacesClientGetResponse, error)
 }
 
-// graphAPI is the part of the Resource Graph SDK the provider uses (List's
-// query); *armresourcegraph.Client implements it.
-type graphAPI interface {
-	Resources(ctx context.Context, query armresourcegraph.QueryRequest,
-		opts *armresourcegraph.ClientResourcesOptions) (armresourcegraph.ClientResourcesResponse, error)
-}
-
 var (
-	_ vmAPI    = (*armcompute.VirtualMachinesClient)(nil)
-	_ nicAPI   = (*armnetwork.InterfacesClient)(nil)
-	_ graphAPI = (*armresourcegraph.Client)(nil)
+	_ vmAPI  = (*armcompute.VirtualMachinesClient)(nil)
+	_ nicAPI = (*armnetwork.InterfacesClient)(nil)
 )

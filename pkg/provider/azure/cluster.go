@@ -8,8 +8,6 @@ import (
 	"strings"
 	"time"
 
-	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/resourcegraph/armresourcegraph"
-
 	"github.com/caa-project/caa/pkg/provider"
 )
 
@@ -105,16 +103,21 @@ func (p *Provider) ListCluster(ctx context.Context, cluster string) ([]provider.
 	}
 	base := fmt.Sprintf(clusterFilter, lits...)
 
-	page, err := p.clusterQuery(ctx, base+clusterCount)
+	count, err := clusterQuery[clusterCountRow](ctx, p, base+clusterCount)
 	if err != nil {
 		return nil, err
 	}
-	rows, _ := page.Data.([]any)
-	if len(rows) != 1 {
-		return nil, fmt.Errorf("%s %s: Resource Graph answered the count with %d rows, want 1", ProviderName, opListCluster, len(rows))
+	if count.rows() != 1 {
+		return nil, fmt.Errorf("%s %s: Resource Graph answered the count with %d rows, want 1", ProviderName, opListCluster, count.rows())
 	}
-	row, _ := rows[0].(map[string]any)
-	parts := ClusterParts(int(number(row["nodes"])), int(number(row["vms"])))
+	var nodes, vms float64
+	if len(count.Data) == 1 {
+		nodes, vms = count.Data[0].Nodes, count.Data[0].VMs
+	} else {
+		row, _ := count.generic[0].(map[string]any)
+		nodes, vms = number(row["nodes"]), number(row["vms"])
+	}
+	parts := ClusterParts(int(nodes), int(vms))
 	if parts == 0 {
 		return []provider.VM{}, nil
 	}
@@ -139,17 +142,22 @@ func (p *Provider) clusterParts(ctx context.Context, base, cluster string, parts
 		if parts > 1 {
 			query += fmt.Sprintf(clusterPart, parts, part)
 		}
-		page, err := p.clusterQuery(ctx, query+clusterGroups)
+		page, err := clusterQuery[clusterGroup](ctx, p, query+clusterGroups)
 		if err != nil {
 			return nil, false, err
 		}
-		data, _ := page.Data.([]any)
-		if (page.ResultTruncated != nil && *page.ResultTruncated == armresourcegraph.ResultTruncatedTrue) ||
-			(page.SkipToken != nil && *page.SkipToken != "") ||
-			(page.TotalRecords != nil && *page.TotalRecords > int64(len(data))) {
+		if page.truncated() || page.SkipToken != "" || (page.TotalRecords != nil && *page.TotalRecords > int64(page.rows())) {
 			return nil, true, nil
 		}
-		for _, d := range data {
+		for _, group := range page.Data {
+			for i := range group.VMs {
+				r, _ := group.VMs[i].row(nil)
+				if vm, ok := clusterVMOf(r, cluster); ok {
+					out = append(out, vm)
+				}
+			}
+		}
+		for _, d := range page.generic {
 			group, _ := d.(map[string]any)
 			vms, _ := group["vms"].([]any)
 			for _, v := range vms {
@@ -162,29 +170,46 @@ func (p *Provider) clusterParts(ctx context.Context, base, cluster string, parts
 	return out, false, nil
 }
 
-// clusterQuery sends one query of the cluster listing: one page, objectArray,
-// under the quota gate.
-func (p *Provider) clusterQuery(ctx context.Context, query string) (armresourcegraph.ClientResourcesResponse, error) {
+// clusterQuery sends one query of the cluster listing: one page, under the
+// quota gate.
+func clusterQuery[R any](ctx context.Context, p *Provider, query string) (graphPage[R], error) {
 	if wait := p.quota.wait(p.now()); wait > 0 {
-		return armresourcegraph.ClientResourcesResponse{}, &provider.Error{Kind: provider.ErrThrottled, Provider: ProviderName, Op: opListCluster, Code: "UserQuotaUsedUp",
+		return graphPage[R]{}, &provider.Error{Kind: provider.ErrThrottled, Provider: ProviderName, Op: opListCluster, Code: "UserQuotaUsedUp",
 			Message: "Resource Graph's per-user quota is used up until its window resets", RetryAfter: wait}
 	}
-	page, err := p.queryPage(ctx, armresourcegraph.QueryRequest{
-		Query:         &query,
-		Subscriptions: []*string{new(p.cfg.SubscriptionID)},
-		Options:       &armresourcegraph.QueryRequestOptions{ResultFormat: new(armresourcegraph.ResultFormatObjectArray), Top: new(int32(graphTop))},
-	})
-	if err != nil {
-		return page, err
-	}
-	if _, ok := page.Data.([]any); page.Data != nil && !ok {
-		return page, fmt.Errorf("%s %s: Resource Graph answered data of type %T, not the objectArray asked for", ProviderName, opListCluster, page.Data)
-	}
-	return page, nil
+	return queryGraph[R](ctx, p, opListCluster, p.graphQuery(query))
 }
 
-// clusterRow reads one VM of a group (an array in clusterVM's order); only
-// a VM whose own tags name cluster and caa as manager is kept.
+// clusterCountRow is clusterCount's one row.
+type clusterCountRow struct {
+	VMs   float64 `json:"vms"`
+	Nodes float64 `json:"nodes"`
+}
+
+// clusterGroup is a row of clusterGroups' answer: a node's VMs.
+type clusterGroup struct {
+	VMs []clusterVMRow `json:"vms"`
+}
+
+// clusterVMRow is a VM of a group, decoded from its array.
+type clusterVMRow struct{ nodeRow }
+
+// UnmarshalJSON reads the array in clusterVM's order. Any other shape is an
+// error, which has the answer read the lenient way (clusterRow).
+func (v *clusterVMRow) UnmarshalJSON(b []byte) error {
+	v.nodeRow = nodeRow{Type: vmType}
+	elems := []any{&v.ID, &v.Name, &v.Location, &v.Zones, &v.Tags, &v.ProvisioningState, &v.PowerState, &v.TimeCreated, &v.VMSize}
+	if err := json.Unmarshal(b, &elems); err != nil {
+		return err
+	}
+	if len(elems) != len(clusterVM) {
+		return fmt.Errorf("a VM of %d elements, want %d", len(elems), len(clusterVM))
+	}
+	return nil
+}
+
+// clusterRow reads one VM of a group as the SDK's model decodes it (an
+// array in clusterVM's order); a VM of another shape is left out.
 func clusterRow(v any, cluster string) (provider.VM, bool) {
 	arr, ok := v.([]any)
 	if !ok || len(arr) != len(clusterVM) {
@@ -195,7 +220,16 @@ func clusterRow(v any, cluster string) (provider.VM, bool) {
 		m[k] = arr[i]
 	}
 	r, ok := readRow(m)
-	if !ok || r.tags[provider.TagCluster] != cluster || r.tags[provider.TagManagedBy] != provider.ManagedByValue {
+	if !ok {
+		return provider.VM{}, false
+	}
+	return clusterVMOf(r, cluster)
+}
+
+// clusterVMOf is the VM of row r; only a VM whose own tags name cluster and
+// caa as manager is kept.
+func clusterVMOf(r graphRow, cluster string) (provider.VM, bool) {
+	if r.id == "" || r.tags[provider.TagCluster] != cluster || r.tags[provider.TagManagedBy] != provider.ManagedByValue {
 		return provider.VM{}, false
 	}
 	power, _ := strings.CutPrefix(r.power, "PowerState/")

@@ -1,7 +1,8 @@
 // Package azure is caa's provider for Azure: peer-pod VMs in one resource
 // group, through the official SDK (armcompute for VirtualMachines,
-// armnetwork for their NICs, armresourcegraph for List). The SDK is
-// narrowed to the few calls used (vmAPI, nicAPI, graphAPI).
+// armnetwork for their NICs, Resource Graph for List on azcore's ARM
+// pipeline with armresourcegraph's request model). The SDK is narrowed to
+// the few calls used (vmAPI, nicAPI, queryGraph).
 //
 // Idempotency. A VM's name is derived from spec.Key (see vmName): "caa-",
 // the key's readable part, and 12 hex digits of its SHA-256. ARM names are

@@ -12,9 +12,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
-	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/resourcegraph/armresourcegraph"
 
 	"github.com/caa-project/caa/pkg/provider"
 )
@@ -155,6 +153,69 @@ type graphRow struct {
 	tags                                                        map[string]string
 }
 
+// nodeRow is a row of nodeQuery's answer as it comes on the wire.
+type nodeRow struct {
+	ID                string            `json:"id"`
+	Name              string            `json:"name"`
+	Type              string            `json:"type"`
+	Location          string            `json:"location"`
+	Zones             []string          `json:"zones"`
+	Tags              map[string]string `json:"tags"`
+	ProvisioningState string            `json:"provisioningState"`
+	PowerState        string            `json:"powerState"`
+	TimeCreated       string            `json:"timeCreated"`
+	VMSize            string            `json:"vmSize"`
+	Image             string            `json:"image"`
+	PrivateIP         string            `json:"privateIP"`
+	AttachedTo        string            `json:"attachedTo"`
+}
+
+// row is r as List reads it; images caches the image references read so
+// far, as the VMs of a node mostly share one. A row without an id is left
+// out.
+func (r *nodeRow) row(images imageRefs) (graphRow, bool) {
+	row := graphRow{
+		id: r.ID, name: r.Name, typ: strings.ToLower(r.Type), location: r.Location,
+		provisioning: r.ProvisioningState, power: r.PowerState, created: r.TimeCreated,
+		size: r.VMSize, image: images.read(r.Image), ip: r.PrivateIP, attachedTo: r.AttachedTo, tags: r.Tags,
+	}
+	if len(r.Zones) > 0 {
+		row.zone = r.Zones[0]
+	}
+	if row.tags == nil {
+		row.tags = map[string]string{}
+	}
+	return row, row.id != ""
+}
+
+// imageRefs maps the JSON of an image reference to caa's image string.
+type imageRefs map[string]string
+
+func (m imageRefs) read(raw string) string {
+	if raw == "" {
+		return ""
+	}
+	s, ok := m[raw]
+	if !ok {
+		s = imageOf(raw)
+		m[raw] = s
+	}
+	return s
+}
+
+// imageOf reads the image reference the query's tostring() made JSON of;
+// "" when it is not one.
+func imageOf(raw string) string {
+	var ref armcompute.ImageReference
+	if raw == "" || json.Unmarshal([]byte(raw), &ref) != nil {
+		return ""
+	}
+	return imageString(&ref)
+}
+
+// readRow reads a row as the SDK's model decodes it (any JSON), for an
+// answer whose rows do not fit nodeRow: a value of another type reads as
+// absent, and a row that is not an object or has no id is left out.
 func readRow(v any) (graphRow, bool) {
 	m, ok := v.(map[string]any)
 	if !ok {
@@ -164,17 +225,10 @@ func readRow(v any) (graphRow, bool) {
 	row := graphRow{
 		id: str("id"), name: str("name"), typ: strings.ToLower(str("type")), location: str("location"),
 		provisioning: str("provisioningState"), power: str("powerState"), created: str("timeCreated"),
-		size: str("vmSize"), ip: str("privateIP"), attachedTo: str("attachedTo"), tags: map[string]string{},
+		size: str("vmSize"), image: imageOf(str("image")), ip: str("privateIP"), attachedTo: str("attachedTo"), tags: map[string]string{},
 	}
 	if zones, ok := m["zones"].([]any); ok && len(zones) > 0 {
 		row.zone, _ = zones[0].(string)
-	}
-	// tostring() of the image reference is its JSON.
-	if raw := str("image"); raw != "" {
-		var ref armcompute.ImageReference
-		if json.Unmarshal([]byte(raw), &ref) == nil {
-			row.image = imageString(&ref)
-		}
 	}
 	if tags, ok := m["tags"].(map[string]any); ok {
 		for k, v := range tags {
@@ -212,51 +266,36 @@ func (p *Provider) List(ctx context.Context, sel provider.Selector) ([]provider.
 		return nil, err
 	}
 	var rows []graphRow
-	req := armresourcegraph.QueryRequest{
-		Query:         &query,
-		Subscriptions: []*string{new(p.cfg.SubscriptionID)},
-		Options:       &armresourcegraph.QueryRequestOptions{ResultFormat: new(armresourcegraph.ResultFormatObjectArray), Top: new(int32(graphTop))},
-	}
+	images := imageRefs{}
+	req := p.graphQuery(query)
 	for {
 		if wait := p.quota.wait(p.now()); wait > 0 {
 			return nil, &provider.Error{Kind: provider.ErrThrottled, Provider: ProviderName, Op: opList, Code: "UserQuotaUsedUp",
 				Message: "Resource Graph's per-user quota is used up until its window resets", RetryAfter: wait}
 		}
-		page, err := p.queryPage(ctx, req)
+		page, err := queryGraph[nodeRow](ctx, p, opList, req)
 		if err != nil {
 			return nil, err
 		}
-		data, ok := page.Data.([]any)
-		if page.Data != nil && !ok {
-			return nil, fmt.Errorf("%s %s: Resource Graph answered data of type %T, not the objectArray asked for", ProviderName, opList, page.Data)
+		if rows == nil {
+			rows = make([]graphRow, 0, page.rows())
 		}
-		for _, d := range data {
+		for i := range page.Data {
+			if row, ok := page.Data[i].row(images); ok {
+				rows = append(rows, row)
+			}
+		}
+		for _, d := range page.generic {
 			if row, ok := readRow(d); ok {
 				rows = append(rows, row)
 			}
 		}
-		if page.SkipToken == nil || *page.SkipToken == "" {
+		if page.SkipToken == "" {
 			break
 		}
-		req.Options.SkipToken = page.SkipToken
+		req.Options.SkipToken = new(page.SkipToken)
 	}
 	return p.fromRows(ctx, sel, rows)
-}
-
-// queryPage sends one query under a read deadline and notes the quota its
-// answer reports, refusals included.
-func (p *Provider) queryPage(ctx context.Context, req armresourcegraph.QueryRequest) (armresourcegraph.ClientResourcesResponse, error) {
-	ctx, cancel := p.readCtx(ctx)
-	defer cancel()
-	var resp *http.Response
-	page, err := p.graph.Resources(policy.WithCaptureResponse(ctx, &resp), req, nil)
-	if resp != nil {
-		p.quota.note(resp.Header, p.now())
-	}
-	if err != nil {
-		return page, classify(opList, err)
-	}
-	return page, nil
 }
 
 // fromRows joins the VMs with their NICs' addresses and confirms the dead.

@@ -18,7 +18,6 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/azidentity"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/compute/armcompute/v8"
 	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/network/armnetwork/v9"
-	"github.com/Azure/azure-sdk-for-go/sdk/resourcemanager/resourcegraph/armresourcegraph"
 
 	"github.com/caa-project/caa/pkg/provider"
 )
@@ -39,10 +38,12 @@ const (
 // Provider creates, finds and deletes peer-pod VMs in one resource group.
 // It is safe for concurrent use.
 type Provider struct {
-	cfg   Config
-	vms   vmAPI
-	nics  nicAPI
-	graph graphAPI
+	cfg  Config
+	vms  vmAPI
+	nics nicAPI
+	// graph is the ARM pipeline Resource Graph's queries go through
+	// (graphquery.go), set up as the generated client's.
+	graph *arm.Client
 	// arm is the bare ARM pipeline, for the preflight's reads that no SDK
 	// module of caa's covers.
 	arm *arm.Client
@@ -134,7 +135,7 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Provider, error) {
 	if err != nil {
 		return nil, fmt.Errorf("azure: network client: %w", err)
 	}
-	graph, err := armresourcegraph.NewClient(credential{cred}, clientOpts)
+	graph, err := arm.NewClient(graphModule, graphModuleVersion, credential{cred}, clientOpts)
 	if err != nil {
 		return nil, fmt.Errorf("azure: resource graph client: %w", err)
 	}
