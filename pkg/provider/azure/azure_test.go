@@ -5,8 +5,6 @@ import (
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
-	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -15,6 +13,7 @@ import (
 	"github.com/Azure/azure-sdk-for-go/sdk/azcore/policy"
 	"github.com/stretchr/testify/require"
 
+	"github.com/caa-project/caa/internal/logbuf"
 	"github.com/caa-project/caa/pkg/provider/azure"
 	"github.com/caa-project/caa/test/conformance"
 	armfake "github.com/caa-project/caa/test/mocks/azure"
@@ -33,24 +32,6 @@ type staticToken string
 
 func (s staticToken) GetToken(context.Context, policy.TokenRequestOptions) (azcore.AccessToken, error) {
 	return azcore.AccessToken{Token: string(s), ExpiresOn: time.Now().Add(time.Hour)}, nil
-}
-
-// logBuffer collects the provider's and the SDK's log lines.
-type logBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func testConfig(endpoint string) azure.Config {
@@ -89,7 +70,7 @@ func newHarnessOn(t testing.TB, opts cloud.Options, cred azcore.TokenCredential,
 	srv := httptest.NewServer(h)
 	t.Cleanup(srv.Close)
 
-	logs := &logBuffer{}
+	logs := &logbuf.Buffer{}
 	if _, bench := t.(*testing.B); !bench {
 		azlog.SetListener(func(ev azlog.Event, msg string) { _, _ = logs.Write([]byte(string(ev) + ": " + msg + "\n")) })
 		t.Cleanup(func() { azlog.SetListener(nil) })
