@@ -75,6 +75,18 @@ func (f filter) matches(in cloud.Instance) bool {
 	return slices.Contains(f.values, field)
 }
 
+// tagTerms are the tag: filters, for the core's tag index to narrow a
+// listing by (it compares without case; the filters decide exactly).
+func tagTerms(fs []filter) []cloud.TagTerm {
+	var out []cloud.TagTerm
+	for _, f := range fs {
+		if key, ok := strings.CutPrefix(f.name, "tag:"); ok {
+			out = append(out, cloud.TagTerm{Key: key, Values: f.values})
+		}
+	}
+	return out
+}
+
 // filterKey identifies a filter set, so that a NextToken is honoured only
 // with the filters that produced it.
 func filterKey(fs []filter) string {
@@ -160,7 +172,7 @@ func (s *server) describeInstances(q query, c caller) (any, *apiError) {
 	if e != nil {
 		return nil, e
 	}
-	page, next, err := s.cloud.List(match, start, maxResults)
+	page, next, err := s.cloud.ListTagged(tagTerms(filters), match, start, maxResults)
 	if err != nil {
 		return nil, &apiError{http.StatusBadRequest, "InvalidPaginationToken", "The specified pagination token is not valid or is expired."}
 	}

@@ -11,6 +11,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"github.com/caa-project/caa/test/mocks/cloud"
 )
 
 // The fake Resource Graph: POST /providers/Microsoft.ResourceGraph/resources,
@@ -200,7 +202,7 @@ func (s *server) queryResources(w http.ResponseWriter, r *http.Request) {
 
 	var docs []map[string]any
 	if slices.ContainsFunc(req.Subscriptions, func(sub string) bool { return strings.EqualFold(sub, s.opts.subscription) }) {
-		docs = s.readable(s.indexed(q.tagFilter()))
+		docs = s.readable(s.indexed(q.tagTerms(), q.tagFilter()))
 	}
 	rows := q.run(docs)
 	out := graphResponse{TotalRecords: int64(len(rows)), ResultTruncated: "false", Data: []map[string]any{}, Facets: []any{}}
@@ -221,12 +223,12 @@ func (s *server) queryResources(w http.ResponseWriter, r *http.Request) {
 }
 
 // indexed is what the index shows now: the core itself without a lag.
-// Without a lag only the resources whose tags pass keep (nil: all) are
-// rendered: a real index does not render the subscription to answer a
+// Without a lag only the resources that hold the terms' tags (the core's
+// index finds them) and whose tags pass keep (nil: all) are rendered: a real index does not render the subscription to answer a
 // query filtered by tag. A lagging index observes everything.
-func (s *server) indexed(keep func(tags map[string]string) bool) []map[string]any {
+func (s *server) indexed(terms []cloud.TagTerm, keep func(tags map[string]string) bool) []map[string]any {
 	if s.index == nil {
-		docs := s.documentsWhere(keep)
+		docs := s.documentsWhere(terms, keep)
 		out := make([]map[string]any, len(docs))
 		for i, d := range docs {
 			out[i] = d.body
