@@ -38,6 +38,9 @@ func (c *Cloud) indexInstance(in *Instance) {
 	}
 	for k, v := range in.Tags {
 		slot := tagSlot(k, v)
+		if l := c.byTag[slot]; len(l) > 0 && l[len(l)-1] == in {
+			continue // two keys alike but for case, with values alike
+		}
 		c.byTag[slot] = append(c.byTag[slot], in)
 	}
 }
@@ -65,8 +68,10 @@ func (c *Cloud) candidates(terms []TagTerm) (out []*Instance, ok bool) {
 		}
 	}
 	if slots > 1 {
-		// Lists of several values interleave: back to creation order.
+		// Lists of several values interleave, and an instance with keys
+		// alike but for case may be in two: back to creation order, once.
 		slices.SortFunc(out, func(a, b *Instance) int { return a.seq - b.seq })
+		out = slices.Compact(out)
 	}
 	return out, true
 }
