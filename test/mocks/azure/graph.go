@@ -209,11 +209,23 @@ func (s *server) queryResources(w http.ResponseWriter, r *http.Request) {
 			return
 		}
 	}
-	var docs []map[string]any
-	if slices.ContainsFunc(req.Subscriptions, func(sub string) bool { return strings.EqualFold(sub, s.opts.subscription) }) {
-		docs = s.readable(s.indexed(q.tagTerms(), q.tagFilter()))
+	// Every page of a query is cut from the same rows: while nothing
+	// changes, the next page's are the last page's.
+	rowsKey := req.Query
+	for _, sub := range req.Subscriptions {
+		rowsKey += "\x00" + strings.ToLower(sub)
 	}
-	rows := q.run(docs)
+	rows, ok := s.answers.rowsOf(rowsKey, stamp)
+	if !cacheable || !ok {
+		var docs []map[string]any
+		if slices.ContainsFunc(req.Subscriptions, func(sub string) bool { return strings.EqualFold(sub, s.opts.subscription) }) {
+			docs = s.readable(s.indexed(q.tagTerms(), q.tagFilter()))
+		}
+		rows = q.run(docs)
+		if cacheable {
+			s.answers.putRows(rowsKey, stamp, rows)
+		}
+	}
 	out := graphResponse{TotalRecords: int64(len(rows)), ResultTruncated: "false", Data: []map[string]any{}, Facets: []any{}}
 	if offset < len(rows) {
 		end := min(len(rows), offset+size)
@@ -253,16 +265,43 @@ func (s *server) answerStamp() (stamp [2]uint64, cacheable bool) {
 }
 
 // answerCache keeps the encoded answers of Resource Graph queries by
-// request body, each with the stamp it was made at, and serves one again
-// only at the same stamp: nothing in the core or the fake changed since,
-// and nothing was due to change with the clock when it was made. A warm
-// restart's listing asks the same query of an unchanged group; the real
-// service answers it from its index, on its own hardware, and the fake's
-// rendering of the same rows again was time counted against caa.
+// request body, and the rows of each query (all its pages), with the stamp
+// they were made at, and serves them again only at the same stamp: nothing
+// in the core or the fake changed since, and nothing was due to change with
+// the clock when they were made. A listing's pages, and a warm restart's
+// listing, ask the same query of an unchanged group; the real service
+// answers it from its index, on its own hardware, and the fake's rendering
+// of the whole answer again for every page was time counted against caa.
+// Rows handed out are shared: callers only read them.
 type answerCache struct {
 	mu      sync.Mutex
 	stamp   [2]uint64
 	answers map[string][]byte
+	rows    map[string][]map[string]any
+}
+
+func (c *answerCache) rowsOf(key string, stamp [2]uint64) ([]map[string]any, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stamp != stamp {
+		return nil, false
+	}
+	rows, ok := c.rows[key]
+	return rows, ok
+}
+
+func (c *answerCache) putRows(key string, stamp [2]uint64, rows []map[string]any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.restamp(stamp)
+	c.rows[key] = rows
+}
+
+// restamp empties the cache for another stamp, or when it is full.
+func (c *answerCache) restamp(stamp [2]uint64) {
+	if c.answers == nil || c.stamp != stamp || len(c.answers)+len(c.rows) >= maxCachedAnswers {
+		c.stamp, c.answers, c.rows = stamp, map[string][]byte{}, map[string][]map[string]any{}
+	}
 }
 
 // maxCachedAnswers bounds the cache (pages of a few listings).
@@ -281,9 +320,7 @@ func (c *answerCache) get(key string, stamp [2]uint64) ([]byte, bool) {
 func (c *answerCache) put(key string, stamp [2]uint64, raw []byte) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.answers == nil || c.stamp != stamp || len(c.answers) >= maxCachedAnswers {
-		c.stamp, c.answers = stamp, map[string][]byte{}
-	}
+	c.restamp(stamp)
 	c.answers[key] = raw
 }
 

@@ -156,3 +156,25 @@ func TestGraphRepeatedQuerySeesEveryChange(t *testing.T) {
 	delete(want, "vm-a")
 	assert.Equal(t, want, look(), "a delete through the fake")
 }
+
+// The pages of one query are cut from the rows the first page made only
+// while nothing changed: a VM killed on the core between two pages is not
+// on the next one, as when every page was answered afresh.
+func TestGraphNextPageSeesAChangeBetweenPages(t *testing.T) {
+	f, _ := newGraphFake(t, armfake.WithGraphPageSize(2))
+	var ins []cloud.Instance
+	for i := range 6 {
+		ins = append(ins, seedVM(t, f.cloud, fmt.Sprintf("vm-%d", i), "n1"))
+	}
+	q := `Resources | where tags['caa-node'] == 'n1' | project name`
+	first := f.do(http.MethodPost, graphURL, query(q, nil))
+	require.Equal(t, http.StatusOK, first.status, first.raw)
+	assert.Equal(t, []string{"vm-0", "vm-1"}, names(first))
+	next := map[string]any{"$skipToken": first.body["$skipToken"]}
+	again := f.do(http.MethodPost, graphURL, query(q, next))
+	assert.Equal(t, []string{"vm-2", "vm-3"}, names(again), "nothing changed")
+	require.NoError(t, f.cloud.Kill(ins[2].ID))
+	r := f.do(http.MethodPost, graphURL, query(q, next))
+	require.Equal(t, http.StatusOK, r.status, r.raw)
+	assert.Equal(t, []string{"vm-3", "vm-4"}, names(r), "the killed VM is gone from the next page")
+}
