@@ -124,6 +124,12 @@ type Server struct {
 	// Tagging (tagging.go), by instance id.
 	instanceTags map[string][]string
 	pinned       map[string]string // statuses the index shows, by instance id (PinIndexStatus)
+
+	// gen moves with every change the fake's own state may have seen (any
+	// request but a read or a search, PinIndexStatus); memo holds what was
+	// built at a generation (search.go's indexMemo).
+	gen  atomic.Uint64
+	memo indexMemo
 }
 
 // NewServer returns the VPC and IAM front end over c, with the core's
@@ -191,7 +197,16 @@ func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
 }
 
 // ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead && r.URL.Path != searchPath {
+		// A write (a create, a tag attach, a control call) may change
+		// what the index shows: nothing built before it, or while it
+		// runs, is used again.
+		s.gen.Add(1)
+		defer s.gen.Add(1)
+	}
+	s.mux.ServeHTTP(w, r)
+}
 
 // route mounts a VPC API handler behind the checks every VPC call passes:
 // admission (counting and faults), the bearer token, and the version and
