@@ -129,6 +129,18 @@ func (s *Server) search(w http.ResponseWriter, r *http.Request) {
 	// stop once a page holds fewer items than the limit. A client that
 	// stops only on an empty page pays one more search per listing here,
 	// as it does against the real service.
+	// With no policies every caller sees the same answer: while nothing
+	// changed, the answer to the same page of the same search is the one
+	// made last time (fullIndex says when nothing changed).
+	key := baseURL(r) + "\x00" + strconv.Itoa(limit) + "\x00" + encodeCursor(cur)
+	stamp, cacheable := s.indexStamp()
+	cacheable = cacheable && s.policies() == nil
+	if cacheable {
+		if raw, ok := s.memo.answer(key, stamp); ok {
+			writeJSONBytes(w, http.StatusOK, raw)
+			return
+		}
+	}
 	items := []map[string]any{}
 	next := cur
 	// Search shows only what the caller may view: a volume it may not
@@ -146,7 +158,16 @@ func (s *Server) search(w http.ResponseWriter, r *http.Request) {
 			break
 		}
 	}
-	writeJSON(w, http.StatusOK, map[string]any{"items": items, "limit": limit, "search_cursor": encodeCursor(next)})
+	raw, err := json.Marshal(map[string]any{"items": items, "limit": limit, "search_cursor": encodeCursor(next)})
+	if err != nil {
+		writeSearchProblem(w, http.StatusInternalServerError, "internal_error", "The fake could not encode its answer.")
+		return
+	}
+	raw = append(raw, '\n')
+	if cacheable {
+		s.memo.putAnswer(key, stamp, raw)
+	}
+	writeJSONBytes(w, http.StatusOK, raw)
 }
 
 // searchParams checks the query parameters and returns the limit.
@@ -213,10 +234,7 @@ func (s *Server) index(after int) ([]searchDoc, map[string]cloud.Resource) {
 // building of the whole index again for every page was time counted
 // against caa. What it returns is shared: callers only read it.
 func (s *Server) fullIndex() ([]searchDoc, map[string]cloud.Resource) {
-	fe := s.gen.Load()
-	core, quiet := s.cloud.Version()
-	stamp := [2]uint64{core, fe}
-	cacheable := quiet && s.searchLag == 0
+	stamp, cacheable := s.indexStamp()
 	if cacheable {
 		if docs, byID, ok := s.memo.get(stamp); ok {
 			return docs, byID
@@ -246,12 +264,23 @@ func (s *Server) fullIndex() ([]searchDoc, map[string]cloud.Resource) {
 	return out, byID
 }
 
-// indexMemo is the last index built, with the generations it was built at.
+// indexStamp is what the index depends on beyond the clock: the core's
+// generation and the fake's own. cacheable is false when the clock alone
+// may change it: a lag, a boot pending.
+func (s *Server) indexStamp() (stamp [2]uint64, cacheable bool) {
+	fe := s.gen.Load()
+	core, quiet := s.cloud.Version()
+	return [2]uint64{core, fe}, quiet && s.searchLag == 0
+}
+
+// indexMemo is the last index built, and the answers made from it, with
+// the generations they were made at.
 type indexMemo struct {
-	mu    sync.Mutex
-	stamp [2]uint64
-	docs  []searchDoc
-	byID  map[string]cloud.Resource
+	mu      sync.Mutex
+	stamp   [2]uint64
+	docs    []searchDoc
+	byID    map[string]cloud.Resource
+	answers map[string][]byte
 	// resources and resGen are the last side resources by id and the
 	// core generation they were read at (resourcesByID).
 	resources map[string]cloud.Resource
@@ -270,7 +299,38 @@ func (m *indexMemo) get(stamp [2]uint64) ([]searchDoc, map[string]cloud.Resource
 func (m *indexMemo) put(stamp [2]uint64, docs []searchDoc, byID map[string]cloud.Resource) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	m.stamp, m.docs, m.byID = stamp, docs, byID
+	m.restamp(stamp)
+	m.docs, m.byID = docs, byID
+}
+
+// maxMemoAnswers bounds the answers kept (pages of a few searches).
+const maxMemoAnswers = 64
+
+func (m *indexMemo) answer(key string, stamp [2]uint64) ([]byte, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stamp != stamp {
+		return nil, false
+	}
+	raw, ok := m.answers[key]
+	return raw, ok
+}
+
+func (m *indexMemo) putAnswer(key string, stamp [2]uint64, raw []byte) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.restamp(stamp)
+	if len(m.answers) >= maxMemoAnswers {
+		m.answers = map[string][]byte{}
+	}
+	m.answers[key] = raw
+}
+
+// restamp forgets what was made at another stamp.
+func (m *indexMemo) restamp(stamp [2]uint64) {
+	if m.answers == nil || m.stamp != stamp {
+		m.stamp, m.docs, m.byID, m.answers = stamp, nil, nil, map[string][]byte{}
+	}
 }
 
 // instanceDoc is the index document of an instance. One seeded straight
