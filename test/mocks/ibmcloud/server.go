@@ -140,7 +140,7 @@ func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
 		o(s)
 	}
 	s.mux.Handle(cloud.ControlPrefix, cloud.ControlHandler(c))
-	s.mux.HandleFunc("POST /identity/token", s.token)
+	s.mux.HandleFunc("POST "+tokenPath, s.token)
 	s.route("POST /v1/instances", cloud.OpCreate, true, s.createInstance)
 	s.route("GET /v1/instances", cloud.OpList, false, s.listInstances)
 	s.route("GET /v1/instances/{id}", cloud.OpGet, false, s.getInstance)
@@ -196,12 +196,16 @@ func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
 	return s
 }
 
+// tokenPath is where IAM issues tokens.
+const tokenPath = "/identity/token"
+
 // ServeHTTP implements http.Handler.
 func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
-	if r.Method != http.MethodGet && r.Method != http.MethodHead && r.URL.Path != searchPath {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead && r.URL.Path != searchPath && r.URL.Path != tokenPath {
 		// A write (a create, a tag attach, a control call) may change
 		// what the index shows: nothing built before it, or while it
-		// runs, is used again.
+		// runs, is used again. An IAM token changes only who may call,
+		// which every request checks before any answer is made.
 		s.gen.Add(1)
 		defer s.gen.Add(1)
 	}
