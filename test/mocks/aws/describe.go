@@ -2,12 +2,14 @@ package ec2fake
 
 import (
 	"encoding/base64"
+	"encoding/xml"
 	"errors"
 	"fmt"
 	"hash/fnv"
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/mocks/cloud"
@@ -73,6 +75,18 @@ func (f filter) matches(in cloud.Instance) bool {
 		field = in.Zone
 	}
 	return slices.Contains(f.values, field)
+}
+
+// tagTerms are the tag: filters, for the core's tag index to narrow a
+// listing by (it compares without case; the filters decide exactly).
+func tagTerms(fs []filter) []cloud.TagTerm {
+	var out []cloud.TagTerm
+	for _, f := range fs {
+		if key, ok := strings.CutPrefix(f.name, "tag:"); ok {
+			out = append(out, cloud.TagTerm{Key: key, Values: f.values})
+		}
+	}
+	return out
 }
 
 // filterKey identifies a filter set, so that a NextToken is honoured only
@@ -160,7 +174,18 @@ func (s *server) describeInstances(q query, c caller) (any, *apiError) {
 	if e != nil {
 		return nil, e
 	}
-	page, next, err := s.cloud.List(match, start, maxResults)
+	// While nothing changed (the core, the fake's launches) and no change
+	// was due on the clock, the same page of the same listing is the one
+	// encoded last time.
+	memoKey := fmt.Sprintf("%q\x00%s\x00%d", filters, start, maxResults)
+	stamp, cacheable := s.answerStamp()
+	if cacheable {
+		if a, ok := s.answers.get(memoKey, stamp); ok {
+			resp.Reservations.Encoded, resp.NextToken = a.encoded, a.next
+			return resp, nil
+		}
+	}
+	page, next, err := s.cloud.ListTagged(tagTerms(filters), match, start, maxResults)
 	if err != nil {
 		return nil, &apiError{http.StatusBadRequest, "InvalidPaginationToken", "The specified pagination token is not valid or is expired."}
 	}
@@ -168,7 +193,70 @@ func (s *server) describeInstances(q query, c caller) (any, *apiError) {
 	if next != "" {
 		resp.NextToken = encodeToken(next, key)
 	}
+	if cacheable {
+		if enc, err := encodeItems(resp.Reservations.Items); err == nil {
+			resp.Reservations = reservationSet{Encoded: enc}
+			s.answers.put(memoKey, stamp, memoAnswer{encoded: enc, next: resp.NextToken})
+		}
+	}
 	return resp, nil
+}
+
+// encodeItems is the XML of reservations' items as reservationSet holds
+// them.
+func encodeItems(items []reservationXML) (string, error) {
+	var b strings.Builder
+	enc := xml.NewEncoder(&b)
+	for _, it := range items {
+		if err := enc.EncodeElement(it, xml.StartElement{Name: xml.Name{Local: "item"}}); err != nil {
+			return "", err
+		}
+	}
+	if err := enc.Flush(); err != nil {
+		return "", err
+	}
+	return b.String(), nil
+}
+
+// answerStamp is what a listing's answer depends on beyond its request:
+// the core's generation and the fake's own; cacheable is false while a
+// change is due on the clock alone (a boot, an invisible instance, a
+// terminated one still shown).
+func (s *server) answerStamp() (stamp [2]uint64, cacheable bool) {
+	fe := s.gen.Load()
+	core, quiet := s.cloud.Version()
+	return [2]uint64{core, fe}, quiet
+}
+
+// answerMemo keeps listings' encoded pages made at one stamp.
+type answerMemo struct {
+	mu      sync.Mutex
+	stamp   [2]uint64
+	answers map[string]memoAnswer
+}
+
+type memoAnswer struct{ encoded, next string }
+
+// maxMemoAnswers bounds the memo (pages of a few listings).
+const maxMemoAnswers = 64
+
+func (m *answerMemo) get(key string, stamp [2]uint64) (memoAnswer, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.stamp != stamp {
+		return memoAnswer{}, false
+	}
+	a, ok := m.answers[key]
+	return a, ok
+}
+
+func (m *answerMemo) put(key string, stamp [2]uint64, a memoAnswer) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.answers == nil || m.stamp != stamp || len(m.answers) >= maxMemoAnswers {
+		m.stamp, m.answers = stamp, map[string]memoAnswer{}
+	}
+	m.answers[key] = a
 }
 
 // getAll returns the named instances, or InvalidInstanceID.NotFound naming

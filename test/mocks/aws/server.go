@@ -127,6 +127,11 @@ type server struct {
 
 	mu       sync.Mutex
 	launches map[string]*launch // by instance id
+
+	// gen moves with every write the fake serves (its own state may
+	// change); answers are listings' answers made at a generation.
+	gen     atomic.Uint64
+	answers answerMemo
 }
 
 // NewServer returns the EC2 front end over c, with the core's test controls
@@ -246,6 +251,11 @@ func (s *server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	default:
 		s.writeError(w, &apiError{http.StatusBadRequest, "NoSuchVersion", fmt.Sprintf("An unknown API version %q was specified.", v)})
 		return
+	}
+	if act.write {
+		// Nothing made before this write, or while it runs, is used again.
+		s.gen.Add(1)
+		defer s.gen.Add(1)
 	}
 	doc, e := act.run(s, q, who)
 	if e != nil {

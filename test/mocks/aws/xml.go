@@ -32,6 +32,9 @@ type describeInstancesResponse struct {
 
 type reservationSet struct {
 	Items []reservationXML `xml:"item"`
+	// Encoded, when set instead of Items, is the items already encoded:
+	// a listing's answer made before (describe.go's answerMemo).
+	Encoded string `xml:",innerxml"`
 }
 
 type reservationXML struct {

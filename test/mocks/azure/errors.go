@@ -32,6 +32,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	_ = json.NewEncoder(w).Encode(v)
 }
 
+// writeJSONBytes writes JSON already encoded, as writeJSON would.
+func writeJSONBytes(w http.ResponseWriter, status int, raw []byte) {
+	w.Header().Set("Content-Type", "application/json; charset=utf-8")
+	w.WriteHeader(status)
+	_, _ = w.Write(raw)
+}
+
 func invalidParameter(target, format string, args ...any) *apiError {
 	return &apiError{http.StatusBadRequest, "InvalidParameter", fmt.Sprintf(format, args...), target}
 }

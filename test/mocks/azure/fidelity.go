@@ -77,6 +77,7 @@ func (s *server) FailExtension(id string) error {
 	}
 	m.extensionFailed = true
 	s.meta[id] = m
+	s.gen.Add(1)
 	return nil
 }
 

@@ -10,7 +10,10 @@ import (
 	"net/http"
 	"slices"
 	"strings"
+	"sync"
 	"time"
+
+	"github.com/caa-project/caa/test/mocks/cloud"
 )
 
 // The fake Resource Graph: POST /providers/Microsoft.ResourceGraph/resources,
@@ -198,11 +201,31 @@ func (s *server) queryResources(w http.ResponseWriter, r *http.Request) {
 		size = *opts.Top
 	}
 
-	var docs []map[string]any
-	if slices.ContainsFunc(req.Subscriptions, func(sub string) bool { return strings.EqualFold(sub, s.opts.subscription) }) {
-		docs = s.readable(s.indexed(q.tagFilter()))
+	key := string(body)
+	stamp, cacheable := s.answerStamp()
+	if cacheable {
+		if raw, ok := s.answers.get(key, stamp); ok {
+			writeJSONBytes(w, http.StatusOK, raw)
+			return
+		}
 	}
-	rows := q.run(docs)
+	// Every page of a query is cut from the same rows: while nothing
+	// changes, the next page's are the last page's.
+	rowsKey := req.Query
+	for _, sub := range req.Subscriptions {
+		rowsKey += "\x00" + strings.ToLower(sub)
+	}
+	rows, ok := s.answers.rowsOf(rowsKey, stamp)
+	if !cacheable || !ok {
+		var docs []map[string]any
+		if slices.ContainsFunc(req.Subscriptions, func(sub string) bool { return strings.EqualFold(sub, s.opts.subscription) }) {
+			docs = s.readable(s.indexed(q.tagTerms(), q.tagFilter()))
+		}
+		rows = q.run(docs)
+		if cacheable {
+			s.answers.putRows(rowsKey, stamp, rows)
+		}
+	}
 	out := graphResponse{TotalRecords: int64(len(rows)), ResultTruncated: "false", Data: []map[string]any{}, Facets: []any{}}
 	if offset < len(rows) {
 		end := min(len(rows), offset+size)
@@ -217,16 +240,97 @@ func (s *server) queryResources(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	out.Count = int64(len(out.Data))
-	writeJSON(w, http.StatusOK, out)
+	raw, err := json.Marshal(out)
+	if err != nil {
+		writeGraphError(w, graphError{http.StatusInternalServerError, "InternalServerError", "The fake could not encode its answer.", nil})
+		return
+	}
+	raw = append(raw, '\n')
+	if cacheable {
+		s.answers.put(key, stamp, raw)
+	}
+	writeJSONBytes(w, http.StatusOK, raw)
+}
+
+// answerStamp is what an answer made now depends on beyond its request:
+// the core's generation and the fake's own. cacheable is false when the
+// answer may change with the clock alone: a lagging index, a VM still
+// booting, not yet visible or still being created, a deleted one still
+// shown; or when a role decides what is readable (WithRole's function may
+// answer differently from one call to the next).
+func (s *server) answerStamp() (stamp [2]uint64, cacheable bool) {
+	fe := s.gen.Load()
+	core, quiet := s.cloud.Version()
+	return [2]uint64{core, fe}, quiet && s.index == nil && s.opts.role == nil && s.opts.createDuration == 0
+}
+
+// answerCache keeps the encoded answers of Resource Graph queries by
+// request body, and the rows of each query (all its pages), with the stamp
+// they were made at, and serves them again only at the same stamp: nothing
+// in the core or the fake changed since, and nothing was due to change with
+// the clock when they were made. A listing's pages, and a warm restart's
+// listing, ask the same query of an unchanged group; the real service
+// answers it from its index, on its own hardware, and the fake's rendering
+// of the whole answer again for every page was time counted against caa.
+// Rows handed out are shared: callers only read them.
+type answerCache struct {
+	mu      sync.Mutex
+	stamp   [2]uint64
+	answers map[string][]byte
+	rows    map[string][]map[string]any
+}
+
+func (c *answerCache) rowsOf(key string, stamp [2]uint64) ([]map[string]any, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stamp != stamp {
+		return nil, false
+	}
+	rows, ok := c.rows[key]
+	return rows, ok
+}
+
+func (c *answerCache) putRows(key string, stamp [2]uint64, rows []map[string]any) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.restamp(stamp)
+	c.rows[key] = rows
+}
+
+// restamp empties the cache for another stamp, or when it is full.
+func (c *answerCache) restamp(stamp [2]uint64) {
+	if c.answers == nil || c.stamp != stamp || len(c.answers)+len(c.rows) >= maxCachedAnswers {
+		c.stamp, c.answers, c.rows = stamp, map[string][]byte{}, map[string][]map[string]any{}
+	}
+}
+
+// maxCachedAnswers bounds the cache (pages of a few listings).
+const maxCachedAnswers = 64
+
+func (c *answerCache) get(key string, stamp [2]uint64) ([]byte, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.stamp != stamp {
+		return nil, false
+	}
+	raw, ok := c.answers[key]
+	return raw, ok
+}
+
+func (c *answerCache) put(key string, stamp [2]uint64, raw []byte) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.restamp(stamp)
+	c.answers[key] = raw
 }
 
 // indexed is what the index shows now: the core itself without a lag.
-// Without a lag only the resources whose tags pass keep (nil: all) are
-// rendered: a real index does not render the subscription to answer a
+// Without a lag only the resources that hold the terms' tags (the core's
+// index finds them) and whose tags pass keep (nil: all) are rendered: a real index does not render the subscription to answer a
 // query filtered by tag. A lagging index observes everything.
-func (s *server) indexed(keep func(tags map[string]string) bool) []map[string]any {
+func (s *server) indexed(terms []cloud.TagTerm, keep func(tags map[string]string) bool) []map[string]any {
 	if s.index == nil {
-		docs := s.documentsWhere(keep)
+		docs := s.documentsWhere(terms, keep)
 		out := make([]map[string]any, len(docs))
 		for i, d := range docs {
 			out[i] = d.body

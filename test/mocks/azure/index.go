@@ -118,17 +118,19 @@ func (x *searchIndex) snapshot() []map[string]any {
 
 // documents renders the resource group's VMs and NICs as Resource Graph
 // shows them, in id order: what the index holds with no lag.
-func (s *server) documents() []doc { return s.documentsWhere(nil) }
+func (s *server) documents() []doc { return s.documentsWhere(nil, nil) }
 
-// documentsWhere is documents of the resources whose tags pass keep (nil:
-// all). The tags a document shows are its resource's, so filtering first
-// leaves out exactly what the query's filter on tags would.
-func (s *server) documentsWhere(keep func(tags map[string]string) bool) []doc {
+// documentsWhere is documents of the resources that hold every term's tag
+// and whose tags pass keep (nil: all). The tags a document shows are its
+// resource's, so filtering first leaves out exactly what the query's
+// filter on tags would; the core's tag index finds the candidates, so a
+// query by node costs that node's VMs, not the group's.
+func (s *server) documentsWhere(terms []cloud.TagTerm, keep func(tags map[string]string) bool) []doc {
 	var out []doc
 	token := ""
 	s.docs.Turn()
 	for {
-		page, next, err := s.cloud.List(nil, token, 0)
+		page, next, err := s.cloud.ListTagged(terms, nil, token, 0)
 		if err != nil {
 			break
 		}
@@ -143,7 +145,7 @@ func (s *server) documentsWhere(keep func(tags map[string]string) bool) []doc {
 		}
 		token = next
 	}
-	for _, res := range s.cloud.Resources(nicType) {
+	for _, res := range s.cloud.ResourcesTagged(nicType, terms) {
 		if keep != nil && !keep(res.Tags) {
 			continue
 		}

@@ -9,6 +9,8 @@ import (
 	"strings"
 	"unicode"
 	"unicode/utf8"
+
+	"github.com/caa-project/caa/test/mocks/cloud"
 )
 
 // The fake Resource Graph understands a small, exact subset of the Kusto
@@ -670,6 +672,25 @@ func (q *kqlQuery) tagFilter() func(tags map[string]string) bool {
 		}
 		return true
 	}
+}
+
+// tagTerms are the conditions of tagFilter that a resource passes only by
+// holding the tag with one of a few values (==, =~, in, in~): what the
+// core's tag index can narrow a listing by. The index compares without
+// case, tagFilter decides.
+func (q *kqlQuery) tagTerms() []cloud.TagTerm {
+	var out []cloud.TagTerm
+	for _, st := range q.stages {
+		if st.kind != "where" {
+			break
+		}
+		for _, c := range st.conds {
+			if c.field == "tags" && (c.op == "==" || c.op == "=~" || c.op == "in" || c.op == "in~") {
+				out = append(out, cloud.TagTerm{Key: c.tag, Values: c.values})
+			}
+		}
+	}
+	return out
 }
 
 // value is an extended column's value in row.

@@ -62,6 +62,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caa-project/caa/test/mocks/cloud"
@@ -179,6 +180,12 @@ type server struct {
 	opSeq int
 	// reserved are the NICs held for a VM whose create failed, by key.
 	reserved map[string]reservation
+
+	// gen moves with every change the fake's own state may have seen (any
+	// request but a read, FailExtension); answers holds Resource Graph
+	// answers made at a generation (graph.go's answerCache).
+	gen     atomic.Uint64
+	answers answerCache
 }
 
 // NewServer returns the fake ARM endpoint over c, with the core's test
@@ -240,6 +247,12 @@ func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
 			}
 			permissions.ServeHTTP(w, r)
 			return
+		}
+		if r.Method != http.MethodGet && r.Method != http.MethodHead && !isGraph(r) {
+			// A write (or a control) may change what the fake shows: no
+			// answer made before it, or while it runs, is served again.
+			s.gen.Add(1)
+			defer s.gen.Add(1)
 		}
 		mux.ServeHTTP(w, r)
 	})

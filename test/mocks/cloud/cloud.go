@@ -170,6 +170,12 @@ type Cloud struct {
 	rng       *rand.Rand
 	tokens    float64
 	lastFill  time.Time
+	// byTag and resByTag index instances and side resources by tag
+	// (tagindex.go); gen and quietAt are what Version reports.
+	byTag    map[string][]*Instance
+	resByTag map[string]map[string]*Resource
+	gen      uint64
+	quietAt  time.Time
 }
 
 // New returns an empty cloud.
@@ -206,6 +212,7 @@ func (c *Cloud) SetFaults(f Faults) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.faults = f
+	c.changed(time.Time{})
 	c.tokens = float64(f.ThrottleBurst)
 	c.lastFill = c.opts.Now()
 }
@@ -342,6 +349,7 @@ func (c *Cloud) Create(req CreateRequest) (Instance, error) {
 		return Instance{}, ErrQuota
 	}
 	if c.faults.CapacityFailures > 0 {
+		c.changed(time.Time{})
 		c.faults.CapacityFailures--
 		return Instance{}, ErrCapacity
 	}
@@ -382,6 +390,9 @@ func (c *Cloud) Create(req CreateRequest) (Instance, error) {
 	}
 	c.instances[in.ID] = in
 	c.order = append(c.order, in)
+	c.indexInstance(in)
+	c.changed(in.bootAt)
+	c.changed(in.visibleAt)
 	c.counters["created"]++
 	return c.view(in, now), nil
 }
@@ -448,34 +459,10 @@ func (c *Cloud) Get(id string) (Instance, error) {
 func (c *Cloud) List(match func(Instance) bool, token string, size int) ([]Instance, string, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if size <= 0 || size > c.opts.PageSize {
-		size = c.opts.PageSize
-	}
-	after := 0
-	if token != "" {
-		n, err := strconv.Atoi(token)
-		if err != nil || n < 0 {
-			return nil, "", fmt.Errorf("bad page token %q", token)
-		}
-		after = n
-	}
-	now := c.opts.Now()
-	first, _ := slices.BinarySearchFunc(c.order, after+1, func(in *Instance, seq int) int { return in.seq - seq })
-	var page []Instance
-	for _, in := range c.order[first:] {
-		if !c.visible(in, now) {
-			continue
-		}
-		if match != nil && !match(c.peek(in, now)) {
-			continue
-		}
-		if len(page) == size {
-			return page, strconv.Itoa(page[len(page)-1].seq), nil
-		}
-		page = append(page, c.view(in, now))
-	}
-	return page, "", nil
+	return c.listFrom(c.order, match, token, size)
 }
+
+func errBadToken(token string) error { return fmt.Errorf("bad page token %q", token) }
 
 // Count is how many visible instances match, in one pass (a front end's
 // total count, without paging through every page).
@@ -514,8 +501,12 @@ func (c *Cloud) Delete(id string) error {
 func (c *Cloud) terminate(in *Instance, now time.Time) {
 	in.State = provider.StateTerminated
 	in.endedAt = now
+	c.changed(now.Add(c.opts.KeepTerminated))
 	for _, r := range in.Resources {
 		if slices.Contains(in.deleteWith, r) {
+			if res, ok := c.resources[r]; ok {
+				c.unindexResource(res)
+			}
 			delete(c.resources, r)
 		} else if res, ok := c.resources[r]; ok {
 			res.Owner = ""
@@ -558,6 +549,7 @@ func (c *Cloud) setDead(id string, st provider.State, deallocated bool) error {
 		return fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
 	in.State, in.Deallocated = st, deallocated
+	c.changed(time.Time{})
 	return nil
 }
 

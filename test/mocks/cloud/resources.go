@@ -5,6 +5,7 @@ import (
 	"maps"
 	"slices"
 	"strings"
+	"time"
 
 	"github.com/caa-project/caa/pkg/provider"
 )
@@ -25,10 +26,13 @@ func (c *Cloud) PutResource(r Resource) Resource {
 	defer c.mu.Unlock()
 	if old, ok := c.resources[r.ID]; ok {
 		r.Owner = old.Owner
+		c.unindexResource(old)
 	}
 	r.Tags = maps.Clone(r.Tags)
 	r.Props = maps.Clone(r.Props)
 	c.resources[r.ID] = &r
+	c.indexResource(&r)
+	c.changed(time.Time{})
 	return r
 }
 
@@ -57,7 +61,9 @@ func (c *Cloud) DeleteResource(id string) error {
 			return fmt.Errorf("%w: %s is attached to %s", ErrResourceInUse, id, r.Owner)
 		}
 	}
+	c.unindexResource(r)
 	delete(c.resources, id)
+	c.changed(time.Time{})
 	return nil
 }
 
@@ -65,6 +71,10 @@ func (c *Cloud) DeleteResource(id string) error {
 func (c *Cloud) Resources(kind string) []Resource {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.resourcesLocked(kind)
+}
+
+func (c *Cloud) resourcesLocked(kind string) []Resource {
 	var out []Resource
 	for _, r := range c.resources {
 		if kind == "" || r.Kind == kind {

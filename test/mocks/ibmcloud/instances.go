@@ -429,6 +429,22 @@ func (s *Server) page(w http.ResponseWriter, match func(cloud.Instance) bool, q 
 
 // resourcesByID is a snapshot of the core's side resources, taken outside
 // the core's lock so list filters can use it.
+//
+// Side resources change only with the core's generation, so the map is read
+// again only when that moved: a read of one instance or volume used to copy
+// every resource of the account. The map is shared: callers only read it.
 func (s *Server) resourcesByID() map[string]cloud.Resource {
-	return s.cloud.ResourceIndex()
+	gen, _ := s.cloud.Version()
+	m := &s.memo
+	m.mu.Lock()
+	if m.resources != nil && m.resGen == gen {
+		defer m.mu.Unlock()
+		return m.resources
+	}
+	m.mu.Unlock()
+	byID := s.cloud.ResourceIndex()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.resources, m.resGen = byID, gen
+	return byID
 }

@@ -124,6 +124,12 @@ type Server struct {
 	// Tagging (tagging.go), by instance id.
 	instanceTags map[string][]string
 	pinned       map[string]string // statuses the index shows, by instance id (PinIndexStatus)
+
+	// gen moves with every change the fake's own state may have seen (any
+	// request but a read or a search, PinIndexStatus); memo holds what was
+	// built at a generation (search.go's indexMemo).
+	gen  atomic.Uint64
+	memo indexMemo
 }
 
 // NewServer returns the VPC and IAM front end over c, with the core's
@@ -134,7 +140,7 @@ func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
 		o(s)
 	}
 	s.mux.Handle(cloud.ControlPrefix, cloud.ControlHandler(c))
-	s.mux.HandleFunc("POST /identity/token", s.token)
+	s.mux.HandleFunc("POST "+tokenPath, s.token)
 	s.route("POST /v1/instances", cloud.OpCreate, true, s.createInstance)
 	s.route("GET /v1/instances", cloud.OpList, false, s.listInstances)
 	s.route("GET /v1/instances/{id}", cloud.OpGet, false, s.getInstance)
@@ -190,8 +196,21 @@ func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
 	return s
 }
 
+// tokenPath is where IAM issues tokens.
+const tokenPath = "/identity/token"
+
 // ServeHTTP implements http.Handler.
-func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) { s.mux.ServeHTTP(w, r) }
+func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.Method != http.MethodGet && r.Method != http.MethodHead && r.URL.Path != searchPath && r.URL.Path != tokenPath {
+		// A write (a create, a tag attach, a control call) may change
+		// what the index shows: nothing built before it, or while it
+		// runs, is used again. An IAM token changes only who may call,
+		// which every request checks before any answer is made.
+		s.gen.Add(1)
+		defer s.gen.Add(1)
+	}
+	s.mux.ServeHTTP(w, r)
+}
 
 // route mounts a VPC API handler behind the checks every VPC call passes:
 // admission (counting and faults), the bearer token, and the version and
@@ -332,6 +351,13 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.Header().Set("Content-Type", "application/json")
 	w.WriteHeader(status)
 	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeJSONBytes writes JSON already encoded, as writeJSON would.
+func writeJSONBytes(w http.ResponseWriter, status int, raw []byte) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(raw)
 }
 
 func randomHex(n int) string {
