@@ -14,6 +14,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"github.com/caa-project/caa/test/e2e/cluster"
 )
 
 // readyPoll is how often WaitReady asks /readyz: the resolution of every
@@ -39,12 +41,11 @@ func StartCaa(bin string, args, env []string, logPath string) (*Daemon, error) {
 // startCaaCommand is StartCaa for any caa subcommand with a health
 // endpoint (run, cluster).
 func startCaaCommand(bin, sub string, args, env []string, logPath string) (*Daemon, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := cluster.FreePort()
 	if err != nil {
 		return nil, fmt.Errorf("find a health port: %w", err)
 	}
-	addr := ln.Addr().String()
-	_ = ln.Close()
+	addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 	out, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("caa log: %w", err)

@@ -1,13 +1,13 @@
 package cluster
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
+
+	"github.com/caa-project/caa/internal/logbuf"
 )
 
 // caaPackage is the main package the tests, the demo and the benchmarks run.
@@ -43,19 +43,4 @@ func FreePort() (int, error) {
 }
 
 // SyncBuffer collects a process's output while a test reads it.
-type SyncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *SyncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *SyncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
+type SyncBuffer = logbuf.Buffer

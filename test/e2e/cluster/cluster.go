@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"net/http"
 	"os"
@@ -343,18 +344,46 @@ func get(ctx context.Context, client *http.Client, url, token string) (string, e
 }
 
 // freePorts returns n distinct ports on 127.0.0.1 that were free a moment
-// ago (the listeners are held until all n are chosen).
+// ago (the listeners are held until all n are chosen). They are drawn
+// below the kernel's ephemeral range: a port the kernel handed out for
+// ":0" can be taken, between the check and the server's bind, as the local
+// port of any outgoing connection on the machine (a fleet of caa makes
+// many), while a port below the range is only ever taken by a bind.
 func freePorts(n int) ([]int, error) {
+	low := ephemeralLow()
 	var ports []int
 	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
+		var l net.Listener
+		var err error
+		for try := 0; try < 64 && l == nil; try++ {
+			addr := "127.0.0.1:0"
+			if low >= 2048 {
+				addr = "127.0.0.1:" + strconv.Itoa(low/2+rand.IntN(low/2))
+			}
+			l, err = net.Listen("tcp", addr)
+		}
+		if l == nil {
 			return nil, fmt.Errorf("find a free port: %w", err)
 		}
 		defer l.Close()
 		ports = append(ports, l.Addr().(*net.TCPAddr).Port)
 	}
 	return ports, nil
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range, 0 when
+// it cannot be read.
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	low, _ := strconv.Atoi(f[0])
+	return low
 }
 
 // RestartAPIServer stops the apiserver and starts it again on the same port

@@ -11,7 +11,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -210,12 +209,10 @@ type daemon struct {
 }
 
 func startCaa(ctx context.Context, bin, kubeconfig, ledgerPath string, f *fake) (*daemon, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	port, err := cluster.FreePort()
 	if err != nil {
 		return nil, err
 	}
-	port := ln.Addr().(*net.TCPAddr).Port
-	_ = ln.Close()
 	logs := filepath.Join(filepath.Dir(ledgerPath), "..", "caa-"+strconv.FormatInt(time.Now().UnixNano(), 36)+".log")
 	if err := os.MkdirAll(filepath.Dir(logs), 0o755); err != nil {
 		return nil, err
