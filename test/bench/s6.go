@@ -568,6 +568,11 @@ func (b *bench) s6Cloud(ctx context.Context, e *env, cfg s6Config, name string, 
 			return nil, fmt.Errorf("churn: %w", err)
 		}
 	}
+	// The warm restarts' preflight re-checks (after ready; a throttled
+	// one retries later) belong to the start, not to the quiet window.
+	if err := fl.waitPreflights(ctx, 2*time.Minute); err != nil {
+		return nil, err
+	}
 	if err := waitQuiet(ctx, f, time.Second, time.Minute); err != nil {
 		return nil, err
 	}
