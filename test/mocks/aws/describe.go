@@ -9,7 +9,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/mocks/cloud"
@@ -180,7 +179,7 @@ func (s *server) describeInstances(q query, c caller) (any, *apiError) {
 	memoKey := fmt.Sprintf("%q\x00%s\x00%d", filters, start, maxResults)
 	stamp, cacheable := s.answerStamp()
 	if cacheable {
-		if a, ok := s.answers.get(memoKey, stamp); ok {
+		if a, ok := s.answers.Get(memoKey, stamp); ok {
 			resp.Reservations.Encoded, resp.NextToken = a.encoded, a.next
 			return resp, nil
 		}
@@ -196,7 +195,7 @@ func (s *server) describeInstances(q query, c caller) (any, *apiError) {
 	if cacheable {
 		if enc, err := encodeItems(resp.Reservations.Items); err == nil {
 			resp.Reservations = reservationSet{Encoded: enc}
-			s.answers.put(memoKey, stamp, memoAnswer{encoded: enc, next: resp.NextToken})
+			s.answers.Put(memoKey, stamp, memoAnswer{encoded: enc, next: resp.NextToken})
 		}
 	}
 	return resp, nil
@@ -222,42 +221,14 @@ func encodeItems(items []reservationXML) (string, error) {
 // the core's generation and the fake's own; cacheable is false while a
 // change is due on the clock alone (a boot, an invisible instance, a
 // terminated one still shown).
-func (s *server) answerStamp() (stamp [2]uint64, cacheable bool) {
+func (s *server) answerStamp() (stamp cloud.Stamp, cacheable bool) {
 	fe := s.gen.Load()
 	core, quiet := s.cloud.Version()
-	return [2]uint64{core, fe}, quiet
+	return cloud.Stamp{core, fe}, quiet
 }
 
-// answerMemo keeps listings' encoded pages made at one stamp.
-type answerMemo struct {
-	mu      sync.Mutex
-	stamp   [2]uint64
-	answers map[string]memoAnswer
-}
-
+// memoAnswer is a listing's encoded page and its next token.
 type memoAnswer struct{ encoded, next string }
-
-// maxMemoAnswers bounds the memo (pages of a few listings).
-const maxMemoAnswers = 64
-
-func (m *answerMemo) get(key string, stamp [2]uint64) (memoAnswer, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.stamp != stamp {
-		return memoAnswer{}, false
-	}
-	a, ok := m.answers[key]
-	return a, ok
-}
-
-func (m *answerMemo) put(key string, stamp [2]uint64, a memoAnswer) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.answers == nil || m.stamp != stamp || len(m.answers) >= maxMemoAnswers {
-		m.stamp, m.answers = stamp, map[string]memoAnswer{}
-	}
-	m.answers[key] = a
-}
 
 // getAll returns the named instances, or InvalidInstanceID.NotFound naming
 // every one that is missing.

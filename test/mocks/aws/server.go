@@ -131,7 +131,7 @@ type server struct {
 	// gen moves with every write the fake serves (its own state may
 	// change); answers are listings' answers made at a generation.
 	gen     atomic.Uint64
-	answers answerMemo
+	answers cloud.Memo[memoAnswer]
 }
 
 // NewServer returns the EC2 front end over c, with the core's test controls

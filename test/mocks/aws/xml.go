@@ -33,7 +33,7 @@ type describeInstancesResponse struct {
 type reservationSet struct {
 	Items []reservationXML `xml:"item"`
 	// Encoded, when set instead of Items, is the items already encoded:
-	// a listing's answer made before (describe.go's answerMemo).
+	// a listing's answer made before (the server's answers memo).
 	Encoded string `xml:",innerxml"`
 }
 

@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"slices"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caa-project/caa/test/mocks/cloud"
@@ -204,7 +203,7 @@ func (s *server) queryResources(w http.ResponseWriter, r *http.Request) {
 	key := string(body)
 	stamp, cacheable := s.answerStamp()
 	if cacheable {
-		if raw, ok := s.answers.get(key, stamp); ok {
+		if raw, ok := s.answers.Get(key, stamp); ok {
 			writeJSONBytes(w, http.StatusOK, raw)
 			return
 		}
@@ -215,7 +214,7 @@ func (s *server) queryResources(w http.ResponseWriter, r *http.Request) {
 	for _, sub := range req.Subscriptions {
 		rowsKey += "\x00" + strings.ToLower(sub)
 	}
-	rows, ok := s.answers.rowsOf(rowsKey, stamp)
+	rows, ok := s.answerRows.Get(rowsKey, stamp)
 	if !cacheable || !ok {
 		var docs []map[string]any
 		if slices.ContainsFunc(req.Subscriptions, func(sub string) bool { return strings.EqualFold(sub, s.opts.subscription) }) {
@@ -223,7 +222,7 @@ func (s *server) queryResources(w http.ResponseWriter, r *http.Request) {
 		}
 		rows = q.run(docs)
 		if cacheable {
-			s.answers.putRows(rowsKey, stamp, rows)
+			s.answerRows.Put(rowsKey, stamp, rows)
 		}
 	}
 	out := graphResponse{TotalRecords: int64(len(rows)), ResultTruncated: "false", Data: []map[string]any{}, Facets: []any{}}
@@ -247,7 +246,7 @@ func (s *server) queryResources(w http.ResponseWriter, r *http.Request) {
 	}
 	raw = append(raw, '\n')
 	if cacheable {
-		s.answers.put(key, stamp, raw)
+		s.answers.Put(key, stamp, raw)
 	}
 	writeJSONBytes(w, http.StatusOK, raw)
 }
@@ -258,70 +257,10 @@ func (s *server) queryResources(w http.ResponseWriter, r *http.Request) {
 // booting, not yet visible or still being created, a deleted one still
 // shown; or when a role decides what is readable (WithRole's function may
 // answer differently from one call to the next).
-func (s *server) answerStamp() (stamp [2]uint64, cacheable bool) {
+func (s *server) answerStamp() (stamp cloud.Stamp, cacheable bool) {
 	fe := s.gen.Load()
 	core, quiet := s.cloud.Version()
-	return [2]uint64{core, fe}, quiet && s.index == nil && s.opts.role == nil && s.opts.createDuration == 0
-}
-
-// answerCache keeps the encoded answers of Resource Graph queries by
-// request body, and the rows of each query (all its pages), with the stamp
-// they were made at, and serves them again only at the same stamp: nothing
-// in the core or the fake changed since, and nothing was due to change with
-// the clock when they were made. A listing's pages, and a warm restart's
-// listing, ask the same query of an unchanged group; the real service
-// answers it from its index, on its own hardware, and the fake's rendering
-// of the whole answer again for every page was time counted against caa.
-// Rows handed out are shared: callers only read them.
-type answerCache struct {
-	mu      sync.Mutex
-	stamp   [2]uint64
-	answers map[string][]byte
-	rows    map[string][]map[string]any
-}
-
-func (c *answerCache) rowsOf(key string, stamp [2]uint64) ([]map[string]any, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.stamp != stamp {
-		return nil, false
-	}
-	rows, ok := c.rows[key]
-	return rows, ok
-}
-
-func (c *answerCache) putRows(key string, stamp [2]uint64, rows []map[string]any) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.restamp(stamp)
-	c.rows[key] = rows
-}
-
-// restamp empties the cache for another stamp, or when it is full.
-func (c *answerCache) restamp(stamp [2]uint64) {
-	if c.answers == nil || c.stamp != stamp || len(c.answers)+len(c.rows) >= maxCachedAnswers {
-		c.stamp, c.answers, c.rows = stamp, map[string][]byte{}, map[string][]map[string]any{}
-	}
-}
-
-// maxCachedAnswers bounds the cache (pages of a few listings).
-const maxCachedAnswers = 64
-
-func (c *answerCache) get(key string, stamp [2]uint64) ([]byte, bool) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.stamp != stamp {
-		return nil, false
-	}
-	raw, ok := c.answers[key]
-	return raw, ok
-}
-
-func (c *answerCache) put(key string, stamp [2]uint64, raw []byte) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.restamp(stamp)
-	c.answers[key] = raw
+	return cloud.Stamp{core, fe}, quiet && s.index == nil && s.opts.role == nil && s.opts.createDuration == 0
 }
 
 // indexed is what the index shows now: the core itself without a lag.

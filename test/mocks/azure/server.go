@@ -182,10 +182,19 @@ type server struct {
 	reserved map[string]reservation
 
 	// gen moves with every change the fake's own state may have seen (any
-	// request but a read, FailExtension); answers holds Resource Graph
-	// answers made at a generation (graph.go's answerCache).
-	gen     atomic.Uint64
-	answers answerCache
+	// request but a read, FailExtension). answers are Resource Graph's
+	// encoded answers by request body, and answerRows the rows of each
+	// query (all its pages), kept at the stamp they were made at and
+	// served again only at the same one: nothing in the core or the fake
+	// changed since, and nothing was due to change with the clock. A
+	// listing's pages, and a warm restart's listing, ask the same query of
+	// an unchanged group; the real service answers from its index on its
+	// own hardware, and rendering the whole answer again for every page
+	// was time counted against caa. Rows handed out are shared: callers
+	// only read them.
+	gen        atomic.Uint64
+	answers    cloud.Memo[[]byte]
+	answerRows cloud.Memo[[]map[string]any]
 }
 
 // NewServer returns the fake ARM endpoint over c, with the core's test

@@ -435,16 +435,11 @@ func (s *Server) page(w http.ResponseWriter, match func(cloud.Instance) bool, q 
 // every resource of the account. The map is shared: callers only read it.
 func (s *Server) resourcesByID() map[string]cloud.Resource {
 	gen, _ := s.cloud.Version()
-	m := &s.memo
-	m.mu.Lock()
-	if m.resources != nil && m.resGen == gen {
-		defer m.mu.Unlock()
-		return m.resources
+	stamp := cloud.Stamp{gen, 0}
+	if byID, ok := s.resources.Get("", stamp); ok {
+		return byID
 	}
-	m.mu.Unlock()
 	byID := s.cloud.ResourceIndex()
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.resources, m.resGen = byID, gen
+	s.resources.Put("", stamp, byID)
 	return byID
 }

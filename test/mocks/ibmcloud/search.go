@@ -9,7 +9,6 @@ import (
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/caa-project/caa/pkg/provider"
@@ -136,7 +135,7 @@ func (s *Server) search(w http.ResponseWriter, r *http.Request) {
 	stamp, cacheable := s.indexStamp()
 	cacheable = cacheable && s.policies() == nil
 	if cacheable {
-		if raw, ok := s.memo.answer(key, stamp); ok {
+		if raw, ok := s.answers.Get(key, stamp); ok {
 			writeJSONBytes(w, http.StatusOK, raw)
 			return
 		}
@@ -165,7 +164,7 @@ func (s *Server) search(w http.ResponseWriter, r *http.Request) {
 	}
 	raw = append(raw, '\n')
 	if cacheable {
-		s.memo.putAnswer(key, stamp, raw)
+		s.answers.Put(key, stamp, raw)
 	}
 	writeJSONBytes(w, http.StatusOK, raw)
 }
@@ -236,8 +235,8 @@ func (s *Server) index(after int) ([]searchDoc, map[string]cloud.Resource) {
 func (s *Server) fullIndex() ([]searchDoc, map[string]cloud.Resource) {
 	stamp, cacheable := s.indexStamp()
 	if cacheable {
-		if docs, byID, ok := s.memo.get(stamp); ok {
-			return docs, byID
+		if built, ok := s.built.Get("", stamp); ok {
+			return built.docs, built.byID
 		}
 	}
 	all := s.cloud.Instances()
@@ -259,7 +258,7 @@ func (s *Server) fullIndex() ([]searchDoc, map[string]cloud.Resource) {
 		out = append(out, vol, inst)
 	}
 	if cacheable {
-		s.memo.put(stamp, out, byID)
+		s.built.Put("", stamp, builtIndex{docs: out, byID: byID})
 	}
 	return out, byID
 }
@@ -267,70 +266,17 @@ func (s *Server) fullIndex() ([]searchDoc, map[string]cloud.Resource) {
 // indexStamp is what the index depends on beyond the clock: the core's
 // generation and the fake's own. cacheable is false when the clock alone
 // may change it: a lag, a boot pending.
-func (s *Server) indexStamp() (stamp [2]uint64, cacheable bool) {
+func (s *Server) indexStamp() (stamp cloud.Stamp, cacheable bool) {
 	fe := s.gen.Load()
 	core, quiet := s.cloud.Version()
-	return [2]uint64{core, fe}, quiet && s.searchLag == 0
+	return cloud.Stamp{core, fe}, quiet && s.searchLag == 0
 }
 
-// indexMemo is the last index built, and the answers made from it, with
-// the generations they were made at.
-type indexMemo struct {
-	mu      sync.Mutex
-	stamp   [2]uint64
-	docs    []searchDoc
-	byID    map[string]cloud.Resource
-	answers map[string][]byte
-	// resources and resGen are the last side resources by id and the
-	// core generation they were read at (resourcesByID).
-	resources map[string]cloud.Resource
-	resGen    uint64
-}
-
-func (m *indexMemo) get(stamp [2]uint64) ([]searchDoc, map[string]cloud.Resource, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.docs == nil || m.stamp != stamp {
-		return nil, nil, false
-	}
-	return m.docs, m.byID, true
-}
-
-func (m *indexMemo) put(stamp [2]uint64, docs []searchDoc, byID map[string]cloud.Resource) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.restamp(stamp)
-	m.docs, m.byID = docs, byID
-}
-
-// maxMemoAnswers bounds the answers kept (pages of a few searches).
-const maxMemoAnswers = 64
-
-func (m *indexMemo) answer(key string, stamp [2]uint64) ([]byte, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if m.stamp != stamp {
-		return nil, false
-	}
-	raw, ok := m.answers[key]
-	return raw, ok
-}
-
-func (m *indexMemo) putAnswer(key string, stamp [2]uint64, raw []byte) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	m.restamp(stamp)
-	if len(m.answers) >= maxMemoAnswers {
-		m.answers = map[string][]byte{}
-	}
-	m.answers[key] = raw
-}
-
-// restamp forgets what was made at another stamp.
-func (m *indexMemo) restamp(stamp [2]uint64) {
-	if m.answers == nil || m.stamp != stamp {
-		m.stamp, m.docs, m.byID, m.answers = stamp, nil, nil, map[string][]byte{}
-	}
+// builtIndex is an index fullIndex built, with the side resources it was
+// built from.
+type builtIndex struct {
+	docs []searchDoc
+	byID map[string]cloud.Resource
 }
 
 // instanceDoc is the index document of an instance. One seeded straight

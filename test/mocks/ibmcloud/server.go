@@ -126,10 +126,15 @@ type Server struct {
 	pinned       map[string]string // statuses the index shows, by instance id (PinIndexStatus)
 
 	// gen moves with every change the fake's own state may have seen (any
-	// request but a read or a search, PinIndexStatus); memo holds what was
-	// built at a generation (search.go's indexMemo).
-	gen  atomic.Uint64
-	memo indexMemo
+	// request but a read or a search, PinIndexStatus). built is the last
+	// search index built and answers the search answers made from it, at
+	// the stamp they were made at (search.go); resources the side
+	// resources by id at the core generation they were read at
+	// (resourcesByID).
+	gen       atomic.Uint64
+	built     cloud.Memo[builtIndex]
+	answers   cloud.Memo[[]byte]
+	resources cloud.Memo[map[string]cloud.Resource]
 }
 
 // NewServer returns the VPC and IAM front end over c, with the core's
