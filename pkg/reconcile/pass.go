@@ -370,7 +370,10 @@ func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult)
 	cfg := r.config()
 	for _, in := range inputs {
 		a := Decide(in, cfg)
+		// res is shared with the workers started below: every write to
+		// it, here too, holds mu.
 		if held, wait := r.heldBack(in, a); held != nil {
+			mu.Lock()
 			res.Actions[KindWait]++
 			if res.RequeueAfter == 0 || wait < res.RequeueAfter {
 				res.RequeueAfter = wait
@@ -380,9 +383,12 @@ func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult)
 			}
 			res.Requeue[podUID(in)] = wait
 			note(in, *held)
+			mu.Unlock()
 			continue
 		}
+		mu.Lock()
 		note(in, a)
+		mu.Unlock()
 		if a.Kind != KindNone && r.Exec.stopping() {
 			break // no new work after stop (invariant I4)
 		}
