@@ -71,6 +71,7 @@ func TestClusterScopeComponent(t *testing.T) {
 				"ClusterRole namespaces get kube-system",
 				"Role leases create ", "Role leases get caa-cluster", "Role leases update caa-cluster",
 				"Role events create ", "Role events patch ",
+				"Role configmaps create ", "Role configmaps get caa-cluster-nodes", "Role configmaps update caa-cluster-nodes",
 			}, verbs, "the cluster caa's RBAC, and nothing more")
 		})
 	}

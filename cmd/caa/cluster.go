@@ -191,6 +191,9 @@ func clusterScope(ctx context.Context, f *clusterFlags, log *slog.Logger) error 
 			// Each lead starts with what it saw itself: a new leader waits a
 			// whole grace before its first delete.
 			Departed: &cluster.Departed{Cluster: departed.Cluster, Grace: departed.Grace},
+			// The nodes this cluster has had, kept beside the Lease: only
+			// their VMs are ever collected.
+			Known:    &cluster.KnownNodes{Client: client, Namespace: f.namespace, Name: f.leaseName + "-nodes"},
 			Interval: f.interval, Fence: election.Fence, Log: log, Metrics: metrics,
 			Event: func(warning bool, reason, msg string) {
 				typ := corev1.EventTypeNormal

@@ -335,7 +335,7 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 	n.early = nil
 	if f.clusterView {
 		// Audits past startup use the cluster caa's view when it is fresh.
-		rec.SetAuditSource(&cluster.NodeAudit{Client: n.client, Provider: n.prov, Log: log})
+		rec.SetAuditSource(&cluster.NodeAudit{Client: n.client, Log: log})
 	}
 	converged := make(chan struct{})
 	var convergedOnce sync.Once

@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"sync/atomic"
@@ -17,19 +18,25 @@ import (
 
 // NodeAudit is the node caa's side of the cluster audit: it reads the View
 // the leader put on this node's Node (one apiserver read, no cloud call)
-// and turns it into the audit's listing. What the view agrees with the
-// ledger on costs nothing; a recorded VM the view shows gone, dead or not
-// at all is left out of the listing, so the reconciler reads it by id and
-// acts under its own rules (I3: one listing never deletes or recreates by
-// itself); a VM the view shows and no record names is read by id too, and
-// kept only if the cloud itself tags it for this node. Without a fresh
-// view (no cluster caa, or no leader for two intervals), ok is false and
-// the node lists the cloud as before.
+// and hands the reconciler what it may skip reading. The view is written
+// by another process, so it only narrows reads (docs/design.md, "A view
+// narrows reads"): a recorded VM the view shows alive under the very pod
+// UID and key its record names is vouched for (not read this audit, and
+// read from the cloud before anything is done about it); a recorded VM the
+// view shows otherwise (gone, dead, under another pod or key) or not at
+// all is left for the reconciler to read by id; a VM no record names is
+// handed over as an id to read, kept only if the cloud itself tags it for
+// this node. Without a fresh view (no cluster caa, no leader for two
+// intervals, or older than MaxAge), ok is false and the node lists the
+// cloud as before.
 type NodeAudit struct {
-	Client   kubernetes.Interface
-	Provider provider.Provider
-	Log      *slog.Logger
-	Now      func() time.Time
+	Client kubernetes.Interface
+	Log    *slog.Logger
+	Now    func() time.Time
+	// MaxAge is the oldest listing this node trusts, whatever the view
+	// says of its own interval (default DefaultViewMaxAge): the writer's
+	// word never stretches how stale a view may be.
+	MaxAge time.Duration
 
 	mu    sync.Mutex
 	using bool // whether the last audit used a view (to log changes only)
@@ -39,58 +46,56 @@ type NodeAudit struct {
 	Alone    atomic.Int64 // audits that fell back to the node's own listing
 }
 
-// AuditVMs returns the listing for sel's node built from the cluster view,
-// or ok false when there is no fresh view to trust.
-func (a *NodeAudit) AuditVMs(ctx context.Context, sel provider.Selector, records []ledger.Record) ([]provider.VM, bool) {
+// DefaultViewMaxAge is NodeAudit.MaxAge's default: two of the cluster
+// caa's default intervals (10 min).
+const DefaultViewMaxAge = 20 * time.Minute
+
+// maxViewSkew is how far in the future a view's listing time may lie (the
+// two processes' clocks differ a little, never by an interval).
+const maxViewSkew = time.Minute
+
+// AuditVMs returns, from the cluster view of sel's node, the recorded VMs
+// the view vouches for (by id, with the state it shows) and the ids it
+// shows that no record names; ok false when there is no fresh view.
+func (a *NodeAudit) AuditVMs(ctx context.Context, sel provider.Selector, records []ledger.Record) (map[string]provider.State, []string, bool) {
 	view, err := a.view(ctx, sel.Node)
 	if err != nil {
 		a.Alone.Add(1)
 		a.switched(false, "err", err)
-		return nil, false
+		return nil, nil, false
 	}
 	a.switched(true, "listedAt", view.At)
-	recorded := map[string]bool{}
-	for _, rec := range records {
+	recorded := map[string]*ledger.Record{}
+	for i, rec := range records {
 		if rec.VMID != "" {
-			recorded[rec.VMID] = true
+			recorded[provider.VMKey(rec.VMID)] = &records[i]
 		}
 	}
-	var vms []provider.VM
-	reads := 0
-	for _, v := range view.VMs {
-		switch {
-		case recorded[v.ID] && v.State.Alive():
-			vms = append(vms, provider.VM{ID: v.ID, Name: v.ID, State: v.State, Tags: map[string]string{
-				provider.TagCluster: sel.Cluster, provider.TagNode: sel.Node, provider.TagManagedBy: provider.ManagedByValue,
-				provider.TagPodUID: v.PodUID, provider.TagKey: v.Key,
-			}})
-		case recorded[v.ID]:
-			// Gone or dead in the view: the reconciler reads it by id.
-			reads++
-		default:
-			// Unknown to the ledger: what the cloud says now, if it is ours.
-			reads++
-			vm, err := a.Provider.Get(ctx, v.ID)
-			if err == nil && sel.Matches(vm.Tags) {
-				vms = append(vms, vm)
-			}
-		}
-	}
+	vouched := map[string]provider.State{}
+	var unknown []string
 	shown := make(map[string]bool, len(view.VMs))
 	for _, v := range view.VMs {
-		shown[v.ID] = true
-	}
-	for id := range recorded {
-		if !shown[id] {
-			reads++ // not in the view: read by id
+		key := provider.VMKey(v.ID)
+		if shown[key] {
+			continue
 		}
+		shown[key] = true
+		rec := recorded[key]
+		switch {
+		case rec == nil:
+			unknown = append(unknown, v.ID)
+		case v.State.Alive() && v.PodUID == rec.PodUID && v.Key == rec.Key:
+			vouched[rec.VMID] = v.State
+		}
+		// Otherwise (gone, dead, or not what the record says): the
+		// reconciler reads it by id.
 	}
-	if reads == 0 {
+	if len(vouched) == len(recorded) && len(unknown) == 0 {
 		a.Matched.Add(1)
 	} else {
 		a.WithRead.Add(1)
 	}
-	return vms, true
+	return vouched, unknown, true
 }
 
 var errNoView = errors.New("no cloud view on the Node")
@@ -112,8 +117,16 @@ func (a *NodeAudit) view(ctx context.Context, node string) (View, error) {
 	if a.Now != nil {
 		now = a.Now()
 	}
-	if !v.Fresh(now) {
-		return View{}, errors.New("the cloud view is stale (listed at " + v.At.Format(time.RFC3339) + "): no cluster caa leader")
+	maxAge := a.MaxAge
+	if maxAge <= 0 {
+		maxAge = DefaultViewMaxAge
+	}
+	if !v.Fresh(now) || now.Sub(v.At) > maxAge {
+		return View{}, fmt.Errorf("the cloud view is stale (listed at %s, this node trusts one for at most %s): no cluster caa leader",
+			v.At.Format(time.RFC3339), min(maxAge, 2*time.Duration(v.Every)))
+	}
+	if v.At.After(now.Add(maxViewSkew)) {
+		return View{}, fmt.Errorf("the cloud view's listing time %s is in the future: not trusted", v.At.Format(time.RFC3339))
 	}
 	return v, nil
 }

@@ -15,21 +15,6 @@ import (
 	"github.com/caa-project/caa/pkg/provider"
 )
 
-// getter is a provider that only answers Get, and counts the calls.
-type getter struct {
-	provider.Provider
-	vms  map[string]provider.VM
-	gets []string
-}
-
-func (g *getter) Get(_ context.Context, id string) (provider.VM, error) {
-	g.gets = append(g.gets, id)
-	if vm, ok := g.vms[id]; ok {
-		return vm, nil
-	}
-	return provider.VM{}, provider.ErrNotFound
-}
-
 func nodeWithView(t *testing.T, v *View) *corev1.Node {
 	n := &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}}
 	if v != nil {
@@ -43,49 +28,66 @@ func nodeWithView(t *testing.T, v *View) *corev1.Node {
 func TestNodeAudit(t *testing.T) {
 	now := time.Date(2026, 1, 1, 0, 10, 0, 0, time.UTC)
 	sel := provider.Selector{Cluster: "c1", Node: "n1"}
-	records := []ledger.Record{{PodUID: "a-uid", VMID: "a"}, {PodUID: "b-uid", VMID: "b"}, {PodUID: "new-uid"}}
+	records := []ledger.Record{{PodUID: "a-uid", VMID: "a", Key: "a-k"}, {PodUID: "b-uid", VMID: "b", Key: "b-k"}, {PodUID: "new-uid"}}
 	fresh := func(vms ...ViewVM) *View {
 		return &View{At: now.Add(-3 * time.Minute), Every: Duration(5 * time.Minute), VMs: vms}
 	}
 	running := func(id string) ViewVM {
 		return ViewVM{ID: id, State: provider.StateRunning, PodUID: id + "-uid", Key: id + "-k"}
 	}
-	elsewhere := vmOf("x", "n2", provider.StateRunning)
-	ours := vmOf("y", "n1", provider.StateRunning)
+	run := provider.StateRunning
 
 	cases := map[string]struct {
 		view     *View
+		maxAge   time.Duration
 		ok       bool
-		listed   []string
-		gets     []string
+		vouched  map[string]provider.State
+		unknown  []string
 		matched  int64
 		withRead int64
 	}{
-		"no cluster caa":                  {view: nil, ok: false},
-		"the leader gone two intervals":   {view: &View{At: now.Add(-11 * time.Minute), Every: Duration(5 * time.Minute)}, ok: false},
-		"the view agrees with the ledger": {view: fresh(running("a"), running("b")), ok: true, listed: []string{"a", "b"}, matched: 1},
-		"a recorded VM shown gone: left for a read by id": {
-			view: fresh(running("a"), ViewVM{ID: "b", State: provider.StateTerminated}), ok: true, listed: []string{"a"}, withRead: 1,
+		"no cluster caa":                {view: nil, ok: false},
+		"the leader gone two intervals": {view: &View{At: now.Add(-11 * time.Minute), Every: Duration(5 * time.Minute)}, ok: false},
+		"a view that claims a long interval is as old as this node allows": {
+			view: &View{At: now.Add(-21 * time.Minute), Every: Duration(100 * time.Hour), VMs: []ViewVM{running("a")}}, ok: false,
 		},
-		"a recorded VM not shown: left for a read by id": {view: fresh(running("a")), ok: true, listed: []string{"a"}, withRead: 1},
-		"unknown VMs: read by id, kept only if the cloud tags them for this node": {
-			view: fresh(running("a"), running("b"), running("x"), running("y"), running("z")), ok: true,
-			listed: []string{"a", "b", "y"}, gets: []string{"x", "y", "z"}, withRead: 1,
+		"this node's own bound is shorter still": {
+			view: fresh(running("a"), running("b")), maxAge: 2 * time.Minute, ok: false,
+		},
+		"a listing from the future": {
+			view: &View{At: now.Add(30 * time.Minute), Every: Duration(time.Hour), VMs: []ViewVM{running("a")}}, ok: false,
+		},
+		"the view agrees with the ledger": {
+			view: fresh(running("a"), running("b")), ok: true, vouched: map[string]provider.State{"a": run, "b": run}, matched: 1,
+		},
+		"a recorded VM shown gone: left for a read by id": {
+			view: fresh(running("a"), ViewVM{ID: "b", State: provider.StateTerminated, PodUID: "b-uid", Key: "b-k"}), ok: true,
+			vouched: map[string]provider.State{"a": run}, withRead: 1,
+		},
+		"a recorded VM not shown: left for a read by id": {
+			view: fresh(running("a")), ok: true, vouched: map[string]provider.State{"a": run}, withRead: 1,
+		},
+		"a recorded VM shown under another pod or key: not vouched for": {
+			view: fresh(running("a"), ViewVM{ID: "b", State: run, PodUID: "a-uid", Key: "a-k2"}), ok: true,
+			vouched: map[string]provider.State{"a": run}, withRead: 1,
+		},
+		"unknown VMs: handed over as ids to read": {
+			view: fresh(running("a"), running("b"), running("x"), running("y")), ok: true,
+			vouched: map[string]provider.State{"a": run, "b": run}, unknown: []string{"x", "y"}, withRead: 1,
 		},
 	}
 	for name, tc := range cases {
 		t.Run(name, func(t *testing.T) {
-			g := &getter{vms: map[string]provider.VM{"x": elsewhere, "y": ours}}
-			a := &NodeAudit{Client: fake.NewClientset(nodeWithView(t, tc.view)), Provider: g, Now: func() time.Time { return now }}
-			vms, ok := a.AuditVMs(context.Background(), sel, records)
+			a := &NodeAudit{Client: fake.NewClientset(nodeWithView(t, tc.view)), Now: func() time.Time { return now }, MaxAge: tc.maxAge}
+			vouched, unknown, ok := a.AuditVMs(context.Background(), sel, records)
 			require.Equal(t, tc.ok, ok)
-			var listed []string
-			for _, vm := range vms {
-				listed = append(listed, vm.ID)
-				assert.True(t, sel.Matches(vm.Tags), "every VM listed carries this node's tags")
+			if tc.vouched == nil {
+				tc.vouched = map[string]provider.State{}
 			}
-			assert.ElementsMatch(t, tc.listed, listed)
-			assert.ElementsMatch(t, tc.gets, g.gets)
+			if ok {
+				assert.Equal(t, tc.vouched, vouched)
+			}
+			assert.ElementsMatch(t, tc.unknown, unknown)
 			assert.Equal(t, tc.matched, a.Matched.Load())
 			assert.Equal(t, tc.withRead, a.WithRead.Load())
 			if !tc.ok {

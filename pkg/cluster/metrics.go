@@ -10,6 +10,7 @@ type Metrics struct {
 	Deletes   *prometheus.CounterVec // departed nodes' VMs, by result
 	Published *prometheus.CounterVec // Node views, by result
 	Leader    prometheus.Gauge
+	Strangers prometheus.Gauge // VMs tagged for nodes this cluster never had
 }
 
 // NewMetrics registers the series on reg.
@@ -33,9 +34,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Leader: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "caa_cluster_leader", Help: "1 while this replica holds the Lease.",
 		}),
+		Strangers: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "caa_cluster_unknown_node_vms",
+			Help: "VMs in the last listing tagged with this cluster id for a node this cluster never had (another cluster on the same id); never deleted.",
+		}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Listings, m.ListedVMs, m.Waiting, m.Deletes, m.Published, m.Leader)
+		reg.MustRegister(m.Listings, m.ListedVMs, m.Waiting, m.Deletes, m.Published, m.Leader, m.Strangers)
 	}
 	return m
 }

@@ -86,6 +86,18 @@ func (n *Nodes) Presence(name string) (bool, time.Time) {
 	return false, n.lastSeen[name]
 }
 
+// Seen lists every name seen as a Node since this process started (and
+// not forgotten), deleted ones too.
+func (n *Nodes) Seen() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := make([]string, 0, len(n.lastSeen))
+	for name := range n.lastSeen {
+		out = append(out, name)
+	}
+	return out
+}
+
 // Names lists the Nodes in the cache.
 func (n *Nodes) Names() []string { return n.informer.GetStore().ListKeys() }
 

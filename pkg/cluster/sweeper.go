@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"maps"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -33,6 +34,9 @@ type Sweeper struct {
 	Cluster  string
 	Nodes    *Nodes
 	Departed *Departed
+	// Known is the durable set of node names this cluster has had; only
+	// the VMs of those nodes are ever collected.
+	Known    *KnownNodes
 	Interval time.Duration
 	// Fence is asked before every delete; an error (the Lease is no longer
 	// held) stops the sweep with nothing more deleted.
@@ -43,6 +47,8 @@ type Sweeper struct {
 	Now     func() time.Time
 	// Publishers bounds the Node patches in flight (default 4).
 	Publishers int
+
+	reported map[string]bool // nodes never had whose VMs were reported, this lead
 }
 
 // SweepResult reports one sweep.
@@ -51,6 +57,7 @@ type SweepResult struct {
 	Published int
 	Deleted   []string // VM ids
 	Waiting   int      // VMs of absent nodes still within the grace
+	Strangers int      // VMs tagged for nodes this cluster never had
 	Err       error
 }
 
@@ -102,17 +109,105 @@ func (s *Sweeper) Sweep(ctx context.Context) SweepResult {
 	s.Metrics.ListedVMs.Set(float64(len(vms)))
 
 	res.Published = s.publish(ctx, at, vms)
-	ready := s.Departed.Observe(at, vms, s.Nodes)
-	res.Deleted, res.Err = s.collect(ctx, ready)
-	res.Waiting = s.Departed.Waiting()
-	s.Metrics.Waiting.Set(float64(res.Waiting))
-
 	keep := map[string]bool{}
 	for _, vm := range vms {
 		keep[vm.Owner().Node] = true
 	}
+	if err := s.learn(ctx); err != nil {
+		// Without the set nothing is known to have been this cluster's:
+		// nothing is deleted, and the next sweep tries again.
+		res.Err = err
+		res.Waiting = s.Departed.Waiting()
+		return res
+	}
+	ours, strangers := s.split(vms)
+	res.Strangers = len(strangers)
+	s.reportStrangers(strangers)
+	ready := s.Departed.Observe(at, ours, s.Nodes)
+	res.Deleted, res.Err = s.collect(ctx, ready)
+	res.Waiting = s.Departed.Waiting()
+	s.Metrics.Waiting.Set(float64(res.Waiting))
+
 	s.Nodes.Forget(keep)
+	if s.Known != nil {
+		s.Known.Forget(func(name string) bool {
+			present, _ := s.Nodes.Presence(name)
+			return keep[name] || present
+		})
+		if err := s.Known.Save(ctx); err != nil {
+			s.Log.Warn("cannot trim the known node names", "err", err)
+		}
+	}
 	return res
+}
+
+// learn loads the set of nodes this cluster has had (once per lead, and
+// again after a failed write) and adds every name the Node cache has seen.
+func (s *Sweeper) learn(ctx context.Context) error {
+	if s.Known == nil {
+		return nil
+	}
+	if !s.Known.Loaded() {
+		if err := s.Known.Load(ctx); err != nil {
+			return fmt.Errorf("nothing deleted: %w", err)
+		}
+	}
+	s.Known.Add(s.Nodes.Names()...)
+	s.Known.Add(s.Nodes.Seen()...)
+	if err := s.Known.Save(ctx); err != nil {
+		return fmt.Errorf("nothing deleted: %w", err)
+	}
+	return nil
+}
+
+// split parts the listing into the VMs this cluster may collect and those
+// tagged with its id for a node it has never had (none without Known).
+func (s *Sweeper) split(vms []provider.VM) (ours, strangers []provider.VM) {
+	if s.Known == nil {
+		return vms, nil
+	}
+	for _, vm := range vms {
+		o := vm.Owner()
+		if o.Managed && o.Cluster == s.Cluster && o.Node != "" && (vm.State.Alive() || vm.State.Dead()) && !s.Known.Has(o.Node) {
+			if present, _ := s.Nodes.Presence(o.Node); !present {
+				strangers = append(strangers, vm)
+				continue
+			}
+		}
+		ours = append(ours, vm)
+	}
+	return ours, strangers
+}
+
+// EventForeignNode is the Warning raised when VMs carry this cluster's id
+// for a node this cluster never had.
+const EventForeignNode = "ClusterIDShared"
+
+// reportStrangers sets the metric and raises one Warning per node name
+// (per lead): such VMs say another cluster uses this cluster id.
+func (s *Sweeper) reportStrangers(vms []provider.VM) {
+	s.Metrics.Strangers.Set(float64(len(vms)))
+	byNode := map[string][]string{}
+	for _, vm := range vms {
+		byNode[vm.Owner().Node] = append(byNode[vm.Owner().Node], vm.ID)
+	}
+	if s.reported == nil {
+		s.reported = map[string]bool{}
+	}
+	for _, node := range slices.Sorted(maps.Keys(byNode)) {
+		if s.reported[node] {
+			continue
+		}
+		s.reported[node] = true
+		msg := fmt.Sprintf("%d VM(s) tagged with this cluster's id %s name node %s, which this cluster never had: "+
+			"another cluster uses the same id (a restore from an etcd snapshot keeps it). They are not deleted; "+
+			"give each cluster its own --cluster-id (CAA_CLUSTER_ID). VMs: %s",
+			len(byNode[node]), s.Cluster, node, strings.Join(byNode[node], ", "))
+		s.Log.Warn("VMs of a node this cluster never had: not deleted", "node", node, "vms", byNode[node], "cluster", s.Cluster)
+		if s.Event != nil {
+			s.Event(true, EventForeignNode, msg)
+		}
+	}
 }
 
 // collect deletes the ready VMs, node by node, each node confirmed gone by

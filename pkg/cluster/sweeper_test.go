@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -80,6 +81,8 @@ func newSweepEnvWith(t *testing.T, prepare func(*fake.Clientset), nodes ...strin
 	for _, n := range nodes {
 		objs = append(objs, &corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: n, UID: types.UID("uid-" + n)}})
 	}
+	// The cluster has had a node "gone" (a leader before this one saw it).
+	objs = append(objs, hadNodes("gone"))
 	e := &sweepEnv{client: fake.NewClientset(objs...), cloud: &fakeCloud{}, now: time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)}
 	if prepare != nil {
 		prepare(e.client)
@@ -93,6 +96,7 @@ func newSweepEnvWith(t *testing.T, prepare func(*fake.Clientset), nodes ...strin
 	e.s = &Sweeper{
 		Cloud: e.cloud, Client: e.client, Cluster: "c1", Nodes: e.nodes,
 		Departed: &Departed{Cluster: "c1", Grace: 10 * time.Minute}, Interval: 5 * time.Minute,
+		Known:    &KnownNodes{Client: e.client, Namespace: "caa-system", Name: "caa-cluster-nodes"},
 		Fence: func(context.Context) error { return e.fence },
 		Event: func(_ bool, reason, msg string) { e.events = append(e.events, reason+": "+msg) },
 		Log:   slog.New(slog.DiscardHandler), Metrics: NewMetrics(nil), Now: e.clock,
@@ -118,6 +122,13 @@ func (e *sweepEnv) sweepAfter(d time.Duration) SweepResult {
 	e.now = e.now.Add(d)
 	e.mu.Unlock()
 	return e.s.Sweep(context.Background())
+}
+
+// hadNodes is the ConfigMap a leader before this one left: the cluster
+// has had these nodes.
+func hadNodes(names ...string) *corev1.ConfigMap {
+	return &corev1.ConfigMap{ObjectMeta: metav1.ObjectMeta{Namespace: "caa-system", Name: "caa-cluster-nodes"},
+		Data: map[string]string{KnownNodesKey: strings.Join(names, "\n")}}
 }
 
 func TestSweepDeletesOnlyTheDepartedNodesVMsAfterTheGrace(t *testing.T) {
@@ -202,6 +213,19 @@ func TestSweepDeletesNothingWithoutEvidence(t *testing.T) {
 		assert.ErrorContains(t, res.Err, "lease held by another")
 		assert.Empty(t, e.cloud.deleted)
 	})
+	t.Run("the known node names cannot be read", func(t *testing.T) {
+		e := newSweepEnvWith(t, func(c *fake.Clientset) {
+			c.PrependReactor("get", "configmaps", func(clienttesting.Action) (bool, runtime.Object, error) {
+				return true, nil, errors.New("apiserver down")
+			})
+		})
+		e.cloud.vms = vms
+		e.waitSynced(t)
+		for range 4 {
+			assert.ErrorContains(t, e.sweepAfter(10*time.Minute).Err, "known node names")
+		}
+		assert.Empty(t, e.cloud.deleted)
+	})
 	t.Run("the listing fails", func(t *testing.T) {
 		e := newSweepEnv(t)
 		e.cloud.vms = vms
@@ -212,4 +236,50 @@ func TestSweepDeletesNothingWithoutEvidence(t *testing.T) {
 		}
 		assert.Empty(t, e.cloud.deleted)
 	})
+}
+
+// TestSweepNeverCollectsANodeThisClusterNeverHad (issue 30.11): a cluster
+// restored from a snapshot keeps the cluster id; the VMs the other cluster
+// makes for its own nodes carry it too. The leader collects the VMs of the
+// nodes this cluster has had (seen as Nodes, kept in a ConfigMap across
+// leaders), and reports the others, with an event and a metric, but never
+// deletes them.
+func TestSweepNeverCollectsANodeThisClusterNeverHad(t *testing.T) {
+	e := newSweepEnv(t, "here", "leaving")
+	e.cloud.vms = []provider.VM{vmOf("h", "here", provider.StateRunning), vmOf("l", "leaving", provider.StateRunning),
+		vmOf("s1", "elsewhere", provider.StateRunning), vmOf("s2", "elsewhere", provider.StateStopped)}
+	e.waitSynced(t)
+	require.NoError(t, e.sweepAfter(0).Err)
+
+	cm, err := e.client.CoreV1().ConfigMaps("caa-system").Get(context.Background(), "caa-cluster-nodes", metav1.GetOptions{})
+	require.NoError(t, err, "the names seen as Nodes are kept")
+	assert.Equal(t, "here\nleaving", cm.Data[KnownNodesKey])
+
+	require.NoError(t, e.client.CoreV1().Nodes().Delete(context.Background(), "leaving", metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool { p, _ := e.nodes.Presence("leaving"); return !p }, 10*time.Second, time.Millisecond)
+	var res SweepResult
+	for range 6 {
+		res = e.sweepAfter(5 * time.Minute)
+		require.NoError(t, res.Err)
+	}
+	assert.Equal(t, []string{"l"}, e.cloud.deleted, "the departed node's VM, and never the other cluster's")
+	assert.Equal(t, 2, res.Strangers)
+	assert.InDelta(t, 2, testutil.ToFloat64(e.s.Metrics.Strangers), 0)
+	var warned []string
+	for _, ev := range e.events {
+		if strings.HasPrefix(ev, EventForeignNode) {
+			warned = append(warned, ev)
+		}
+	}
+	require.Len(t, warned, 1, "one event per node name: %v", e.events)
+	assert.Contains(t, warned[0], "elsewhere")
+	assert.Contains(t, warned[0], "--cluster-id")
+
+	// A new leader (a new sweeper, the same ConfigMap) reads the set; a name
+	// with no Node and no VM left has been dropped from it.
+	k := &KnownNodes{Client: e.client, Namespace: "caa-system", Name: "caa-cluster-nodes"}
+	require.NoError(t, k.Load(context.Background()))
+	assert.True(t, k.Has("here"))
+	assert.False(t, k.Has("elsewhere"))
+	assert.False(t, k.Has("leaving"), "its VM deleted, the name is forgotten")
 }

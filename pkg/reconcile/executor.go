@@ -486,6 +486,12 @@ func (e *Executor) delete(ctx context.Context, in Input, a Action) (Result, erro
 		if id == "" {
 			continue
 		}
+		if vm := in.VM; vm != nil && provider.SameVM(vm.ID, id) && isGone(vm.State) {
+			// The cloud already shows it gone (deleted by the cluster caa,
+			// or before a restart): nothing to send (issue 30.12).
+			e.log().Info("VM already gone: no delete sent", "pod", r.PodRef(), "uid", r.PodUID, "vm", id, "state", vm.State)
+			continue
+		}
 		if err := e.cloudDelete(ctx, id); err != nil {
 			return e.cloudFailure(res, in, EventDeleteFailed, "delete VM "+id, err)
 		}

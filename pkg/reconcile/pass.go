@@ -154,7 +154,7 @@ func (r *Reconciler) Pass(ctx context.Context, pods []*Pod, synced bool) (out Pa
 	// Undecodable records are left out; their pods' VMs are still found by
 	// tag and adopted, never duplicated.
 	sel := provider.Selector{Cluster: r.Exec.Cluster, Node: r.Exec.Node}
-	vms, have := r.viewVMs(ctx, sel, records)
+	vms, vouched, have := r.viewVMs(ctx, sel, records)
 	err = nil // a corrupt record was tolerated above
 	// A listing handed over from before the ledger opened serves once
 	// (prefetch.go); a cluster view that served instead drops it.
@@ -181,7 +181,7 @@ func (r *Reconciler) Pass(ctx context.Context, pods []*Pod, synced bool) (out Pa
 	}
 
 	inputs := r.inputs(ctx, pods, records, vms, synced, now)
-	final, booting, waiting := r.apply(ctx, inputs, &res)
+	final, booting, waiting := r.apply(ctx, inputs, vouched, &res)
 
 	if synced && res.Err == nil && !r.Exec.stopping() {
 		r.collectOrphans(ctx, vms, records, pods, now, &res)
@@ -324,7 +324,7 @@ func pickByTag(vms []*provider.VM, rec *ledger.Record) *provider.VM {
 // still booting, and the pods left waiting (with why), by pod UID. A pod
 // whose last cloud call failed waits out its backoff before the same kind
 // of action is tried again; once stop is done, nothing more starts.
-func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult) ([]ledger.Record, map[string]provider.VM, map[string]PodStatus) {
+func (r *Reconciler) apply(ctx context.Context, inputs []Input, vouched map[string]bool, res *PassResult) ([]ledger.Record, map[string]provider.VM, map[string]PodStatus) {
 	limit := r.Concurrency
 	if limit <= 0 {
 		limit = 8
@@ -370,6 +370,9 @@ func (r *Reconciler) apply(ctx context.Context, inputs []Input, res *PassResult)
 	cfg := r.config()
 	for _, in := range inputs {
 		a := Decide(in, cfg)
+		// A VM only the cluster view vouched for is read before anything
+		// is done about it (auditsource.go).
+		in, a = r.verified(ctx, in, a, vouched, cfg)
 		// res is shared with the workers started below: every write to
 		// it, here too, holds mu.
 		if held, wait := r.heldBack(in, a); held != nil {
