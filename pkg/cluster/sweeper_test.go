@@ -96,7 +96,7 @@ func newSweepEnvWith(t *testing.T, prepare func(*fake.Clientset), nodes ...strin
 	e.s = &Sweeper{
 		Cloud: e.cloud, Client: e.client, Cluster: "c1", Nodes: e.nodes,
 		Departed: &Departed{Cluster: "c1", Grace: 10 * time.Minute}, Interval: 5 * time.Minute,
-		Known:    &KnownNodes{Client: e.client, Namespace: "caa-system", Name: "caa-cluster-nodes"},
+		Known: &KnownNodes{Client: e.client, Namespace: "caa-system", Name: "caa-cluster-nodes"},
 		Fence: func(context.Context) error { return e.fence },
 		Event: func(_ bool, reason, msg string) { e.events = append(e.events, reason+": "+msg) },
 		Log:   slog.New(slog.DiscardHandler), Metrics: NewMetrics(nil), Now: e.clock,

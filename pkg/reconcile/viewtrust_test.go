@@ -157,3 +157,34 @@ func TestUnknownVMsInAViewCostBoundedReads(t *testing.T) {
 	assert.Zero(t, c[cloud.OpList])
 	assert.InDelta(t, 100-MaxViewReads, budget.Tokens(), 0.1, "each read took a token of the read budget")
 }
+
+// TestAViewsWordOnAVMIsReadBeforeAWrite: a view that agrees with the
+// ledger on who owns a VM can still be wrong about its state (stale, or
+// forged). Here it shows pod A's VM running while the cloud has it
+// stopped, beside a running duplicate of pod A. Taken at its word, pod A
+// keeps the stopped VM and deletes the running one; read first, the
+// running VM stays.
+func TestAViewsWordOnAVMIsReadBeforeAWrite(t *testing.T) {
+	ctx := context.Background()
+	pods := peerPods(1)
+	f := newViewFixture(t, pods)
+	rec := f.record(t, pods[0].UID)
+	open := Key(pods[0].UID, 2)
+	rec.OpenKeys = []string{open}
+	_, err := f.ledger.Put(rec)
+	require.NoError(t, err)
+	dup, err := f.rec.Exec.Provider.Create(ctx, provider.Spec{Key: open, Cluster: "c", Node: "n", PodUID: pods[0].UID,
+		PodNamespace: "ns", PodName: pods[0].Name, InstanceType: cfg.Spec.DefaultType, Image: cfg.Spec.DefaultImage})
+	require.NoError(t, err)
+	require.NoError(t, f.cloud.Stop(rec.VMID))
+
+	f.writeView(t,
+		cluster.ViewVM{ID: rec.VMID, State: provider.StateRunning, PodUID: rec.PodUID, Key: rec.Key},
+		cluster.ViewVM{ID: dup.ID, State: provider.StateRunning, PodUID: rec.PodUID, Key: open},
+	)
+	f.clock.Advance(time.Second)
+	require.NoError(t, f.rec.Pass(ctx, pods, true).Err)
+	d, err := f.cloud.Get(dup.ID)
+	require.NoError(t, err)
+	assert.Equal(t, provider.StateRunning, d.State, "the running VM of the pod is kept")
+}
