@@ -239,7 +239,11 @@ func TestClusterScopeLeaderKilledMidSweep(t *testing.T) {
 	aws := newAWSCloud(t)
 	id := clusterUID(ctx, t, c)
 	const n = 30
-	ghost := seedVMs(t, aws.core, id, "ghost", n) // a node already gone
+	// A node the cluster has had (the leader sees it, and keeps its name),
+	// deleted once the leader has seen it.
+	_, err := c.CreateNode(ctx, "ghost")
+	require.NoError(t, err)
+	ghost := seedVMs(t, aws.core, id, "ghost", n)
 
 	replicas := map[string]*daemon{
 		"replica-a": launchClusterCaa(t, c, aws.url, "replica-a"),
@@ -247,6 +251,11 @@ func TestClusterScopeLeaderKilledMidSweep(t *testing.T) {
 	}
 	var first string
 	require.Eventually(t, func() bool { first = leaseHolder(ctx, c); return first != "" }, 30*time.Second, condPoll)
+	require.Eventually(t, func() bool {
+		cm, err := c.Client().CoreV1().ConfigMaps(scopeNamespace).Get(ctx, "caa-cluster-nodes", metav1.GetOptions{})
+		return err == nil && strings.Contains(cm.Data["nodes"], "ghost")
+	}, 30*time.Second, condPoll, "the leader keeps the node's name")
+	require.NoError(t, c.Client().CoreV1().Nodes().Delete(ctx, "ghost", metav1.DeleteOptions{}))
 	// Slow calls, so the sweep of 30 deletes takes seconds.
 	aws.core.SetFaults(cloud.Faults{Latency: 150 * time.Millisecond})
 	require.Eventually(t, func() bool {
