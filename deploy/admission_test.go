@@ -4,25 +4,31 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	admissionregistrationv1 "k8s.io/api/admissionregistration/v1"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/wait"
 	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 
 	"github.com/caa-project/caa/test/e2e/cluster"
 )
 
-// TestNodeWritesOnTheAPIServer (issue 30.1) applies the cluster-scope
-// component's admission policies to a real kube-apiserver and patches
+// TestNodeWritesOnTheAPIServer (issue 30.1) creates caa's roles and the
+// cluster-scope component's admission policies on a real kube-apiserver and patches
 // Nodes under real ServiceAccount tokens, each bound to a pod as the
 // kubelet's are: node A's caa may patch its own Node, but neither node B
 // nor any Node's caa.dev/cloud-view annotation; a caa token bound to no
@@ -31,11 +37,14 @@ func TestNodeWritesOnTheAPIServer(t *testing.T) {
 	needBinaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
-	bin := kubectl(t)
 	c := cluster.Start(ctx, t)
-	_, err := runKubectl(ctx, bin, withComponent(t, bin, "overlays/aws", clusterScope), "--kubeconfig", c.Kubeconfig(),
-		"apply", "--server-side", "--field-manager=caa-deploy-test", "-f", "-")
-	require.NoError(t, err, "apply the AWS overlay with the cluster scope")
+	// The objects as the repository has them (no kubectl needed): the
+	// ServiceAccounts, both roles, and the admission policies.
+	require.NoError(t, c.EnsureNamespace(ctx, namespace))
+	for _, f := range []string{"base/serviceaccount.yaml", "base/rbac.yaml", "components/cluster-scope/serviceaccount.yaml",
+		"components/cluster-scope/rbac.yaml", "components/cluster-scope/admission.yaml"} {
+		createAll(ctx, t, c.Client(), f)
+	}
 
 	for _, n := range []string{"node-a", "node-b"} {
 		_, err := c.CreateNode(ctx, n)
@@ -128,4 +137,37 @@ func tokenClient(ctx context.Context, t *testing.T, c *cluster.Cluster, sa strin
 		TLSClientConfig: rest.TLSClientConfig{CAData: admin.CAData}, UserAgent: fmt.Sprintf("%s-%v", sa, bound != nil)})
 	require.NoError(t, err)
 	return client
+}
+
+// createAll creates every object of a manifest file under deploy/.
+func createAll(ctx context.Context, t *testing.T, client kubernetes.Interface, file string) {
+	t.Helper()
+	raw, err := os.ReadFile(filepath.Join(deployDir(t), file))
+	require.NoError(t, err)
+	for _, doc := range strings.Split(string(raw), "\n---\n") {
+		if strings.TrimSpace(doc) == "" {
+			continue
+		}
+		obj, _, err := scheme.Codecs.UniversalDeserializer().Decode([]byte(doc), nil, nil)
+		require.NoError(t, err, "%s", file)
+		switch o := obj.(type) {
+		case *corev1.ServiceAccount:
+			_, err = client.CoreV1().ServiceAccounts(namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRole:
+			_, err = client.RbacV1().ClusterRoles().Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.ClusterRoleBinding:
+			_, err = client.RbacV1().ClusterRoleBindings().Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.Role:
+			_, err = client.RbacV1().Roles(namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *rbacv1.RoleBinding:
+			_, err = client.RbacV1().RoleBindings(namespace).Create(ctx, o, metav1.CreateOptions{})
+		case *admissionregistrationv1.ValidatingAdmissionPolicy:
+			_, err = client.AdmissionregistrationV1().ValidatingAdmissionPolicies().Create(ctx, o, metav1.CreateOptions{})
+		case *admissionregistrationv1.ValidatingAdmissionPolicyBinding:
+			_, err = client.AdmissionregistrationV1().ValidatingAdmissionPolicyBindings().Create(ctx, o, metav1.CreateOptions{})
+		default:
+			t.Fatalf("%s: unexpected %T", file, obj)
+		}
+		require.NoError(t, err, "%s: create %T", file, obj)
+	}
 }
