@@ -46,6 +46,7 @@ func TestNodeWritesOnTheAPIServer(t *testing.T) {
 		createAll(ctx, t, c.Client(), f)
 	}
 
+	var err error
 	for _, n := range []string{"node-a", "node-b"} {
 		_, err := c.CreateNode(ctx, n)
 		require.NoError(t, err)
