@@ -155,6 +155,9 @@ type fakeRelay struct {
 }
 
 func (r *fakeRelay) WaitReachable(ctx context.Context) error {
+	if err := ctx.Err(); err != nil { // as a real relay: a cancelled wait fails
+		return err
+	}
 	if r.unreachable {
 		<-ctx.Done()
 		return ctx.Err()
