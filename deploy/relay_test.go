@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -70,7 +71,7 @@ func TestRelayComponent(t *testing.T) {
 	for _, e := range caa.Spec.Template.Spec.Containers[0].Env {
 		caaEnv[e.Name] = e.Value
 	}
-	assert.Equal(t, "/var/lib/caa/relay.sock", caaEnv["CAA_RELAY_SOCKET"], "caa calls the relay")
+	assert.Equal(t, "/var/lib/caa/relay/relay.sock", caaEnv["CAA_RELAY_SOCKET"], "caa calls the relay")
 	assert.Equal(t, caaEnv["CAA_RELAY_SOCKET"], env["CAA_RELAY_SOCKET"], "on the socket the relay serves")
 	assert.Equal(t, "/run/peerpod/hypervisor.sock", caaEnv["CAA_HYPERVISOR_SOCKET"])
 
@@ -91,15 +92,25 @@ func TestRelayComponent(t *testing.T) {
 		}
 		return out
 	}
+	// The relay sees only its own directory and the agent sockets: not
+	// caa's /var/lib/caa (the ledger, the agent CA's key), not kata's
+	// hypervisor socket in /run/peerpod.
 	relayPaths, caaPaths := hostPaths(rel), hostPaths(caa)
-	assert.Equal(t, map[string]string{"/var/lib/caa": "/var/lib/caa", "/run/peerpod": "/run/peerpod"}, relayPaths)
+	assert.Equal(t, map[string]string{"/var/lib/caa/relay": "/var/lib/caa/relay", "/run/peerpod/pods": "/run/peerpod/pods"}, relayPaths)
 	for mount, host := range relayPaths {
-		assert.Equal(t, host, caaPaths[mount], "caa mounts %s at %s too", host, mount)
+		shared := false
+		for cm, ch := range caaPaths { // caa reaches it at the same path
+			if strings.HasPrefix(mount+"/", cm+"/") && strings.TrimPrefix(mount, cm) == strings.TrimPrefix(host, ch) {
+				shared = true
+			}
+		}
+		assert.True(t, shared, "caa reaches the relay's %s at %s", host, mount)
 	}
+	assert.Equal(t, filepath.Dir(caaEnv["CAA_RELAY_SOCKET"]), "/var/lib/caa/relay", "caa writes its client file beside the socket, in the relay's directory")
 
 	// Every variable the manifests set is one the command reads.
 	caaBin := repoCaa(t, "aws")
-	for cmd, vars := range map[string][]string{"relay": {"CAA_RELAY_SOCKET", "CAA_AGENT_CA_DIR"}, "run": {"CAA_RELAY_SOCKET"}} {
+	for cmd, vars := range map[string][]string{"relay": {"CAA_RELAY_SOCKET"}, "run": {"CAA_RELAY_SOCKET"}} {
 		hctx, hcancel := context.WithTimeout(context.Background(), time.Minute)
 		help, err := exec.CommandContext(hctx, caaBin, cmd, "--help").CombinedOutput()
 		hcancel()
@@ -109,7 +120,7 @@ func TestRelayComponent(t *testing.T) {
 		}
 	}
 	for _, e := range c.Env {
-		assert.Contains(t, []string{"CAA_RELAY_SOCKET", "CAA_AGENT_CA_DIR"}, e.Name, "the relay's env %s is checked above", e.Name)
+		assert.Contains(t, []string{"CAA_RELAY_SOCKET"}, e.Name, "the relay's env %s is checked above", e.Name)
 	}
 
 	// The real apiserver accepts both DaemonSets (server-side dry run).

@@ -90,9 +90,11 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 	if f.hv.relay != "" {
 		// The relay daemon authenticates to the VMs with this run's client
 		// certificate: write it before any sandbox is registered there.
-		if err := relayd.WriteClientFile(caDir, ca); err != nil {
+		// Beside the daemon's control socket, in the directory the daemon
+		// is given: not the CA's, whose key it must not reach.
+		if err := relayd.WriteClientFile(filepath.Dir(f.hv.relay), ca); err != nil {
 			n.status.SetBlocked("relay daemon's client file: " + err.Error())
-			log.Error("cannot write the relay daemon's client file", "dir", caDir, "err", err)
+			log.Error("cannot write the relay daemon's client file", "dir", filepath.Dir(f.hv.relay), "err", err)
 			return
 		}
 		daemon = &sandbox.RelaydSide{PodSide: side, Client: &relayd.Client{Socket: f.hv.relay}, Log: log}

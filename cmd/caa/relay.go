@@ -15,12 +15,14 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/caa-project/caa/pkg/ledger"
+	"github.com/caa-project/caa/pkg/pki"
 	"github.com/caa-project/caa/pkg/relayd"
 )
 
-// defaultRelaySocket is the relay daemon's control socket: beside the
-// ledger, in the hostPath caa and the daemon share.
-var defaultRelaySocket = filepath.Join(filepath.Dir(ledger.DefaultPath), "relay.sock")
+// defaultRelaySocket is the relay daemon's control socket, in a directory
+// of its own below the ledger's: the relay's hostPath is that directory
+// only (with caa's client file), never the ledger's with the agent CA.
+var defaultRelaySocket = filepath.Join(filepath.Dir(ledger.DefaultPath), "relay", "relay.sock")
 
 type relayFlags struct {
 	socket    string
@@ -74,6 +76,9 @@ func newRelayCommand() *cobra.Command {
 			if cmd.Flags().Changed("allow-uid") {
 				f.allowEnvErr = nil
 			}
+			if f.caDir == "" && !cmd.Flags().Changed("agent-ca-dir") && f.socket != "" {
+				f.caDir = filepath.Dir(f.socket)
+			}
 			return runRelay(cmd.Context(), f, cmd.ErrOrStderr())
 		},
 	}
@@ -82,8 +87,9 @@ func newRelayCommand() *cobra.Command {
 	allowEnv, f.allowEnvErr = envUIDs("CAA_RELAY_ALLOW_UIDS")
 	fs.StringVar(&f.socket, "socket", envOr("CAA_RELAY_SOCKET", defaultRelaySocket),
 		"the control socket caa calls (mode 0600; caa's --relay-socket) (env CAA_RELAY_SOCKET)")
-	fs.StringVar(&f.caDir, "agent-ca-dir", envOr("CAA_AGENT_CA_DIR", filepath.Dir(ledger.DefaultPath)),
-		"the agent CA's directory, where caa writes "+relayd.ClientFile+" (env CAA_AGENT_CA_DIR)")
+	fs.StringVar(&f.caDir, "agent-ca-dir", os.Getenv("CAA_AGENT_CA_DIR"),
+		"the directory caa writes "+relayd.ClientFile+" in, the --socket's directory by default (caa writes it beside its --relay-socket); "+
+			"give the relay a directory of its own, not the agent CA's: it never needs the CA's key nor the ledger (env CAA_AGENT_CA_DIR)")
 	fs.DurationVar(&f.refresh, "refresh", envDuration("CAA_RELAY_REFRESH", 10*time.Second),
 		"how often "+relayd.ClientFile+" is checked for new certificates (env CAA_RELAY_REFRESH)")
 	fs.UintSliceVar(&f.allowUIDs, "allow-uid", allowEnv,
@@ -106,6 +112,13 @@ func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	}
 	// caa writes its client file at start; the daemon may start first.
 	file := filepath.Join(f.caDir, relayd.ClientFile)
+	for _, name := range []string{pki.CurrentFile, pki.PreviousFile, filepath.Base(ledger.DefaultPath)} {
+		if _, err := os.Lstat(filepath.Join(f.caDir, name)); err == nil {
+			log.Warn("the relay's directory holds caa's agent CA or ledger, which the relay never reads: mount only a directory of its own "+
+				"(deploy/components/relay: /var/lib/caa/relay), so a compromised relay cannot read the CA's key or write the ledger",
+				"dir", f.caDir, "file", name)
+		}
+	}
 	var allow []uint32 // nil: relayd's default
 	for _, u := range f.allowUIDs {
 		allow = append(allow, uint32(u))

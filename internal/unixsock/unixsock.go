@@ -35,11 +35,61 @@ type Options struct {
 	RefuseServed bool
 }
 
+// FileID names a file independently of its path: a socket file bound at
+// the same path again is another FileID.
+type FileID struct{ Dev, Ino uint64 }
+
+// Listener is a unix socket listener whose Close removes the socket file
+// only while the path still names the file it bound. Without that check,
+// closing a listener whose path another process has since taken (it
+// replaced the file: a relay mode switch, a new caa) would delete that
+// process's live socket, and its new clients would get ENOENT.
+type Listener struct {
+	*net.UnixListener
+	path string
+	id   FileID
+	ok   bool // id is known; unknown never removes
+}
+
+// Close stops listening and removes the socket file if it is still this
+// listener's.
+func (l *Listener) Close() error {
+	mine := l.Owns()
+	err := l.UnixListener.Close()
+	if mine {
+		if rerr := os.Remove(l.path); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) && err == nil {
+			err = rerr
+		}
+	}
+	return err
+}
+
+// Owns reports whether the socket file at the listener's path is still
+// the one it bound (while the listener is open its file cannot be freed,
+// so its inode number cannot name another file).
+func (l *Listener) Owns() bool {
+	return l.ok && Owns(l.path, l.id)
+}
+
+// Owns reports whether path names the file id.
+func Owns(path string, id FileID) bool {
+	fi, err := os.Lstat(path)
+	if err != nil {
+		return false
+	}
+	cur, ok := Inode(fi)
+	return ok && cur == id
+}
+
+// Path is the socket file's path.
+func (l *Listener) Path() string { return l.path }
+
 // Listen listens on a unix socket at path. A socket file left by a process
 // that is gone (SIGKILL leaves it) is replaced; any other kind of file
 // there is an error wrapping ErrNotSocket, so a wrong path never deletes
-// data. Closing the listener removes the file.
-func Listen(path string, o Options) (*net.UnixListener, error) {
+// data. Closing the listener removes the file while it is still the one
+// this listener bound (Listener.Close).
+func Listen(path string, o Options) (*Listener, error) {
 	if o.DirMode == 0 {
 		o.DirMode = 0o700
 	}
@@ -68,14 +118,18 @@ func Listen(path string, o Options) (*net.UnixListener, error) {
 	if err != nil {
 		return nil, err
 	}
-	ln.SetUnlinkOnClose(true)
+	ln.SetUnlinkOnClose(false) // by path, whoever's file it is by then; see Listener.Close
+	l := &Listener{UnixListener: ln, path: path}
+	if fi, err := os.Lstat(path); err == nil {
+		l.id, l.ok = Inode(fi)
+	}
 	if o.Mode != 0 {
 		if err := os.Chmod(path, o.Mode); err != nil {
-			_ = ln.Close()
+			_ = l.Close()
 			return nil, err
 		}
 	}
-	return ln, nil
+	return l, nil
 }
 
 // Accept hands each connection accepted on ln to handle (in the calling

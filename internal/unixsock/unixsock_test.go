@@ -115,3 +115,23 @@ func TestPeerIsTheConnectingProcess(t *testing.T) {
 	_, err = unixsock.Peer(&net.TCPConn{})
 	require.Error(t, err, "only a unix socket has a peer's credentials")
 }
+
+// A listener whose path another listener has since taken (Listen replaces
+// the file) leaves the new file on Close: its clients still connect.
+func TestCloseRemovesOnlyItsOwnSocketFile(t *testing.T) {
+	path := filepath.Join(shortDir(t), "agent.sock")
+	old, err := unixsock.Listen(path, unixsock.Options{})
+	require.NoError(t, err)
+	cur, err := unixsock.Listen(path, unixsock.Options{})
+	require.NoError(t, err)
+	defer cur.Close()
+	assert.False(t, old.Owns())
+	assert.True(t, cur.Owns())
+	require.NoError(t, old.Close())
+	c, err := net.Dial("unix", path)
+	require.NoError(t, err, "the new listener's socket file is still there")
+	c.Close()
+	require.NoError(t, cur.Close())
+	_, err = os.Stat(path)
+	assert.ErrorIs(t, err, os.ErrNotExist, "its owner's Close removes it")
+}

@@ -12,10 +12,11 @@ import (
 	"sync"
 	"time"
 
+	"github.com/caa-project/caa/internal/unixsock"
 	"github.com/caa-project/caa/pkg/pki"
 )
 
-// ClientFile is the name, inside the agent CA's directory, of the file caa
+// ClientFile is the name, in the relay daemon's directory, of the file caa
 // writes for the relay daemon: caa's client certificates with their keys
 // and the CA certificates the VMs' server certificates chain to. It never
 // holds a CA's key, and it is never in the ledger (invariant I7).
@@ -29,7 +30,8 @@ const (
 )
 
 // WriteClientFile writes caa's client side of the agent TLS into
-// dir/ClientFile, mode 0600, atomically (temporary file, fsync, rename,
+// dir/ClientFile (dir made 0700 if missing; caa passes its --relay-socket's
+// directory, the relay's own, never the CA's), mode 0600, atomically (temporary file, fsync, rename,
 // fsync of dir), so the relay daemon reads a whole file or the old one. caa
 // calls it at every start: its client key lives in memory only and is new
 // each time, and after a CA rotation the file carries both CAs.
@@ -60,6 +62,9 @@ func WriteClientFile(dir string, ca *pki.CA) error {
 		if err := pem.Encode(&buf, blk); err != nil {
 			return fmt.Errorf("relayd: encode CA certificate: %w", err)
 		}
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return fmt.Errorf("relayd: the client file's directory: %w", err)
 	}
 	return writeAtomic(filepath.Join(dir, ClientFile), buf.Bytes())
 }
@@ -158,7 +163,7 @@ type certStore struct {
 	cur     *credentials
 	modTime time.Time
 	size    int64
-	ino     uint64
+	ino     unixsock.FileID
 }
 
 func newCertStore(path string) *certStore { return &certStore{path: path} }
@@ -174,7 +179,7 @@ func (s *certStore) refresh() (changed bool, err error) {
 	if fi.Mode().Perm()&0o077 != 0 {
 		return false, fmt.Errorf("relayd: %s has mode %v: it holds private keys, make it 0600", s.path, fi.Mode().Perm())
 	}
-	ino := inode(fi)
+	ino, _ := unixsock.Inode(fi)
 	s.mu.Lock()
 	same := s.cur != nil && fi.ModTime().Equal(s.modTime) && fi.Size() == s.size && ino == s.ino
 	s.mu.Unlock()
@@ -201,11 +206,19 @@ func (s *certStore) current() *credentials {
 	return s.cur
 }
 
-// tlsConfig is the client side every relay uses. The certificates are
-// looked up per handshake, so a refresh reaches new connections at once.
-// Go's own verification is replaced by the same chain and name check
-// against the current roots (tls.Config.RootCAs is fixed per config).
-func (s *certStore) tlsConfig() *tls.Config {
+// tlsConfig is the client side of one relay, whose forwarder must show a
+// certificate issued for expect (the VM's name, or its IP). The
+// certificates are looked up per handshake, so a refresh reaches new
+// connections at once. Go's own verification is replaced by the same chain
+// check against the current roots (tls.Config.RootCAs is fixed per
+// config) and a name check against expect, which is pinned here and never
+// read from the connection: Go leaves ConnectionState.ServerName empty when
+// it dials an IP, and an empty name would let any certificate of the CA
+// (another sandbox's VM) pass.
+func (s *certStore) tlsConfig(expect string) (*tls.Config, error) {
+	if expect == "" {
+		return nil, errors.New("relayd: no name to check the forwarder's certificate against: pass the VM's name (server_name) or an address")
+	}
 	return &tls.Config{
 		MinVersion:         tls.VersionTLS12,
 		InsecureSkipVerify: true, // verified in VerifyConnection against the current roots
@@ -234,13 +247,13 @@ func (s *certStore) tlsConfig() *tls.Config {
 				inter.AddCert(c)
 			}
 			_, err := cs.PeerCertificates[0].Verify(x509.VerifyOptions{
-				DNSName: cs.ServerName, Roots: cr.roots, Intermediates: inter,
+				DNSName: expect, Roots: cr.roots, Intermediates: inter,
 				KeyUsages: []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth},
 			})
 			if err != nil {
-				return fmt.Errorf("relayd: forwarder certificate: %w", err)
+				return fmt.Errorf("relayd: forwarder certificate (want one issued for %s): %w", expect, err)
 			}
 			return nil
 		},
-	}
+	}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"syscall"
 	"testing"
 	"time"
 
@@ -15,6 +16,7 @@ import (
 	"github.com/caa-project/caa/internal/agentproto"
 	"github.com/caa-project/caa/internal/unixsock"
 	"github.com/caa-project/caa/pkg/pki"
+	"github.com/caa-project/caa/pkg/relay"
 	"github.com/caa-project/caa/pkg/relayd"
 	"github.com/caa-project/caa/pkg/relayd/relaydtest"
 )
@@ -263,4 +265,105 @@ func TestSecondDaemonIsRefusedTheControlSocket(t *testing.T) {
 	ln, err := relayd.Listen(d.client.Socket)
 	require.NoError(t, err, "a stale socket file is replaced")
 	require.NoError(t, ln.Close())
+}
+
+// The forwarder must show a certificate issued for the VM the relay serves,
+// also when no name is given and the address is an IP (Go then sends no
+// SNI and leaves the connection's ServerName empty): a certificate of the
+// same CA issued for another sandbox's VM is refused either way.
+func TestForwarderOfAnotherVMIsRefused(t *testing.T) {
+	d := startDaemon(t)
+	other := relaydtest.StartForwarder(t, d.ca, "podvm-other-sandbox")
+	ctx := ctxT(t)
+	for _, name := range []string{"", "podvm-a"} {
+		_, err := d.client.Serve(ctx, "sb1", d.sock("sb1"), other.Addr(), name)
+		require.NoError(t, err)
+		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		err = d.client.Reach(rctx, "sb1")
+		cancel()
+		require.Error(t, err, "server name %q: another VM's certificate must not pass", name)
+		require.NoError(t, d.client.Stop(ctx, "sb1"))
+	}
+}
+
+// A daemon that exits after caa took an agent socket over (caa serving it
+// itself again: a relay mode switch) must not delete caa's socket file:
+// new shim connections still reach caa's relay.
+func TestDaemonExitLeavesTheSocketCaaTook(t *testing.T) {
+	d := startDaemon(t)
+	fw := relaydtest.StartForwarder(t, d.ca, "podvm-a")
+	ctx := ctxT(t)
+	sock := d.sock("sb1")
+	_, err := d.client.Serve(ctx, "sb1", sock, fw.Addr(), "podvm-a")
+	require.NoError(t, err)
+
+	tc, err := d.ca.ClientTLS()
+	require.NoError(t, err)
+	caa, err := relay.Start(ctx, relay.Config{SocketPath: sock, Addr: fw.Addr(), TLS: tc, ServerName: "podvm-a"})
+	require.NoError(t, err)
+	defer caa.Close()
+	d.stop()
+	<-d.done
+
+	_, err = os.Stat(sock)
+	require.NoError(t, err, "caa's socket file is still there")
+	_, err = agentproto.Check(ctx, shim(t, sock))
+	require.NoError(t, err, "a new shim connection reaches the agent through caa's relay")
+	assert.Equal(t, 1, caa.Stats().Accepted)
+}
+
+// The relay daemon reads caa's client file and nothing else of caa's: run
+// in a directory that also holds the agent CA's key file and a ledger (the
+// layout before the relay had its own directory), each a FIFO as a
+// tripwire (opening a FIFO to read blocks until a writer comes, so an
+// open leaves a reader the test can see), a daemon that serves, reaches,
+// refreshes its certificates and stops never opens either.
+func TestDaemonNeverOpensTheCAKeyOrTheLedger(t *testing.T) {
+	dir, err := os.MkdirTemp("", "rt")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	caDir := t.TempDir()
+	ca, err := pki.LoadOrCreateCA(caDir)
+	require.NoError(t, err)
+	require.NoError(t, relayd.WriteClientFile(dir, ca))
+	wires := []string{filepath.Join(dir, pki.CurrentFile), filepath.Join(dir, pki.PreviousFile), filepath.Join(dir, "ledger.db")}
+	for _, w := range wires {
+		require.NoError(t, syscall.Mkfifo(w, 0o600))
+	}
+	tripped := func() []string {
+		var out []string
+		for _, w := range wires {
+			fd, err := syscall.Open(w, syscall.O_WRONLY|syscall.O_NONBLOCK, 0)
+			if err == nil { // a reader has it open
+				syscall.Close(fd)
+				out = append(out, filepath.Base(w))
+				continue
+			}
+			require.ErrorIs(t, err, syscall.ENXIO, "no reader: %s", w)
+		}
+		return out
+	}
+
+	srv, err := relayd.NewServer(relayd.Config{ClientFile: filepath.Join(dir, relayd.ClientFile), Refresh: time.Millisecond, DialTimeout: 2 * time.Second})
+	require.NoError(t, err)
+	ln, err := relayd.Listen(filepath.Join(dir, "relay.sock"))
+	require.NoError(t, err)
+	ctx, stop := context.WithCancel(ctxT(t))
+	done := make(chan struct{})
+	go func() { defer close(done); _ = srv.Serve(ctx, ln) }()
+	client := &relayd.Client{Socket: filepath.Join(dir, "relay.sock")}
+	fw := relaydtest.StartForwarder(t, ca, "podvm-a")
+	sock := filepath.Join(dir, "pods", "sb1", "agent.ttrpc")
+	_, err = client.Serve(ctx, "sb1", sock, fw.Addr(), "podvm-a")
+	require.NoError(t, err)
+	require.NoError(t, client.Reach(ctx, "sb1"))
+	_, err = agentproto.Check(ctx, shim(t, sock))
+	require.NoError(t, err)
+	require.NoError(t, relayd.WriteClientFile(dir, ca)) // a new caa's file: read again
+	_, err = client.Serve(ctx, "sb2", filepath.Join(dir, "pods", "sb2", "agent.ttrpc"), fw.Addr(), "podvm-a")
+	require.NoError(t, err)
+	require.NoError(t, client.Stop(ctx, "sb1"))
+	stop()
+	<-done
+	assert.Empty(t, tripped(), "the relay daemon opened caa's CA key or ledger")
 }

@@ -282,8 +282,16 @@ func (s *Server) serve(req Request) (kept bool, heard time.Duration, err error) 
 	if err := os.MkdirAll(filepath.Dir(req.Socket), 0o700); err != nil {
 		return false, 0, fmt.Errorf("agent socket directory: %w", err)
 	}
+	expect := req.ServerName
+	if expect == "" { // the VM's IP: its certificate must name it
+		expect, _, _ = net.SplitHostPort(req.Addr)
+	}
+	tc, err := s.certs.tlsConfig(expect)
+	if err != nil {
+		return false, 0, err
+	}
 	r, err := relay.Start(context.Background(), relay.Config{
-		SocketPath: req.Socket, Addr: req.Addr, TLS: s.certs.tlsConfig(), ServerName: req.ServerName,
+		SocketPath: req.Socket, Addr: req.Addr, TLS: tc, ServerName: req.ServerName,
 		DialTimeout: s.cfg.DialTimeout, Dial: s.cfg.Dial, Log: s.log.With("sandbox", req.Sandbox),
 	})
 	if err != nil {

@@ -76,6 +76,32 @@ type fakeSide struct {
 	// unreachable makes WaitReachable wait for ctx (a forwarder that never answers).
 	unreachable bool
 	serial      int
+	// gate, when set, runs first in SetupTunnel ("tunnel") and StartRelay
+	// ("relay"), outside the side's lock: a test holds a StartVM there.
+	gate func(stage string)
+}
+
+func (f *fakeSide) pass(stage string) {
+	f.mu.Lock()
+	g := f.gate
+	f.mu.Unlock()
+	if g != nil {
+		g(stage)
+	}
+}
+
+// liveRelays counts the relays started and not closed.
+func (f *fakeSide) liveRelays() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.relays)
+}
+
+func (f *fakeSide) tunnelUp(netns string) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	_, ok := f.tunnels[netns]
+	return ok
 }
 
 func newFakeSide() *fakeSide {
@@ -91,6 +117,7 @@ func (f *fakeSide) UserData(_ context.Context, in UserDataInput) ([]byte, string
 }
 
 func (f *fakeSide) SetupTunnel(netns string, t ledger.Tunnel) error {
+	f.pass("tunnel")
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.tunnels[netns] = t
@@ -106,6 +133,7 @@ func (f *fakeSide) TeardownTunnel(netns string, _ ledger.Tunnel) error {
 }
 
 func (f *fakeSide) StartRelay(_ context.Context, socket, addr, serverName string) (Relay, error) {
+	f.pass("relay")
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	r := &fakeRelay{side: f, socket: socket, addr: addr, serverName: serverName, unreachable: f.unreachable}
@@ -127,6 +155,9 @@ type fakeRelay struct {
 }
 
 func (r *fakeRelay) WaitReachable(ctx context.Context) error {
+	if err := ctx.Err(); err != nil { // as a real relay: a cancelled wait fails
+		return err
+	}
 	if r.unreachable {
 		<-ctx.Done()
 		return ctx.Err()

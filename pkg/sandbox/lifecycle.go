@@ -4,8 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io/fs"
 	"maps"
 	"net"
+	"os"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"time"
@@ -94,7 +97,7 @@ func (m *Manager) keep(id, initData string) {
 func (m *Manager) keepLocked(id, initData string) {
 	l := m.live[id]
 	if l == nil {
-		l = &live{}
+		l = &live{id: id}
 		m.live[id] = l
 	}
 	l.initData = initData
@@ -320,7 +323,27 @@ func (m *Manager) waitRunning(ctx context.Context, s ledger.Sandbox) (ledger.San
 
 // serve starts the sandbox's tunnel and relay (again, after a restart) and
 // waits for the forwarder to answer.
-func (m *Manager) serve(ctx context.Context, l *live, s ledger.Sandbox) error {
+//
+// StopVM takes no turn (kata gives it about a second), so it may land while
+// serve sets up the tunnel or starts the relay: its closeRelay then finds no
+// relay yet, and its teardown may run before the setup. So once both are
+// made, serve reads the record again and undoes them if the sandbox was
+// retired meanwhile. Either StopVM's close comes after l.relay is set and
+// closes it, or its Deleting write came before this read.
+func (m *Manager) serve(ctx context.Context, l *live, s ledger.Sandbox) (err error) {
+	defer func() {
+		if !m.retired(s.ID) {
+			return
+		}
+		m.closeRelay(s.ID)
+		if terr := m.cfg.Side.TeardownTunnel(s.NetNS, s.Tunnel); terr != nil {
+			m.cfg.Log.Warn("tearing the tunnel down failed", "sandbox", s.ID, "err", terr)
+		}
+		m.removeSocketDir(s.ID)
+		if err == nil {
+			err = fmt.Errorf("%w: sandbox %s was stopped while its agent socket was being served", ErrNotStartable, s.ID)
+		}
+	}()
 	if err := m.cfg.Side.SetupTunnel(s.NetNS, s.Tunnel); err != nil {
 		return fmt.Errorf("sandbox %s: set up the pod network tunnel: %w", s.ID, err)
 	}
@@ -343,6 +366,31 @@ func (m *Manager) serve(ctx context.Context, l *live, s ledger.Sandbox) error {
 	l.reachable = l.relay == r
 	m.mu.Unlock()
 	return nil
+}
+
+// retired reports positive evidence that sandbox id must not be served:
+// its record is gone or Deleting, Lost or Failed. A ledger that cannot be
+// read is no evidence.
+func (m *Manager) retired(id string) bool {
+	s, err := m.cfg.Ledger.GetSandbox(id)
+	if errors.Is(err, ledger.ErrNotFound) {
+		return true
+	}
+	if err != nil {
+		m.cfg.Log.Warn("reading a sandbox after serving it failed", "sandbox", id, "err", err)
+		return false
+	}
+	return s.Phase == ledger.SandboxDeleting || s.Phase == ledger.SandboxLost || s.Phase == ledger.SandboxFailed
+}
+
+// removeSocketDir removes the sandbox's agent socket directory once it is
+// empty (the relay's Close removed the socket); a directory still holding
+// a file (a relay daemon that did not stop it yet) stays.
+func (m *Manager) removeSocketDir(id string) {
+	dir := filepath.Dir(m.SocketPath(id))
+	if err := os.Remove(dir); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		m.cfg.Log.Debug("agent socket directory not removed", "sandbox", id, "dir", dir, "err", err)
+	}
 }
 
 func (m *Manager) startErr(s ledger.Sandbox, what string, err error) error {
@@ -387,7 +435,7 @@ func (m *Manager) liveOf(id string) *live {
 	defer m.mu.Unlock()
 	l := m.live[id]
 	if l == nil {
-		l = &live{}
+		l = &live{id: id}
 		m.live[id] = l
 	}
 	return l
@@ -451,6 +499,7 @@ func (m *Manager) retire(id, reason, msg string) (ledger.Sandbox, error) {
 		return s, fmt.Errorf("record that sandbox %s is stopping: %w", id, err)
 	}
 	m.closeRelay(id)
+	m.removeSocketDir(id)
 	if err := m.cfg.Side.TeardownTunnel(s.NetNS, s.Tunnel); err != nil {
 		m.cfg.Log.Warn("tearing the tunnel down failed", "sandbox", id, "err", err)
 	}
@@ -567,6 +616,9 @@ func (m *Manager) deleteNow(id string) (bool, error) {
 	delete(m.live, id)
 	delete(m.missing, id)
 	m.mu.Unlock()
+	// Again, for a socket a relay daemon still held at StopVM (stopped
+	// since by Keep) or a directory a restart left behind.
+	m.removeSocketDir(id)
 	m.cfg.Log.Info("sandbox deleted", "sandbox", id, "pod", s.PodRef(), "vm", s.VMID, "reason", s.Reason)
 	return true, nil
 }

@@ -126,6 +126,7 @@ type Manager struct {
 // live is what a sandbox has in memory only: its relay, the secrets it
 // carries to its VM (never in the ledger, I7), its StartVM in flight.
 type live struct {
+	id        string
 	busy      chan struct{} // held by a StartVM or StopVM of this sandbox
 	relay     Relay
 	initData  string
@@ -214,7 +215,7 @@ func (m *Manager) enter(ctx context.Context, id string) (*live, error) {
 		m.mu.Lock()
 		l := m.live[id]
 		if l == nil {
-			l = &live{}
+			l = &live{id: id}
 			m.live[id] = l
 		}
 		if l.busy == nil {
@@ -237,7 +238,18 @@ func (m *Manager) leave(l *live) {
 	close(l.busy)
 	l.busy = nil
 	l.cancel = nil
+	// An entry that holds nothing goes: a StartVM or StopVM of an id the
+	// ledger never had must not grow the map (a waiter in enter makes a
+	// new one).
+	if l.empty() && m.live[l.id] == l {
+		delete(m.live, l.id)
+	}
 	m.mu.Unlock()
+}
+
+// empty reports that l holds nothing worth keeping. Caller holds mu.
+func (l *live) empty() bool {
+	return l.busy == nil && l.relay == nil && l.initData == "" && l.userData == nil && !l.reachable && !l.deleting && l.cancel == nil
 }
 
 // update applies fn to the sandbox's fresh record and stores it, again

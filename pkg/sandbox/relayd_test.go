@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"os"
 	"path/filepath"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -627,4 +629,122 @@ func TestKeptRelayIsReachableOnRecentTrafficOnly(t *testing.T) {
 		assert.Empty(t, rep.Served)
 		assert.Contains(t, rep.Pending, sbHealth, "probed and found unreachable, however recent its last word")
 	})
+}
+
+// The same race with the relay daemon: a StopVM during StartVM's tunnel
+// step must not leave the daemon serving the sandbox, and Keep must not
+// serve it again (before the fix: stopped by Reconcile and served again by
+// keepOnce every period, for ever).
+func TestStopVMDuringStartVMLeavesNothingInTheDaemon(t *testing.T) {
+	r := newDaemonRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r.pods.add(&reconcile.Pod{UID: "uid-web", Namespace: "team", Name: "web", RuntimeClass: "kata-remote", Annotations: map[string]string{}})
+	sock, err := r.m.CreateVM(ctx, sbHealth, shimAnnotations("web"), "/var/run/netns/web")
+	require.NoError(t, err)
+	reached, release := holdAt(r.fake, "tunnel")
+	started := make(chan error, 1)
+	go func() { started <- r.m.StartVM(ctx, sbHealth) }()
+	<-reached
+	require.NoError(t, r.m.StopVM(ctx, sbHealth))
+	close(release)
+	require.Error(t, <-started)
+
+	served := func() []string {
+		entries, _, err := r.client.List(ctx)
+		require.NoError(t, err)
+		var ids []string
+		for _, e := range entries {
+			ids = append(ids, e.Sandbox)
+		}
+		return ids
+	}
+	assert.Empty(t, served(), "the daemon serves nothing for the stopped sandbox")
+	kctx, kstop := context.WithCancel(ctx)
+	done := make(chan struct{})
+	go func() { defer close(done); r.side.Keep(kctx, time.Millisecond, r.led) }()
+	eventually(t, func() bool { return r.side.rounds.Load() >= 5 }, "five Keep rounds")
+	kstop()
+	<-done
+	assert.Empty(t, served(), "Keep does not serve it again")
+	_, err = os.Stat(sock)
+	assert.ErrorIs(t, err, os.ErrNotExist, "no agent socket for the stopped sandbox")
+}
+
+// dirs lists the sandbox directories under the socket directory.
+func (r *daemonRig) dirs() []string {
+	r.t.Helper()
+	ents, err := os.ReadDir(r.sockDir)
+	require.NoError(r.t, err)
+	var out []string
+	for _, e := range ents {
+		if e.IsDir() {
+			out = append(out, e.Name())
+		}
+	}
+	return out
+}
+
+// Each sandbox's socket directory goes with the sandbox: StopVM, a lost
+// VM, a pod gone.
+func TestSocketDirectoriesGoWithTheirSandboxes(t *testing.T) {
+	r := newDaemonRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	r.run(ctx, sbHealth, "web")
+	r.run(ctx, sbStream, "feed")
+	assert.ElementsMatch(t, []string{sbHealth, sbStream}, r.dirs())
+
+	require.NoError(t, r.m.StopVM(ctx, sbHealth))
+	assert.Equal(t, []string{sbStream}, r.dirs(), "StopVM removes the stopped sandbox's directory")
+	require.NoError(t, r.cloud.Kill(r.sandbox(sbStream).VMID))
+	rep, err := r.m.Sync(ctx, time.Second)
+	require.NoError(t, err)
+	require.Equal(t, []string{sbStream}, rep.Lost)
+	assert.Empty(t, r.dirs(), "a lost sandbox's directory goes with its socket")
+	eventually(t, func() bool { _, err := r.led.GetSandbox(sbHealth); return err != nil }, "the stopped record goes")
+	assert.Empty(t, r.dirs())
+}
+
+// countWarnings counts the warnings logged through it.
+type countWarnings struct {
+	slog.Handler
+	n *atomic.Int64
+}
+
+func (c countWarnings) Handle(ctx context.Context, rec slog.Record) error {
+	if rec.Level == slog.LevelWarn {
+		c.n.Add(1)
+	}
+	return nil
+}
+
+func (c countWarnings) Enabled(context.Context, slog.Level) bool { return true }
+
+// A socket the ledger never had is warned about once, not every round of
+// Keep (every 5 s for ever before), and again only if it comes back.
+func TestReconcileWarnsOnceAboutAStrangeSocket(t *testing.T) {
+	r := newDaemonRig(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var warned atomic.Int64
+	r.side.Log = slog.New(countWarnings{Handler: slog.DiscardHandler, n: &warned})
+	stranger := filepath.Join(r.sockDir, "sb-stranger", "agent.ttrpc")
+	_, err := r.client.Serve(ctx, "sb-stranger", stranger, "192.0.2.98:15150", "y")
+	require.NoError(t, err)
+	for range 5 {
+		stopped, err := r.side.Reconcile(ctx, r.led)
+		require.NoError(t, err)
+		assert.Empty(t, stopped, "no evidence: left serving")
+	}
+	assert.EqualValues(t, 1, warned.Load(), "one warning for five rounds")
+
+	require.NoError(t, r.client.Stop(ctx, "sb-stranger"))
+	_, err = r.side.Reconcile(ctx, r.led)
+	require.NoError(t, err)
+	_, err = r.client.Serve(ctx, "sb-stranger", stranger, "192.0.2.98:15150", "y")
+	require.NoError(t, err)
+	_, err = r.side.Reconcile(ctx, r.led)
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, warned.Load(), "warned again when it is served again")
 }

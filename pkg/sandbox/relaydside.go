@@ -35,6 +35,7 @@ type RelaydSide struct {
 	registered map[string]relayd.Request // what this caa asked the daemon to serve
 	stops      map[string]bool           // stops the daemon did not take yet
 	boot       string                    // the daemon's run last seen
+	strangers  map[string]bool           // sandboxes the daemon serves that the ledger never had, warned about
 	rounds     atomic.Int64              // Keep's rounds done (tests wait on it)
 	probes     chan struct{}             // bounds the reach probes in flight
 }
@@ -205,6 +206,17 @@ func (p *RelaydSide) Reconcile(ctx context.Context, led *ledger.Ledger) (stopped
 	if err != nil {
 		return nil, err
 	}
+	listed := make(map[string]bool, len(entries))
+	for _, e := range entries {
+		listed[e.Sandbox] = true
+	}
+	p.mu.Lock()
+	for id := range p.strangers { // forget those the daemon no longer serves
+		if !listed[id] {
+			delete(p.strangers, id)
+		}
+	}
+	p.mu.Unlock()
 	for _, e := range entries {
 		s, err := led.GetSandbox(e.Sandbox)
 		switch {
@@ -217,8 +229,7 @@ func (p *RelaydSide) Reconcile(ctx context.Context, led *ledger.Ledger) (stopped
 				return stopped, fmt.Errorf("read the history of sandbox %s: %w", e.Sandbox, err)
 			}
 			if len(hist) == 0 {
-				p.log().Warn("the relay daemon serves a sandbox this ledger never had; left serving (stop it with the daemon if it is stale)",
-					"sandbox", e.Sandbox, "socket", e.Socket)
+				p.warnStranger(e)
 				continue
 			}
 		case err != nil:
@@ -234,6 +245,22 @@ func (p *RelaydSide) Reconcile(ctx context.Context, led *ledger.Ledger) (stopped
 		p.log().Info("relay daemon's agent socket stopped: its sandbox is gone", "sandbox", e.Sandbox, "socket", e.Socket)
 	}
 	return stopped, nil
+}
+
+// warnStranger warns once per sandbox (while the daemon keeps serving it)
+// about a socket the ledger never had: Keep reconciles every few seconds.
+func (p *RelaydSide) warnStranger(e relayd.Entry) {
+	p.mu.Lock()
+	if p.strangers == nil {
+		p.strangers = map[string]bool{}
+	}
+	seen := p.strangers[e.Sandbox]
+	p.strangers[e.Sandbox] = true
+	p.mu.Unlock()
+	if !seen {
+		p.log().Warn("the relay daemon serves a sandbox this ledger never had; left serving (stop it with the daemon if it is stale); not repeated",
+			"sandbox", e.Sandbox, "socket", e.Socket)
+	}
 }
 
 // Keep watches the daemon every period until ctx is done, the first time

@@ -128,7 +128,7 @@ func (m *Manager) Sync(ctx context.Context, wait time.Duration) (Report, error) 
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			err := m.serveOnce(wctx, l, s)
+			err := m.serveOnce(wctx, s)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil {
@@ -154,15 +154,17 @@ func (m *Manager) Sync(ctx context.Context, wait time.Duration) (Report, error) 
 
 // serveOnce serves a running sandbox again unless a StartVM or StopVM of
 // it is under way.
-func (m *Manager) serveOnce(ctx context.Context, l *live, s ledger.Sandbox) error {
-	l2, err := m.enter(ctx, s.ID)
+func (m *Manager) serveOnce(ctx context.Context, s ledger.Sandbox) error {
+	l, err := m.enter(ctx, s.ID)
 	if err != nil {
 		return err
 	}
-	defer m.leave(l2)
+	defer m.leave(l)
 	if cur, err := m.cfg.Ledger.GetSandbox(s.ID); err != nil || cur.Phase != ledger.SandboxRunning {
 		return nil // it moved on meanwhile; the next sync sees it
 	}
+	// The entry enter returns: one that held nothing may have been dropped
+	// (leave) and made anew since Sync looked it up.
 	return m.serve(ctx, l, s)
 }
 
@@ -228,6 +230,7 @@ func (m *Manager) lose(s ledger.Sandbox, why string) {
 		return
 	}
 	m.closeRelay(s.ID)
+	m.removeSocketDir(s.ID)
 	if err := m.cfg.Side.TeardownTunnel(s.NetNS, s.Tunnel); err != nil {
 		m.cfg.Log.Warn("tearing the tunnel down failed", "sandbox", s.ID, "err", err)
 	}

@@ -354,3 +354,75 @@ func TestConcurrentSandboxesGetDistinctVXLANIDs(t *testing.T) {
 	}
 	assert.Len(t, ids, 8)
 }
+
+// holdAt makes the side stop a StartVM at stage until release is closed;
+// reached is closed when it gets there.
+func holdAt(side *fakeSide, stage string) (reached, release chan struct{}) {
+	reached, release = make(chan struct{}), make(chan struct{})
+	var once sync.Once
+	side.mu.Lock()
+	side.gate = func(s string) {
+		if s == stage {
+			once.Do(func() { close(reached); <-release })
+		}
+	}
+	side.mu.Unlock()
+	return reached, release
+}
+
+// A StopVM that lands while StartVM sets up the tunnel or starts the relay
+// (StopVM takes no turn: it cannot wait for them) leaves neither behind:
+// the relay StartVM made after StopVM's close is closed, the tunnel it set
+// up after StopVM's teardown is torn down, and the VM and record go.
+func TestStopVMDuringTunnelOrRelaySetupLeaksNoRelay(t *testing.T) {
+	for _, stage := range []string{"tunnel", "relay"} {
+		t.Run(stage, func(t *testing.T) {
+			r := newRig(t)
+			ctx := context.Background()
+			r.pod("uid-1", "web")
+			sock, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+			require.NoError(t, err)
+			reached, release := holdAt(r.side, stage)
+			started := make(chan error, 1)
+			go func() { started <- r.m.StartVM(ctx, sbA) }()
+			<-reached
+
+			require.NoError(t, r.m.StopVM(ctx, sbA))
+			close(release)
+			require.Error(t, <-started, "the StartVM of a stopped sandbox fails")
+			assert.Zero(t, r.side.liveRelays(), "no relay left serving %s", sock)
+			assert.False(t, r.side.tunnelUp("/ns"), "no tunnel left")
+			eventually(t, func() bool { return len(r.live()) == 0 }, "the VM is deleted")
+			eventually(t, func() bool { _, err := r.led.GetSandbox(sbA); return err != nil }, "the record goes")
+			assert.Zero(t, r.side.liveRelays())
+		})
+	}
+}
+
+func (m *Manager) liveCount() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return len(m.live)
+}
+
+// StartVM and StopVM calls for ids the ledger never had (a confused or
+// hostile shim) leave nothing in memory, and a finished sandbox's entry
+// goes too.
+func TestCallsForUnknownSandboxesLeaveNoEntry(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	for i := range 200 {
+		require.ErrorIs(t, r.m.StartVM(ctx, sbID(1000+i)), ErrUnknownSandbox)
+		require.ErrorIs(t, r.m.StopVM(ctx, sbID(1000+i)), ErrUnknownSandbox)
+	}
+	assert.Zero(t, r.m.liveCount(), "no entry per unknown id")
+
+	r.pod("uid-1", "web")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	require.NoError(t, err)
+	require.NoError(t, r.m.StartVM(ctx, sbA))
+	assert.Equal(t, 1, r.m.liveCount(), "a running sandbox holds its relay")
+	require.NoError(t, r.m.StopVM(ctx, sbA))
+	eventually(t, func() bool { _, err := r.led.GetSandbox(sbA); return err != nil }, "the record goes")
+	eventually(t, func() bool { return r.m.liveCount() == 0 }, "and its entry")
+}

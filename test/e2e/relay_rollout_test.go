@@ -75,7 +75,7 @@ func (n *rollNode) startCaa(t *testing.T, extra ...string) *daemon {
 func (n *rollNode) startRelay(ctx context.Context, t *testing.T) {
 	t.Helper()
 	n.relayLogs = &cluster.SyncBuffer{}
-	n.relay = exec.Command(caaBin, "relay", "--socket", n.relaySock, "--agent-ca-dir", filepath.Dir(n.ledger), "--log-format", "json")
+	n.relay = exec.Command(caaBin, "relay", "--socket", n.relaySock, "--log-format", "json") // caa writes its client file beside the socket
 	n.relay.Stdout, n.relay.Stderr = n.relayLogs, n.relayLogs
 	require.NoError(t, podvmfake.InNetNS(n.cn.NodeNS, n.relay.Start))
 	t.Cleanup(func() {

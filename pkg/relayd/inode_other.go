@@ -1,7 +1,0 @@
-//go:build !linux
-
-package relayd
-
-import "io/fs"
-
-func inode(fs.FileInfo) uint64 { return 0 }
