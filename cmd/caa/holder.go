@@ -59,8 +59,12 @@ type nodeDaemon struct {
 	// gate admits the hand-over requests that reach hold; it refuses a
 	// pod whose hand-over failed for --handover-failed-cooldown.
 	gate holder.Gate
-	// verify checks an asker's identity (nil: not checked).
-	verify func(ctx context.Context, r *handover.Request) error
+	// proveSelf: this caa runs in a DaemonSet's pod and sends its service
+	// account token when it asks for the ledger.
+	proveSelf bool
+	// verify checks an asker and returns its verified identity, the
+	// cooldown's key; nil refuses every asker (fail closed).
+	verify func(ctx context.Context, r *handover.Request) (string, error)
 	surge  bool // the DaemonSet's strategy runs two caa pods on a node
 
 	mu        sync.Mutex
@@ -190,8 +194,16 @@ func (n *nodeDaemon) acquire(ctx context.Context) (*ledger.Ledger, *handover.Han
 		if n.f.handover {
 			n.status.SetBlocked("starting: asking the caa that holds the ledger to hand it over")
 			asked := time.Now()
+			me := n.me
+			if n.proveSelf {
+				tok, terr := bearerToken(n.f.kubeconfig)
+				if terr != nil {
+					n.log.Warn("cannot read this caa's service account token; the holder will refuse the hand-over", "err", terr)
+				}
+				me.Token = tok
+			}
 			actx, cancel := context.WithTimeout(ctx, 2*n.f.shutdownGrace+time.Minute)
-			ho, err := handover.Ask(actx, sock, n.me)
+			ho, err := handover.Ask(actx, sock, me)
 			cancel()
 			switch {
 			case err == nil:
@@ -554,7 +566,7 @@ func (n *nodeDaemon) afterRelease(ctx context.Context, out holdOutcome) bool {
 			Reason: reason, StartedAt: out.asked, Took: health.Duration(time.Since(out.asked))})
 		n.events.NodeEvent(n.f.node, true, "CaaHandedBack", fmt.Sprintf("caa %s took the ledger back from %s: %s", n.me, peer, reason))
 		if st.Cooldown {
-			n.gate.Failed(askerKey(out.req.From), reason, time.Now())
+			n.gate.Failed(out.req.Verified, reason, time.Now())
 		}
 		return false
 	}

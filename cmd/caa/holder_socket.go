@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"strings"
 	"time"
 
 	"github.com/spf13/cobra"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/caa-project/caa/pkg/handover"
 	"github.com/caa-project/caa/pkg/health"
@@ -29,6 +32,10 @@ func addHandoverFlags(cmd *cobra.Command, f *runFlags) {
 		"also check that the asking process (SO_PEERCRED -> pid -> cgroup) is the main process of the pod it names; "+
 			"needs hostPID in the DaemonSet; the asker's pod is checked against the apiserver whenever POD_NAMESPACE and POD_UID "+
 			"(downward API) are set (env CAA_HANDOVER_CHECK_PROCESS)")
+	fs.BoolVar(&f.handoverUnverified, "handover-allow-unverified", envOr("CAA_HANDOVER_ALLOW_UNVERIFIED", "false") == "true",
+		"outside a DaemonSet's pod (no POD_NAMESPACE), hand the ledger to any local process that asks, taking its word for its "+
+			"name: for tests and by-hand runs only. Without it such a caa refuses every hand-over request, since nothing can verify "+
+			"the asker (env CAA_HANDOVER_ALLOW_UNVERIFIED)")
 	fs.DurationVar(&f.handoverCool, "handover-failed-cooldown", envDuration("CAA_HANDOVER_FAILED_COOLDOWN", holder.DefaultFailedCooldown),
 		"how long a pod whose hand-over failed is refused another; keep it above the startup probe's window plus 5m "+
 			"(env CAA_HANDOVER_FAILED_COOLDOWN)")
@@ -40,7 +47,11 @@ func addHandoverFlags(cmd *cobra.Command, f *runFlags) {
 // limits are the daemon's time limits that play in a rollout, for the
 // refusal at start of settings that cannot work together.
 func (f *runFlags) limits() holder.Limits {
-	return holder.Limits{
+	var sandboxReady time.Duration
+	if f.hv.socket != "" {
+		sandboxReady = f.hv.readyBound
+	}
+	return holder.Limits{SandboxReady: sandboxReady,
 		Handover: f.handover, ShutdownGrace: f.shutdownGrace, BootTimeout: f.bootTimeout,
 		ReadyTimeout: f.handoverReady, FailedCooldown: f.handoverCool, Stale: 3 * f.resync,
 	}
@@ -48,14 +59,16 @@ func (f *runFlags) limits() holder.Limits {
 
 // knowMyPod reads this caa's pod and DaemonSet when it runs in one (the
 // downward API's POD_NAMESPACE is set): the hand-over then goes only to a
-// pod of the same DaemonSet on this node and of its current revision, and
-// the asker names itself by namespace and UID. Outside a pod nothing is
-// checked (the end-to-end tests run caa processes without pods).
+// pod of the same DaemonSet on this node and of its current revision that
+// proves it is that pod (its process, or its service account token), and
+// the asker names itself by namespace, UID and token. Where nothing can
+// verify an asker (no pod, no DaemonSet) every request is refused, unless
+// --handover-allow-unverified says to take askers at their word.
 func (n *nodeDaemon) knowMyPod(ctx context.Context) error {
 	defer n.keepAlive(ctx)()
 	ns := os.Getenv("POD_NAMESPACE")
 	if ns == "" || n.f.podName == "" {
-		n.log.Warn("POD_NAMESPACE is not set: hand-over askers are not checked against the apiserver")
+		n.unverifiedAskers("POD_NAMESPACE is not set")
 		return nil
 	}
 	n.me.Namespace, n.me.UID = ns, os.Getenv("POD_UID")
@@ -73,23 +86,61 @@ func (n *nodeDaemon) knowMyPod(ctx context.Context) error {
 		return err
 	}
 	if ds == nil {
-		n.log.Warn("this caa's pod has no DaemonSet: hand-over askers are not checked", "pod", n.f.podName)
+		n.unverifiedAskers("this caa's pod " + n.f.podName + " has no DaemonSet")
 		return nil
 	}
 	n.surge = holder.Surge(ds)
+	n.proveSelf = true
 	v := &holder.Verifier{Client: n.client, Node: n.f.node, Self: self, DaemonSet: ds, CheckProcess: n.f.handoverCheckProcess}
-	n.verify = func(ctx context.Context, r *handover.Request) error { return v.Verify(ctx, r.From, r.Cred) }
+	n.verify = func(ctx context.Context, r *handover.Request) (string, error) { return v.Verify(ctx, r.From, r.Cred) }
 	return nil
 }
 
-// askerKey is what the cooldown remembers an asker by: its pod's UID
-// when it says it (a deleted and recreated pod is a new pod), else its name.
-func askerKey(p handover.Peer) string {
-	if p.UID != "" {
-		return p.UID
+// unverifiedAskers sets how askers are treated where none can be
+// verified: refused (nil verify), or, with --handover-allow-unverified,
+// taken at their word, the cooldown keyed on the name they give.
+func (n *nodeDaemon) unverifiedAskers(why string) {
+	if !n.f.handoverUnverified {
+		n.log.Warn(why+": nothing can verify a hand-over asker, so every request is refused (a second caa on this ledger waits "+
+			"for the ledger's lock); run caa in its DaemonSet, or set --handover-allow-unverified for tests and by-hand runs", "pod", n.f.podName)
+		return
 	}
-	return p.Pod
+	n.log.Warn(why+": --handover-allow-unverified: hand-over askers are taken at their word", "pod", n.f.podName)
+	n.verify = func(_ context.Context, r *handover.Request) (string, error) {
+		if r.From.UID != "" {
+			return r.From.UID, nil
+		}
+		return r.From.Pod, nil
+	}
 }
+
+// bearerToken is this caa's apiserver token (in a pod: its service account
+// token, bound to the pod), read afresh (the kubelet rotates it): what it
+// shows a holder to prove its pod. Empty when caa authenticates otherwise.
+func bearerToken(kubeconfig string) (string, error) {
+	var cfg *rest.Config
+	var err error
+	if kubeconfig != "" {
+		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
+	} else {
+		cfg, err = rest.InClusterConfig()
+	}
+	if err != nil {
+		return "", fmt.Errorf("kubernetes client config: %w", err)
+	}
+	if cfg.BearerTokenFile != "" {
+		b, err := os.ReadFile(cfg.BearerTokenFile)
+		if err != nil {
+			return "", fmt.Errorf("service account token: %w", err)
+		}
+		return strings.TrimSpace(string(b)), nil
+	}
+	return cfg.BearerToken, nil
+}
+
+// refuseUnverified is the refusal where no verifier is set.
+const refuseUnverified = "refused: this caa cannot verify who asks (it runs outside a DaemonSet's pod) and takes no asker at its word " +
+	"(--handover-allow-unverified is off)"
 
 // listen binds the hand-over socket, once. While another process still
 // answers on it (an old caa that is frozen, or has not yet closed it) it
@@ -161,14 +212,28 @@ func (n *nodeDaemon) refuse(reason string) {
 }
 
 // handle checks who asks, then passes the request to hold or refuses it.
+// The cooldown of a failed hand-over is looked up by the identity the
+// verifier vouched for, never by the name the asker gives: a process
+// naming the real new pod neither gets the ledger nor costs that pod one.
 func (n *nodeDaemon) handle(r *handover.Request) {
-	ok, reason := n.gate.Admit(askerKey(r.From), time.Now())
-	if ok && n.verify != nil {
-		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		if err := n.verify(ctx, r); err != nil {
-			ok, reason = false, err.Error()
+	ok, reason := n.gate.Admit("", time.Now()) // closed: refused before any check
+	if ok {
+		if n.verify == nil {
+			ok, reason = false, refuseUnverified
+		} else {
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			id, err := n.verify(ctx, r)
+			cancel()
+			switch {
+			case err != nil:
+				ok, reason = false, err.Error()
+			case id == "":
+				ok, reason = false, refuseUnverified
+			default:
+				r.Verified = id
+				ok, reason = n.gate.Admit(id, time.Now())
+			}
 		}
-		cancel()
 	}
 	n.mu.Lock()
 	ch := n.requests

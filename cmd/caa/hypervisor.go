@@ -17,6 +17,7 @@ import (
 	"github.com/caa-project/caa/pkg/hypervisor"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/pki"
+	"github.com/caa-project/caa/pkg/reconcile"
 	"github.com/caa-project/caa/pkg/relayd"
 	"github.com/caa-project/caa/pkg/sandbox"
 )
@@ -34,6 +35,13 @@ type hypervisorFlags struct {
 	nodeIP     string
 	startLimit time.Duration
 	relay      string
+	// readyBound bounds how long, after a start, a running sandbox whose
+	// agent does not answer holds readiness back.
+	readyBound time.Duration
+	clientTTL  time.Duration
+	// replaceLost lets a new agent CA be made although the ledger has
+	// sandboxes that trusted the lost one.
+	replaceLost bool
 }
 
 func (h *hypervisorFlags) add(fs *pflag.FlagSet) {
@@ -51,7 +59,23 @@ func (h *hypervisorFlags) add(fs *pflag.FlagSet) {
 			"restarts and upgrades. Empty: caa relays them itself, and its restart cuts every shim's connection (env CAA_RELAY_SOCKET)")
 	fs.DurationVar(&h.startLimit, "start-vm-timeout", envDuration("CAA_START_VM_TIMEOUT", 5*time.Minute),
 		"how long a StartVM may take before it fails with the reason; keep it below kata's remote_hypervisor_timeout (600 s) (env CAA_START_VM_TIMEOUT)")
+	fs.DurationVar(&h.readyBound, "sandbox-ready-timeout", envDuration("CAA_SANDBOX_READY_TIMEOUT", defaultSandboxReady),
+		"after a start, how long a running sandbox whose agent does not answer (a hung guest, an expired VM certificate, a lost agent CA) "+
+			"holds readiness back; past it the sandbox is reported silent (log, Warning event AgentSilent on its pod, caa_sandboxes_silent, "+
+			"caa status) and caa turns ready without it. Keep it well below --handover-ready-timeout (env CAA_SANDBOX_READY_TIMEOUT)")
+	fs.DurationVar(&h.clientTTL, "agent-client-cert-ttl", envDuration("CAA_AGENT_CLIENT_CERT_TTL", pki.DefaultClientTTL),
+		"life of caa's client certificates for the pod VMs' agents (and of the copy in "+relayd.ClientFile+"); caa renews them at half "+
+			"their life while it runs (env CAA_AGENT_CLIENT_CERT_TTL)")
+	fs.BoolVar(&h.replaceLost, "agent-ca-replace-lost", envOr("CAA_AGENT_CA_REPLACE_LOST", "false") == "true",
+		"create a new agent CA although "+pki.CurrentFile+" is missing while the ledger has sandboxes whose VMs trust it: only when the file "+
+			"is lost for good (no backup); those VMs' agents stay unreachable and their sandboxes are reported silent (env CAA_AGENT_CA_REPLACE_LOST)")
 }
+
+// defaultSandboxReady is --sandbox-ready-timeout's default: time for a
+// restarted caa to reach every agent that answered before (seconds each,
+// or a VM still booting), and well inside the 12 minutes a surge rollout
+// gives the new caa (--handover-ready-timeout) before it aborts it.
+const defaultSandboxReady = 4 * time.Minute
 
 func (h *hypervisorFlags) check() error {
 	if h.socket == "" {
@@ -66,7 +90,64 @@ func (h *hypervisorFlags) check() error {
 	if h.startLimit <= 0 {
 		return fmt.Errorf("--start-vm-timeout must be positive")
 	}
+	if h.readyBound <= 0 {
+		return fmt.Errorf("--sandbox-ready-timeout %s: must be positive (the default is %s)", h.readyBound, defaultSandboxReady)
+	}
+	if h.clientTTL < pki.MinClientTTL {
+		return fmt.Errorf("--agent-client-cert-ttl %s: must be at least %s; the default is %s", h.clientTTL, pki.MinClientTTL, pki.DefaultClientTTL)
+	}
 	return nil
+}
+
+// trustingSandboxes counts the ledger's sandboxes whose VMs were (or are
+// being) given a server certificate and the client CA from the agent CA,
+// and that caa still has to reach: Created (the certificate may be in a
+// create on its way), Creating, Running.
+func trustingSandboxes(led *ledger.Ledger) (int, error) {
+	ss, err := led.ListSandboxes()
+	if err != nil {
+		return 0, fmt.Errorf("count the sandboxes that trust the agent CA: %w", err)
+	}
+	n := 0
+	for _, s := range ss {
+		switch s.Phase {
+		case ledger.SandboxCreated, ledger.SandboxCreating, ledger.SandboxRunning:
+			n++
+		}
+	}
+	return n, nil
+}
+
+// loadAgentCA loads the agent CA from dir, refusing to make a new one
+// while the ledger has sandboxes that trust the one there (unless the
+// operator said --agent-ca-replace-lost).
+func loadAgentCA(led *ledger.Ledger, dir string, h *hypervisorFlags) (*pki.CA, error) {
+	inUse, err := trustingSandboxes(led)
+	if err != nil {
+		return nil, err
+	}
+	return pki.Load(dir, pki.Options{InUse: inUse, AllowNew: h.replaceLost, ClientTTL: h.clientTTL})
+}
+
+// keepClientFile renews caa's client certificates at half their life
+// (RenewClients; caa's own relays also renew on their next handshake) and
+// writes the relay daemon's copy again whenever they changed, until ctx
+// ends. The relay daemon reads the file again when it changes.
+func keepClientFile(ctx context.Context, log *slog.Logger, ca *pki.CA, dir string, every time.Duration) {
+	written := ca.Generation()
+	for sleepCtx(ctx, every) == nil {
+		if _, err := ca.RenewClients(); err != nil {
+			log.Error("cannot renew caa's client certificates; the current ones stay in use", "err", err)
+		}
+		if g := ca.Generation(); g != written {
+			if err := relayd.WriteClientFile(dir, ca); err != nil {
+				log.Error("cannot write the relay daemon's client file; it keeps the previous certificates", "dir", dir, "err", err)
+				continue
+			}
+			written = g
+			log.Info("caa's client certificates renewed; the relay daemon's file written again", "file", filepath.Join(dir, relayd.ClientFile))
+		}
+	}
 }
 
 // runSandboxes is the hold's work in the remote hypervisor mode: serve
@@ -79,13 +160,15 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 	if caDir == "" {
 		caDir = filepath.Dir(f.ledgerPath)
 	}
-	ca, err := pki.LoadOrCreateCA(caDir)
+	ca, err := loadAgentCA(led, caDir, &f.hv)
 	if err != nil {
 		n.status.SetBlocked("agent CA: " + err.Error())
-		log.Error("agent CA unusable", "dir", caDir, "err", err)
+		log.Error("agent CA unusable: caa does not start", "dir", caDir, "err", err)
 		return
 	}
-	var side sandbox.PodSide = &sandbox.PodVMSide{CA: ca, Log: log}
+	// A VM cannot renew its server certificate: it lasts until the CA
+	// expires (pki.ServerLifetime is cut there).
+	var side sandbox.PodSide = &sandbox.PodVMSide{CA: ca, CertTTL: pki.ServerLifetime, Log: log}
 	var daemon *sandbox.RelaydSide
 	if f.hv.relay != "" {
 		// The relay daemon authenticates to the VMs with this run's client
@@ -97,6 +180,7 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 			log.Error("cannot write the relay daemon's client file", "dir", filepath.Dir(f.hv.relay), "err", err)
 			return
 		}
+		go keepClientFile(ctx, log, ca, caDir, min(ca.ClientTTL()/8, time.Hour))
 		daemon = &sandbox.RelaydSide{PodSide: side, Client: &relayd.Client{Socket: f.hv.relay}, Log: log}
 		side = daemon
 		log.Info("agent sockets served by the relay daemon", "socket", f.hv.relay)
@@ -109,24 +193,22 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 		ConfirmMissing: f.confirmMissing, OrphanGrace: f.gcGrace, Stop: ctx, Log: log,
 	})
 	defer func() { m.Close(); m.Wait() }()
-	report := func(rep sandbox.Report, err error) bool {
-		p := health.Pass{At: time.Now(), Err: err, CloudWrites: rep.CloudWrites, OrphansDeleted: rep.OrphansDeleted}
-		for _, o := range rep.Orphans {
-			p.Orphans = append(p.Orphans, health.Orphan{ID: o.ID, Pod: o.Pod, FirstSeen: o.FirstSeen})
-		}
-		for id, why := range rep.Pending {
-			p.Pending = append(p.Pending, health.PodNote{Pod: "sandbox " + id, Reason: "AgentPending", Message: why})
-		}
+	watch := &agentWatch{bound: f.hv.readyBound, silent: func(id, why string, d time.Duration) { n.agentSilent(led, log, id, why, d) }}
+	report := func(at time.Time, rep sandbox.Report, err error) bool {
+		p := watch.pass(at, time.Now(), rep, err)
 		n.status.PassDone(p)
 		if err != nil {
 			log.Warn("sandbox sync failed", "err", err)
 		}
-		return err == nil && rep.Ready()
+		return p.Converged()
 	}
-	// Startup: every running sandbox served again before /readyz says 200.
-	// kata's calls are served from the first sync on (a new pod need not
-	// wait for an old sandbox's agent).
-	rep, err := m.Sync(ctx, f.bootTimeout)
+	wait := min(f.bootTimeout, f.hv.readyBound)
+	// Startup: every running sandbox served again before /readyz says 200,
+	// or reported silent once --sandbox-ready-timeout has passed. kata's
+	// calls are served from the first sync on (a new pod need not wait for
+	// an old sandbox's agent).
+	at := time.Now()
+	rep, err := m.Sync(ctx, wait)
 	logSync(log, rep, err)
 	if daemon != nil {
 		// Stops the daemon's sockets of sandboxes that ended while no caa
@@ -148,12 +230,13 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 		}
 	}()
 	defer func() { <-served }()
-	for !report(rep, err) {
-		if sleepCtx(ctx, 5*time.Second) != nil {
-			return
-		}
-		rep, err = m.Sync(ctx, f.bootTimeout)
+	sync := func(ctx context.Context) (sandbox.Report, error) {
+		rep, err := m.Sync(ctx, wait)
 		logSync(log, rep, err)
+		return rep, err
+	}
+	if !untilReady(ctx, at, rep, err, sync, report, 5*time.Second) {
+		return
 	}
 	ready()
 	go func() { // the history of deleted sandboxes, as pruneHistory does for pods
@@ -165,7 +248,91 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 			}
 		}
 	}()
-	m.Run(ctx, sandboxSyncPeriod(f.audit), func(rep sandbox.Report, err error) { report(rep, err) })
+	m.Run(ctx, sandboxSyncPeriod(f.audit), func(rep sandbox.Report, err error) { report(time.Now(), rep, err) })
+}
+
+// untilReady reports the first sync (at, rep, err) and syncs again every
+// retry until a report says ready (true) or ctx ends (false).
+func untilReady(ctx context.Context, at time.Time, rep sandbox.Report, err error, sync func(context.Context) (sandbox.Report, error),
+	report func(time.Time, sandbox.Report, error) bool, retry time.Duration) bool {
+	for !report(at, rep, err) {
+		if sleepCtx(ctx, retry) != nil {
+			return false
+		}
+		at = time.Now()
+		rep, err = sync(ctx)
+	}
+	return true
+}
+
+// agentWatch turns sync reports into passes. A running sandbox whose agent
+// has not answered for longer than bound (counted from the first sync
+// that found it silent) moves from Pending, which holds readiness, to
+// Silent, which is reported once (silent) and listed, never blocking: a
+// hung guest, a VM certificate past its life or a lost agent CA must not
+// keep caa unready until a rollout aborts it. Not safe for concurrent use
+// (one sync at a time).
+type agentWatch struct {
+	bound  time.Duration
+	silent func(id, why string, d time.Duration)
+
+	since map[string]time.Time // first sync that found the agent silent
+	told  map[string]bool
+}
+
+func (w *agentWatch) pass(at, now time.Time, rep sandbox.Report, err error) health.Pass {
+	if w.since == nil {
+		w.since, w.told = map[string]time.Time{}, map[string]bool{}
+	}
+	p := health.Pass{At: at, Duration: now.Sub(at), Err: err, CloudWrites: rep.CloudWrites, OrphansDeleted: rep.OrphansDeleted}
+	for _, o := range rep.Orphans {
+		p.Orphans = append(p.Orphans, health.Orphan{ID: o.ID, Pod: o.Pod, FirstSeen: o.FirstSeen})
+	}
+	for id := range w.since {
+		if _, still := rep.Pending[id]; !still && err == nil {
+			delete(w.since, id) // it answers again (or the sandbox is gone)
+			delete(w.told, id)
+		}
+	}
+	for id, why := range rep.Pending {
+		first, ok := w.since[id]
+		if !ok {
+			first = at
+			w.since[id] = at
+		}
+		note := health.PodNote{Pod: "sandbox " + id, Reason: "AgentPending", Message: why}
+		if silentFor := now.Sub(first); silentFor >= w.bound {
+			note.Reason = "AgentSilent"
+			note.Message = fmt.Sprintf("no answer for %s (bound %s): %s", silentFor.Round(time.Second), w.bound, why)
+			p.Silent = append(p.Silent, note)
+			if !w.told[id] {
+				w.told[id] = true
+				if w.silent != nil {
+					w.silent(id, why, silentFor)
+				}
+			}
+			continue
+		}
+		p.Pending = append(p.Pending, note)
+	}
+	return p
+}
+
+// agentSilent reports a sandbox whose agent stayed silent past the bound:
+// in the log and as a Warning event on its pod.
+func (n *nodeDaemon) agentSilent(led *ledger.Ledger, log *slog.Logger, id, why string, d time.Duration) {
+	msg := fmt.Sprintf("the agent of sandbox %s has not answered caa for %s (%s); caa no longer waits for it to turn ready. "+
+		"Look at the VM's console; a VM whose certificate expired or whose agent CA was lost must be recreated (delete the pod)",
+		id, d.Round(time.Second), why)
+	s, err := led.GetSandbox(id)
+	if err != nil {
+		log.Warn("sandbox agent silent", "sandbox", id, "silentFor", d.Round(time.Second), "reason", why, "err", err)
+		return
+	}
+	log.Warn("sandbox agent silent", "sandbox", id, "pod", s.PodRef(), "vm", s.VMID, "silentFor", d.Round(time.Second), "reason", why)
+	if n.events != nil {
+		n.events.Event(&reconcile.Pod{UID: s.PodUID, Namespace: s.Namespace, Name: s.Name}, true, "AgentSilent", msg)
+	}
 }
 
 // sandboxSyncPeriod is how often the sandboxes are synced with the cloud

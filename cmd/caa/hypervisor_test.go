@@ -1,17 +1,24 @@
 package main
 
 import (
+	"context"
+	"path/filepath"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/caa-project/caa/pkg/health"
+	"github.com/caa-project/caa/pkg/pki"
+	"github.com/caa-project/caa/pkg/sandbox"
 )
 
 func TestHypervisorFlagsCheck(t *testing.T) {
 	off := hypervisorFlags{}
 	require.NoError(t, off.check(), "the informer mode (no socket) needs nothing more")
-	on := hypervisorFlags{socket: "/run/peerpod/hypervisor.sock", nodeIP: "10.0.0.4", startLimit: time.Minute}
+	on := hypervisorFlags{socket: "/run/peerpod/hypervisor.sock", nodeIP: "10.0.0.4", startLimit: time.Minute,
+		readyBound: defaultSandboxReady, clientTTL: pki.DefaultClientTTL}
 	require.NoError(t, on.check())
 
 	noIP := on
@@ -23,10 +30,102 @@ func TestHypervisorFlagsCheck(t *testing.T) {
 	noLimit := on
 	noLimit.startLimit = 0
 	assert.ErrorContains(t, noLimit.check(), "--start-vm-timeout")
+	noBound := on
+	noBound.readyBound = 0
+	assert.ErrorContains(t, noBound.check(), "--sandbox-ready-timeout")
+	shortTTL := on
+	shortTTL.clientTTL = time.Minute
+	assert.ErrorContains(t, shortTTL.check(), "--agent-client-cert-ttl 1m0s")
 }
 
 func TestSandboxSyncPeriodHonoursTheAuditInterval(t *testing.T) {
 	assert.Equal(t, 2*time.Second, sandboxSyncPeriod(2*time.Second), "the operator's interval, even a short one")
 	assert.Equal(t, 10*time.Minute, sandboxSyncPeriod(10*time.Minute))
 	assert.Equal(t, 30*time.Second, sandboxSyncPeriod(0), "0 (startup only) still syncs: lost VMs are found by the sync")
+}
+
+// TestSilentAgentNoLongerHoldsReadiness: a sandbox whose agent never
+// answers (a hung guest) keeps caa unready only until the bound; then it
+// is reported once, listed as silent, and caa turns ready. Before, caa
+// synced every few seconds for ever and a rollout aborted it.
+func TestSilentAgentNoLongerHoldsReadiness(t *testing.T) {
+	const bound = 300 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	silentRep := func() sandbox.Report {
+		return sandbox.Report{Pending: map[string]string{"sb-hung": "the agent does not answer: i/o timeout"}, Served: []string{"sb-ok"}}
+	}
+	var told []string
+	w := &agentWatch{bound: bound, silent: func(id, why string, d time.Duration) {
+		assert.GreaterOrEqual(t, d, bound)
+		told = append(told, id)
+	}}
+	var last health.Pass
+	syncs := 0
+	report := func(at time.Time, rep sandbox.Report, err error) bool {
+		last = w.pass(at, time.Now(), rep, err)
+		return last.Converged()
+	}
+	start := time.Now()
+	ready := untilReady(ctx, start, silentRep(), nil, func(context.Context) (sandbox.Report, error) { syncs++; return silentRep(), nil }, report, 20*time.Millisecond)
+	require.True(t, ready, "caa turns ready although one agent never answers")
+	took := time.Since(start)
+	assert.GreaterOrEqual(t, took, bound, "the silent agent held readiness up to the bound")
+	assert.Less(t, took, 10*bound, "and not much longer")
+	assert.Empty(t, last.Pending)
+	require.Len(t, last.Silent, 1)
+	assert.Equal(t, "AgentSilent", last.Silent[0].Reason)
+	assert.Contains(t, last.Silent[0].Message, "i/o timeout")
+	assert.Equal(t, []string{"sb-hung"}, told)
+
+	// Later syncs keep it listed, tell no second time; once it answers it
+	// leaves the list, and a new silence starts a new count.
+	p := w.pass(time.Now(), time.Now(), silentRep(), nil)
+	assert.Len(t, p.Silent, 1)
+	assert.Len(t, told, 1, "reported once")
+	p = w.pass(time.Now(), time.Now(), sandbox.Report{Served: []string{"sb-ok", "sb-hung"}}, nil)
+	assert.Empty(t, p.Silent)
+	p = w.pass(time.Now(), time.Now(), silentRep(), nil)
+	assert.Empty(t, p.Silent)
+	assert.Len(t, p.Pending, 1, "silent again: pending until the bound again")
+}
+
+// TestSandboxPendingWithinTheBoundHoldsReadiness: within the bound a
+// silent agent holds readiness as before (a restart must not turn ready
+// past an agent that is merely slow).
+func TestSandboxPendingWithinTheBoundHoldsReadiness(t *testing.T) {
+	w := &agentWatch{bound: time.Minute}
+	at := time.Now()
+	p := w.pass(at, at.Add(59*time.Second), sandbox.Report{Pending: map[string]string{"sb": "dialing"}}, nil)
+	assert.False(t, p.Converged())
+	p = w.pass(at.Add(61*time.Second), at.Add(61*time.Second), sandbox.Report{Pending: map[string]string{"sb": "dialing"}}, nil)
+	assert.True(t, p.Converged(), "a minute after the first sync that found it silent")
+}
+
+// TestLostAgentCAWithRecordedSandboxRefusesToStart: agent-ca.pem deleted
+// while the ledger records a running sandbox: caa does not make a new CA
+// (every such VM would refuse caa); the error names the file and the fix.
+func TestLostAgentCAWithRecordedSandboxRefusesToStart(t *testing.T) {
+	_, led := sandboxFixture(t)
+	dir := t.TempDir()
+	h := &hypervisorFlags{clientTTL: pki.DefaultClientTTL}
+	_, err := loadAgentCA(led, dir, h)
+	file := filepath.Join(dir, pki.CurrentFile)
+	require.ErrorContains(t, err, file)
+	assert.ErrorContains(t, err, "1 sandboxes")
+	assert.ErrorContains(t, err, "restore")
+	assert.NoFileExists(t, file)
+
+	h.replaceLost = true
+	_, err = loadAgentCA(led, dir, h)
+	require.NoError(t, err, "--agent-ca-replace-lost: the operator's explicit choice")
+	assert.FileExists(t, file)
+}
+
+func TestNoSandboxesMakesTheFirstCA(t *testing.T) {
+	_, led := fixture(t)
+	dir := t.TempDir()
+	_, err := loadAgentCA(led, dir, &hypervisorFlags{clientTTL: pki.DefaultClientTTL})
+	require.NoError(t, err)
+	assert.FileExists(t, filepath.Join(dir, pki.CurrentFile))
 }

@@ -68,6 +68,9 @@ type runFlags struct {
 	// The hand-over's own tuning (holder.go, addHandoverFlags).
 	handoverCool         time.Duration
 	handoverCheckProcess bool
+	// handoverUnverified hands the ledger to askers that prove nothing
+	// (caa outside a pod: tests, by-hand runs).
+	handoverUnverified bool
 
 	// clouds are the providers built into this binary, with their settings.
 	clouds []*cloud

@@ -64,6 +64,12 @@ type Peer struct {
 	// them against the socket's peer credentials and the apiserver.
 	Namespace string `json:"namespace,omitempty"`
 	UID       string `json:"uid,omitempty"`
+	// Token is the asker's service account token (bound to its pod), which
+	// the holder has the apiserver review (TokenReview): the proof of the
+	// asker's pod that needs no hostPID. Never logged (String leaves it
+	// out); the holder runs under the same service account, so it gains
+	// nothing by it.
+	Token string `json:"token,omitempty"`
 }
 
 func (p Peer) String() string {
@@ -278,7 +284,12 @@ type Request struct {
 	// (SO_PEERCRED), read when it connected; the PID is 0 when that
 	// process is outside this caa's pid namespace.
 	Cred Cred
-	c    *conn
+	// Verified is the asker's identity as the holder verified it (its
+	// pod's UID, from the kernel or the apiserver, never from the asker's
+	// word): what a failed hand-over's cooldown is keyed on. Empty until
+	// verified.
+	Verified string
+	c        *conn
 }
 
 // Alive reports whether the asker is still connected, without waiting: a

@@ -47,6 +47,7 @@ type Metrics struct {
 	podsFailed     prometheus.Gauge
 	notWatched     prometheus.Gauge
 	vmsDegraded    prometheus.Gauge
+	agentsSilent   prometheus.Gauge
 	orphansPending prometheus.Gauge
 	orphanOldest   prometheus.Gauge
 	handovers      *prometheus.CounterVec
@@ -121,6 +122,10 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 			Name: "caa_vms_degraded",
 			Help: "Peer pods whose VM runs while the cloud reports it degraded (e.g. Azure provisioning state Failed after an extension failed): kept, never replaced, as of the last pass.",
 		}),
+		agentsSilent: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "caa_sandboxes_silent",
+			Help: "Running sandboxes whose agent has not answered for longer than --sandbox-ready-timeout (a hung guest, an expired VM certificate, a lost agent CA): reported, no longer holding readiness, as of the last sync.",
+		}),
 		orphansPending: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "caa_orphans_pending",
 			Help: "Orphan VMs seen and waiting out the grace period before deletion, as of the last pass.",
@@ -154,7 +159,7 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 	cs := []prometheus.Collector{
 		m.passes, m.passDuration, m.actions, m.cloudCalls, m.cloudDuration, m.records,
 		m.orphansDeleted, m.timeToReady, m.ready, m.podsPending, m.podsFailed,
-		m.notWatched, m.vmsDegraded, m.orphansPending, m.orphanOldest,
+		m.notWatched, m.vmsDegraded, m.agentsSilent, m.orphansPending, m.orphanOldest,
 		m.handovers, m.handoverTook, m.handoverGap, m.preflights,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
@@ -259,6 +264,13 @@ func (m *Metrics) setDegraded(n int) {
 		return
 	}
 	m.vmsDegraded.Set(float64(n))
+}
+
+func (m *Metrics) setSilent(n int) {
+	if m == nil {
+		return
+	}
+	m.agentsSilent.Set(float64(n))
 }
 
 func (m *Metrics) setReady(ready bool) {

@@ -52,6 +52,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		"caa_pods_failed":                     dto.MetricType_GAUGE,
 		"caa_records_not_watched":             dto.MetricType_GAUGE,
 		"caa_vms_degraded":                    dto.MetricType_GAUGE,
+		"caa_sandboxes_silent":                dto.MetricType_GAUGE,
 		"caa_orphans_pending":                 dto.MetricType_GAUGE,
 		"caa_orphan_oldest_seconds":           dto.MetricType_GAUGE,
 		"caa_handovers_total":                 dto.MetricType_COUNTER,

@@ -97,6 +97,10 @@ type Pass struct {
 	// Degraded: pods whose VM runs while the cloud reports it degraded
 	// (kept, never replaced). Listed, never blocking.
 	Degraded []PodNote
+	// Silent: running sandboxes whose agent has not answered within the
+	// readiness bound (hypervisor mode). Listed and counted, never
+	// blocking: one hung guest must not hold the node's caa unready.
+	Silent []PodNote
 }
 
 // Orphan is an orphan VM waiting out its grace period.
@@ -198,6 +202,7 @@ func (s *Status) PassDone(p Pass) {
 	m.setPods(len(p.Pending), len(p.Failed))
 	m.setWatch(len(p.NotWatched), p.Orphans, s.cfg.Now())
 	m.setDegraded(len(p.Degraded))
+	m.setSilent(len(p.Silent))
 	if p.Records != nil {
 		m.setRecords(p.Records)
 	}
@@ -411,6 +416,9 @@ type Snapshot struct {
 	Orphans    []Orphan  `json:"orphans,omitempty"`
 	// Degraded are pods whose VM runs degraded (kept, never replaced).
 	Degraded []PodNote `json:"degraded,omitempty"`
+	// Silent are sandboxes whose agent stayed silent past the readiness
+	// bound (reported, not holding readiness).
+	Silent []PodNote `json:"silent,omitempty"`
 	// Handover is the last ledger hand-over this caa took part in.
 	Handover *Handover `json:"handover,omitempty"`
 }
@@ -443,6 +451,7 @@ func (s *Status) Snapshot() Snapshot {
 		NotWatched: listed(s.last.NotWatched, len(s.last.NotWatched)),
 		Orphans:    slices.Clone(s.last.Orphans),
 		Degraded:   listed(s.last.Degraded, len(s.last.Degraded)),
+		Silent:     listed(s.last.Silent, len(s.last.Silent)),
 	}
 	if s.handover != nil {
 		h := *s.handover

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	appsv1 "k8s.io/api/apps/v1"
+	authv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -24,7 +25,11 @@ const revisionLabel = "controller-revision-hash"
 // CheckProcess, the kernel's word on the asking process (SO_PEERCRED ->
 // pid -> cgroup -> pod UID) must match that pod, and the process must be
 // its container's first one; that needs the processes of the node's pods
-// visible (hostPID).
+// visible (hostPID). Without CheckProcess the asker proves its pod with its
+// service account token, bound to the pod, which the apiserver reviews
+// (TokenReview): the token must be of this caa's service account and bound
+// to the pod the asker names. An asker that proves nothing is refused:
+// what it says about itself is never enough.
 type Verifier struct {
 	Client       kubernetes.Interface
 	Node         string
@@ -51,29 +56,44 @@ func SelfAndDaemonSet(ctx context.Context, client kubernetes.Interface, namespac
 	return pod, ds, nil
 }
 
-// Verify returns nil when asker may take the ledger, else an error whose
-// text is the refusal the asker shows.
-func (v *Verifier) Verify(ctx context.Context, asker handover.Peer, cred handover.Cred) error {
+// Token review's extra fields the apiserver sets for a token bound to a pod.
+const (
+	tokenPodName = "authentication.kubernetes.io/pod-name"
+	tokenPodUID  = "authentication.kubernetes.io/pod-uid"
+)
+
+// Verify returns the asker's verified identity (its pod's UID, as the
+// kernel or the apiserver vouch for it) when it may take the ledger, else
+// an error whose text is the refusal the asker shows.
+func (v *Verifier) Verify(ctx context.Context, asker handover.Peer, cred handover.Cred) (string, error) {
+	pod, err := v.verify(ctx, asker, cred)
+	if err != nil {
+		return "", err
+	}
+	return string(pod.UID), nil
+}
+
+func (v *Verifier) verify(ctx context.Context, asker handover.Peer, cred handover.Cred) (*corev1.Pod, error) {
 	ns, ds := v.Self.Namespace, v.DaemonSet
 	if asker.Pod == "" || (asker.Namespace != "" && asker.Namespace != ns) {
-		return fmt.Errorf("refused: only a pod of DaemonSet %s/%s may take this ledger, and the asker names pod %q in namespace %q",
+		return nil, fmt.Errorf("refused: only a pod of DaemonSet %s/%s may take this ledger, and the asker names pod %q in namespace %q",
 			ns, ds.Name, asker.Pod, asker.Namespace)
 	}
 	if asker.Pod == v.Self.Name {
-		return fmt.Errorf("refused: the asker names this caa's own pod %s (a `kubectl exec` into it?)", asker.Pod)
+		return nil, fmt.Errorf("refused: the asker names this caa's own pod %s (a `kubectl exec` into it?)", asker.Pod)
 	}
 	pod, err := v.Client.CoreV1().Pods(ns).Get(ctx, asker.Pod, metav1.GetOptions{})
 	if err != nil {
-		return fmt.Errorf("refused: the asker's pod %s/%s: %w", ns, asker.Pod, err)
+		return nil, fmt.Errorf("refused: the asker's pod %s/%s: %w", ns, asker.Pod, err)
 	}
 	if owner := metav1.GetControllerOf(pod); owner == nil || owner.UID != ds.UID {
-		return fmt.Errorf("refused: pod %s/%s is not a pod of DaemonSet %s/%s", ns, pod.Name, ns, ds.Name)
+		return nil, fmt.Errorf("refused: pod %s/%s is not a pod of DaemonSet %s/%s", ns, pod.Name, ns, ds.Name)
 	}
 	if pod.Spec.NodeName != v.Node {
-		return fmt.Errorf("refused: pod %s/%s runs on node %q, not %q", ns, pod.Name, pod.Spec.NodeName, v.Node)
+		return nil, fmt.Errorf("refused: pod %s/%s runs on node %q, not %q", ns, pod.Name, pod.Spec.NodeName, v.Node)
 	}
 	if asker.UID != "" && types.UID(asker.UID) != pod.UID {
-		return fmt.Errorf("refused: the asker says pod UID %s, but pod %s/%s is %s", asker.UID, ns, pod.Name, pod.UID)
+		return nil, fmt.Errorf("refused: the asker says pod UID %s, but pod %s/%s is %s", asker.UID, ns, pod.Name, pod.UID)
 	}
 	if v.CheckProcess {
 		root := v.ProcRoot
@@ -83,20 +103,54 @@ func (v *Verifier) Verify(ctx context.Context, asker handover.Peer, cred handove
 		uid, init, err := handover.ProcessPod(root, cred.PID)
 		switch {
 		case err != nil:
-			return fmt.Errorf("refused: %w", err)
+			return nil, fmt.Errorf("refused: %w", err)
 		case types.UID(uid) != pod.UID:
-			return fmt.Errorf("refused: the asking process %d runs in pod UID %s, not in pod %s/%s (%s)", cred.PID, uid, ns, pod.Name, pod.UID)
+			return nil, fmt.Errorf("refused: the asking process %d runs in pod UID %s, not in pod %s/%s (%s)", cred.PID, uid, ns, pod.Name, pod.UID)
 		case !init:
-			return fmt.Errorf("refused: the asking process %d is not its container's main process (a `kubectl exec`?)", cred.PID)
+			return nil, fmt.Errorf("refused: the asking process %d is not its container's main process (a `kubectl exec`?)", cred.PID)
 		}
+	} else if err := v.reviewToken(ctx, asker, pod); err != nil {
+		return nil, err
 	}
 	current, err := v.currentRevision(ctx)
 	if err != nil {
-		return fmt.Errorf("refused: %w", err)
+		return nil, fmt.Errorf("refused: %w", err)
 	}
 	if got := pod.Labels[revisionLabel]; got != current {
-		return fmt.Errorf("refused: pod %s/%s runs revision %q of DaemonSet %s, whose current revision is %q: only the current revision takes the ledger",
+		return nil, fmt.Errorf("refused: pod %s/%s runs revision %q of DaemonSet %s, whose current revision is %q: only the current revision takes the ledger",
 			ns, pod.Name, got, ds.Name, current)
+	}
+	return pod, nil
+}
+
+// reviewToken has the apiserver vouch that the asker holds a token of this
+// caa's service account bound to pod.
+func (v *Verifier) reviewToken(ctx context.Context, asker handover.Peer, pod *corev1.Pod) error {
+	if asker.Token == "" {
+		return fmt.Errorf("refused: the asker sent no service account token, so nothing proves it runs in pod %s/%s "+
+			"(a caa from before tokens were sent, or a process outside the pod); set CAA_HANDOVER_CHECK_PROCESS=true with hostPID to "+
+			"verify askers by their process instead", pod.Namespace, pod.Name)
+	}
+	tr, err := v.Client.AuthenticationV1().TokenReviews().Create(ctx,
+		&authv1.TokenReview{Spec: authv1.TokenReviewSpec{Token: asker.Token}}, metav1.CreateOptions{})
+	if err != nil {
+		return fmt.Errorf("refused: the apiserver's review of the asker's token failed (caa's ClusterRole needs create on "+
+			"tokenreviews.authentication.k8s.io): %w", err)
+	}
+	st := tr.Status
+	if !st.Authenticated {
+		return fmt.Errorf("refused: the apiserver does not accept the asker's token: %s", st.Error)
+	}
+	sa := v.Self.Spec.ServiceAccountName
+	if sa == "" {
+		sa = "default"
+	}
+	if want := "system:serviceaccount:" + v.Self.Namespace + ":" + sa; st.User.Username != want {
+		return fmt.Errorf("refused: the asker's token is %s's, not %s's", st.User.Username, want)
+	}
+	uids, names := st.User.Extra[tokenPodUID], st.User.Extra[tokenPodName]
+	if len(uids) != 1 || types.UID(uids[0]) != pod.UID || len(names) != 1 || names[0] != pod.Name {
+		return fmt.Errorf("refused: the asker's token is bound to pod %v (UID %v), not to pod %s/%s (%s)", names, uids, pod.Namespace, pod.Name, pod.UID)
 	}
 	return nil
 }

@@ -42,7 +42,10 @@ type Limits struct {
 	BootTimeout    time.Duration
 	ReadyTimeout   time.Duration
 	FailedCooldown time.Duration
-	Stale          time.Duration // /healthz fails after this long without a heartbeat
+	// SandboxReady is the hypervisor mode's --sandbox-ready-timeout (zero
+	// in the informer mode).
+	SandboxReady time.Duration
+	Stale        time.Duration // /healthz fails after this long without a heartbeat
 
 	TerminationGrace time.Duration // terminationGracePeriodSeconds
 	StartupWindow    time.Duration // startupProbe period x failureThreshold
@@ -58,6 +61,10 @@ func (l Limits) Check() error {
 	if l.Handover && l.ReadyTimeout <= l.BootTimeout {
 		add("--handover-ready-timeout (%s) must exceed --boot-timeout (%s): a new caa waits for booting VMs before it turns ready, "+
 			"so it would be aborted on a node with a slow VM; raise CAA_HANDOVER_READY_TIMEOUT or lower CAA_BOOT_TIMEOUT", l.ReadyTimeout, l.BootTimeout)
+	}
+	if l.Handover && l.SandboxReady > 0 && l.SandboxReady >= l.ReadyTimeout {
+		add("--sandbox-ready-timeout (%s) must be below --handover-ready-timeout (%s): one silent sandbox agent would get every new caa "+
+			"aborted; lower CAA_SANDBOX_READY_TIMEOUT", l.SandboxReady, l.ReadyTimeout)
 	}
 	if l.Handover && l.FailedCooldown <= l.ReadyTimeout {
 		add("--handover-failed-cooldown (%s) must exceed --handover-ready-timeout (%s); raise CAA_HANDOVER_FAILED_COOLDOWN", l.FailedCooldown, l.ReadyTimeout)

@@ -13,7 +13,7 @@ import (
 // manifests and the binary's --help.
 var shipped = Limits{
 	Handover: true, Surge: true, ShutdownGrace: 20 * time.Second, BootTimeout: 10 * time.Minute,
-	ReadyTimeout: DefaultReadyTimeout, FailedCooldown: DefaultFailedCooldown, Stale: 3 * time.Minute,
+	ReadyTimeout: DefaultReadyTimeout, FailedCooldown: DefaultFailedCooldown, Stale: 3 * time.Minute, SandboxReady: 4 * time.Minute,
 	TerminationGrace: 45 * time.Second, StartupWindow: 20 * time.Minute, LivenessWindow: time.Minute,
 }
 
@@ -27,6 +27,8 @@ func TestLimitsThatCannotWorkTogetherAreRefusedWithTheFix(t *testing.T) {
 	}{
 		{"ready timeout below the boot timeout", func(l *Limits) { l.ReadyTimeout = 3 * time.Minute },
 			[]string{"--handover-ready-timeout (3m0s) must exceed --boot-timeout (10m0s)", "CAA_HANDOVER_READY_TIMEOUT"}},
+		{"a sandbox readiness bound past the hand-over's", func(l *Limits) { l.SandboxReady = DefaultReadyTimeout },
+			[]string{"--sandbox-ready-timeout (12m0s) must be below --handover-ready-timeout (12m0s)", "CAA_SANDBOX_READY_TIMEOUT"}},
 		{"no hand-over with a surge", func(l *Limits) { l.Handover = false },
 			[]string{"CAA_HANDOVER=false with a surge", "no-surge"}},
 		{"the old 15 min cooldown against a 20 min startup probe", func(l *Limits) {

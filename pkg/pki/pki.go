@@ -14,6 +14,19 @@
 // adaptor makes a fresh CA per process and cannot: see proxy/factory.go in
 // confidential-containers/cloud-api-adaptor, read 2026-08).
 //
+// Lifetimes: the CA lives 10 years. caa's client certificates live
+// Options.ClientTTL (default DefaultClientTTL, days, not years) and are
+// renewed while caa runs once half of that life is gone, so a copy of the
+// relay daemon's file that leaks stops opening the node's VMs within days.
+// A VM's server certificate cannot be renewed (its key is in the user data,
+// which the forwarder reads once at boot), so it is issued for as long as
+// the VM may live: until the CA itself expires (IssueServer caps the life
+// there).
+//
+// A lost agent-ca.pem is never replaced silently: Load refuses to create a
+// CA while the ledger has sandboxes whose VMs trust the old one
+// (Options.InUse), naming the file and the fix.
+//
 // Rotation: stop caa, rename agent-ca.pem to agent-ca-previous.pem, start caa.
 // It creates a new CA for new VMs and keeps trusting and authenticating to the
 // VMs signed by the previous one: its client presents, per connection, the
@@ -37,6 +50,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 )
 
@@ -48,6 +62,18 @@ const (
 
 const (
 	caValidity = 10 * 365 * 24 * time.Hour
+	// DefaultClientTTL is the life of caa's client certificates: short,
+	// so a stale copy of the relay daemon's file opens no VM for long,
+	// and long enough that a caa down for a day leaves the relay daemon
+	// (which reads the file caa wrote) with a valid one.
+	DefaultClientTTL = 3 * 24 * time.Hour
+	// MinClientTTL is the shortest client certificate life Load accepts:
+	// the relay daemon needs time to read a renewed file.
+	MinClientTTL = time.Hour
+	// ServerLifetime is the life to ask IssueServer for when a VM's
+	// certificate must last as long as the VM (it cannot be renewed):
+	// IssueServer caps it at the CA's own expiry.
+	ServerLifetime = caValidity
 	// clockSkew backdates NotBefore so a VM whose clock is slightly behind the
 	// node's accepts a certificate issued a moment ago.
 	clockSkew = 5 * time.Minute
@@ -62,26 +88,72 @@ type CA struct {
 	// previous is the CA before a rotation, if its file is present.
 	previous *CA
 
+	clientTTL time.Duration
+	now       func() time.Time
+
+	mu sync.Mutex
 	// clients holds caa's client certificate from each CA (current first).
 	clients []tls.Certificate
+	// generation counts the renewals of clients, for whoever keeps a copy.
+	generation uint64
 }
 
-// LoadOrCreateCA loads the CA from dir, creating it (and dir, 0700) on first
-// use. The file is written atomically (temporary file, fsync, rename, fsync of
-// the directory), so a crash leaves either no CA or a whole one. A file with a
-// mode wider than 0600, or one that does not parse, is refused: caa never
-// silently replaces a CA, because every running VM trusts it.
-func LoadOrCreateCA(dir string) (*CA, error) {
+// Options are Load's settings; the zero value is LoadOrCreateCA's.
+type Options struct {
+	// InUse counts the ledger's sandboxes whose VMs trust the CA in dir.
+	// When it is positive, a missing CA file is an error naming the file,
+	// never a new CA: a new one would cut caa off from every such VM.
+	InUse int
+	// AllowNew creates a new CA even with InUse > 0: the operator knows
+	// the old one is lost for good and accepts that those VMs' agents
+	// stay unreachable (their sandboxes are reported silent).
+	AllowNew bool
+	// ClientTTL is the life of caa's client certificates (default
+	// DefaultClientTTL, at least MinClientTTL).
+	ClientTTL time.Duration
+	// Now is the clock (default time.Now); tests move it.
+	Now func() time.Time
+}
+
+// ErrCALost is wrapped by Load's error when the CA file is missing while
+// sandboxes trust it.
+var ErrCALost = errors.New("the agent CA that running pod VMs trust is missing")
+
+// LoadOrCreateCA is Load with the default Options (nothing in use).
+func LoadOrCreateCA(dir string) (*CA, error) { return Load(dir, Options{}) }
+
+// Load loads the CA from dir, creating it (and dir, 0700) on first use. The
+// file is written atomically (temporary file, fsync, rename, fsync of the
+// directory), so a crash leaves either no CA or a whole one. A file with a
+// mode wider than 0600, or one that does not parse, is refused, and so is a
+// missing file while opts.InUse sandboxes trust it (unless opts.AllowNew):
+// caa never silently replaces a CA that running VMs trust.
+func Load(dir string, opts Options) (*CA, error) {
 	if dir == "" {
 		return nil, errors.New("pki: empty CA directory: pass the ledger's directory")
+	}
+	if opts.ClientTTL == 0 {
+		opts.ClientTTL = DefaultClientTTL
+	}
+	if opts.ClientTTL < MinClientTTL {
+		return nil, fmt.Errorf("pki: client certificate life %s: must be at least %s (the relay daemon needs time to read a renewed one)", opts.ClientTTL, MinClientTTL)
+	}
+	if opts.Now == nil {
+		opts.Now = time.Now
 	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("pki: create CA directory %s: %w", dir, err)
 	}
 	cur := filepath.Join(dir, CurrentFile)
 	ca, err := loadFile(cur)
+	if errors.Is(err, os.ErrNotExist) && opts.InUse > 0 && !opts.AllowNew {
+		return nil, fmt.Errorf("pki: %w: %s does not exist, but the ledger has %d sandboxes whose VMs were given certificates from it; "+
+			"restore %s (owner-only, mode 0600) from a backup and start caa again. If it is lost for good, those VMs cannot be reached "+
+			"with any new CA: start caa once with --agent-ca-replace-lost to create a new CA for new VMs (the old sandboxes are then "+
+			"reported silent; delete their pods to recreate them)", ErrCALost, cur, opts.InUse, cur)
+	}
 	if errors.Is(err, os.ErrNotExist) {
-		if ca, err = newCA(); err != nil {
+		if ca, err = newCA(opts.Now()); err != nil {
 			return nil, err
 		}
 		if err := writeAtomic(cur, ca.filePEM()); err != nil {
@@ -101,17 +173,79 @@ func LoadOrCreateCA(dir string) (*CA, error) {
 	case !errors.Is(err, os.ErrNotExist):
 		return nil, err
 	}
+	ca.clientTTL, ca.now = opts.ClientTTL, opts.Now
+	clients, err := ca.issueClients()
+	if err != nil {
+		return nil, err
+	}
+	ca.clients = clients
+	return ca, nil
+}
+
+// issueClients issues a client certificate from each trusted CA, current
+// first.
+func (ca *CA) issueClients() ([]tls.Certificate, error) {
+	var out []tls.Certificate
 	for _, c := range []*CA{ca, ca.previous} {
 		if c == nil {
 			continue
 		}
-		cl, err := c.issueClient()
+		cl, err := c.issueClient(ca.now(), ca.clientTTL)
 		if err != nil {
 			return nil, err
 		}
-		ca.clients = append(ca.clients, cl)
+		out = append(out, cl)
 	}
-	return ca, nil
+	return out, nil
+}
+
+// ClientTTL is the life of the client certificates this CA issues caa.
+func (ca *CA) ClientTTL() time.Duration { return ca.clientTTL }
+
+// NotAfter is when the CA expires; no certificate it issues outlives it.
+func (ca *CA) NotAfter() time.Time { return ca.cert.NotAfter }
+
+// RenewClients issues caa new client certificates once half the current
+// ones' life is gone (or they are already expired), and reports whether it
+// did. It is called periodically while caa runs, and by every handshake
+// of caa's own relays; whoever keeps a copy (the relay daemon's file)
+// watches Generation.
+func (ca *CA) RenewClients() (renewed bool, err error) {
+	ca.mu.Lock()
+	defer ca.mu.Unlock()
+	return ca.renewLocked()
+}
+
+func (ca *CA) renewLocked() (bool, error) {
+	now := ca.now()
+	leaf := ca.clients[0].Leaf
+	if now.Before(leaf.NotAfter.Add(-ca.clientTTL / 2)) {
+		return false, nil
+	}
+	clients, err := ca.issueClients()
+	if err != nil {
+		return false, fmt.Errorf("pki: renew caa's client certificates (the current ones expire %s): %w", leaf.NotAfter.UTC().Format(time.RFC3339), err)
+	}
+	ca.clients = clients
+	ca.generation++
+	return true, nil
+}
+
+// Generation counts the client certificate renewals so far (0 at Load).
+func (ca *CA) Generation() uint64 {
+	ca.mu.Lock()
+	defer ca.mu.Unlock()
+	return ca.generation
+}
+
+// currentClients returns the client certificates, renewed first if due. A
+// failed renewal keeps the current ones (they have half their life left
+// when renewal starts).
+func (ca *CA) currentClients() []tls.Certificate {
+	ca.mu.Lock()
+	defer ca.mu.Unlock()
+	_, _ = ca.renewLocked()
+	return ca.clients
 }
 
 // CertPEM returns the CA's certificate, the client CA a pod VM's forwarder
@@ -122,7 +256,9 @@ func (ca *CA) CertPEM() []byte { return bytes.Clone(ca.certPEM) }
 // become SANs. The user data is built before the cloud gives the VM an IP, so
 // usually the VM's name is the SAN and the relay verifies it
 // (relay.Config.ServerName), as upstream's proxy does with the instance name.
-// The VM cannot renew it: give ttl the longest life a pod VM may have.
+// The VM cannot renew it: give ttl the longest life a pod VM may have
+// (ServerLifetime); the certificate never outlives the CA, so a longer ttl
+// is cut at the CA's expiry.
 // serial is the certificate's serial number in hex, for the ledger; keyPEM is
 // the VM's private key, which belongs in its user data only, never in the
 // ledger or a log.
@@ -143,9 +279,13 @@ func (ca *CA) IssueServer(ips []net.IP, dnsNames []string, ttl time.Duration) (c
 	} else if len(ips) > 0 {
 		cn = ips[0].String()
 	}
-	tmpl, sn, err := leafTemplate(cn, ttl, x509.ExtKeyUsageServerAuth)
+	now := ca.clock()
+	tmpl, sn, err := leafTemplate(cn, now, ttl, x509.ExtKeyUsageServerAuth)
 	if err != nil {
 		return nil, nil, "", err
+	}
+	if tmpl.NotAfter.After(ca.cert.NotAfter) {
+		tmpl.NotAfter = ca.cert.NotAfter
 	}
 	tmpl.IPAddresses = ips
 	tmpl.DNSNames = dnsNames
@@ -172,11 +312,12 @@ func (ca *CA) ClientTLS() (*tls.Config, error) {
 	if ca.previous != nil {
 		roots.AddCert(ca.previous.cert)
 	}
-	clients := ca.clients
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
 		RootCAs:    roots,
+		// Looked up per handshake: a renewal reaches the next connection.
 		GetClientCertificate: func(info *tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			clients := ca.currentClients()
 			for i := range clients {
 				if info.SupportsCertificate(&clients[i]) == nil {
 					return &clients[i], nil
@@ -192,16 +333,27 @@ func (ca *CA) ClientTLS() (*tls.Config, error) {
 // HasPrevious reports whether a CA from before a rotation is still trusted.
 func (ca *CA) HasPrevious() bool { return ca.previous != nil }
 
-func (ca *CA) issueClient() (tls.Certificate, error) {
+// clock is the CA's clock (a loaded CA's Options.Now, else time.Now).
+func (ca *CA) clock() time.Time {
+	if ca.now != nil {
+		return ca.now()
+	}
+	return time.Now()
+}
+
+func (ca *CA) issueClient(now time.Time, ttl time.Duration) (tls.Certificate, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return tls.Certificate{}, fmt.Errorf("pki: generate client key: %w", err)
 	}
-	// Valid as long as its CA: it is made afresh at every start and its key
-	// never leaves memory, so a long-running caa never outlives it.
-	tmpl, _, err := leafTemplate("caa", time.Until(ca.cert.NotAfter), x509.ExtKeyUsageClientAuth)
+	// Short-lived: its key is copied into the relay daemon's file, and a
+	// stale copy must stop opening VMs soon. RenewClients replaces it.
+	tmpl, _, err := leafTemplate("caa", now, ttl, x509.ExtKeyUsageClientAuth)
 	if err != nil {
 		return tls.Certificate{}, err
+	}
+	if tmpl.NotAfter.After(ca.cert.NotAfter) {
+		tmpl.NotAfter = ca.cert.NotAfter
 	}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, key.Public(), ca.key)
 	if err != nil {
@@ -214,7 +366,7 @@ func (ca *CA) issueClient() (tls.Certificate, error) {
 	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key, Leaf: leaf}, nil
 }
 
-func newCA() (*CA, error) {
+func newCA(now time.Time) (*CA, error) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, fmt.Errorf("pki: generate CA key: %w", err)
@@ -223,7 +375,6 @@ func newCA() (*CA, error) {
 	if err != nil {
 		return nil, err
 	}
-	now := time.Now()
 	tmpl := &x509.Certificate{
 		SerialNumber: sn,
 		// The serial in the subject keeps two CAs apart even when made in
@@ -347,12 +498,11 @@ func writeAtomic(path string, data []byte) error {
 	return nil
 }
 
-func leafTemplate(cn string, ttl time.Duration, usage x509.ExtKeyUsage) (*x509.Certificate, *big.Int, error) {
+func leafTemplate(cn string, now time.Time, ttl time.Duration, usage x509.ExtKeyUsage) (*x509.Certificate, *big.Int, error) {
 	sn, err := randomSerial()
 	if err != nil {
 		return nil, nil, err
 	}
-	now := time.Now()
 	return &x509.Certificate{
 		SerialNumber: sn,
 		Subject:      pkix.Name{CommonName: cn},
@@ -375,14 +525,14 @@ func pemBlock(typ string, der []byte) []byte {
 	return pem.EncodeToMemory(&pem.Block{Type: typ, Bytes: der})
 }
 
-// ClientPEM returns caa's client certificates (one per trusted CA, current
-// first) with their private keys, and the trusted CAs' certificates, in PEM:
+// ClientPEM returns caa's current client certificates (one per trusted CA,
+// current first; renewed first if due) with their private keys, and the trusted CAs' certificates, in PEM:
 // what a relay process outside caa (pkg/relayd) needs to authenticate to
 // the VMs exactly as caa does. The keys are the in-memory client keys, never
 // a CA's key; the caller keeps them in a 0600 file beside the CA, never in
 // the ledger.
 func (ca *CA) ClientPEM() (certs, keys [][]byte, roots [][]byte, err error) {
-	for _, c := range ca.clients {
+	for _, c := range ca.currentClients() {
 		keyDER, err := x509.MarshalPKCS8PrivateKey(c.PrivateKey)
 		if err != nil {
 			return nil, nil, nil, fmt.Errorf("pki: marshal client key: %w", err)
