@@ -65,6 +65,11 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	if err != nil {
 		return nil, fmt.Errorf("fake pod VM: %w", err)
 	}
+	// The image logs and skips a path outside its allow-list; the fake
+	// refuses it, so that caa sending a file the VM would drop fails a test.
+	if len(files.Skipped) > 0 {
+		return nil, fmt.Errorf("fake pod VM: user data writes %v, outside the image's allow-list %v", files.Skipped, podvm.AllowedPaths())
+	}
 	cfg := files.Config
 	cert, err := tls.X509KeyPair(cfg.TLSServerCertPEM, cfg.TLSServerKeyPEM)
 	if err != nil {
