@@ -43,4 +43,6 @@ func TestKataRemoteHypervisorComponent(t *testing.T) {
 	}
 	assert.Equal(t, "/run/peerpod", paths["peerpod"])
 	assert.Equal(t, "/run/netns", paths["netns"])
+	assert.Contains(t, string(withComponent(t, bin, "overlays/aws", "components/kata-remote-hypervisor")), "name: caa-pull-secrets",
+		"the role that lets caa read the image-pull secrets its pods name")
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -42,6 +43,10 @@ type hypervisorFlags struct {
 	// replaceLost lets a new agent CA be made although the ledger has
 	// sandboxes that trusted the lost one.
 	replaceLost bool
+	// initData is --initdata-file's document, read by check.
+	initDataFile string
+	initData     string
+	pullSecrets  bool
 }
 
 func (h *hypervisorFlags) add(fs *pflag.FlagSet) {
@@ -57,6 +62,12 @@ func (h *hypervisorFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&h.relay, "relay-socket", os.Getenv("CAA_RELAY_SOCKET"),
 		"the relay daemon's control socket (`caa relay`, e.g. "+defaultRelaySocket+"): the agent sockets are served there and outlive caa's "+
 			"restarts and upgrades. Empty: caa relays them itself, and its restart cuts every shim's connection (env CAA_RELAY_SOCKET)")
+	fs.StringVar(&h.initDataFile, "initdata-file", os.Getenv("CAA_INITDATA_FILE"),
+		"initdata for the pod VMs of pods that name none in "+sandbox.AnnotationInitData+
+			": a file holding the TOML document, or it gzipped then base64-encoded as in the annotation (env CAA_INITDATA_FILE)")
+	fs.BoolVar(&h.pullSecrets, "pull-secrets", envOr("CAA_PULL_SECRETS", "true") == "true",
+		"give each pod VM its pod's image-pull credentials (the imagePullSecrets of the pod and its service account) as /run/peerpod/auth.json; "+
+			"needs get on pods, serviceaccounts and secrets (env CAA_PULL_SECRETS)")
 	fs.DurationVar(&h.startLimit, "start-vm-timeout", envDuration("CAA_START_VM_TIMEOUT", 5*time.Minute),
 		"how long a StartVM may take before it fails with the reason; keep it below kata's remote_hypervisor_timeout (600 s) (env CAA_START_VM_TIMEOUT)")
 	fs.DurationVar(&h.readyBound, "sandbox-ready-timeout", envDuration("CAA_SANDBOX_READY_TIMEOUT", defaultSandboxReady),
@@ -95,6 +106,20 @@ func (h *hypervisorFlags) check() error {
 	}
 	if h.clientTTL < pki.MinClientTTL {
 		return fmt.Errorf("--agent-client-cert-ttl %s: must be at least %s; the default is %s", h.clientTTL, pki.MinClientTTL, pki.DefaultClientTTL)
+	}
+	if h.initDataFile != "" {
+		b, err := os.ReadFile(h.initDataFile)
+		if err != nil {
+			return fmt.Errorf("--initdata-file: %w", err)
+		}
+		doc, err := sandbox.NormalizeInitData(string(b), "--initdata-file "+h.initDataFile)
+		if err != nil {
+			return err
+		}
+		if strings.TrimSpace(doc) == "" {
+			return fmt.Errorf("--initdata-file %s is empty: give it the initdata TOML document, or drop the flag", h.initDataFile)
+		}
+		h.initData = doc
 	}
 	return nil
 }
@@ -185,9 +210,13 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 		side = daemon
 		log.Info("agent sockets served by the relay daemon", "socket", f.hv.relay)
 	}
+	var pullSecrets sandbox.PullSecrets
+	if f.hv.pullSecrets {
+		pullSecrets = sandbox.KubePullSecrets{Client: n.client}
+	}
 	m := sandbox.New(sandbox.Config{
 		Ledger: led, Provider: n.prov, Pods: n.pods, Events: n.events, Spec: n.specCfg,
-		Side:    side,
+		Side: side, DefaultInitData: f.hv.initData, PullSecrets: pullSecrets,
 		Cluster: n.clusterID, Node: f.node, NodeIP: net.ParseIP(f.hv.nodeIP), SocketDir: f.hv.agentDir,
 		Writes: writes, Reads: reads, CallTimeout: f.cloudTimeout, StartTimeout: f.hv.startLimit,
 		ConfirmMissing: f.confirmMissing, OrphanGrace: f.gcGrace, Stop: ctx, Log: log,

@@ -55,6 +55,9 @@ var allowedPaths = []string{
 	ScratchSpacePath,
 }
 
+// AllowedPaths returns the provisioning's allow-list.
+func AllowedPaths() []string { return append([]string(nil), allowedPaths...) }
+
 // Defaults of the pod network and the forwarder.
 const (
 	ForwarderPort    = 15150

@@ -306,6 +306,17 @@ func encodeInitData(doc string) (string, error) {
 	return buf.String(), nil
 }
 
+// LooksEncodedInitData says whether s is in the annotation's form, gzip then
+// base64 (whose text starts "H4sI", the gzip magic in base64), rather than
+// the TOML document itself.
+func LooksEncodedInitData(s string) bool {
+	return strings.HasPrefix(strings.TrimSpace(s), "H4sI")
+}
+
+// DecodeInitData decodes initdata in the annotation's form (gzip then
+// base64) into the document, at most 4*MaxInitData bytes.
+func DecodeInitData(enc string) (string, error) { return decodeInitData(enc) }
+
 func decodeInitData(enc string) (string, error) {
 	gz, err := gzip.NewReader(base64.NewDecoder(base64.StdEncoding, strings.NewReader(strings.TrimSpace(enc))))
 	if err != nil {

@@ -186,6 +186,8 @@ type rig struct {
 	events *eventLog
 	stop   context.CancelFunc
 	path   string
+	// tweak, when set, adjusts each manager's configuration at start.
+	tweak func(*Config)
 }
 
 type eventLog struct {
@@ -222,13 +224,17 @@ func (r *rig) start() {
 	require.NoError(r.t, err)
 	ctx, stop := context.WithCancel(context.Background())
 	r.led, r.stop = led, stop
-	r.m = New(Config{
+	cfg := Config{
 		Ledger: led, Provider: r.prov, Pods: r.pods, Side: r.side, Events: r.events,
 		Spec:    provider.SpecConfig{DefaultType: "small", DefaultImage: "podvm-image", Types: []provider.InstanceType{{Name: "small", VCPUs: 1, MemoryMiB: 2048}, {Name: "large", VCPUs: 4, MemoryMiB: 8192}}},
 		Cluster: "c1", Node: "node-1", NodeIP: net.ParseIP("192.0.2.10"), SocketDir: filepath.Join(r.t.TempDir(), "pods"),
 		Poll: 5 * time.Millisecond, StartTimeout: 5 * time.Second, PodWait: 200 * time.Millisecond,
 		ConfirmMissing: time.Hour, Stop: ctx,
-	})
+	}
+	if r.tweak != nil {
+		r.tweak(&cfg)
+	}
+	r.m = New(cfg)
 	r.t.Cleanup(r.crash)
 }
 

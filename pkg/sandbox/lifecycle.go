@@ -220,15 +220,14 @@ func (m *Manager) intend(ctx context.Context, l *live, s ledger.Sandbox) (ledger
 	}
 	// A Creating record is a StartVM cut short (a crash, a shim's retry):
 	// the same key makes the cloud return the VM already made, if any.
-	m.mu.Lock()
-	initData := l.initData
-	m.mu.Unlock()
-	if initData == "" {
-		if pod := m.cfg.Pods.Pod(s.PodUID); pod != nil {
-			initData = pod.Annotations[AnnotationInitData]
-		}
+	initData, err := m.initData(l, s)
+	if err != nil {
+		m.fail(s.ID, "InitData", err)
+		return s, fmt.Errorf("%w: sandbox %s: %w", ErrNotStartable, s.ID, err)
 	}
-	data, serial, err := m.cfg.Side.UserData(ctx, UserDataInput{Sandbox: s, Tunnel: s.Tunnel, InitData: initData})
+	authJSON := m.authJSON(ctx, s)
+	data, serial, err := m.cfg.Side.UserData(ctx, UserDataInput{Sandbox: s, Tunnel: s.Tunnel, InitData: initData, AuthJSON: authJSON})
+	clear(authJSON)
 	if err != nil {
 		m.fail(s.ID, "UserData", err)
 		return s, fmt.Errorf("%w: sandbox %s: build the VM's user data: %w", ErrNotStartable, s.ID, err)

@@ -84,6 +84,13 @@ type Config struct {
 	// SocketDir holds one directory per sandbox with its agent socket
 	// (default /run/peerpod/pods, where upstream's adaptor puts them).
 	SocketDir string
+	// DefaultInitData is the initdata of pods that name none (the TOML
+	// document or its gzip+base64 form; --initdata-file), as upstream's
+	// global initdata.
+	DefaultInitData string
+	// PullSecrets, when set, gives each VM its pod's image-pull
+	// credentials (/run/peerpod/auth.json).
+	PullSecrets PullSecrets
 	// Writes and Reads meter cloud calls (nil: unmetered).
 	Writes, Reads *rate.Limiter
 	// CallTimeout bounds each cloud call (default 5 min).

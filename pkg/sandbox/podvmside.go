@@ -67,6 +67,7 @@ func (p *PodVMSide) UserData(_ context.Context, in UserDataInput) ([]byte, strin
 	data, err := podvm.UserData(podvm.Config{
 		PodName: in.Sandbox.Name, PodNamespace: in.Sandbox.Namespace, SandboxID: in.Sandbox.ID, Network: nw,
 		TLSServerCertPEM: certPEM, TLSServerKeyPEM: keyPEM, TLSClientCAPEM: p.CA.CertPEM(), InitData: in.InitData,
+		AuthJSON: in.AuthJSON,
 	})
 	if err != nil {
 		return nil, "", err

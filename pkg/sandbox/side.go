@@ -29,9 +29,12 @@ type PodSide interface {
 
 // UserDataInput is what a sandbox's user data is built from.
 type UserDataInput struct {
-	Sandbox  ledger.Sandbox // pod, sandbox id, VM name, netns
-	Tunnel   ledger.Tunnel  // VXLAN id and port, the node's IP
+	Sandbox ledger.Sandbox // pod, sandbox id, VM name, netns
+	Tunnel  ledger.Tunnel  // VXLAN id and port, the node's IP
+	// InitData is the initdata document (TOML, decoded); AuthJSON the
+	// pod's image-pull credentials (a secret: never logged or stored).
 	InitData string
+	AuthJSON []byte
 }
 
 // Relay is one sandbox's agent relay.

@@ -89,7 +89,9 @@ func newHVEnvOn(ctx context.Context, t *testing.T, c *cluster.Cluster, cn *podvm
 	api := strings.TrimPrefix(c.URL(), "https://")
 	forward(t, cn.NodeNS, api, "", api)
 
-	e.fleet = podvmfake.NewFleet(cn, core, nil)
+	// Each VM reads its user data as the stock image does on EC2: IMDSv2.
+	e.fleet = podvmfake.NewFleet(cn, core, nil).ReadingFrom(podvmfake.EC2IMDS{
+		IMDS: func(id string) http.Handler { return ec2fake.IMDS(core, id, nil) }})
 	fctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); e.fleet.Run(fctx, 20*time.Millisecond) }()

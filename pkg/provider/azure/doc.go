@@ -135,7 +135,8 @@
 // 10 minutes, so neither rotation needs a restart. Tokens are never
 // logged, stored or put in an error; the SDK's logging policy redacts the
 // Authorization header, and request bodies (which hold the user data,
-// base64 in customData) are never logged.
+// base64 in properties.userData, which the pod VM reads from IMDS) are
+// never logged.
 //
 // Permissions and preflight. The actions caa uses are GroupActions (on
 // the resource group), SubnetActions and SecurityGroupActions; RoleFile

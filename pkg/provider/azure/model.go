@@ -17,10 +17,13 @@ import (
 // Azure's limits that the provider checks before a call, so that a pod
 // whose spec breaks them fails with ErrInvalidSpec naming the cause.
 const (
-	maxTags        = 50
-	maxTagKey      = 512
-	maxTagValue    = 256
-	maxCustomData  = 65535 // bytes, before base64
+	maxTags     = 50
+	maxTagKey   = 512
+	maxTagValue = 256
+	// maxUserData is the VM's properties.userData cap: 64 KB of its base64
+	// text (learn.microsoft.com/azure/virtual-machines/user-data), so
+	// 49152 bytes before the encoding.
+	maxUserData    = 65536 / 4 * 3
 	maxHostnameLen = 63
 	hashLen        = 12 // hex digits of the key's hash in a name
 )
@@ -181,8 +184,11 @@ func (p *Provider) vmModel(name, nicID string, spec provider.Spec, tags map[stri
 			}}},
 		},
 	}
+	// The pod VM image reads its user data from the instance metadata
+	// service's compute/userData, which serves properties.userData; IMDS
+	// never serves osProfile.customData, so that stays empty.
 	if len(spec.UserData) > 0 {
-		vm.Properties.OSProfile.CustomData = new(base64.StdEncoding.EncodeToString(spec.UserData))
+		vm.Properties.UserData = new(base64.StdEncoding.EncodeToString(spec.UserData))
 	}
 	if p.cfg.Zone != "" {
 		vm.Zones = []*string{new(p.cfg.Zone)}

@@ -152,7 +152,8 @@ func TestVMModel(t *testing.T) {
 	assert.Equal(t, "westeurope", *vm.Location)
 	assert.Equal(t, []*string{new("2")}, vm.Zones)
 	assert.Equal(t, armcompute.VirtualMachineSizeTypes("Standard_D2as_v5"), *props.HardwareProfile.VMSize)
-	assert.Equal(t, "I2Nsb3VkLWNvbmZpZwo=", *props.OSProfile.CustomData, "base64 user data")
+	assert.Equal(t, "I2Nsb3VkLWNvbmZpZwo=", *props.UserData, "base64 user data in properties.userData, which IMDS serves")
+	assert.Nil(t, props.OSProfile.CustomData, "no customData: IMDS never serves it")
 	assert.Equal(t, "caa-x-0123456789ab", *props.OSProfile.ComputerName)
 	assert.Equal(t, "/home/peer/.ssh/authorized_keys", *props.OSProfile.LinuxConfiguration.SSH.PublicKeys[0].Path)
 	assert.True(t, *props.OSProfile.LinuxConfiguration.DisablePasswordAuthentication)
@@ -163,7 +164,7 @@ func TestVMModel(t *testing.T) {
 	assert.Equal(t, armcompute.DeleteOptionsDelete, *nic.Properties.DeleteOption)
 
 	spec.UserData = nil
-	assert.Nil(t, p.vmModel("n", "/nic", spec, nil).Properties.OSProfile.CustomData, "no customData without user data")
+	assert.Nil(t, p.vmModel("n", "/nic", spec, nil).Properties.UserData, "no userData without user data")
 }
 
 func TestToVM(t *testing.T) {

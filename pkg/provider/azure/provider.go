@@ -176,8 +176,8 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM,
 	if err := spec.Validate(); err != nil {
 		return provider.VM{}, fmt.Errorf("%s %s: %w", ProviderName, opCreate, err)
 	}
-	if n := len(spec.UserData); n > maxCustomData {
-		return provider.VM{}, fmt.Errorf("%s %s: %w: user data is %d bytes, Azure takes at most %d", ProviderName, opCreate, provider.ErrInvalidSpec, n, maxCustomData)
+	if n := len(spec.UserData); n > maxUserData {
+		return provider.VM{}, fmt.Errorf("%s %s: %w: user data is %d bytes, Azure's properties.userData takes at most %d (64 KB in base64)", ProviderName, opCreate, provider.ErrInvalidSpec, n, maxUserData)
 	}
 	tags, err := p.vmTags(spec)
 	if err != nil {

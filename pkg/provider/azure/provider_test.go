@@ -2,8 +2,10 @@ package azure_test
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
@@ -62,7 +64,14 @@ func TestCreateSendsTheSpec(t *testing.T) {
 	assert.Equal(t, vm.Name, in.Name)
 	// The core's views strip user data (Instance.UserData is always nil
 	// outside the core), so its length is what can be checked here.
-	assert.Equal(t, len(spec.UserData), in.UserDataLen, "user data reaches the VM through customData")
+	assert.Equal(t, len(spec.UserData), in.UserDataLen, "user data reaches the VM through properties.userData")
+	// The VM reads it where the pod VM image does: IMDS compute/userData.
+	rec := httptest.NewRecorder()
+	req := httptest.NewRequest(http.MethodGet, armfake.IMDSUserDataPath+"?api-version=2021-01-01&format=text", nil)
+	req.Header.Set("Metadata", "true")
+	armfake.IMDS(e.Cloud, in.ID).ServeHTTP(rec, req)
+	require.Equal(t, http.StatusOK, rec.Code)
+	assert.Equal(t, base64.StdEncoding.EncodeToString(spec.UserData), rec.Body.String(), "IMDS serves the user data")
 	assert.Equal(t, spec.Image, in.Image)
 	assert.Equal(t, spec.InstanceType, in.InstanceType)
 	assert.Equal(t, provider.StatePending, vm.State)

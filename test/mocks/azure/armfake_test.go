@@ -135,12 +135,13 @@ func vmBody(nic string) map[string]any {
 				"osDisk":         map[string]any{"name": "vm1-osdisk", "createOption": "FromImage", "deleteOption": "Delete"},
 			},
 			"osProfile": map[string]any{
-				"computerName": "vm1", "adminUsername": "caa", "customData": base64.StdEncoding.EncodeToString([]byte(userData)),
+				"computerName": "vm1", "adminUsername": "caa",
 				"linuxConfiguration": map[string]any{"disablePasswordAuthentication": true, "ssh": map[string]any{"publicKeys": []any{
 					map[string]any{"path": "/home/caa/.ssh/authorized_keys", "keyData": "ssh-ed25519 AAAA k"}}}},
 			},
 			"networkProfile": map[string]any{"networkInterfaces": []any{map[string]any{
 				"id": nics + "/" + nic, "properties": map[string]any{"primary": true, "deleteOption": "Delete"}}}},
+			"userData": base64.StdEncoding.EncodeToString([]byte(userData)),
 		},
 	}
 }
@@ -319,6 +320,8 @@ func TestVMValidation(t *testing.T) {
 		{"two image forms", "vm1", edit("properties.storageProfile.imageReference", map[string]any{"id": image, "publisher": "Canonical"}), 400, "InvalidParameter", "imageReference"},
 		{"half a platform image", "vm1", edit("properties.storageProfile.imageReference", map[string]any{"publisher": "Canonical", "offer": "o"}), 400, "InvalidParameter", "imageReference"},
 		{"custom data not base64", "vm1", edit("properties.osProfile.customData", badData), 400, "InvalidParameter", "customData"},
+		{"user data not base64", "vm1", edit("properties.userData", badData), 400, "InvalidParameter", "userData"},
+		{"user data over 64 KB in base64", "vm1", edit("properties.userData", base64.StdEncoding.EncodeToString(make([]byte, 49153))), 400, "InvalidParameter", "userData"},
 		{"custom data too large", "vm1", edit("properties.osProfile.customData", base64.StdEncoding.EncodeToString(make([]byte, 65536))), 400, "InvalidParameter", "customData"},
 		{"key elsewhere", "vm1", edit("properties.osProfile.linuxConfiguration.ssh", map[string]any{"publicKeys": []any{
 			map[string]any{"path": "/root/.ssh/authorized_keys", "keyData": "ssh-ed25519 AAAA k"}}}), 400, "InvalidParameter", "linuxConfiguration.ssh.publicKeys.path"},

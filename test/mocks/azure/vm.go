@@ -26,8 +26,11 @@ type vmMeta struct {
 	location string
 	zones    []string
 	os       *osProfile // without customData or password
-	osDisk   *osDisk
-	nics     []nicReference
+	// customData is osProfile.customData, decoded: kept apart from the
+	// user data, as Azure keeps it, and never served by the IMDS.
+	customData []byte
+	osDisk     *osDisk
+	nics       []nicReference
 	// createdAt is when the fake took the VM's create, on its clock
 	// (WithCreateDuration); extensionFailed marks a VM whose extension
 	// failed (WithFailingPolicyExtension, FailExtension).
@@ -178,11 +181,15 @@ func (s *server) parseVM(name string, body vmWire) (cloud.CreateRequest, vmMeta,
 	if e != nil {
 		return req, vmMeta{}, e
 	}
-	userData, shown, e := parseOSProfile(p.OSProfile)
+	customData, shown, e := parseOSProfile(p.OSProfile)
 	if e != nil {
 		return req, vmMeta{}, e
 	}
-	meta := vmMeta{location: s.opts.location, zones: slices.Clone(body.Zones), os: shown, osDisk: disk}
+	userData, e := parseUserData(p.UserData)
+	if e != nil {
+		return req, vmMeta{}, e
+	}
+	meta := vmMeta{location: s.opts.location, zones: slices.Clone(body.Zones), os: shown, osDisk: disk, customData: customData}
 	for i, ref := range p.NetworkProfile.NetworkInterfaces {
 		id, ok := parseResourceID(ref.ID)
 		if !ok || !id.is(nicType) || !strings.EqualFold(id.sub, s.opts.subscription) {
@@ -242,6 +249,26 @@ func (s *server) parseOSDisk(vm string, d *osDisk) (*osDisk, *apiError) {
 	return &out, nil
 }
 
+// MaxUserData is Azure's cap on properties.userData: 64 KB of base64 text
+// (learn.microsoft.com/azure/virtual-machines/user-data).
+const MaxUserData = 64 << 10
+
+// parseUserData decodes properties.userData, the VM's user data that its
+// instance metadata service serves (compute/userData).
+func parseUserData(b64 string) ([]byte, *apiError) {
+	if b64 == "" {
+		return nil, nil
+	}
+	if len(b64) > MaxUserData {
+		return nil, invalidParameter("userData", "The value of parameter userData is too long: its base64 text is %d characters, at most %d are allowed.", len(b64), MaxUserData)
+	}
+	data, err := base64.StdEncoding.DecodeString(b64)
+	if err != nil {
+		return nil, invalidParameter("userData", "The value of parameter userData is invalid: it must be base64.")
+	}
+	return data, nil
+}
+
 // parseOSProfile checks the Linux provisioning settings and decodes the
 // custom data; what it returns for display holds no secret.
 func parseOSProfile(o *osProfile) ([]byte, *osProfile, *apiError) {
@@ -273,19 +300,19 @@ func parseOSProfile(o *osProfile) ([]byte, *osProfile, *apiError) {
 	case !passwordOff && o.AdminPassword == "":
 		return nil, nil, invalidParameter("adminPassword", "Required parameter 'adminPassword' is missing (null).")
 	}
-	var userData []byte
+	var customData []byte
 	if o.CustomData != "" {
 		var err error
-		if userData, err = base64.StdEncoding.DecodeString(o.CustomData); err != nil {
+		if customData, err = base64.StdEncoding.DecodeString(o.CustomData); err != nil {
 			return nil, nil, invalidParameter("customData", "The value of parameter customData is invalid: it must be base64.")
 		}
-		if len(userData) > 65535 {
+		if len(customData) > 65535 {
 			return nil, nil, invalidParameter("customData", "Custom data in OSProfile must be at most 65535 bytes.")
 		}
 	}
 	shown := *o
 	shown.CustomData, shown.AdminPassword = "", ""
-	return userData, &shown, nil
+	return customData, &shown, nil
 }
 
 func (s *server) checkLocation(loc, typ string) *apiError {
@@ -328,7 +355,11 @@ func (s *server) getVM(w http.ResponseWriter, r *http.Request) {
 		writeError(w, notFound(vmType, name, s.opts.resourceGroup))
 		return
 	}
-	writeJSON(w, http.StatusOK, s.renderVM(in, s.metaOf(in.ID), "", expand == "instanceView"))
+	vm := s.renderVM(in, s.metaOf(in.ID), "", expand == "instanceView")
+	if ud := in.UserData(); expand == "userData" && len(ud) > 0 {
+		vm.Properties.UserData = base64.StdEncoding.EncodeToString(ud)
+	}
+	writeJSON(w, http.StatusOK, vm)
 }
 
 func (s *server) deleteVM(w http.ResponseWriter, r *http.Request) {

@@ -21,14 +21,17 @@ type vmWire struct {
 }
 
 type vmProperties struct {
-	HardwareProfile   *hardwareProfile `json:"hardwareProfile,omitempty"`
-	StorageProfile    *storageProfile  `json:"storageProfile,omitempty"`
-	OSProfile         *osProfile       `json:"osProfile,omitempty"`
-	NetworkProfile    *networkProfile  `json:"networkProfile,omitempty"`
-	ProvisioningState string           `json:"provisioningState,omitempty"`
-	VMID              string           `json:"vmId,omitempty"`
-	TimeCreated       *time.Time       `json:"timeCreated,omitempty"`
-	InstanceView      *instanceView    `json:"instanceView,omitempty"`
+	HardwareProfile *hardwareProfile `json:"hardwareProfile,omitempty"`
+	StorageProfile  *storageProfile  `json:"storageProfile,omitempty"`
+	OSProfile       *osProfile       `json:"osProfile,omitempty"`
+	NetworkProfile  *networkProfile  `json:"networkProfile,omitempty"`
+	// UserData is what the VM's IMDS serves as compute/userData (base64);
+	// ARM shows it only on a GET with $expand=userData.
+	UserData          string        `json:"userData,omitempty"`
+	ProvisioningState string        `json:"provisioningState,omitempty"`
+	VMID              string        `json:"vmId,omitempty"`
+	TimeCreated       *time.Time    `json:"timeCreated,omitempty"`
+	InstanceView      *instanceView `json:"instanceView,omitempty"`
 }
 
 type hardwareProfile struct {

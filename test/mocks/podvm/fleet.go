@@ -20,6 +20,7 @@ import (
 type Fleet struct {
 	cn    *CloudNetwork
 	cloud *cloud.Cloud
+	src   UserDataSource
 	log   *slog.Logger
 
 	mu     sync.Mutex
@@ -34,12 +35,21 @@ type FleetVM struct {
 	Host       VMHost
 }
 
-// NewFleet plays c's instances on cn.
+// NewFleet plays c's instances on cn. Each VM reads its user data from the
+// core as it was created (CoreUserData); ReadingFrom picks a cloud's path.
 func NewFleet(cn *CloudNetwork, c *cloud.Cloud, log *slog.Logger) *Fleet {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Fleet{cn: cn, cloud: c, log: log, vms: map[string]*FleetVM{}, failed: map[string]error{}}
+	return &Fleet{cn: cn, cloud: c, src: CoreUserData{Cloud: c}, log: log, vms: map[string]*FleetVM{}, failed: map[string]error{}}
+}
+
+// ReadingFrom makes the fleet's VMs read their user data from src, as the
+// stock image does on that cloud (EC2IMDS, AzureIMDS, CIDataVolume). Call
+// it before the fleet runs.
+func (f *Fleet) ReadingFrom(src UserDataSource) *Fleet {
+	f.src = src
+	return f
 }
 
 // Sync boots and removes VMs to match the cloud now. An instance whose user
@@ -83,7 +93,12 @@ func (f *Fleet) boot(ctx context.Context, in cloud.Instance) error {
 	if err != nil {
 		return err
 	}
-	vm, err := Boot(ctx, Options{UserData: in.UserData(), NetNS: host.NS, Log: f.log})
+	ud, err := f.src.UserData(ctx, in.ID)
+	if err != nil {
+		_ = f.cn.RemoveVM(host)
+		return fmt.Errorf("instance %s: user data from %s: %w", in.ID, f.src.Name(), err)
+	}
+	vm, err := Boot(ctx, Options{UserData: ud, NetNS: host.NS, Log: f.log})
 	if err != nil {
 		_ = f.cn.RemoveVM(host)
 		return err

@@ -62,6 +62,11 @@ var StreamMagic = []byte("STREAM!!")
 // as the forwarder's tlsutil does), relaying each connection to the agent.
 func Boot(ctx context.Context, o Options) (*VM, error) {
 	files, err := podvm.Parse(o.UserData)
+	// The image logs and skips a path outside its allow-list; the fake
+	// refuses it, so that caa sending a file the VM would drop fails a test.
+	if len(files.Skipped) > 0 {
+		return nil, fmt.Errorf("fake pod VM: user data writes %v, outside the image's allow-list %v", files.Skipped, podvm.AllowedPaths())
+	}
 	if err != nil {
 		return nil, fmt.Errorf("fake pod VM: %w", err)
 	}
