@@ -5,6 +5,7 @@ import (
 
 	"net"
 	"path/filepath"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -111,6 +112,7 @@ func newFakeSide() *fakeSide {
 func (f *fakeSide) UserData(_ context.Context, in UserDataInput) ([]byte, string, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	in.AuthJSON = slices.Clone(in.AuthJSON) // the caller wipes its copy after the call
 	f.userData = append(f.userData, in)
 	f.serial++
 	return []byte("#cloud-config\n# for " + in.Sandbox.VMName + "\n"), "serial-" + string(rune('0'+f.serial)), nil
