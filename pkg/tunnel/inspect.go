@@ -22,7 +22,7 @@ import (
 // before the tunnel exists; a tunnel already set up is left out of the result.
 func Inspect(netnsPath string) (podvm.Network, error) {
 	var n podvm.Network
-	ns, err := netns.GetFromPath(netnsPath)
+	ns, err := netns.GetFromPath(ResolveNetNS(netnsPath))
 	if err != nil {
 		return n, fmt.Errorf("tunnel: open pod network namespace %s: %w", netnsPath, err)
 	}

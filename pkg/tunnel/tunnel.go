@@ -48,7 +48,8 @@ const (
 // Config is one sandbox's tunnel.
 type Config struct {
 	// NetNSPath is the pod's network namespace (kata's CreateVM
-	// networkNamespacePath).
+	// networkNamespacePath; a /var/run/netns path is read under /run/netns
+	// when the former does not exist, see ResolveNetNS).
 	NetNSPath string
 	// VXLANID is the tunnel's id (as in the VM's user data); Port its UDP
 	// port (0: 4789). The id must be unique on the node: the kernel keeps one
@@ -147,7 +148,7 @@ func open(cfg Config) (*handles, error) {
 		h.close()
 		return nil, fmt.Errorf("tunnel: netlink in the worker's namespace: %w", err)
 	}
-	h.podNS, err = netns.GetFromPath(cfg.NetNSPath)
+	h.podNS, err = netns.GetFromPath(ResolveNetNS(cfg.NetNSPath))
 	if errors.Is(err, os.ErrNotExist) {
 		h.podNSMissing = true
 		return h, nil
@@ -182,7 +183,7 @@ func workerNamespace(path string) error {
 // anything is built or created for it. A namespace that does not exist is
 // left to Inspect and Setup to report.
 func CheckPodNetNS(netnsPath, hostNetNSPath string) error {
-	pod, err := netns.GetFromPath(netnsPath)
+	pod, err := netns.GetFromPath(ResolveNetNS(netnsPath))
 	if err != nil {
 		return nil
 	}
