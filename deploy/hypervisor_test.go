@@ -6,6 +6,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+
+	"github.com/caa-project/caa/pkg/tunnel"
 )
 
 // TestKataRemoteHypervisorComponent renders overlays/aws with
@@ -34,6 +36,7 @@ func TestKataRemoteHypervisorComponent(t *testing.T) {
 	}
 	assert.Equal(t, "/run/peerpod", mounts["peerpod"])
 	assert.Equal(t, "/run/netns", mounts["netns"])
+	assert.Equal(t, tunnel.NetNSDir, mounts["netns"], "kata's /var/run/netns paths are read where the host's namespaces are mounted")
 	assert.Equal(t, "/var/lib/caa", mounts["ledger"], "the ledger stays where it was")
 	paths := map[string]string{}
 	for _, v := range spec.Volumes {

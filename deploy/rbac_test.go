@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -26,6 +27,7 @@ import (
 	clientcmdapi "k8s.io/client-go/tools/clientcmd/api"
 	"sigs.k8s.io/yaml"
 
+	"github.com/caa-project/caa/pkg/nodecap"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/reconcile"
 	"github.com/caa-project/caa/test/e2e/cluster"
@@ -44,7 +46,8 @@ func (a access) String() string {
 
 // granted are the calls caa makes, read off the code (pkg/reconcile/kube.go
 // and cmd/caa): the pod informer's list and watch across namespaces, the
-// Node's ledger annotation, the kube-system UID, and the event recorder.
+// Node's ledger annotation and peer-pod capacity (its status), the
+// kube-system UID, and the event recorder.
 // The run below makes each of them for real; this table also covers the
 // recorder's patch, which only a repeated event triggers.
 var granted = []access{
@@ -52,6 +55,7 @@ var granted = []access{
 	{"watch", "pods", "", ""},
 	{"get", "nodes", "", "worker-1"},
 	{"patch", "nodes", "", "worker-1"},
+	{"patch", "nodes/status", "", "worker-1"},
 	{"get", "namespaces", "", "kube-system"},
 	{"create", "events", "team", ""},
 	{"patch", "events", "team", ""},
@@ -65,6 +69,7 @@ var denied = []access{
 	{"list", "nodes", "", ""},
 	{"update", "nodes", "", "worker-1"},
 	{"delete", "nodes", "", "worker-1"},
+	{"update", "nodes/status", "", "worker-1"},
 	{"get", "namespaces", "", "default"},
 	{"list", "secrets", "", ""},
 	{"get", "secrets", namespace, secretName},
@@ -142,6 +147,11 @@ func runUnderServiceAccount(ctx context.Context, t *testing.T, c *cluster.Cluste
 	n, err := c.Client().CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
 	require.NoError(t, err)
 	assert.NotEmpty(t, n.Annotations[reconcile.LedgerAnnotation], "caa patched its Node")
+	waitFor(t, d, time.Minute, "caa advertises the node's kata.peerpods.io/vm capacity", func() bool {
+		n, err := c.Client().CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		q, ok := n.Status.Allocatable[nodecap.Resource]
+		return err == nil && ok && q.Value() == nodecap.DefaultMax
+	})
 	waitFor(t, d, time.Minute, "caa's Warning event on the bad pod", func() bool {
 		return hasEvent(ctx, t, c, team, "bad", corev1.EventTypeWarning, reconcile.EventCreateFailed)
 	})
@@ -179,9 +189,10 @@ func serviceAccountClient(ctx context.Context, t *testing.T, c *cluster.Cluster)
 // allowed asks the authorizer, as the ServiceAccount, whether a is allowed.
 func allowed(ctx context.Context, t *testing.T, client kubernetes.Interface, a access) bool {
 	t.Helper()
+	resource, sub, _ := strings.Cut(a.resource, "/")
 	review, err := client.AuthorizationV1().SelfSubjectAccessReviews().Create(ctx, &authorizationv1.SelfSubjectAccessReview{
 		Spec: authorizationv1.SelfSubjectAccessReviewSpec{ResourceAttributes: &authorizationv1.ResourceAttributes{
-			Verb: a.verb, Resource: a.resource, Namespace: a.namespace, Name: a.name,
+			Verb: a.verb, Resource: resource, Subresource: sub, Namespace: a.namespace, Name: a.name,
 		}},
 	}, metav1.CreateOptions{})
 	require.NoError(t, err, "access review of %s", a)

@@ -18,6 +18,7 @@ import (
 	"github.com/caa-project/caa/pkg/holder"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/ledger/ledgerapi"
+	"github.com/caa-project/caa/pkg/nodecap"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/reconcile"
 )
@@ -324,6 +325,14 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 	sessServe("ledger lease", func() error {
 		holder.Renew(sessCtx, holder.LeasePath(f.ledgerPath), n.me.String(), n.me.PID, holder.LeaseTTL,
 			func() bool { live, _ := n.status.Live(); return live })
+		return nil
+	})
+
+	// The Node's kata.peerpods.io/vm capacity, in both modes: upstream's
+	// webhook asks it of every peer pod, whoever creates the VMs. Kept
+	// while this caa holds the ledger; never removed on the way out.
+	sessServe("node capacity", func() error {
+		nodecap.Advertiser{Client: n.client, Node: f.node, Max: f.maxPodVMs, Log: log}.Run(sessCtx, f.resync)
 		return nil
 	})
 

@@ -26,6 +26,7 @@ import (
 	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/pkg/holder"
 	"github.com/caa-project/caa/pkg/ledger"
+	"github.com/caa-project/caa/pkg/nodecap"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/reconcile"
 )
@@ -79,6 +80,10 @@ type runFlags struct {
 	flags *pflag.FlagSet
 	// hv is the remote hypervisor mode (hypervisor.go).
 	hv hypervisorFlags
+	// maxPodVMs is the node's kata.peerpods.io/vm capacity (nodecap);
+	// maxPodVMsErr a CAA_MAX_POD_VMS that is not a number.
+	maxPodVMs    int
+	maxPodVMsErr error
 }
 
 func envOr(key, def string) string {
@@ -126,6 +131,17 @@ func newRunCommand() *cobra.Command {
 	fs.BoolVar(&f.handover, "handover", envOr("CAA_HANDOVER", "true") == "true",
 		"ask a caa already running on this ledger to hand it over (a surge update); false: wait for its file lock instead (env CAA_HANDOVER)")
 	addHandoverFlags(cmd, f)
+	maxVMs := nodecap.DefaultMax
+	if v := os.Getenv("CAA_MAX_POD_VMS"); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil {
+			f.maxPodVMsErr = fmt.Errorf("CAA_MAX_POD_VMS=%q is not a whole number: set the node's %s capacity (default %d), or -1 to advertise none",
+				v, nodecap.Resource, nodecap.DefaultMax)
+		}
+		maxVMs = n
+	}
+	fs.IntVar(&f.maxPodVMs, "max-pod-vms", maxVMs, "peer-pod VMs this node takes, advertised as the Node's "+string(nodecap.Resource)+
+		" capacity (what upstream's peer-pods webhook asks each peer pod for); -1: advertise none (env CAA_MAX_POD_VMS)")
 	hostname, _ := os.Hostname()
 	fs.StringVar(&f.podName, "pod-name", envOr("POD_NAME", hostname), "this pod's name, for hand-over logs and events (env POD_NAME, from the downward API)")
 	return cmd
@@ -209,6 +225,9 @@ func (f *runFlags) check() error {
 	}
 	if err := f.hv.check(); err != nil {
 		errs = append(errs, err)
+	}
+	if f.maxPodVMsErr != nil {
+		errs = append(errs, f.maxPodVMsErr)
 	}
 	if _, err := newLogger(io.Discard, f.logFormat, f.logLevel); err != nil {
 		errs = append(errs, err)

@@ -16,13 +16,13 @@ import (
 
 // Inspect reads the pod side of podvm.Network from the pod's namespace: its
 // interface (the one of the default route), the interface's single IPv4
-// address, MAC and MTU, the namespace's IPv4 routes of the main table and the
-// interface's permanent neighbours. The caller fills in VXLANID, VXLANPort and
+// address, MAC and MTU, the namespace's IPv4 routes of the main table the pod
+// VM can install (installable) and the interface's permanent neighbours. The caller fills in VXLANID, VXLANPort and
 // WorkerIP. As upstream's worker side (podnetwork/workernode.go), it reads
 // before the tunnel exists; a tunnel already set up is left out of the result.
 func Inspect(netnsPath string) (podvm.Network, error) {
 	var n podvm.Network
-	ns, err := netns.GetFromPath(netnsPath)
+	ns, err := netns.GetFromPath(ResolveNetNS(netnsPath))
 	if err != nil {
 		return n, fmt.Errorf("tunnel: open pod network namespace %s: %w", netnsPath, err)
 	}
@@ -61,7 +61,7 @@ func Inspect(netnsPath string) (podvm.Network, error) {
 	}
 	for _, r := range routes {
 		dev := names[r.LinkIndex]
-		if dev == LinkName {
+		if dev == LinkName || !installable(r) {
 			continue
 		}
 		rt := podvm.Route{Dst: toPrefix(r.Dst), Dev: dev, Scope: r.Scope.String()}
@@ -71,8 +71,8 @@ func Inspect(netnsPath string) (podvm.Network, error) {
 		if gw, ok := netip.AddrFromSlice(r.Gw); ok {
 			rt.GW = gw.Unmap()
 		}
-		// The forwarder knows four protocol names; any other (or none)
-		// travels as unset, which it reads as "unspec".
+		// installable let through only the four protocols the forwarder
+		// knows by name.
 		if p := r.Protocol.String(); slices.Contains(podvm.RouteProtocols, p) {
 			rt.Protocol = p
 		}
@@ -96,6 +96,28 @@ func Inspect(netnsPath string) (podvm.Network, error) {
 		n.Neighbors = append(n.Neighbors, podvm.Neighbor{IP: ip.Unmap(), MAC: nb.HardwareAddr.String(), Dev: a.Name, State: "permanent"})
 	}
 	return n, nil
+}
+
+// installable reports whether the pod VM can install r in its copy of the
+// pod's namespace. As upstream's worker side (netops RouteList's default
+// filters, confirmed at fbdde756), only unicast routes of protocol static,
+// boot, dhcp or kernel travel: a blackhole, unreachable or prohibit route has
+// no device and no gateway, and the forwarder, which adds every route it is
+// given and exits on the first refusal, would stop there ("no such device").
+// Routes a routing daemon or a CNI's agent added under its own protocol number
+// stay on the worker, as upstream leaves them. A multipath route (its hops
+// in MultiPath, no device or gateway of its own) would fail the same way, so it
+// stays too.
+func installable(r netlink.Route) bool {
+	if r.Type != unix.RTN_UNICAST {
+		return false
+	}
+	switch r.Protocol {
+	case unix.RTPROT_STATIC, unix.RTPROT_BOOT, unix.RTPROT_DHCP, unix.RTPROT_KERNEL:
+	default:
+		return false
+	}
+	return r.LinkIndex > 0 || r.Gw != nil
 }
 
 // podInterface returns the named link, or the one of the default route with

@@ -9,8 +9,9 @@ import (
 )
 
 // Teardown removes the tunnel: caa's filters (and the ingress qdisc when no
-// other filter is left on it), the VXLAN device, and any leftover in the
-// worker's namespace. A pod namespace already gone took its devices with it;
+// other filter is left on it), the VXLAN device, any leftover in the
+// worker's namespace, and the tunnel's NOTRACK rules (their table with the
+// last tunnel's). A pod namespace already gone took its devices with it;
 // that is success. Idempotent.
 func Teardown(cfg Config) error {
 	if cfg.NetNSPath == "" {
@@ -26,6 +27,9 @@ func Teardown(cfg Config) error {
 		errs = append(errs, deleteHostLeftover(h, cfg))
 	}
 	if h.podNSMissing {
+		if cfg.VXLANID > 0 {
+			errs = append(errs, removeNoTrack(h.hostNS, cfg.VXLANID))
+		}
 		return errors.Join(errs...)
 	}
 	if cfg.VXLANID > 0 {
@@ -59,6 +63,11 @@ func Teardown(cfg Config) error {
 		}
 	} else if !isNotFound(err) {
 		errs = append(errs, fmt.Errorf("tunnel: look up %s in %s: %w", LinkName, cfg.NetNSPath, err))
+	}
+	// The tunnel's NOTRACK rules go after its device: no packet of it is
+	// tracked while it exists.
+	if cfg.VXLANID > 0 {
+		errs = append(errs, removeNoTrack(h.hostNS, cfg.VXLANID))
 	}
 	if err := errors.Join(errs...); err != nil {
 		return fmt.Errorf("tunnel: teardown %s: %w", cfg.NetNSPath, err)
@@ -98,6 +107,9 @@ func Check(cfg Config) (State, error) {
 	defer h.close()
 	if _, err := h.host.LinkByName(cfg.hostLinkName()); err == nil {
 		s.HostLeftover = true
+	}
+	if s.NoTrack, err = hasNoTrack(h.hostNS, cfg); err != nil {
+		return s, err
 	}
 	if h.podNSMissing {
 		return s, nil

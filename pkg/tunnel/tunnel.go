@@ -13,10 +13,10 @@
 // pod's IP and MAC live on the VM's end of the tunnel; the pod namespace on the
 // worker is a conduit.
 //
-// Unlike upstream, caa adds no iptables NOTRACK rules for the VXLAN traffic
-// (upstream's raw-table rules only skip connection tracking; the machines caa
-// runs on need not have iptables), and it names its devices so that what
-// survived a crash or restart is found and completed instead of duplicated.
+// As upstream, the tunnel's UDP skips connection tracking in the worker's
+// namespace, through nftables' netlink API rather than the iptables binary
+// (notrack.go). caa names its devices so that what survived a crash or
+// restart is found and completed instead of duplicated.
 package tunnel
 
 import (
@@ -48,7 +48,8 @@ const (
 // Config is one sandbox's tunnel.
 type Config struct {
 	// NetNSPath is the pod's network namespace (kata's CreateVM
-	// networkNamespacePath).
+	// networkNamespacePath; a /var/run/netns path is read under /run/netns
+	// when the former does not exist, see ResolveNetNS).
 	NetNSPath string
 	// VXLANID is the tunnel's id (as in the VM's user data); Port its UDP
 	// port (0: 4789). The id must be unique on the node: the kernel keeps one
@@ -103,11 +104,14 @@ type State struct {
 	// PodLeftover: one was moved into the pod's but not renamed (a crash in
 	// either moment).
 	HostLeftover, PodLeftover bool
+	// NoTrack: the worker's NOTRACK rules for the tunnel's UDP are there
+	// (notrack.go).
+	NoTrack bool
 }
 
 // Complete reports whether the tunnel is whole.
 func (s State) Complete() bool {
-	return s.PodNetNS && s.Link && s.LinkMatches && s.ToTunnel && s.FromTunnel && !s.HostLeftover && !s.PodLeftover
+	return s.PodNetNS && s.Link && s.LinkMatches && s.ToTunnel && s.FromTunnel && !s.HostLeftover && !s.PodLeftover && s.NoTrack
 }
 
 type handles struct {
@@ -147,7 +151,7 @@ func open(cfg Config) (*handles, error) {
 		h.close()
 		return nil, fmt.Errorf("tunnel: netlink in the worker's namespace: %w", err)
 	}
-	h.podNS, err = netns.GetFromPath(cfg.NetNSPath)
+	h.podNS, err = netns.GetFromPath(ResolveNetNS(cfg.NetNSPath))
 	if errors.Is(err, os.ErrNotExist) {
 		h.podNSMissing = true
 		return h, nil
@@ -182,7 +186,7 @@ func workerNamespace(path string) error {
 // anything is built or created for it. A namespace that does not exist is
 // left to Inspect and Setup to report.
 func CheckPodNetNS(netnsPath, hostNetNSPath string) error {
-	pod, err := netns.GetFromPath(netnsPath)
+	pod, err := netns.GetFromPath(ResolveNetNS(netnsPath))
 	if err != nil {
 		return nil
 	}
@@ -225,6 +229,12 @@ func Setup(cfg Config) error {
 	}
 	vx, err := ensureLink(h, cfg)
 	if err != nil {
+		return err
+	}
+	// Once the device holds the id (the kernel refuses a second tunnel with
+	// an id in use, which must not touch the first's rules), and before the
+	// redirects send the pod's first packet.
+	if err := ensureNoTrack(h.hostNS, cfg); err != nil {
 		return err
 	}
 	for _, l := range []netlink.Link{podIf, vx} {

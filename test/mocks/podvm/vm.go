@@ -231,7 +231,9 @@ func (vm *VM) Close() error {
 // BuildVMEnd builds the VM's end of the tunnel as the image's podnode side
 // does (pkg/podnetwork/tunneler/vxlan/podnode.go upstream): a VXLAN device to
 // the worker with the sandbox's id and port, carrying the pod's MAC, IP and
-// MTU (capped at 1450). The fake puts it straight into the VM's namespace.
+// MTU (capped at 1450). The fake puts it straight into the VM's namespace,
+// then installs the pod's routes on it (installRoutes), failing where the
+// image's forwarder would exit.
 func BuildVMEnd(nsPath string, n podvm.Network) error {
 	h, err := handleAt(nsPath)
 	if err != nil {
@@ -260,5 +262,8 @@ func BuildVMEnd(nsPath string, n podvm.Network) error {
 	if err := h.AddrAdd(l, addr); err != nil {
 		return fmt.Errorf("pod IP on vxlan0: %w", err)
 	}
-	return h.LinkSetUp(l)
+	if err := h.LinkSetUp(l); err != nil {
+		return fmt.Errorf("vxlan0 up: %w", err)
+	}
+	return installRoutes(h, n, l)
 }

@@ -1,0 +1,240 @@
+package tunnel
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"strings"
+	"sync"
+
+	"github.com/google/nftables"
+	"github.com/google/nftables/binaryutil"
+	"github.com/google/nftables/expr"
+	"github.com/google/nftables/userdata"
+	"github.com/vishvananda/netns"
+	"golang.org/x/sys/unix"
+)
+
+// NOTRACK for the tunnel's UDP in the worker's namespace.
+//
+// Each VXLAN packet picks a random source port towards a fixed destination
+// port, so connection tracking sees every packet as a new UDP flow and a busy
+// node's conntrack table fills with them. Upstream (commit 2a79d39b, issue
+// 2015) adds two iptables rules per tunnel in the raw table: NOTRACK for UDP
+// to the VM's IP and the VXLAN port (OUTPUT) and from the VM's IP to that port
+// (PREROUTING). caa adds the same two matches through nftables' netlink API
+// (no iptables binary needed on the node), in a table of its own:
+//
+//	table ip caa-notrack
+//	  chain prerouting (filter, hook prerouting, priority raw)
+//	    ip saddr <VM> udp dport <port> notrack   comment "caa-vxlan <id> <VM>:<port>"
+//	  chain output     (filter, hook output, priority raw)
+//	    ip daddr <VM> udp dport <port> notrack   comment "caa-vxlan <id> <VM>:<port>"
+//
+// The kernel is the record: a tunnel's rules are found by their comment, so a
+// restarted caa (or the one a hand-over started) sees what an earlier one
+// added. Setup adds a tunnel's pair once (a second Setup adds nothing; a pair
+// for the same id with another VM or port is replaced); Teardown removes its
+// pair, and the table with the last pair.
+const (
+	NoTrackTable = "caa-notrack"
+	noTrackPre   = "prerouting"
+	noTrackOut   = "output"
+	noTrackTag   = "caa-vxlan"
+)
+
+// noTrackMu serialises this process's changes to the node's one table: the
+// check for "no pair left" and the table's removal must not interleave with
+// another tunnel's Setup. Deleting a chain removes the rules in it, so a
+// pair added between the check and the removal would go with the table. (A
+// hand-over's two caa do not build or tear down tunnels at the same time: only
+// the ledger's holder does.)
+var noTrackMu sync.Mutex
+
+func noTrackComment(id int, remote net.IP, port int) string {
+	return fmt.Sprintf("%s %d %s:%d", noTrackTag, id, remote, port)
+}
+
+func noTrackIDPrefix(id int) string { return fmt.Sprintf("%s %d ", noTrackTag, id) }
+
+func noTrackObjects() (*nftables.Table, *nftables.Chain, *nftables.Chain) {
+	t := &nftables.Table{Name: NoTrackTable, Family: nftables.TableFamilyIPv4}
+	pre := &nftables.Chain{Name: noTrackPre, Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookPrerouting, Priority: nftables.ChainPriorityRaw}
+	out := &nftables.Chain{Name: noTrackOut, Table: t, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookOutput, Priority: nftables.ChainPriorityRaw}
+	return t, pre, out
+}
+
+// noTrackRule matches UDP to port from (source) or to (!source) addr.
+func noTrackRule(t *nftables.Table, c *nftables.Chain, addr net.IP, port int, source bool, comment string) *nftables.Rule {
+	offset := uint32(16) // IPv4 destination address
+	if source {
+		offset = 12
+	}
+	return &nftables.Rule{
+		Table: t, Chain: c,
+		Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_UDP}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: offset, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: addr.To4()},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: binaryutil.BigEndian.PutUint16(uint16(port))},
+			&expr.Notrack{},
+		},
+		UserData: userdata.AppendString(nil, userdata.TypeComment, comment),
+	}
+}
+
+func ruleComment(r *nftables.Rule) string {
+	s, _ := userdata.GetString(r.UserData, userdata.TypeComment)
+	return s
+}
+
+// noTrackConn opens nftables in the worker's namespace.
+func noTrackConn(hostNS netns.NsHandle) (*nftables.Conn, error) {
+	c, err := nftables.New(nftables.WithNetNSFd(int(hostNS)))
+	if err != nil {
+		return nil, fmt.Errorf("tunnel: nftables in the worker's namespace: %w", err)
+	}
+	return c, nil
+}
+
+// tableRules lists the rules of the two chains; a missing table is none.
+func tableRules(c *nftables.Conn) (pre, out []*nftables.Rule, exists bool, err error) {
+	t, preC, outC := noTrackObjects()
+	if _, err := c.ListTableOfFamily(NoTrackTable, nftables.TableFamilyIPv4); err != nil {
+		if errors.Is(err, unix.ENOENT) {
+			return nil, nil, false, nil
+		}
+		return nil, nil, false, fmt.Errorf("tunnel: look up nftables table %s: %w", NoTrackTable, err)
+	}
+	pre, err = c.GetRules(t, preC)
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		return nil, nil, true, fmt.Errorf("tunnel: list %s %s: %w", NoTrackTable, noTrackPre, err)
+	}
+	out, err = c.GetRules(t, outC)
+	if err != nil && !errors.Is(err, unix.ENOENT) {
+		return nil, nil, true, fmt.Errorf("tunnel: list %s %s: %w", NoTrackTable, noTrackOut, err)
+	}
+	return pre, out, true, nil
+}
+
+// ensureNoTrack adds cfg's pair of rules unless exactly that pair is there,
+// removing other rules for cfg's id (an earlier VM's, or a second copy).
+func ensureNoTrack(hostNS netns.NsHandle, cfg Config) error {
+	noTrackMu.Lock()
+	defer noTrackMu.Unlock()
+	c, err := noTrackConn(hostNS)
+	if err != nil {
+		return err
+	}
+	defer c.CloseLasting()
+	pre, out, _, err := tableRules(c)
+	if err != nil {
+		return err
+	}
+	want := noTrackComment(cfg.VXLANID, cfg.RemoteIP, cfg.port())
+	prefix := noTrackIDPrefix(cfg.VXLANID)
+	changed := false
+	havePre, haveOut := false, false
+	for _, l := range []struct {
+		rules []*nftables.Rule
+		have  *bool
+	}{{pre, &havePre}, {out, &haveOut}} {
+		for _, r := range l.rules {
+			cm := ruleComment(r)
+			if !strings.HasPrefix(cm, prefix) {
+				continue
+			}
+			if cm == want && !*l.have {
+				*l.have = true
+				continue
+			}
+			if err := c.DelRule(r); err != nil {
+				return fmt.Errorf("tunnel: remove stale NOTRACK rule %q: %w", cm, err)
+			}
+			changed = true
+		}
+	}
+	t, preC, outC := noTrackObjects()
+	if !havePre || !haveOut {
+		c.AddTable(t)
+		c.AddChain(preC)
+		c.AddChain(outC)
+		if !havePre {
+			c.AddRule(noTrackRule(t, preC, cfg.RemoteIP, cfg.port(), true, want))
+		}
+		if !haveOut {
+			c.AddRule(noTrackRule(t, outC, cfg.RemoteIP, cfg.port(), false, want))
+		}
+		changed = true
+	}
+	if !changed {
+		return nil
+	}
+	if err := c.Flush(); err != nil {
+		return fmt.Errorf("tunnel: add NOTRACK rules for the tunnel's UDP (%s, table ip %s): %w "+
+			"(the kernel needs nf_tables with conntrack; caa needs NET_ADMIN in the node's namespace)", want, NoTrackTable, err)
+	}
+	return nil
+}
+
+// removeNoTrack removes the rules of VXLAN id and, when no tunnel's rule is
+// left, the table.
+func removeNoTrack(hostNS netns.NsHandle, id int) error {
+	noTrackMu.Lock()
+	defer noTrackMu.Unlock()
+	c, err := noTrackConn(hostNS)
+	if err != nil {
+		return err
+	}
+	defer c.CloseLasting()
+	pre, out, exists, err := tableRules(c)
+	if err != nil || !exists {
+		return err
+	}
+	prefix := noTrackIDPrefix(id)
+	left := 0
+	for _, r := range append(pre, out...) {
+		if !strings.HasPrefix(ruleComment(r), prefix) {
+			left++
+			continue
+		}
+		if err := c.DelRule(r); err != nil {
+			return fmt.Errorf("tunnel: remove NOTRACK rule %q: %w", ruleComment(r), err)
+		}
+	}
+	if left == 0 {
+		t, _, _ := noTrackObjects()
+		c.DelTable(t)
+	}
+	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
+		return fmt.Errorf("tunnel: remove NOTRACK rules of VXLAN %d (table ip %s): %w", id, NoTrackTable, err)
+	}
+	return nil
+}
+
+// hasNoTrack reports whether cfg's pair is in place.
+func hasNoTrack(hostNS netns.NsHandle, cfg Config) (bool, error) {
+	c, err := noTrackConn(hostNS)
+	if err != nil {
+		return false, err
+	}
+	defer c.CloseLasting()
+	pre, out, _, err := tableRules(c)
+	if err != nil {
+		return false, err
+	}
+	want := noTrackComment(cfg.VXLANID, cfg.RemoteIP, cfg.port())
+	has := func(rs []*nftables.Rule) bool {
+		for _, r := range rs {
+			if ruleComment(r) == want {
+				return true
+			}
+		}
+		return false
+	}
+	return has(pre) && has(out), nil
+}
