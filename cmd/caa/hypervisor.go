@@ -100,7 +100,7 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 		log.Info("agent sockets served by the relay daemon", "socket", f.hv.relay)
 	}
 	m := sandbox.New(sandbox.Config{
-		Ledger: led, Provider: n.prov, Pods: n.pods, Events: n.events, Spec: n.specCfg,
+		Ledger: led, Provider: n.prov, Pods: n.pods, Events: n.events, Spec: n.specCfg, RuntimeClasses: f.runtimeClasses,
 		Side:    side,
 		Cluster: n.clusterID, Node: f.node, NodeIP: net.ParseIP(f.hv.nodeIP), SocketDir: f.hv.agentDir,
 		Writes: writes, Reads: reads, CallTimeout: f.cloudTimeout, StartTimeout: f.hv.startLimit,
