@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"strings"
 	"testing"
 	"time"
 
@@ -15,6 +14,7 @@ import (
 
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/sandbox"
+	"github.com/caa-project/caa/test/e2e/cluster"
 	katafake "github.com/caa-project/caa/test/mocks/kata"
 )
 
@@ -105,9 +105,8 @@ func createPodOfClass(ctx context.Context, t *testing.T, e *hvEnv, ns, name, cla
 	p, err := e.c.Client().CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: corev1.PodSpec{NodeName: e.node, RuntimeClassName: &class,
-			Containers: []corev1.Container{{Name: "pause", Image: "registry.k8s.io/pause:3.10"}}},
+			Containers: []corev1.Container{{Name: "pause", Image: cluster.PauseImage}}},
 	}, metav1.CreateOptions{})
 	require.NoError(t, err)
-	require.False(t, strings.Contains(class, "remote"))
 	return p
 }
