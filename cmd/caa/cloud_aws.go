@@ -15,6 +15,7 @@ func awsCloud() *cloud {
 	return &cloud{
 		name:     "aws",
 		addFlags: cfg.AddFlags,
+		types:    aws.InstanceTypes,
 		open: func(ctx context.Context, log *slog.Logger) (provider.Provider, cloudDefaults, error) {
 			cfg.Logger = log
 			if err := cfg.Validate(); err != nil {

@@ -16,6 +16,7 @@ func azureCloud() *cloud {
 	return &cloud{
 		name:     "azure",
 		addFlags: cfg.AddFlags,
+		types:    azure.InstanceTypes,
 		open: func(ctx context.Context, log *slog.Logger) (provider.Provider, cloudDefaults, error) {
 			if err := cfg.Validate(); err != nil {
 				return nil, cloudDefaults{}, err

@@ -15,6 +15,7 @@ func ibmcloudCloud() *cloud {
 	return &cloud{
 		name:     "ibmcloud",
 		addFlags: cfg.AddFlags,
+		types:    ibmcloud.InstanceTypes,
 		open: func(ctx context.Context, log *slog.Logger) (provider.Provider, cloudDefaults, error) {
 			if err := cfg.Validate(); err != nil {
 				return nil, cloudDefaults{}, err

@@ -23,7 +23,10 @@ var knownClouds = []string{"aws", "azure", "ibmcloud"}
 type cloud struct {
 	name     string
 	addFlags func(fs *pflag.FlagSet)
-	open     func(ctx context.Context, log *slog.Logger) (provider.Provider, cloudDefaults, error)
+	// types is the cloud's table of instance type sizes (the provider
+	// package's InstanceTypes), which --instance-types names pick from.
+	types func() []provider.InstanceType
+	open  func(ctx context.Context, log *slog.Logger) (provider.Provider, cloudDefaults, error)
 }
 
 // cloudDefaults are a cloud's answers for pods that name no type or image.

@@ -215,7 +215,7 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 		pullSecrets = sandbox.KubePullSecrets{Client: n.client}
 	}
 	m := sandbox.New(sandbox.Config{
-		Ledger: led, Provider: n.prov, Pods: n.pods, Events: n.events, Spec: n.specCfg,
+		Ledger: led, Provider: n.prov, Pods: n.pods, Events: n.events, Spec: n.specCfg, RuntimeClasses: f.runtimeClasses,
 		Side: side, DefaultInitData: f.hv.initData, PullSecrets: pullSecrets,
 		Cluster: n.clusterID, Node: f.node, NodeIP: net.ParseIP(f.hv.nodeIP), SocketDir: f.hv.agentDir,
 		Writes: writes, Reads: reads, CallTimeout: f.cloudTimeout, StartTimeout: f.hv.startLimit,

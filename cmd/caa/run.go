@@ -180,7 +180,12 @@ func addRunFlags(cmd *cobra.Command, f *runFlags) {
 		"on SIGTERM, how long cloud calls in flight may finish (env CAA_SHUTDOWN_GRACE)")
 	fs.StringVar(&f.userDataFile, "user-data-file", os.Getenv("CAA_USER_DATA_FILE"), "file whose bytes every VM gets as user data; never logged (env CAA_USER_DATA_FILE)")
 	fs.StringVar(&f.instanceTypes, "instance-types", os.Getenv("CAA_INSTANCE_TYPES"),
-		"instance types for vCPU/memory requests, name:vcpus:memoryMiB,... (env CAA_INSTANCE_TYPES)")
+		"instance types that pods' vCPU, memory and GPU requests (kata's default_vcpus, default_memory, default_gpus and "+
+			"default_gpu_model annotations) are fitted to, the smallest that fits: names of types caa knows for the cloud, or "+
+			"name:vcpus:memoryMiB[:gpus:model] for others. Empty: every pod gets the cloud's default type, and a pod that asks for "+
+			"more gets an event saying so. Suggested: aws m6a.large,m6a.xlarge,m6a.2xlarge,m6a.4xlarge,g5.xlarge; "+
+			"azure Standard_DC2as_v5,Standard_DC4as_v5,Standard_DC8as_v5,Standard_NCC40ads_H100_v5; "+
+			"ibmcloud bx2-2x8,bx2-4x16,bx2-8x32,gx3-16x80x1l4 (env CAA_INSTANCE_TYPES)")
 	fs.StringSliceVar(&f.allowedTypes, "allowed-types", provider.SplitList(os.Getenv("CAA_ALLOWED_TYPES")),
 		"instance types a pod may ask for (env CAA_ALLOWED_TYPES; default: the table and the default type)")
 	fs.StringSliceVar(&f.allowedImages, "allowed-images", provider.SplitList(os.Getenv("CAA_ALLOWED_IMAGES")),
@@ -220,7 +225,7 @@ func (f *runFlags) check() error {
 	if f.audit < 0 {
 		errs = append(errs, errors.New("--audit-interval must be 0 (startup only) or positive"))
 	}
-	if _, err := parseTypes(f.instanceTypes); err != nil {
+	if _, err := f.types(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := f.hv.check(); err != nil {
@@ -248,22 +253,18 @@ func joinLine(errs []error) error {
 	return errors.New(strings.Join(msgs, "; "))
 }
 
-// parseTypes reads name:vcpus:memoryMiB,...
-func parseTypes(s string) ([]provider.InstanceType, error) {
-	var out []provider.InstanceType
-	for _, item := range provider.SplitList(s) {
-		parts := strings.Split(item, ":")
-		if len(parts) != 3 {
-			return nil, fmt.Errorf("--instance-types: %q is not name:vcpus:memoryMiB", item)
-		}
-		cpus, err1 := strconv.Atoi(parts[1])
-		mem, err2 := strconv.Atoi(parts[2])
-		if err1 != nil || err2 != nil || cpus <= 0 || mem <= 0 || parts[0] == "" {
-			return nil, fmt.Errorf("--instance-types: %q is not name:vcpus:memoryMiB with positive numbers", item)
-		}
-		out = append(out, provider.InstanceType{Name: parts[0], VCPUs: cpus, MemoryMiB: mem})
+// types reads --instance-types against the chosen cloud's table of sizes
+// (none when the cloud is unknown: its error is reported on its own).
+func (f *runFlags) types() ([]provider.InstanceType, error) {
+	return provider.ParseInstanceTypes(f.instanceTypes, f.knownTypes())
+}
+
+// knownTypes is the chosen cloud's table of instance type sizes.
+func (f *runFlags) knownTypes() []provider.InstanceType {
+	if c, err := findCloud(f.clouds, f.providerName); err == nil && c.types != nil {
+		return c.types()
 	}
-	return out, nil
+	return nil
 }
 
 func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
@@ -293,8 +294,11 @@ func readableDurations(_ []string, a slog.Attr) slog.Attr {
 // newProvider builds the chosen cloud's provider and the node's defaults
 // for spec selection.
 func (f *runFlags) newProvider(ctx context.Context, log *slog.Logger) (provider.Provider, provider.SpecConfig, error) {
-	types, _ := parseTypes(f.instanceTypes)
-	spec := provider.SpecConfig{Types: types, AllowedTypes: f.allowedTypes, AllowedImages: f.allowedImages}
+	types, err := f.types()
+	if err != nil {
+		return nil, provider.SpecConfig{}, err
+	}
+	spec := provider.SpecConfig{Types: types, Known: f.knownTypes(), AllowedTypes: f.allowedTypes, AllowedImages: f.allowedImages}
 	c, err := findCloud(f.clouds, f.providerName)
 	if err != nil {
 		return nil, spec, err

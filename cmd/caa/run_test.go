@@ -48,13 +48,39 @@ func TestRunFlagsCheck(t *testing.T) {
 	}
 }
 
-func TestParseTypes(t *testing.T) {
-	types, err := parseTypes("small:2:4096,large:8:32768")
+func TestInstanceTypesNameTheCloudsTypes(t *testing.T) {
+	f := runFlags{clouds: compiledClouds(), providerName: "aws", instanceTypes: "m6a.large, g5.xlarge, small:2:4096"}
+	types, err := f.types()
 	require.NoError(t, err)
-	assert.Equal(t, []provider.InstanceType{{Name: "small", VCPUs: 2, MemoryMiB: 4096}, {Name: "large", VCPUs: 8, MemoryMiB: 32768}}, types)
-	for _, bad := range []string{"small", "small:0:1", ":1:1", "a:1:b"} {
-		_, err := parseTypes(bad)
-		assert.Error(t, err, bad)
+	assert.Equal(t, []provider.InstanceType{{Name: "m6a.large", VCPUs: 2, MemoryMiB: 8192},
+		{Name: "g5.xlarge", VCPUs: 4, MemoryMiB: 16384, GPUs: 1, GPUModel: "a10g"}, {Name: "small", VCPUs: 2, MemoryMiB: 4096}}, types)
+	f.instanceTypes = "bx2-2x8"
+	_, err = f.types()
+	assert.ErrorContains(t, err, `--instance-types: caa does not know the size of "bx2-2x8"`, "an IBM profile is not an EC2 type")
+	f.providerName = "ibmcloud"
+	_, err = f.types()
+	require.NoError(t, err)
+	for _, bad := range []string{"small:0:1", ":1:1", "a:1:b", "a:1:1:1"} {
+		f.instanceTypes = bad
+		_, err := f.types()
+		assert.ErrorContains(t, err, "--instance-types", bad)
+	}
+}
+
+// TestCloudTypeTablesAreWellFormed checks each cloud's table: positive
+// sizes, unique names, a GPU model exactly when there are GPUs, and the
+// cloud's default type among them.
+func TestCloudTypeTablesAreWellFormed(t *testing.T) {
+	defaults := map[string]string{"aws": "m6a.large", "azure": "Standard_DC2as_v5", "ibmcloud": "bx2-2x8"}
+	for _, c := range compiledClouds() {
+		seen := map[string]bool{}
+		for _, ty := range c.types() {
+			assert.True(t, ty.VCPUs > 0 && ty.MemoryMiB > 0, "%s %s", c.name, ty)
+			assert.Equal(t, ty.GPUs > 0, ty.GPUModel != "", "%s %s", c.name, ty)
+			assert.False(t, seen[ty.Name], "%s lists %s twice", c.name, ty.Name)
+			seen[ty.Name] = true
+		}
+		assert.True(t, seen[defaults[c.name]], "%s: the table lacks %s", c.name, defaults[c.name])
 	}
 }
 

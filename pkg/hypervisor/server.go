@@ -1,9 +1,12 @@
 // Package hypervisor serves kata's remote hypervisor API (ttrpc on a unix
 // socket) and hands each call to the sandbox lifecycle.
 //
-// Both kata shims (the Go runtime and runtime-rs) call the ttrpc service
-// "hypervisor.Hypervisor" (see hypervisorpb/hypervisor.proto), so one
-// registration serves both. The Go shim opens a new connection per call;
+// The ttrpc method path is "/<proto package>.Hypervisor/<Method>". The Go
+// shim's hypervisor.proto declares package "hypervisor"; runtime-rs's
+// remote.proto declared package "remote" from kata 3.11.0 to 3.22.0 and
+// "hypervisor" from 3.23.0 (kata commit 80ef102a). The messages and their
+// field numbers are the same in both, so the one service is registered
+// under both names (ServiceNames). The Go shim opens a new connection per call;
 // it waits for StartVM up to remote_hypervisor_timeout (600 s by default),
 // and runtime-rs gives StopVM about one second.
 package hypervisor
@@ -27,6 +30,11 @@ import (
 
 // DefaultSocket is kata's default remote_hypervisor_socket.
 const DefaultSocket = "/run/peerpod/hypervisor.sock"
+
+// ServiceNames are the ttrpc service names the API is served under:
+// "hypervisor.Hypervisor" (the Go shim; runtime-rs from kata 3.23.0) and
+// "remote.Hypervisor" (runtime-rs 3.11.0 to 3.22.0).
+var ServiceNames = [...]string{"hypervisor.Hypervisor", "remote.Hypervisor"}
 
 // Lifecycle is what the service asks of the sandboxes (sandbox.Manager).
 type Lifecycle interface {
@@ -130,7 +138,7 @@ func Serve(ctx context.Context, ln net.Listener, svc *Service) error {
 	if err != nil {
 		return fmt.Errorf("ttrpc server: %w", err)
 	}
-	hypervisorpb.RegisterHypervisorService(srv, svc)
+	register(srv, svc)
 	done := make(chan struct{})
 	defer close(done)
 	go func() {
@@ -150,4 +158,30 @@ func Serve(ctx context.Context, ln net.Listener, svc *Service) error {
 		return nil
 	}
 	return err
+}
+
+// register adds svc to srv under every name in ServiceNames. The generated
+// RegisterHypervisorService knows only the name of caa's own .proto, so
+// the method table is built here, once, and handed to each name.
+func register(srv *ttrpc.Server, svc hypervisorpb.HypervisorService) {
+	methods := map[string]ttrpc.Method{
+		"CreateVM": method(svc.CreateVM),
+		"StartVM":  method(svc.StartVM),
+		"StopVM":   method(svc.StopVM),
+		"Version":  method(svc.Version),
+	}
+	for _, name := range ServiceNames {
+		srv.RegisterService(name, &ttrpc.ServiceDesc{Methods: methods})
+	}
+}
+
+// method adapts one typed call to ttrpc's untyped method signature.
+func method[Req, Res any](call func(context.Context, *Req) (*Res, error)) ttrpc.Method {
+	return func(ctx context.Context, unmarshal func(any) error) (any, error) {
+		req := new(Req)
+		if err := unmarshal(req); err != nil {
+			return nil, err
+		}
+		return call(ctx, req)
+	}
 }

@@ -188,3 +188,47 @@ func TestListenReplacesAStaleSocketButNotALiveOne(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, info.IsDir())
 }
+
+// TestRuntimeRsRemotePackageIsServed calls the service the way runtime-rs
+// 3.11.0 to 3.22.0 does: its remote.proto declared `package remote` (read
+// at kata's tags 3.11.0 and 3.22.0; 3.23.0 changed it to `hypervisor`), so
+// its ttrpc method paths are /remote.Hypervisor/<Method>. The calls go
+// through a real ttrpc client by service name, every method, a refusal's
+// status code included; a name neither shim uses stays Unimplemented.
+func TestRuntimeRsRemotePackageIsServed(t *testing.T) {
+	lc := &fakeLifecycle{}
+	path := serve(t, lc)
+	ctx := context.Background()
+	id := fmt.Sprintf("%064x", 7)
+	call := func(service, method string, req, res any) error {
+		t.Helper()
+		c, err := net.DialTimeout("unix", path, time.Second)
+		require.NoError(t, err)
+		cl := ttrpc.NewClient(c)
+		defer cl.Close()
+		return cl.Call(ctx, service, method, req, res)
+	}
+
+	var v hypervisorpb.VersionResponse
+	require.NoError(t, call("remote.Hypervisor", "Version", &hypervisorpb.VersionRequest{Version: "0.0.1"}, &v))
+	assert.Equal(t, "caa-test", v.GetVersion())
+	var cr hypervisorpb.CreateVMResponse
+	ann := map[string]string{"io.kubernetes.cri.sandbox-name": "web", "io.kubernetes.cri.sandbox-namespace": "team"}
+	require.NoError(t, call("remote.Hypervisor", "CreateVM",
+		&hypervisorpb.CreateVMRequest{Id: id, Annotations: ann, NetworkNamespacePath: "/run/netns/cni-2"}, &cr))
+	assert.Equal(t, "/run/peerpod/pods/"+id+"/agent.ttrpc", cr.GetAgentSocketPath())
+	assert.Equal(t, ann, lc.ann)
+	require.NoError(t, call("remote.Hypervisor", "StartVM", &hypervisorpb.StartVMRequest{Id: id}, &hypervisorpb.StartVMResponse{}))
+	require.NoError(t, call("remote.Hypervisor", "StopVM", &hypervisorpb.StopVMRequest{Id: id}, &hypervisorpb.StopVMResponse{}))
+	assert.Equal(t, []string{"CreateVM " + id, "StartVM " + id, "StopVM " + id}, lc.calls)
+
+	lc.mu.Lock()
+	lc.err = fmt.Errorf("%w: no such pod", sandbox.ErrInvalid)
+	lc.mu.Unlock()
+	err := call("remote.Hypervisor", "CreateVM", &hypervisorpb.CreateVMRequest{Id: id}, &cr)
+	assert.Equal(t, codes.InvalidArgument, status.Code(err), "%v", err)
+	assert.Contains(t, status.Convert(err).Message(), "no such pod")
+
+	err = call("other.Hypervisor", "CreateVM", &hypervisorpb.CreateVMRequest{Id: id}, &cr)
+	assert.Equal(t, codes.Unimplemented, status.Code(err), "%v", err)
+}

@@ -3,7 +3,6 @@ package provider
 import (
 	"fmt"
 	"slices"
-	"strconv"
 	"strings"
 	"unicode"
 )
@@ -16,20 +15,17 @@ const (
 	AnnotationMemory      = "io.katacontainers.config.hypervisor.default_memory" // MiB
 )
 
-// InstanceType is one row of the configured table used to fit vCPU and
-// memory requests.
-type InstanceType struct {
-	Name      string
-	VCPUs     int
-	MemoryMiB int
-}
-
 // SpecConfig is the operator's policy for VM shapes on this node.
 type SpecConfig struct {
 	DefaultType  string
 	DefaultImage string
-	// Types is the table for fitting vCPU/memory requests, any order.
+	// Types is the operator's --instance-types list that sizing requests
+	// are fitted to, any order. Empty: every pod gets DefaultType, as
+	// upstream's adaptor does with no list.
 	Types []InstanceType
+	// Known is the cloud's table of type sizes; it tells whether
+	// DefaultType meets a request when Types is empty.
+	Known []InstanceType
 	// AllowedTypes limits what a pod may ask for. Empty: the names in Types
 	// plus DefaultType.
 	AllowedTypes []string
@@ -44,43 +40,46 @@ type SpecConfig struct {
 type Selection struct {
 	InstanceType string
 	Image        string
+	// Notice, when set, says the pod asked for more than InstanceType
+	// offers (no --instance-types list to fit it to); the caller tells
+	// the pod.
+	Notice string
 }
 
 // Select picks the instance type and image for a pod from its annotations:
-// an explicit machine_type (which must be allowed) wins; otherwise the
-// smallest allowed type in the table that fits default_vcpus and
-// default_memory; otherwise DefaultType. The image annotation overrides
-// DefaultImage. A bad value is ErrInvalidSpec naming the annotation, the
-// value and what is allowed.
+// an explicit machine_type (which must be allowed) wins; otherwise a
+// request for vCPUs, memory or GPUs gets the smallest allowed type of
+// Types that fits it, or, with no Types, DefaultType with a Notice when
+// that type is known to be smaller than asked; otherwise DefaultType. The
+// image annotation overrides DefaultImage. A bad value, or a request
+// nothing fits, is ErrInvalidSpec naming the annotation or the flag.
 func (c SpecConfig) Select(annotations map[string]string) (Selection, error) {
 	allowed := c.allowed()
 	var sel Selection
+	req, err := ReadRequest(annotations)
+	if err != nil {
+		return Selection{}, err
+	}
 
-	if v, ok := annotations[AnnotationMachineType]; ok {
-		v = strings.TrimSpace(v)
+	if v := strings.TrimSpace(annotations[AnnotationMachineType]); v != "" {
 		if !slices.Contains(allowed, v) {
 			return Selection{}, fmt.Errorf("%w: annotation %s=%q: instance type not allowed on this node (allowed: %s)",
 				ErrInvalidSpec, AnnotationMachineType, v, strings.Join(allowed, ", "))
 		}
 		sel.InstanceType = v
+	} else if !req.empty() && len(c.Types) > 0 {
+		t, ok := c.smallestFit(req, allowed)
+		if !ok {
+			return Selection{}, fmt.Errorf("%w: the pod asks for %s and no type of --instance-types allowed here has that (largest: %s); "+
+				"add a type that large to --instance-types, or lower the pod's limits", ErrInvalidSpec, req, c.largest(req, allowed))
+		}
+		sel.InstanceType = t.Name
 	} else {
-		vcpus, err := positiveInt(annotations, AnnotationVCPUs)
-		if err != nil {
-			return Selection{}, err
-		}
-		mem, err := positiveInt(annotations, AnnotationMemory)
-		if err != nil {
-			return Selection{}, err
-		}
-		if vcpus > 0 || mem > 0 {
-			t, ok := c.smallestFit(vcpus, mem, allowed)
-			if !ok {
-				return Selection{}, fmt.Errorf("%w: annotations %s=%d, %s=%d MiB: no allowed instance type is that large (largest: %s)",
-					ErrInvalidSpec, AnnotationVCPUs, vcpus, AnnotationMemory, mem, c.largest(allowed))
+		sel.InstanceType = c.DefaultType
+		if !req.empty() && sel.InstanceType != "" {
+			if sel.Notice, err = c.defaultFor(req); err != nil {
+				return Selection{}, err
 			}
-			sel.InstanceType = t.Name
-		} else {
-			sel.InstanceType = c.DefaultType
 		}
 	}
 	if sel.InstanceType == "" {
@@ -89,9 +88,10 @@ func (c SpecConfig) Select(annotations map[string]string) (Selection, error) {
 	}
 
 	sel.Image = c.DefaultImage
-	if v, ok := annotations[AnnotationImage]; ok {
-		v = strings.TrimSpace(v)
-		if v == "" || len(v) > 1024 || strings.IndexFunc(v, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0 {
+	// An empty image is none named: kata's shims send "" when the pod
+	// names no image.
+	if v := strings.TrimSpace(annotations[AnnotationImage]); v != "" {
+		if len(v) > 1024 || strings.IndexFunc(v, func(r rune) bool { return unicode.IsSpace(r) || unicode.IsControl(r) }) >= 0 {
 			return Selection{}, fmt.Errorf("%w: annotation %s=%q: want an image id with no spaces, at most 1024 bytes",
 				ErrInvalidSpec, AnnotationImage, v)
 		}
@@ -136,11 +136,56 @@ func (c SpecConfig) allowed() []string {
 	return names
 }
 
-// smallestFit orders by vCPUs, then memory, then name, so the choice is
-// the same on every node whatever the table's order.
-func (c SpecConfig) smallestFit(vcpus, mem int, allowed []string) (InstanceType, bool) {
+// defaultFor checks a request against DefaultType when there is no list to
+// fit it to. Upstream's adaptor gives the default type then; caa does too,
+// and says so on the pod when the type is known to be smaller. A GPU
+// request is the exception: a VM without the GPU cannot run the pod at
+// all, so it is refused unless the default type is known to have it.
+func (c SpecConfig) defaultFor(req Request) (string, error) {
+	def, known := c.lookup(c.DefaultType)
+	if req.GPUs > 0 && (!known || !def.fits(req)) {
+		has := "caa does not know its size"
+		if known {
+			has = "it offers " + strings.TrimPrefix(def.String(), def.Name+" ")
+		}
+		return "", fmt.Errorf("%w: the pod asks for %s but --instance-types is empty, so it would get the default type %s (%s); "+
+			"list GPU types in --instance-types (for example %s)", ErrInvalidSpec, req, c.DefaultType, has, gpuExamples(c.Known))
+	}
+	if !known || def.VCPUs >= req.VCPUs && def.MemoryMiB >= req.MemoryMiB {
+		return "", nil
+	}
+	return fmt.Sprintf("the pod asks for %s; it gets the default type %s, which is smaller, because --instance-types is empty "+
+		"(list larger types there to have them fitted)", req, def), nil
+}
+
+// lookup finds a type's size in Types, then in Known.
+func (c SpecConfig) lookup(name string) (InstanceType, bool) {
+	for _, table := range [][]InstanceType{c.Types, c.Known} {
+		if i := slices.IndexFunc(table, func(t InstanceType) bool { return t.Name == name }); i >= 0 {
+			return table[i], true
+		}
+	}
+	return InstanceType{}, false
+}
+
+func gpuExamples(known []InstanceType) string {
+	var out []string
+	for _, t := range known {
+		if t.GPUs > 0 && len(out) < 3 {
+			out = append(out, t.Name)
+		}
+	}
+	if len(out) == 0 {
+		return "name:vcpus:memoryMiB:gpus:model"
+	}
+	return strings.Join(out, ", ")
+}
+
+// smallestFit orders by GPUs, vCPUs, memory, then name, so the choice is
+// the same on every node whatever the list's order.
+func (c SpecConfig) smallestFit(req Request, allowed []string) (InstanceType, bool) {
 	fits := slices.DeleteFunc(slices.Clone(c.Types), func(t InstanceType) bool {
-		return !slices.Contains(allowed, t.Name) || t.VCPUs < vcpus || t.MemoryMiB < mem
+		return !slices.Contains(allowed, t.Name) || !t.fits(req)
 	})
 	if len(fits) == 0 {
 		return InstanceType{}, false
@@ -148,20 +193,28 @@ func (c SpecConfig) smallestFit(vcpus, mem int, allowed []string) (InstanceType,
 	return slices.MinFunc(fits, compareTypes), true
 }
 
-func (c SpecConfig) largest(allowed []string) string {
+// largest is the largest allowed type of the kind asked (with or without
+// GPUs), for the refusal's text.
+func (c SpecConfig) largest(req Request, allowed []string) string {
 	var best *InstanceType
 	for i, t := range c.Types {
-		if slices.Contains(allowed, t.Name) && (best == nil || compareTypes(t, *best) > 0) {
+		if slices.Contains(allowed, t.Name) && (t.GPUs > 0) == (req.GPUs > 0) && (best == nil || compareTypes(t, *best) > 0) {
 			best = &c.Types[i]
 		}
 	}
 	if best == nil {
-		return "none in the table"
+		if req.GPUs > 0 {
+			return "the list has no GPU type"
+		}
+		return "the list has no type without GPUs"
 	}
-	return fmt.Sprintf("%s with %d vCPUs and %d MiB", best.Name, best.VCPUs, best.MemoryMiB)
+	return best.String()
 }
 
 func compareTypes(a, b InstanceType) int {
+	if a.GPUs != b.GPUs {
+		return a.GPUs - b.GPUs
+	}
 	if a.VCPUs != b.VCPUs {
 		return a.VCPUs - b.VCPUs
 	}
@@ -169,17 +222,4 @@ func compareTypes(a, b InstanceType) int {
 		return a.MemoryMiB - b.MemoryMiB
 	}
 	return strings.Compare(a.Name, b.Name)
-}
-
-// positiveInt reads an optional positive integer annotation; absent is 0.
-func positiveInt(annotations map[string]string, key string) (int, error) {
-	v, ok := annotations[key]
-	if !ok {
-		return 0, nil
-	}
-	n, err := strconv.Atoi(strings.TrimSpace(v))
-	if err != nil || n <= 0 || n > 1<<20 {
-		return 0, fmt.Errorf("%w: annotation %s=%q: want a whole number from 1 to %d", ErrInvalidSpec, key, v, 1<<20)
-	}
-	return n, nil
 }

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
-	"maps"
 	"net"
 	"os"
 	"path/filepath"
@@ -28,32 +27,39 @@ func (m *Manager) CreateVM(ctx context.Context, id string, annotations map[strin
 	if err := checkID(id); err != nil {
 		return "", err
 	}
-	ns, name := annotations[AnnotationSandboxNamespace], annotations[AnnotationSandboxName]
-	if ns == "" || name == "" {
-		return "", fmt.Errorf("%w: sandbox %s: the annotations %s and %s must name the pod (kata's shim sends them from the CRI)",
-			ErrInvalid, id, AnnotationSandboxNamespace, AnnotationSandboxName)
+	who, err := ReadPodIdentity(annotations)
+	if err != nil {
+		return "", fmt.Errorf("sandbox %s: %w", id, err)
 	}
+	ns, name := who.Namespace, who.Name
 	initData := annotations[AnnotationInitData]
 	if len(initData) > MaxInitData {
 		return "", fmt.Errorf("%w: sandbox %s: annotation %s is %d bytes, the limit is %d (it travels in the VM's user data)",
 			ErrInvalid, id, AnnotationInitData, len(initData), MaxInitData)
 	}
-	sel, err := m.cfg.Spec.Select(settings(annotations))
+	sel, err := m.cfg.Spec.Select(annotations)
 	if err != nil {
 		return "", fmt.Errorf("%w: sandbox %s of pod %s/%s: %w", ErrInvalid, id, ns, name, err)
 	}
 	if old, err := m.cfg.Ledger.GetSandbox(id); err == nil {
-		if old.Namespace != ns || old.Name != name {
-			return "", fmt.Errorf("%w: sandbox %s is recorded for pod %s, not %s/%s", ErrInvalid, id, old.PodRef(), ns, name)
+		if old.Namespace != ns || old.Name != name || who.UID != "" && old.PodUID != who.UID {
+			return "", fmt.Errorf("%w: sandbox %s is recorded for pod %s (UID %s), not %s", ErrInvalid, id, old.PodRef(), old.PodUID, who)
 		}
 		m.keep(id, initData)
 		return old.AgentSocket, nil
 	} else if !errors.Is(err, ledger.ErrNotFound) {
 		return "", fmt.Errorf("read sandbox %s: %w", id, err)
 	}
-	pod, err := m.waitPod(ctx, ns, name)
+	pod, err := m.waitPod(ctx, who)
 	if err != nil {
 		return "", fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	if pod.NotPeer {
+		// The same test as the informer mode's (the pod cache's NotPeer),
+		// so both modes serve the same pods.
+		return "", fmt.Errorf("%w: sandbox %s: pod %s has runtime class %q, which this caa does not serve (--runtime-class %s); "+
+			"add the class to --runtime-class if its pods are peer pods, or point that class's kata configuration at another "+
+			"hypervisor", ErrInvalid, id, who, pod.RuntimeClass, strings.Join(m.cfg.RuntimeClasses, ","))
 	}
 
 	m.mu.Lock() // one VXLAN id per live sandbox on this node
@@ -73,20 +79,17 @@ func (m *Manager) CreateVM(ctx context.Context, id string, annotations map[strin
 	}
 	m.keepLocked(id, initData)
 	m.cfg.Log.Info("sandbox recorded", "sandbox", id, "pod", s.PodRef(), "podUID", pod.UID, "type", sel.InstanceType, "image", sel.Image)
+	if sel.Notice != "" {
+		m.cfg.Log.Warn("sandbox's VM is smaller than its pod asks", "sandbox", id, "pod", s.PodRef(), "notice", sel.Notice)
+		m.event(s, true, EventSmallerThanAsked, fmt.Sprintf("sandbox %s: %s", short(id), sel.Notice))
+	}
 	return s.AgentSocket, nil
 }
 
-// settings are the shim's hypervisor annotations that choose a VM, without
-// the empty or zero values the shim sends for settings it does not have.
-func settings(annotations map[string]string) map[string]string {
-	out := maps.Clone(annotations)
-	for k, v := range out {
-		if strings.TrimSpace(v) == "" || (v == "0" && (k == provider.AnnotationVCPUs || k == provider.AnnotationMemory)) {
-			delete(out, k)
-		}
-	}
-	return out
-}
+// EventSmallerThanAsked is the pod event of a sandbox whose VM gets the
+// default instance type although the pod asks for more (no
+// --instance-types list to fit it to).
+const EventSmallerThanAsked = "VMSmallerThanRequested"
 
 func (m *Manager) keep(id, initData string) {
 	m.mu.Lock()
@@ -121,23 +124,43 @@ func (m *Manager) freeVXLAN() (int, error) {
 }
 
 // waitPod finds the pod in the node's pod cache, waiting up to PodWait for
-// an informer that has not seen it yet.
-func (m *Manager) waitPod(ctx context.Context, ns, name string) (*reconcile.Pod, error) {
+// an informer that has not seen it yet. With a UID (CRI-O's name) the pod
+// is found by it, or, for a static pod, by its mirror pod's config hash,
+// and its namespace and name must agree.
+func (m *Manager) waitPod(ctx context.Context, who PodIdentity) (*reconcile.Pod, error) {
 	ctx, cancel := context.WithTimeout(ctx, m.cfg.PodWait)
 	defer cancel()
 	poll := min(m.cfg.Poll, 100*time.Millisecond)
 	for {
 		for _, p := range m.cfg.Pods.Pods() {
-			if p.Namespace == ns && p.Name == name && !p.Terminal {
-				return p, nil
+			if p.Terminal {
+				continue
 			}
+			if who.UID == "" {
+				if p.Namespace == who.Namespace && p.Name == who.Name {
+					return p, nil
+				}
+				continue
+			}
+			if p.UID != who.UID && p.Annotations[mirrorAnnotation] != who.UID {
+				continue
+			}
+			if p.Namespace != who.Namespace || p.Name != who.Name {
+				return nil, fmt.Errorf("%w: the sandbox names pod %s but the pod of that UID is %s/%s", ErrInvalid, who, p.Namespace, p.Name)
+			}
+			return p, nil
 		}
 		if err := sleep(ctx, poll); err != nil {
-			return nil, fmt.Errorf("%w: pod %s/%s is not a live pod of node %s (waited %s for the pod cache)",
-				ErrInvalid, ns, name, m.cfg.Node, m.cfg.PodWait)
+			return nil, fmt.Errorf("%w: pod %s is not a live pod of node %s (waited %s for the pod cache)",
+				ErrInvalid, who, m.cfg.Node, m.cfg.PodWait)
 		}
 	}
 }
+
+// mirrorAnnotation holds a static pod's config hash on its mirror pod: the
+// kubelet's UID for the pod, which CRI-O's name carries, while the API
+// server gives the mirror pod a UID of its own.
+const mirrorAnnotation = "kubernetes.io/config.mirror"
 
 // StartVM gives sandbox id its VM: the durable intent, the cloud create,
 // the wait for a running VM with an IP, the tunnel and the relay. It

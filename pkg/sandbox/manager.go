@@ -76,6 +76,9 @@ type Config struct {
 	Side     PodSide
 	Events   reconcile.EventSink
 	Spec     provider.SpecConfig
+	// RuntimeClasses are the classes caa serves (--runtime-class), for the
+	// refusal of a pod of another class (the pod cache's NotPeer decides).
+	RuntimeClasses []string
 	// Cluster and Node go into every VM's tags.
 	Cluster, Node string
 	// NodeIP is the node's end of every tunnel (the worker IP the pod VM

@@ -9,11 +9,11 @@
 // current file declare `package hypervisor; service Hypervisor`, so both
 // shims call the ttrpc service "hypervisor.Hypervisor", with CreateVMRequest
 // {id = 1, annotations = 2, networkNamespacePath = 3}, CreateVMResponse
-// {agentSocketPath = 1}, and {id = 1} in StartVM and StopVM. (An earlier
-// revision of remote.proto declared `package remote`: a runtime-rs built
-// from it calls "remote.Hypervisor", which neither upstream's adaptor nor
-// caa serves.) pkg/hypervisor's TestWireFieldNumbers pins the numbers on
-// caa's side.
+// {agentSocketPath = 1}, and {id = 1} in StartVM and StopVM. runtime-rs's
+// remote.proto declared `package remote` from kata 3.11.0 to 3.22.0 (read
+// at those tags), so those releases call "remote.Hypervisor" with the same
+// messages: Shim.Service sends either. pkg/hypervisor's TestWireFieldNumbers
+// pins the numbers on caa's side.
 package katafake
 
 import (
@@ -32,7 +32,17 @@ import (
 type Shim struct {
 	// Socket is kata's remote_hypervisor_socket.
 	Socket string
+	// Service is the ttrpc service called: "" or ServiceGo for
+	// "hypervisor.Hypervisor", ServiceRuntimeRsRemote for runtime-rs
+	// 3.11.0 to 3.22.0.
+	Service string
 }
+
+// The ttrpc service names kata's shims call.
+const (
+	ServiceGo              = "hypervisor.Hypervisor"
+	ServiceRuntimeRsRemote = "remote.Hypervisor"
+)
 
 func (s Shim) call(ctx context.Context, fn func(hypervisorpb.HypervisorService) error) error {
 	c, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "unix", s.Socket)
@@ -41,7 +51,44 @@ func (s Shim) call(ctx context.Context, fn func(hypervisorpb.HypervisorService) 
 	}
 	cl := ttrpc.NewClient(c)
 	defer cl.Close()
-	return fn(hypervisorpb.NewHypervisorClient(cl))
+	if s.Service == "" || s.Service == ServiceGo {
+		return fn(hypervisorpb.NewHypervisorClient(cl))
+	}
+	return fn(named{cl, s.Service})
+}
+
+// named calls the service under another name, as the generated client
+// cannot.
+type named struct {
+	c       *ttrpc.Client
+	service string
+}
+
+func (n named) CreateVM(ctx context.Context, req *hypervisorpb.CreateVMRequest) (*hypervisorpb.CreateVMResponse, error) {
+	res := &hypervisorpb.CreateVMResponse{}
+	return res, n.c.Call(ctx, n.service, "CreateVM", req, res)
+}
+
+func (n named) StartVM(ctx context.Context, req *hypervisorpb.StartVMRequest) (*hypervisorpb.StartVMResponse, error) {
+	res := &hypervisorpb.StartVMResponse{}
+	return res, n.c.Call(ctx, n.service, "StartVM", req, res)
+}
+
+func (n named) StopVM(ctx context.Context, req *hypervisorpb.StopVMRequest) (*hypervisorpb.StopVMResponse, error) {
+	res := &hypervisorpb.StopVMResponse{}
+	return res, n.c.Call(ctx, n.service, "StopVM", req, res)
+}
+
+func (n named) Version(ctx context.Context, req *hypervisorpb.VersionRequest) (*hypervisorpb.VersionResponse, error) {
+	res := &hypervisorpb.VersionResponse{}
+	return res, n.c.Call(ctx, n.service, "Version", req, res)
+}
+
+// CRIOSandboxName is the sandbox name CRI-O gives a pod's sandbox,
+// k8s_<pod>_<namespace>_<uid>_<attempt>, which kata's Go shim sends as the
+// io.kubernetes.cri.sandbox-name annotation under CRI-O.
+func CRIOSandboxName(name, namespace, uid string, attempt int) string {
+	return fmt.Sprintf("k8s_%s_%s_%s_%d", name, namespace, uid, attempt)
 }
 
 // CreateVM sends the sandbox's id, its CRI annotations and its network
