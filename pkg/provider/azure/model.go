@@ -181,6 +181,7 @@ func (p *Provider) vmModel(name, nicID string, spec provider.Spec, tags map[stri
 			}}},
 		},
 	}
+	secure(&vm, spec.TEE)
 	if len(spec.UserData) > 0 {
 		vm.Properties.OSProfile.CustomData = new(base64.StdEncoding.EncodeToString(spec.UserData))
 	}
@@ -315,6 +316,9 @@ func toVM(vm armcompute.VirtualMachine, ips []string) provider.VM {
 	}
 	if props.StorageProfile != nil {
 		out.Image = imageString(props.StorageProfile.ImageReference)
+	}
+	if props.SecurityProfile != nil && props.SecurityProfile.SecurityType != nil {
+		out.TEE = teeOf(string(*props.SecurityProfile.SecurityType), out.InstanceType)
 	}
 	return out
 }

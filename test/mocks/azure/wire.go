@@ -29,6 +29,7 @@ type vmProperties struct {
 	VMID              string           `json:"vmId,omitempty"`
 	TimeCreated       *time.Time       `json:"timeCreated,omitempty"`
 	InstanceView      *instanceView    `json:"instanceView,omitempty"`
+	SecurityProfile   *securityProfile `json:"securityProfile,omitempty"`
 }
 
 type hardwareProfile struct {
@@ -61,8 +62,9 @@ type osDisk struct {
 }
 
 type managedDisk struct {
-	ID                 string `json:"id,omitempty"`
-	StorageAccountType string `json:"storageAccountType,omitempty"`
+	ID                 string               `json:"id,omitempty"`
+	StorageAccountType string               `json:"storageAccountType,omitempty"`
+	SecurityProfile    *diskSecurityProfile `json:"securityProfile,omitempty"`
 }
 
 type osProfile struct {
