@@ -97,7 +97,7 @@ func (v VM) Downgraded(want TEE) string {
 	if !want.Confidential() || v.TEE == want {
 		return ""
 	}
-	return fmt.Sprintf("VM %s was asked to be confidential (%s) but the cloud reports it as %s", v.ID, want, v.TEE)
+	return fmt.Sprintf("VM %s was asked to be confidential (%s) but the cloud reports it as %s: not confidential as asked", v.ID, want, v.TEE)
 }
 
 // tableTEEs adapts SpecConfig.TEEs to ChooseTEE.
