@@ -46,6 +46,8 @@ const (
 	tagReplacesVMID = 22
 	tagFailedSpec   = 23
 	tagOpenKey      = 24 // repeated
+	// 25..39 are left to fields other branches add; the TEE is 40.
+	tagConfidential = 40
 )
 
 // Event field tags.
@@ -89,6 +91,7 @@ func encodeRecord(r Record) []byte {
 	for _, k := range r.OpenKeys {
 		b = appendField(b, tagOpenKey, []byte(k))
 	}
+	b = appendString(b, tagConfidential, r.Confidential)
 	// Fields of a newer caa go back as they came (a rollback keeps them).
 	b = append(b, r.unknown...)
 	return buildRecordFields(b, r)
@@ -159,6 +162,8 @@ func decodeRecord(data []byte) (Record, error) {
 			r.FailedSpec = string(v)
 		case tagOpenKey:
 			r.OpenKeys = append(r.OpenKeys, string(v))
+		case tagConfidential:
+			r.Confidential = string(v)
 		default:
 			r.unknown = appendField(r.unknown, tag, v)
 		}

@@ -51,6 +51,12 @@ type Record struct {
 	Image        string   `json:"image,omitempty"`
 	Zone         string   `json:"zone,omitempty"`
 	IPs          []string `json:"ips,omitempty"`
+	// Confidential is the TEE the VM was asked to be ("sev-snp", "tdx",
+	// ...; see provider.TEE), written with the intent before the create.
+	// Empty: an ordinary VM was asked for (--confidential=false), and a
+	// record written before caa knew the field decodes so too: never as
+	// confidential, so nothing older is served as a TEE it may not be.
+	Confidential string `json:"confidential,omitempty"`
 
 	Phase   Phase  `json:"phase"`
 	Reason  string `json:"reason,omitempty"`

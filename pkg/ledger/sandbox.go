@@ -78,6 +78,10 @@ type Sandbox struct {
 	InstanceType string   `json:"instanceType,omitempty"`
 	Image        string   `json:"image,omitempty"`
 	IPs          []string `json:"ips,omitempty"`
+	// Confidential is the TEE the sandbox's VM was asked to be (see
+	// Record.Confidential): empty for an ordinary VM, and for a sandbox
+	// written before caa knew the field.
+	Confidential string `json:"confidential,omitempty"`
 
 	AgentSocket string   `json:"agentSocket,omitempty"`
 	RelayAddr   string   `json:"relayAddr,omitempty"` // the forwarder, VM_IP:port
@@ -414,6 +418,8 @@ const (
 	sbCreatedAt    = 25
 	sbUpdatedAt    = 26
 	sbRevision     = 27
+	// 28..39 are left to fields other branches add; the TEE is 40.
+	sbConfidential = 40
 )
 
 const sandboxEncodingV1 byte = 1
@@ -430,6 +436,7 @@ func encodeSandbox(s Sandbox) []byte {
 		{sbInstanceType, s.InstanceType}, {sbImage, s.Image}, {sbAgentSocket, s.AgentSocket},
 		{sbRelayAddr, s.RelayAddr}, {sbLocalIP, s.Tunnel.LocalIP}, {sbRemoteIP, s.Tunnel.RemoteIP},
 		{sbPhase, string(s.Phase)}, {sbReason, s.Reason}, {sbMessage, s.Message},
+		{sbConfidential, s.Confidential},
 	} {
 		b = appendString(b, f.tag, f.v)
 	}
@@ -461,7 +468,7 @@ func decodeSandbox(data []byte) (Sandbox, error) {
 		sbNetNS: &s.NetNS, sbProvider: &s.Provider, sbVMID: &s.VMID, sbVMName: &s.VMName, sbKey: &s.Key,
 		sbInstanceType: &s.InstanceType, sbImage: &s.Image, sbAgentSocket: &s.AgentSocket,
 		sbRelayAddr: &s.RelayAddr, sbLocalIP: &s.Tunnel.LocalIP, sbRemoteIP: &s.Tunnel.RemoteIP,
-		sbReason: &s.Reason, sbMessage: &s.Message,
+		sbReason: &s.Reason, sbMessage: &s.Message, sbConfidential: &s.Confidential,
 	}
 	err := eachField(data[1:], func(tag uint64, v []byte) error {
 		if p, ok := strs[tag]; ok {

@@ -117,6 +117,10 @@ type VM struct {
 	// an extension pushed by a policy). A degraded VM is kept and reported,
 	// never replaced: a replacement would meet the same cause.
 	Degraded string `json:"degraded,omitempty"`
+	// TEE is what the cloud reports the VM to be (EC2 CpuOptions.AmdSevSnp,
+	// Azure securityProfile.securityType, IBM confidential_compute_mode):
+	// empty for an ordinary VM or one whose read does not say.
+	TEE TEE `json:"tee,omitempty"`
 }
 
 // Owner reads the identity tags of a VM.
@@ -153,6 +157,9 @@ type Spec struct {
 	// Placement, from SelectSpec and the provider's configuration.
 	InstanceType string
 	Image        string
+	// TEE is the confidential VM to ask the cloud for (ChooseTEE); empty
+	// for an ordinary VM (--confidential=false).
+	TEE TEE
 	// UserData is opaque bytes handed to the VM; it may hold secrets and is
 	// never logged, stored in the ledger or put in an error (invariant I7).
 	UserData []byte
@@ -197,8 +204,8 @@ func (s Spec) Validate() error {
 
 // String leaves out the user data, so a spec is safe to log.
 func (s Spec) String() string {
-	return fmt.Sprintf("{key %s pod %s/%s (%s) node %s type %s image %s userData %d bytes}",
-		s.Key, s.PodNamespace, s.PodName, s.PodUID, s.Node, s.InstanceType, s.Image, len(s.UserData))
+	return fmt.Sprintf("{key %s pod %s/%s (%s) node %s type %s image %s tee %s userData %d bytes}",
+		s.Key, s.PodNamespace, s.PodName, s.PodUID, s.Node, s.InstanceType, s.Image, s.TEE, len(s.UserData))
 }
 
 // GoString keeps %#v from printing the user data too.

@@ -34,6 +34,10 @@ type SpecConfig struct {
 	// so only images the operator trusts may boot (invariant I7). Empty:
 	// DefaultImage only.
 	AllowedImages []string
+	// Confidential asks every VM to be a confidential one (--confidential,
+	// default on), of a TEE that TEEs offers on its type: see SelectTEE.
+	Confidential bool
+	TEEs         func(instanceType string) []TEE
 }
 
 // Selection is the instance type and image chosen for one pod.

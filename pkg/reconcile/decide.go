@@ -132,6 +132,9 @@ type Action struct {
 	// intent is durable, so it is never leaked.
 	Recreate bool
 	OldVMID  string
+	// TEE, for KindCreate: the confidential VM to ask for (none when
+	// --confidential=false), recorded with the intent.
+	TEE provider.TEE
 	// For KindWait: when to look again.
 	RequeueAfter time.Duration
 }
@@ -142,30 +145,34 @@ func Key(podUID string, attempt int) string { return fmt.Sprintf("%s-a%d", podUI
 
 // Reasons used in actions.
 const (
-	ReasonNewPod         = "NewPod"
-	ReasonResumeCreate   = "ResumeCreate"
-	ReasonVMGone         = "VMGone"
-	ReasonVMDead         = "VMDead"
-	ReasonVMMissing      = "VMMissing"
-	ReasonVMBooting      = "VMBooting"
-	ReasonVMTransitional = "VMTransitional"
-	ReasonAdopted        = "Adopted"
-	ReasonRebuilt        = "RebuiltFromCloud"
-	ReasonInvalidSpec    = "InvalidSpec"
-	ReasonSpecFixed      = "SpecFixed"
-	ReasonPodGone        = "PodGone"
-	ReasonPodTerminal    = "PodTerminal"
-	ReasonCacheNotSynced = "CacheNotSynced"
-	ReasonInSync         = "InSync"
-	ReasonRetryCreate    = "RetryCreate"
-	ReasonCloudRefused   = "CloudRefusedSpec"
-	ReasonNotPeer        = "RuntimeClassNotWatched"
-	ReasonVMDegraded     = "VMDegraded"
-	ReasonVMUnknown      = "VMUnknown"
-	ReasonBackoff        = "BackingOff"
-	ReasonOtherProvider  = "RecordedOnAnotherProvider"
-	ReasonNodeRefused    = "NodeConfigRefused"
-	ReasonDuplicates     = "DuplicateVMs"
+	ReasonNewPod       = "NewPod"
+	ReasonResumeCreate = "ResumeCreate"
+	ReasonVMGone       = "VMGone"
+	ReasonVMDead       = "VMDead"
+	// ReasonNotConfidential: the cloud reports the pod's VM as not the
+	// confidential VM it was asked to be; it never serves the pod, and is
+	// replaced and deleted as a dead one is.
+	ReasonNotConfidential = "VMNotConfidential"
+	ReasonVMMissing       = "VMMissing"
+	ReasonVMBooting       = "VMBooting"
+	ReasonVMTransitional  = "VMTransitional"
+	ReasonAdopted         = "Adopted"
+	ReasonRebuilt         = "RebuiltFromCloud"
+	ReasonInvalidSpec     = "InvalidSpec"
+	ReasonSpecFixed       = "SpecFixed"
+	ReasonPodGone         = "PodGone"
+	ReasonPodTerminal     = "PodTerminal"
+	ReasonCacheNotSynced  = "CacheNotSynced"
+	ReasonInSync          = "InSync"
+	ReasonRetryCreate     = "RetryCreate"
+	ReasonCloudRefused    = "CloudRefusedSpec"
+	ReasonNotPeer         = "RuntimeClassNotWatched"
+	ReasonVMDegraded      = "VMDegraded"
+	ReasonVMUnknown       = "VMUnknown"
+	ReasonBackoff         = "BackingOff"
+	ReasonOtherProvider   = "RecordedOnAnotherProvider"
+	ReasonNodeRefused     = "NodeConfigRefused"
+	ReasonDuplicates      = "DuplicateVMs"
 )
 
 // Decide returns what to do for one pod UID. It never returns a delete on
@@ -189,6 +196,11 @@ func Decide(in Input, cfg Config) Action {
 	// No record: a first create, or a VM that the ledger lost (I6).
 	if rec == nil {
 		switch {
+		case vm != nil && vm.State.Alive() && cfg.Spec.Confidential && !vm.TEE.Confidential():
+			// Nothing says what it was asked to be, and caa asks every VM
+			// to be confidential: an ordinary VM is never adopted.
+			return notConfidential(in, cfg, vm, max(AttemptOf(vm.Owner().Key), in.HighestAttempt)+1,
+				fmt.Sprintf("VM %s carries this pod's tags, the ledger had no record, and the cloud reports it as not confidential (--confidential is on)", vm.ID))
 		case vm != nil && vm.State.Alive():
 			return Action{Kind: KindAdopt, Reason: ReasonRebuilt,
 				Message: fmt.Sprintf("VM %s carries this pod's tags but the ledger had no record", vm.ID)}
@@ -249,6 +261,9 @@ func Decide(in Input, cfg Config) Action {
 		a.Recreate = a.Kind == KindCreate
 		return a
 	}
+	if why := vm.Downgraded(provider.TEE(rec.Confidential)); why != "" && vm.State.Alive() {
+		return notConfidential(in, cfg, vm, nextAttempt(in), why)
+	}
 	switch {
 	case vm.State.Alive():
 		dups := duplicates(in, vm)
@@ -284,6 +299,17 @@ func Decide(in Input, cfg Config) Action {
 	}
 	return Action{Kind: KindWait, Reason: reason, RequeueAfter: transitionalWait(cfg),
 		Message: fmt.Sprintf("VM %s is %s", vm.ID, vm.State)}
+}
+
+// notConfidential refuses a VM that is not the confidential VM asked for:
+// it is replaced by a new one of the next attempt, and deleted once that
+// intent is durable (OldVMID), as a dead VM is; never adopted or served.
+func notConfidential(in Input, cfg Config, vm *provider.VM, attempt int, why string) Action {
+	a := decideCreate(in, cfg, attempt, ReasonNotConfidential, why)
+	if a.Kind == KindCreate {
+		a.Recreate, a.OldVMID = true, vm.ID
+	}
+	return a
 }
 
 // nextAttempt is the attempt after every one the record or the cloud shows.
@@ -413,7 +439,11 @@ func decideCreate(in Input, cfg Config, attempt int, reason, msg string) Action 
 	if err != nil { // always ErrInvalidSpec: the pod's to fix
 		return Action{Kind: KindFail, Reason: ReasonInvalidSpec, Message: err.Error()}
 	}
-	return Action{Kind: KindCreate, Reason: reason, Message: msg, Attempt: attempt, Key: Key(in.Pod.UID, attempt), Selection: sel,
+	tee, err := cfg.Spec.SelectTEE(in.Pod.Annotations, sel.InstanceType)
+	if err != nil {
+		return Action{Kind: KindFail, Reason: ReasonInvalidSpec, Message: err.Error()}
+	}
+	return Action{Kind: KindCreate, Reason: reason, Message: msg, Attempt: attempt, Key: Key(in.Pod.UID, attempt), Selection: sel, TEE: tee,
 		DefaultType: sel.InstanceType == cfg.Spec.DefaultType, DefaultImage: sel.Image == cfg.Spec.DefaultImage,
 		Fingerprint: Fingerprint(sel, cfg)}
 }

@@ -160,6 +160,7 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 	r.Phase, r.Attempt, r.Key = ledger.PhaseCreating, a.Attempt, a.Key
 	r.OpenKeys = slices.DeleteFunc(r.OpenKeys, func(k string) bool { return k == a.Key })
 	r.InstanceType, r.Image = a.Selection.InstanceType, a.Selection.Image
+	r.Confidential = string(a.TEE)
 	r.FailedSpec = ""
 	res := Result{Record: in.Record}
 	intent, err := e.putIntent(in, r, a.Reason, a.Message)
@@ -167,6 +168,9 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 		return res, err
 	}
 	res.Record = &intent
+	if a.Reason == ReasonNotConfidential {
+		e.event(pod, true, ReasonNotConfidential, a.Message+"; it never serves the pod: it is deleted and a confidential VM replaces it")
+	}
 
 	if a.OldVMID != "" {
 		if err := e.cloudDelete(ctx, a.OldVMID); err != nil {
@@ -176,7 +180,7 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 	}
 	spec := provider.Spec{
 		Key: a.Key, Cluster: e.Cluster, Node: e.Node, PodUID: pod.UID, PodNamespace: pod.Namespace, PodName: pod.Name,
-		InstanceType: a.Selection.InstanceType, Image: a.Selection.Image,
+		InstanceType: a.Selection.InstanceType, Image: a.Selection.Image, TEE: a.TEE,
 	}
 	if e.UserData != nil {
 		var err error
@@ -231,7 +235,7 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 	}
 	res.Record, res.VM = &stored, &vm
 	reason := EventVMCreated
-	msg := fmt.Sprintf("VM %s (%s, %s), attempt %d: %s", vm.ID, vm.InstanceType, vm.Zone, a.Attempt, a.Message)
+	msg := fmt.Sprintf("VM %s (%s, %s, confidential %s), attempt %d: %s", vm.ID, vm.InstanceType, vm.Zone, confidentialOf(a.TEE), a.Attempt, a.Message)
 	if a.Recreate {
 		reason = EventVMRecreated
 		if a.OldVMID != "" {
@@ -240,6 +244,15 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 	}
 	e.event(pod, false, reason, msg)
 	return res, nil
+}
+
+// confidentialOf names a TEE for events and logs, and an ordinary VM as
+// the opt-out that asked for it.
+func confidentialOf(t provider.TEE) string {
+	if !t.Confidential() {
+		return "none (--confidential=false)"
+	}
+	return string(t)
 }
 
 // maxKeySkips bounds the spent keys one create skips in a row; more is
@@ -378,6 +391,11 @@ func (e *Executor) adopt(ctx context.Context, in Input, a Action) (Result, error
 		res.CloudWrites++
 	}
 	r = e.record(r, *in.VM, ledger.PhaseRunning)
+	if in.Record == nil {
+		// A rebuilt record: the VM is what the cloud reports (Decide
+		// adopts no ordinary VM while --confidential is on).
+		r.Confidential = string(in.VM.TEE)
+	}
 	r.Reason, r.Message, r.ReplacesVMID, r.FailedSpec = a.Reason, "", "", ""
 	if in.Record == nil || !sameAdoption(*in.Record, r) {
 		stored, err := e.Ledger.Put(r)

@@ -132,6 +132,9 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM,
 	if err := spec.Validate(); err != nil {
 		return provider.VM{}, fmt.Errorf("%s %s: %w", Name, opCreate, err)
 	}
+	if spec.TEE.Confidential() && spec.TEE != provider.TEESEVSNP {
+		return provider.VM{}, fmt.Errorf("%s %s: %w: EC2 offers no %s VM (only sev-snp)", Name, opCreate, provider.ErrInvalidSpec, spec.TEE)
+	}
 	tags := instanceTags(p.cfg.ExtraTags, spec)
 	if err := checkTags(tags); err != nil {
 		return provider.VM{}, fmt.Errorf("%s %s: %w", Name, opCreate, err)
@@ -160,6 +163,7 @@ func (p *Provider) runInput(spec provider.Spec, token string, instanceTags map[s
 		MinCount:     awssdk.Int32(1),
 		MaxCount:     awssdk.Int32(1),
 		ClientToken:  awssdk.String(token),
+		CpuOptions:   cpuOptions(spec.TEE),
 		SubnetId:     awssdk.String(p.cfg.SubnetID),
 		MetadataOptions: &types.InstanceMetadataOptionsRequest{
 			HttpTokens:              types.HttpTokensStateRequired,

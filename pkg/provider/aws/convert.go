@@ -81,6 +81,7 @@ func toVM(in types.Instance) provider.VM {
 		CreatedAt:    awssdk.ToTime(in.LaunchTime),
 		InstanceType: string(in.InstanceType),
 		Image:        awssdk.ToString(in.ImageId),
+		TEE:          teeOf(in),
 	}
 	if vm.Name == "" {
 		vm.Name = vm.ID

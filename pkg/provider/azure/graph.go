@@ -28,8 +28,8 @@ const nodeQuery = `Resources
 | where type in~ ('microsoft.compute/virtualmachines', 'microsoft.network/networkinterfaces')
 | where resourceGroup =~ %s
 | where tags[%s] == %s and tags[%s] == %s and tags[%s] == %s
-| extend provisioningState = tostring(properties.provisioningState), powerState = tostring(properties.extended.instanceView.powerState.code), timeCreated = tostring(properties.timeCreated), vmSize = tostring(properties.hardwareProfile.vmSize), image = tostring(properties.storageProfile.imageReference), privateIP = tostring(properties.ipConfigurations[0].properties.privateIPAddress), attachedTo = tostring(properties.virtualMachine.id)
-| project id, name, type, location, zones, tags, provisioningState, powerState, timeCreated, vmSize, image, privateIP, attachedTo`
+| extend provisioningState = tostring(properties.provisioningState), powerState = tostring(properties.extended.instanceView.powerState.code), timeCreated = tostring(properties.timeCreated), vmSize = tostring(properties.hardwareProfile.vmSize), image = tostring(properties.storageProfile.imageReference), privateIP = tostring(properties.ipConfigurations[0].properties.privateIPAddress), attachedTo = tostring(properties.virtualMachine.id), securityType = tostring(properties.securityProfile.securityType)
+| project id, name, type, location, zones, tags, provisioningState, powerState, timeCreated, vmSize, image, privateIP, attachedTo, securityType`
 
 // graphTop is the page size List asks for, Resource Graph's largest.
 const graphTop = 1000
@@ -149,7 +149,7 @@ func parseHMS(v string) (time.Duration, bool) {
 // graphRow is one row of nodeQuery's answer.
 type graphRow struct {
 	id, name, typ, location, zone, provisioning, power, created string
-	size, image, ip, attachedTo                                 string
+	size, image, ip, attachedTo, securityType                   string
 	tags                                                        map[string]string
 }
 
@@ -168,6 +168,7 @@ type nodeRow struct {
 	Image             string            `json:"image"`
 	PrivateIP         string            `json:"privateIP"`
 	AttachedTo        string            `json:"attachedTo"`
+	SecurityType      string            `json:"securityType"`
 }
 
 // row is r as List reads it; images caches the image references read so
@@ -178,6 +179,7 @@ func (r *nodeRow) row(images imageRefs) (graphRow, bool) {
 		id: r.ID, name: r.Name, typ: strings.ToLower(r.Type), location: r.Location,
 		provisioning: r.ProvisioningState, power: r.PowerState, created: r.TimeCreated,
 		size: r.VMSize, image: images.read(r.Image), ip: r.PrivateIP, attachedTo: r.AttachedTo, tags: r.Tags,
+		securityType: r.SecurityType,
 	}
 	if len(r.Zones) > 0 {
 		row.zone = r.Zones[0]
@@ -226,6 +228,7 @@ func readRow(v any) (graphRow, bool) {
 		id: str("id"), name: str("name"), typ: strings.ToLower(str("type")), location: str("location"),
 		provisioning: str("provisioningState"), power: str("powerState"), created: str("timeCreated"),
 		size: str("vmSize"), image: imageOf(str("image")), ip: str("privateIP"), attachedTo: str("attachedTo"), tags: map[string]string{},
+		securityType: str("securityType"),
 	}
 	if zones, ok := m["zones"].([]any); ok && len(zones) > 0 {
 		row.zone, _ = zones[0].(string)
@@ -325,7 +328,7 @@ func (p *Provider) fromRows(ctx context.Context, sel provider.Selector, rows []g
 		}
 		power, _ := strings.CutPrefix(r.power, "PowerState/")
 		vm := provider.VM{ID: r.id, Name: r.name, State: stateOf(r.provisioning, power), Tags: r.tags, Zone: r.location,
-			InstanceType: r.size, Image: r.image}
+			InstanceType: r.size, Image: r.image, TEE: teeOf(r.securityType, r.size)}
 		vm.Degraded = degradedOf(vm.State, r.provisioning, "")
 		if r.zone != "" {
 			vm.Zone = r.zone

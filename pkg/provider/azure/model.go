@@ -184,6 +184,7 @@ func (p *Provider) vmModel(name, nicID string, spec provider.Spec, tags map[stri
 			}}},
 		},
 	}
+	secure(&vm, spec.TEE)
 	// The pod VM image reads its user data from the instance metadata
 	// service's compute/userData, which serves properties.userData; IMDS
 	// never serves osProfile.customData, so that stays empty.
@@ -321,6 +322,9 @@ func toVM(vm armcompute.VirtualMachine, ips []string) provider.VM {
 	}
 	if props.StorageProfile != nil {
 		out.Image = imageString(props.StorageProfile.ImageReference)
+	}
+	if props.SecurityProfile != nil && props.SecurityProfile.SecurityType != nil {
+		out.TEE = teeOf(string(*props.SecurityProfile.SecurityType), out.InstanceType)
 	}
 	return out
 }

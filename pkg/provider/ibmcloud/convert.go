@@ -52,6 +52,7 @@ func vmOf(in *vpcv1.Instance, tags map[string]string) provider.VM {
 	if in.Zone != nil {
 		vm.Zone = str(in.Zone.Name)
 	}
+	vm.TEE = teeOf(in)
 	return vm
 }
 
@@ -116,6 +117,7 @@ func (p *Provider) prototype(spec provider.Spec, name string, userTags []string)
 			},
 		},
 	}
+	secure(proto, spec.TEE)
 	if len(spec.UserData) > 0 {
 		proto.UserData = ptr(string(spec.UserData))
 	}

@@ -39,7 +39,7 @@ var runParams = []string{
 	"SecurityGroupId.#",
 	"TagSpecification.#.ResourceType", "TagSpecification.#.Tag.#.Key", "TagSpecification.#.Tag.#.Value",
 	"MetadataOptions.HttpTokens", "MetadataOptions.HttpEndpoint", "MetadataOptions.HttpPutResponseHopLimit",
-	"DryRun",
+	"DryRun", "CpuOptions.AmdSevSnp",
 }
 
 // runInstances launches one instance with its root volume. A replayed
@@ -177,6 +177,10 @@ func parseRun(q query) (cloud.CreateRequest, *launch, map[string]map[string]stri
 	}
 	if req.InstanceType = q.get("InstanceType"); req.InstanceType == "" {
 		return fail(missing("InstanceType"))
+	}
+	var e *apiError
+	if req.TEE, e = parseCPUOptions(q, req.InstanceType); e != nil {
+		return fail(e)
 	}
 	for _, p := range []string{"MinCount", "MaxCount"} {
 		_, ok, e := q.intParam(p, 1, 1)

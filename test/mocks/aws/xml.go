@@ -119,6 +119,7 @@ type instanceXML struct {
 	ClientToken    string              `xml:"clientToken"`
 	Tags           tagSet              `xml:"tagSet"`
 	Metadata       *metadataOptionsXML `xml:"metadataOptions,omitempty"`
+	CPUOptions     *cpuOptionsXML      `xml:"cpuOptions,omitempty"`
 }
 
 // ec2State is EC2's name and code for a core state. EC2 has no "failed but
@@ -171,6 +172,7 @@ func renderInstance(in cloud.Instance, l *launch) instanceXML {
 		StateReason:    stateReason(in.State),
 		RootDeviceType: "ebs",
 		ClientToken:    in.Token,
+		CPUOptions:     renderCPUOptions(in.TEE),
 	}
 	if len(in.IPs) > 0 && in.State != provider.StateTerminated {
 		x.PrivateIP = in.IPs[0]

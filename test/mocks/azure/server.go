@@ -119,6 +119,9 @@ type options struct {
 	// tokenCheck, when set, decides which bearer tokens are good
 	// (WithAccessTokens).
 	tokenCheck func(token string) error
+	// plainImages are images that cannot boot a ConfidentialVM
+	// (WithPlainImages).
+	plainImages map[string]bool
 	// subnets, when set, are the subnets that exist (WithSubnets).
 	subnets []string
 	// Fidelity to the real cloud (fidelity.go): extensions that fail,
@@ -130,6 +133,17 @@ type options struct {
 }
 
 // WithSubscription sets the subscription id the fake serves.
+// WithPlainImages names images whose definition does not support
+// ConfidentialVM: a confidential VM from one is refused.
+func WithPlainImages(images ...string) Option {
+	return func(o *options) {
+		o.plainImages = map[string]bool{}
+		for _, i := range images {
+			o.plainImages[i] = true
+		}
+	}
+}
+
 func WithSubscription(id string) Option { return func(o *options) { o.subscription = id } }
 
 // WithResourceGroup sets the resource group the fake serves.

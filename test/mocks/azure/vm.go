@@ -181,6 +181,11 @@ func (s *server) parseVM(name string, body vmWire) (cloud.CreateRequest, vmMeta,
 	if e != nil {
 		return req, vmMeta{}, e
 	}
+	tee, e := s.parseSecurity(p, disk)
+	if e != nil {
+		return req, vmMeta{}, e
+	}
+	req.TEE = tee
 	customData, shown, e := parseOSProfile(p.OSProfile)
 	if e != nil {
 		return req, vmMeta{}, e
@@ -243,6 +248,9 @@ func (s *server) parseOSDisk(vm string, d *osDisk) (*osDisk, *apiError) {
 	md := managedDisk{StorageAccountType: "Standard_LRS"}
 	if out.ManagedDisk != nil && out.ManagedDisk.StorageAccountType != "" {
 		md.StorageAccountType = out.ManagedDisk.StorageAccountType
+	}
+	if out.ManagedDisk != nil {
+		md.SecurityProfile = out.ManagedDisk.SecurityProfile
 	}
 	md.ID = s.armID(diskType, out.Name)
 	out.ManagedDisk = &md
@@ -529,6 +537,7 @@ func (s *server) renderVM(in cloud.Instance, m *vmMeta, provisioning string, wit
 			StorageProfile:    &storageProfile{ImageReference: imageRefOf(in.Image)},
 			ProvisioningState: prov,
 			VMID:              in.ID,
+			SecurityProfile:   securityOf(in.TEE),
 		},
 	}
 	if created := in.CreatedAt; !created.IsZero() {

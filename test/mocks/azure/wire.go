@@ -27,11 +27,12 @@ type vmProperties struct {
 	NetworkProfile  *networkProfile  `json:"networkProfile,omitempty"`
 	// UserData is what the VM's IMDS serves as compute/userData (base64);
 	// ARM shows it only on a GET with $expand=userData.
-	UserData          string        `json:"userData,omitempty"`
-	ProvisioningState string        `json:"provisioningState,omitempty"`
-	VMID              string        `json:"vmId,omitempty"`
-	TimeCreated       *time.Time    `json:"timeCreated,omitempty"`
-	InstanceView      *instanceView `json:"instanceView,omitempty"`
+	UserData          string           `json:"userData,omitempty"`
+	ProvisioningState string           `json:"provisioningState,omitempty"`
+	VMID              string           `json:"vmId,omitempty"`
+	TimeCreated       *time.Time       `json:"timeCreated,omitempty"`
+	InstanceView      *instanceView    `json:"instanceView,omitempty"`
+	SecurityProfile   *securityProfile `json:"securityProfile,omitempty"`
 }
 
 type hardwareProfile struct {
@@ -64,8 +65,9 @@ type osDisk struct {
 }
 
 type managedDisk struct {
-	ID                 string `json:"id,omitempty"`
-	StorageAccountType string `json:"storageAccountType,omitempty"`
+	ID                 string               `json:"id,omitempty"`
+	StorageAccountType string               `json:"storageAccountType,omitempty"`
+	SecurityProfile    *diskSecurityProfile `json:"securityProfile,omitempty"`
 }
 
 type osProfile struct {

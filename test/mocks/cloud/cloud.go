@@ -121,6 +121,11 @@ type Instance struct {
 	// (Azure's PowerState/deallocated, as against PowerState/stopped);
 	// clouds without the distinction show both as stopped.
 	Deallocated bool `json:"deallocated,omitempty"`
+	// TEE is the confidential computing the instance runs with, as the
+	// cloud reports it ("sev-snp", "tdx", "sgx"; empty: an ordinary VM).
+	// Front ends check a request's TEE against their type and image
+	// before Create; SetTEE changes it behind the daemon's back.
+	TEE string `json:"tee,omitempty"`
 	// Resources are side resources that live and die with the instance
 	// unless the front end deletes them apart (e.g. Azure NICs).
 	Resources []string  `json:"resources,omitempty"`
@@ -146,6 +151,7 @@ type CreateRequest struct {
 	Tags         map[string]string
 	InstanceType string
 	Image        string
+	TEE          string // as Instance.TEE, checked by the front end
 	UserData     []byte
 	// Resources are existing side resources to attach; DeleteWith those of
 	// them the cloud deletes along with the instance.
@@ -326,7 +332,7 @@ func (c *Cloud) Create(req CreateRequest) (Instance, error) {
 			if in.Token != req.Token {
 				continue
 			}
-			if in.Image != req.Image || in.InstanceType != req.InstanceType {
+			if in.Image != req.Image || in.InstanceType != req.InstanceType || in.TEE != req.TEE {
 				return Instance{}, ErrIdempotencyMismatch
 			}
 			return c.view(in, now), nil
@@ -370,6 +376,7 @@ func (c *Cloud) Create(req CreateRequest) (Instance, error) {
 		Tags:         maps.Clone(req.Tags),
 		InstanceType: req.InstanceType,
 		Image:        req.Image,
+		TEE:          req.TEE,
 		Zone:         c.opts.Zone,
 		IPs:          []string{"10." + strconv.Itoa(c.seq>>16&255) + "." + strconv.Itoa(c.seq>>8&255) + "." + strconv.Itoa(c.seq&255)},
 		Token:        req.Token,
@@ -549,6 +556,21 @@ func (c *Cloud) setDead(id string, st provider.State, deallocated bool) error {
 		return fmt.Errorf("%w: %s", ErrNotFound, id)
 	}
 	in.State, in.Deallocated = st, deallocated
+	c.changed(time.Time{})
+	return nil
+}
+
+// SetTEE changes what the cloud reports of an instance's confidential
+// computing behind the daemon's back ("" for an ordinary VM): a test's
+// stand-in for a cloud that made, or now reports, another VM than asked.
+func (c *Cloud) SetTEE(id, tee string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	in, ok := c.instances[id]
+	if !ok || in.State == provider.StateTerminated {
+		return fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	in.TEE = tee
 	c.changed(time.Time{})
 	return nil
 }

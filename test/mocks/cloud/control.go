@@ -73,6 +73,9 @@ func fromWire(w faultsWire) (Faults, error) {
 //	POST stop?id=ID        stop an instance behind the daemon's back
 //	POST deallocate?id=ID  stop it and release its compute (Azure: PowerState/deallocated)
 //	POST fail?id=ID        put it in the Failed state; it stays listed until deleted
+//	POST tee?id=ID&tee=T   change what the cloud reports of its TEE ("" or absent: an ordinary VM)
+//	POST instances         make an instance behind the daemon's back: JSON {name, tags,
+//	                       instanceType, image, tee}, checked by nothing but the core
 //	GET  counters          calls by operation, throttled, serverErrors, created, deleted
 //	POST counters/reset    zero the counters
 //	GET  instances         every instance, terminated and invisible ones too
@@ -117,6 +120,31 @@ func ControlHandler(c *Cloud) http.Handler {
 	mux.HandleFunc("POST "+p+"stop", instanceOp(c.Stop))
 	mux.HandleFunc("POST "+p+"deallocate", instanceOp(c.Deallocate))
 	mux.HandleFunc("POST "+p+"fail", instanceOp(c.Fail))
+	mux.HandleFunc("POST "+p+"tee", func(w http.ResponseWriter, r *http.Request) {
+		tee := r.URL.Query().Get("tee")
+		instanceOp(func(id string) error { return c.SetTEE(id, tee) })(w, r)
+	})
+	mux.HandleFunc("POST "+p+"instances", func(w http.ResponseWriter, r *http.Request) {
+		var body struct {
+			Name         string            `json:"name"`
+			Tags         map[string]string `json:"tags"`
+			InstanceType string            `json:"instanceType"`
+			Image        string            `json:"image"`
+			TEE          string            `json:"tee"`
+		}
+		dec := json.NewDecoder(r.Body)
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&body); err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": "instances: " + err.Error()})
+			return
+		}
+		in, err := c.Create(CreateRequest{Name: body.Name, Tags: body.Tags, InstanceType: body.InstanceType, Image: body.Image, TEE: body.TEE})
+		if err != nil {
+			writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+			return
+		}
+		writeJSON(w, http.StatusOK, in)
+	})
 	mux.HandleFunc("GET "+p+"counters", func(w http.ResponseWriter, _ *http.Request) {
 		writeJSON(w, http.StatusOK, c.Counters())
 	})

@@ -60,6 +60,11 @@ func (s *Server) createInstance(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusBadRequest, fe.code, fe.msg, fieldTarget(fe.field))
 		return
 	}
+	tee, fe := checkConfidential(&p)
+	if fe != nil {
+		writeProblem(w, http.StatusBadRequest, fe.code, fe.msg, fieldTarget(fe.field))
+		return
+	}
 	if !s.permit(w, r, s.createAccess(&p)...) {
 		return
 	}
@@ -78,6 +83,7 @@ func (s *Server) createInstance(w http.ResponseWriter, r *http.Request) {
 		UniqueName:   true,
 		InstanceType: p.Profile.Name,
 		Image:        p.Image.ID,
+		TEE:          tee,
 		UserData:     userData,
 		Resources:    []string{nic.ID, vol.ID},
 		DeleteWith:   deleteWith,

@@ -28,6 +28,8 @@ type instancePrototype struct {
 	PrimaryNetworkAttachment *networkAttachmentProto    `json:"primary_network_attachment"`
 	PrimaryNetworkInterface  *networkInterfaceProto     `json:"primary_network_interface"`
 	MetadataService          *metadataServiceProto      `json:"metadata_service"`
+	ConfidentialComputeMode  string                     `json:"confidential_compute_mode"`
+	EnableSecureBoot         *bool                      `json:"enable_secure_boot"`
 }
 
 type metadataServiceProto struct {
@@ -140,6 +142,8 @@ type vcpu struct {
 }
 
 type instanceView struct {
+	ConfidentialComputeMode  string                `json:"confidential_compute_mode"`
+	EnableSecureBoot         bool                  `json:"enable_secure_boot"`
 	BootVolumeAttachment     volumeAttachmentRef   `json:"boot_volume_attachment"`
 	CreatedAt                string                `json:"created_at"`
 	CRN                      string                `json:"crn"`
