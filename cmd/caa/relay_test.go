@@ -199,7 +199,8 @@ func TestRelayFlagsNameTheFix(t *testing.T) {
 	assert.Contains(t, r.stderr, `--socket "relay.sock"`)
 	assert.Contains(t, r.stderr, "--agent-ca-dir is empty")
 
-	on := hypervisorFlags{socket: "/run/peerpod/hypervisor.sock", nodeIP: "10.0.0.4", startLimit: time.Minute, relay: "relay.sock"}
+	on := hypervisorFlags{socket: "/run/peerpod/hypervisor.sock", nodeIP: "10.0.0.4", startLimit: time.Minute, relay: "relay.sock",
+		readyBound: defaultSandboxReady, clientTTL: pki.DefaultClientTTL}
 	assert.ErrorContains(t, on.check(), `--relay-socket "relay.sock"`)
 	on.relay = defaultRelaySocket
 	assert.NoError(t, on.check())
