@@ -10,6 +10,8 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	corev1 "k8s.io/api/core/v1"
+	nodev1 "k8s.io/api/node/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/caa-project/caa/pkg/provider"
@@ -102,6 +104,12 @@ func TestHypervisorEveryRuntimesIdentityAndSizing(t *testing.T) {
 func createPodOfClass(ctx context.Context, t *testing.T, e *hvEnv, ns, name, class string) *corev1.Pod {
 	t.Helper()
 	require.NoError(t, e.c.EnsureNamespace(ctx, ns))
+	// The apiserver refuses a pod whose RuntimeClass does not exist.
+	_, err := e.c.Client().NodeV1().RuntimeClasses().Create(ctx, &nodev1.RuntimeClass{
+		ObjectMeta: metav1.ObjectMeta{Name: class}, Handler: class}, metav1.CreateOptions{})
+	if !apierrors.IsAlreadyExists(err) {
+		require.NoError(t, err)
+	}
 	p, err := e.c.Client().CoreV1().Pods(ns).Create(ctx, &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: ns, Name: name},
 		Spec: corev1.PodSpec{NodeName: e.node, RuntimeClassName: &class,

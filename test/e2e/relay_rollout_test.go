@@ -321,7 +321,7 @@ func TestRelayRolloutFaults(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	n := newRollNode(ctx, t, cluster.Start(ctx, t), "worker-1")
-	n.caa = n.startCaa(t, "--handover-ready-timeout", "4s", "--boot-timeout", "3s")
+	n.caa = n.startCaa(t, "--handover-ready-timeout", "4s", "--sandbox-ready-timeout", "2s", "--boot-timeout", "3s")
 	n.caa.waitReady(t, func() {})
 	n.startRelay(ctx, t)
 	n.runSandboxes(ctx, t, 3)
