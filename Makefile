@@ -54,7 +54,7 @@ test-unit: ## fast tests only: no e2e packages, and -short skips the crash loop 
 	$(GO) test -short -count=1 $$($(GO) list ./... | grep -v /test/e2e)
 
 test-integration: e2e-binaries ## every test, with the race detector
-	$(GO) test -race -count=1 -timeout 30m ./...
+	$(GO) test -race -count=1 -timeout 40m ./...
 
 e2e-binaries: ## build (or find cached) etcd and kube-apiserver for the e2e tests; cold: minutes
 	$(GO) run ./test/e2e/cmd/e2e-binaries
