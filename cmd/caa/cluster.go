@@ -18,8 +18,6 @@ import (
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/scheme"
 	typedcorev1 "k8s.io/client-go/kubernetes/typed/core/v1"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 	"k8s.io/client-go/tools/record"
 
 	"github.com/caa-project/caa/pkg/cluster"
@@ -226,13 +224,7 @@ func (c clusterCloud) Delete(ctx context.Context, id string) error { return c.p.
 // clusterKubeClient is kubeClient with a higher request rate: the leader
 // writes one view per Node per interval.
 func clusterKubeClient(kubeconfig string, qps float64) (kubernetes.Interface, error) {
-	var cfg *rest.Config
-	var err error
-	if kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
+	cfg, err := restConfig(kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client config (set --kubeconfig outside a cluster): %w", err)
 	}

@@ -11,8 +11,6 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
 	"github.com/caa-project/caa/pkg/handover"
 	"github.com/caa-project/caa/pkg/health"
@@ -118,13 +116,7 @@ func (n *nodeDaemon) unverifiedAskers(why string) {
 // token, bound to the pod), read afresh (the kubelet rotates it): what it
 // shows a holder to prove its pod. Empty when caa authenticates otherwise.
 func bearerToken(kubeconfig string) (string, error) {
-	var cfg *rest.Config
-	var err error
-	if kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
-	}
+	cfg, err := restConfig(kubeconfig)
 	if err != nil {
 		return "", fmt.Errorf("kubernetes client config: %w", err)
 	}

@@ -334,14 +334,17 @@ func (f *runFlags) clusterOf(ctx context.Context, client kubernetes.Interface) (
 	return reconcile.ClusterID(ctx, client)
 }
 
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	var cfg *rest.Config
-	var err error
+// restConfig is the apiserver client configuration: from the kubeconfig
+// file when one is given, else the pod's in-cluster service account.
+func restConfig(kubeconfig string) (*rest.Config, error) {
 	if kubeconfig != "" {
-		cfg, err = clientcmd.BuildConfigFromFlags("", kubeconfig)
-	} else {
-		cfg, err = rest.InClusterConfig()
+		return clientcmd.BuildConfigFromFlags("", kubeconfig)
 	}
+	return rest.InClusterConfig()
+}
+
+func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
+	cfg, err := restConfig(kubeconfig)
 	if err != nil {
 		return nil, fmt.Errorf("kubernetes client config (set --kubeconfig outside a cluster): %w", err)
 	}
