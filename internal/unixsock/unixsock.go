@@ -14,6 +14,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"sync"
 	"time"
 )
 
@@ -49,24 +50,38 @@ type Listener struct {
 	path string
 	id   FileID
 	ok   bool // id is known; unknown never removes
+
+	// Only the first Close may remove the file. A later one (a context's
+	// AfterFunc closing the listener again, after its owner's Close) could
+	// run once another listener has bound the path, and a file system that
+	// reuses the freed inode number would make that file look like ours.
+	closeOnce sync.Once
+	closeErr  error
 }
 
 // Close stops listening and removes the socket file if it is still this
 // listener's.
 func (l *Listener) Close() error {
-	mine := l.Owns()
-	err := l.UnixListener.Close()
-	if mine {
-		if rerr := os.Remove(l.path); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) && err == nil {
-			err = rerr
+	closed := false
+	l.closeOnce.Do(func() {
+		closed = true
+		mine := l.Owns()
+		l.closeErr = l.UnixListener.Close()
+		if mine {
+			if rerr := os.Remove(l.path); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) && l.closeErr == nil {
+				l.closeErr = rerr
+			}
 		}
+	})
+	if !closed {
+		return fmt.Errorf("close %s: %w", l.path, net.ErrClosed)
 	}
-	return err
+	return l.closeErr
 }
 
 // Owns reports whether the socket file at the listener's path is still
-// the one it bound (while the listener is open its file cannot be freed,
-// so its inode number cannot name another file).
+// the one it bound. Only meaningful while the listener is open: once its
+// file is unlinked, the inode number may be given to another file.
 func (l *Listener) Owns() bool {
 	return l.ok && Owns(l.path, l.id)
 }

@@ -135,3 +135,23 @@ func TestCloseRemovesOnlyItsOwnSocketFile(t *testing.T) {
 	_, err = os.Stat(path)
 	assert.ErrorIs(t, err, os.ErrNotExist, "its owner's Close removes it")
 }
+
+// A listener closed twice (its owner's Close, then a context's AfterFunc)
+// must not remove, on the second call, a file another listener bound at the
+// path in between: the file system may give that file the freed inode
+// number (CI saw relayd's replaced agent socket vanish this way). Repeated
+// so that a reused inode number turns up on file systems that reuse them.
+func TestASecondCloseRemovesNothing(t *testing.T) {
+	path := filepath.Join(shortDir(t), "agent.sock")
+	for i := range 50 {
+		old, err := unixsock.Listen(path, unixsock.Options{})
+		require.NoError(t, err)
+		require.NoError(t, old.Close())
+		cur, err := unixsock.Listen(path, unixsock.Options{})
+		require.NoError(t, err)
+		require.ErrorIs(t, old.Close(), net.ErrClosed, "round %d", i)
+		_, err = os.Stat(path)
+		require.NoError(t, err, "round %d: the second Close removed the new listener's file", i)
+		require.NoError(t, cur.Close())
+	}
+}
