@@ -134,6 +134,7 @@ func newHVEnvIn(ctx context.Context, t *testing.T, c *cluster.Cluster, cn *podvm
 	e.fleet = podvmfake.NewFleet(cn, e.core, nil).ReadingFrom(src)
 	if dir := os.Getenv(podvmfake.UpstreamBinEnv); dir != "" {
 		require.NoError(t, podvmfake.CheckUpstream(dir))
+		t.Logf("the pod VMs run upstream's process-user-data and agent-protocol-forwarder from %s", dir)
 		e.fleet.Booting(podvmfake.Upstream{Dir: dir}.Boot)
 	}
 	fctx, stop := context.WithCancel(context.Background())

@@ -61,7 +61,7 @@ func TestHypervisorPodWithRoutesTheVMCannotInstall(t *testing.T) {
 		{Dst: pod.net.IP.Masked(), Dev: "eth0", Protocol: "kernel", Scope: "link"},
 		{Dst: netip.MustParsePrefix("10.96.0.0/12"), GW: gw, Dev: "eth0", Protocol: "static", Scope: "universe"},
 	}, vm.Files.Config.Network.Routes, "only the routes the VM can install travel")
-	installed, err := podvmfake.PodRoutes(vm.PodNamespace())
+	installed, err := vm.PodRoutes()
 	require.NoError(t, err)
 	assert.Len(t, installed, 3, "the VM installed every route it was given")
 

@@ -8,6 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/mocks/cloud"
 )
@@ -166,4 +169,19 @@ func (f *Fleet) Close() {
 		_ = f.cn.RemoveVM(vm.Host)
 		delete(f.vms, id)
 	}
+}
+
+// PodRoutes lists the routes the VM installed for the pod: the fake's
+// own table in the VM's namespace, or the main table of the pod namespace
+// upstream's forwarder built.
+func (v *FleetVM) PodRoutes() ([]netlink.Route, error) {
+	if v.PodNS == "" {
+		return PodRoutes(v.Host.NS)
+	}
+	h, err := handleAt(v.PodNS)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	return h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 }
