@@ -313,6 +313,13 @@ func (e *hvEnv) newPod(ctx context.Context, t *testing.T, ns, name string, annot
 	t.Helper()
 	_, err := e.c.CreatePeerPod(ctx, ns, name, e.node, annotations)
 	require.NoError(t, err)
+	return e.podNetFor(t, ns, name)
+}
+
+// podNetFor gives pod ns/name, made on the apiserver by the caller, its
+// network namespace with its own /24.
+func (e *hvEnv) podNetFor(t *testing.T, ns, name string) *peerPod {
+	t.Helper()
 	k := e.pods.Add(1)
 	ip := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(k), 5}), 24)
 	return &peerPod{ns: ns, name: name, net: e.cn.NewPod(t, ip)}
