@@ -45,9 +45,10 @@ import (
 // the fake pod VM fleet boots every instance the fake EC2 runs, from the
 // instance's user data, and pod network namespaces wired as a CNI would.
 type hvEnv struct {
-	c    *cluster.Cluster
-	cn   *podvmfake.CloudNetwork
-	core *cloud.Cloud
+	c         *cluster.Cluster
+	cn        *podvmfake.CloudNetwork
+	core      *cloud.Cloud
+	cloudName string
 	// cloudArgs and cloudEnv point caa at the fake cloud.
 	cloudArgs, cloudEnv []string
 	door                *arrivals
@@ -81,7 +82,7 @@ func newHVEnvOn(ctx context.Context, t *testing.T, c *cluster.Cluster, cn *podvm
 // process-user-data and agent-protocol-forwarder (make test-upstream-podvm).
 func newHVEnvIn(ctx context.Context, t *testing.T, c *cluster.Cluster, cn *podvmfake.CloudNetwork, node, cloudName string) *hvEnv {
 	t.Helper()
-	e := &hvEnv{c: c, cn: cn, node: node, door: &arrivals{}, hold: &createHold{}}
+	e := &hvEnv{c: c, cn: cn, node: node, cloudName: cloudName, door: &arrivals{}, hold: &createHold{}}
 	_, err := c.CreateNode(ctx, e.node)
 	require.NoError(t, err)
 	// The apiserver (127.0.0.1 of the test's namespace) at the same address
@@ -135,7 +136,13 @@ func newHVEnvIn(ctx context.Context, t *testing.T, c *cluster.Cluster, cn *podvm
 	if dir := os.Getenv(podvmfake.UpstreamBinEnv); dir != "" {
 		require.NoError(t, podvmfake.CheckUpstream(dir))
 		t.Logf("the pod VMs run upstream's process-user-data and agent-protocol-forwarder from %s", dir)
-		e.fleet.Booting(podvmfake.Upstream{Dir: dir}.Boot)
+		up := podvmfake.Upstream{Dir: dir}
+		if cloudName == "aws" {
+			// On EC2 the real process-user-data fetches the user data itself.
+			core := e.core
+			up.EC2IMDS = func(id string) http.Handler { return ec2fake.IMDS(core, id, nil) }
+		}
+		e.fleet.Booting(up.Boot)
 	}
 	fctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -103,6 +103,10 @@ func (e *hvEnv) serveOnePod(ctx context.Context, t *testing.T, pod *peerPod, id 
 		policy, err := os.ReadFile(filepath.Join(vm.RunDir, "policy.rego"))
 		require.NoError(t, err, "upstream's process-user-data unpacked the initdata")
 		assert.Equal(t, "e2e-initdata-7f3a", string(policy))
+		if e.cloudName == "aws" {
+			assert.Equal(t, []string{"PUT /latest/api/token", "GET /latest/user-data"}, vm.MetadataRequests(),
+				"upstream's process-user-data fetched the user data from EC2's metadata service itself")
+		}
 	}
 
 	// The shim's one long-lived connection to the agent: a health check and

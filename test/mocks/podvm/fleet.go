@@ -119,7 +119,7 @@ func (f *Fleet) boot(ctx context.Context, in cloud.Instance) error {
 		_ = f.cn.RemoveVM(host)
 		return fmt.Errorf("instance %s: user data from %s: %w", in.ID, f.src.Name(), err)
 	}
-	vm, err := f.booter(ctx, Options{UserData: ud, NetNS: host.NS, Log: f.log})
+	vm, err := f.booter(ctx, Options{UserData: ud, NetNS: host.NS, Log: f.log, InstanceID: in.ID})
 	if err != nil {
 		_ = f.cn.RemoveVM(host)
 		return err

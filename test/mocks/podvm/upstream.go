@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -14,6 +15,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 
 	"github.com/caa-project/caa/pkg/podvm"
@@ -36,6 +38,12 @@ type Upstream struct {
 	Dir string
 	// Ready bounds how long a VM may take to listen (default 60 s).
 	Ready time.Duration
+	// EC2IMDS, when set, makes each VM an EC2 instance to the programs:
+	// no cidata volume, SMBIOS naming "Amazon EC2", and this instance
+	// metadata service at 169.254.169.254 in the VM's namespace, so
+	// process-user-data fetches the user data itself (IMDSv2 token, then
+	// user-data). Otherwise the user data is on a cidata volume.
+	EC2IMDS func(instanceID string) http.Handler
 }
 
 // CheckUpstream says what is missing for Upstream to run: the programs in
@@ -64,6 +72,11 @@ func CheckUpstream(dir string) error {
 // has them, the provisioning, then the forwarder in the shell's place.
 const upstreamScript = `set -e
 mount --bind "$VMDIR/cidata" /media/cidata
+if [ -d "$VMDIR/dmi" ]; then
+  mount -t tmpfs caa-fake-firmware /sys/firmware
+  mkdir -p /sys/firmware/dmi/tables
+  cp "$VMDIR/dmi/smbios_entry_point" "$VMDIR/dmi/DMI" /sys/firmware/dmi/tables/
+fi
 mount --bind "$VMDIR/peerpod" /run/peerpod
 "$BIN/process-user-data" provision-files --user-data-fetch-timeout 10
 exec "$BIN/agent-protocol-forwarder" -kata-agent-socket "$AGENT" -pod-namespace "$PODNS" -host-interface eth0
@@ -105,9 +118,18 @@ func (u Upstream) Boot(ctx context.Context, o Options) (*VM, error) {
 			return nil, err
 		}
 	}
-	if err := os.WriteFile(filepath.Join(dir, "cidata", "user-data"), o.UserData, 0o600); err != nil {
-		undo()
-		return nil, err
+	if u.EC2IMDS == nil {
+		if err := os.WriteFile(filepath.Join(dir, "cidata", "user-data"), o.UserData, 0o600); err != nil {
+			undo()
+			return nil, err
+		}
+	} else {
+		stop, err := u.serveEC2(vm, dir, o)
+		if err != nil {
+			undo()
+			return nil, fmt.Errorf("upstream pod VM: EC2 metadata: %w", err)
+		}
+		cleanups = append(cleanups, stop)
 	}
 	podNS := "caapod" + strings.TrimPrefix(randomName(), "caa")
 	if vm.PodNS, err = newNamed(podNS); err != nil {
@@ -175,6 +197,62 @@ func (u Upstream) Boot(ctx context.Context, o Options) (*VM, error) {
 	vm.closer = undo
 	context.AfterFunc(ctx, func() { _ = vm.Close() })
 	return vm, nil
+}
+
+// serveEC2 writes the VM's SMBIOS tables into dir/dmi and serves the
+// instance's metadata at 169.254.169.254:80 in the VM's namespace.
+func (u Upstream) serveEC2(vm *VM, dir string, o Options) (stop func(), err error) {
+	if o.InstanceID == "" {
+		return nil, errors.New("no instance id to serve metadata for")
+	}
+	ep, table := smbiosTables("Amazon EC2", "m6a.large")
+	if err := os.Mkdir(filepath.Join(dir, "dmi"), 0o700); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "dmi", "smbios_entry_point"), ep, 0o400); err != nil {
+		return nil, err
+	}
+	if err := os.WriteFile(filepath.Join(dir, "dmi", "DMI"), table, 0o400); err != nil {
+		return nil, err
+	}
+	h, err := handleAt(o.NetNS)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	lo, err := h.LinkByName("lo")
+	if err != nil {
+		return nil, err
+	}
+	addr := &netlink.Addr{IPNet: &net.IPNet{IP: net.IPv4(169, 254, 169, 254), Mask: net.CIDRMask(32, 32)}}
+	if err := h.AddrAdd(lo, addr); err != nil && !errors.Is(err, syscall.EEXIST) {
+		return nil, fmt.Errorf("169.254.169.254 on the VM's lo: %w", err)
+	}
+	var ln net.Listener
+	if err := InNetNS(o.NetNS, func() (err error) {
+		ln, err = net.Listen("tcp", "169.254.169.254:80")
+		return err
+	}); err != nil {
+		return nil, err
+	}
+	imds := u.EC2IMDS(o.InstanceID)
+	served := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		vm.mu.Lock()
+		vm.metadata = append(vm.metadata, r.Method+" "+r.URL.Path)
+		vm.mu.Unlock()
+		imds.ServeHTTP(w, r)
+	})
+	srv := &http.Server{Handler: served, ReadHeaderTimeout: 10 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	return func() { _ = srv.Close() }, nil
+}
+
+// MetadataRequests lists the requests the VM's programs made to its
+// instance metadata service ("PUT /latest/api/token", ...), in order.
+func (vm *VM) MetadataRequests() []string {
+	vm.mu.Lock()
+	defer vm.mu.Unlock()
+	return append([]string(nil), vm.metadata...)
 }
 
 // syncBuffer is a buffer two goroutines may write and read.

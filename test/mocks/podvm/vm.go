@@ -29,6 +29,9 @@ type Options struct {
 	// "127.0.0.1:0" without one (so parallel tests do not collide).
 	ListenAddr string
 	Log        *slog.Logger
+	// InstanceID is the cloud's id of the VM (the fleet's), for a VM that
+	// asks the cloud's metadata service about itself.
+	InstanceID string
 }
 
 // VM is a booted fake pod VM.
@@ -55,6 +58,7 @@ type VM struct {
 	rejected []error
 	relayed  int
 	echoed   int
+	metadata []string
 }
 
 // StreamMagic opens a connection the fake forwarder echoes instead of
