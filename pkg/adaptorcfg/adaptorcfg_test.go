@@ -105,7 +105,7 @@ func TestMap(t *testing.T) {
 		want: []string{"$AZURE_CLIENT_ID=id", "$AZURE_CLIENT_SECRET=pw", "$AZURE_TENANT_ID=tenant", "--azure-admin-username=peerpod (default)",
 			"--azure-image=/img", "--azure-instance-type=Standard_DC4as_v5", "--azure-location=eastus", "--azure-resource-group=rg",
 			"--azure-security-group-id=/nsg", "--azure-subnet-id=/subscriptions/sub/x", "--azure-subscription-id=sub",
-			"--confidential=false", "--max-pod-vms=20", "--provider=azure"},
+			"--confidential=false", "--hypervisor-socket=/run/peerpod/hypervisor.sock (default)", "--max-pod-vms=20", "--provider=azure"},
 		accepted: []string{"ENABLE_SECURE_BOOT"},
 	}, {
 		name: "ibmcloud: the region from the zone, IAM's service URL, the API key as a file, not confidential by default",
@@ -113,7 +113,8 @@ func TestMap(t *testing.T) {
 			"IBMCLOUD_VPC_ID": "vpc", "IBMCLOUD_PODVM_IMAGE_ID": "r006-img", "IBMCLOUD_PODVM_INSTANCE_PROFILE_NAME": "bx2-2x8",
 			"IBMCLOUD_IAM_ENDPOINT": "https://iam.cloud.ibm.com/identity/token", "IBMCLOUD_SECURITY_GROUP_IDS": "sg1,sg2",
 			"IBMCLOUD_VPC_ENDPOINT": "https://us-south.iaas.cloud.ibm.com/v1", "IBMCLOUD_API_KEY": "key", "IBMCLOUD_CLUSTER_ID": ""},
-		want: []string{"--confidential=false (default)", "--ibmcloud-api-key-file=/etc/peer-pods/IBMCLOUD_API_KEY",
+		want: []string{"--confidential=false (default)", "--hypervisor-socket=/run/peerpod/hypervisor.sock (default)",
+			"--ibmcloud-api-key-file=/etc/peer-pods/IBMCLOUD_API_KEY",
 			"--ibmcloud-endpoint=https://us-south.iaas.cloud.ibm.com/v1", "--ibmcloud-iam-endpoint=https://iam.cloud.ibm.com",
 			"--ibmcloud-image=r006-img", "--ibmcloud-instance-type=bx2-2x8", "--ibmcloud-region=us-south",
 			"--ibmcloud-security-group-ids=sg1,sg2", "--ibmcloud-subnet-id=sn", "--ibmcloud-vpc-id=vpc", "--ibmcloud-zone=us-south-2",
@@ -264,6 +265,7 @@ func TestApply(t *testing.T) {
 
 	fs.String("aws-instance-type", "", "type (env CAA_AWS_INSTANCE_TYPE)")
 	fs.Int("max-pod-vms", 10, "capacity (env CAA_MAX_POD_VMS)")
+	fs.String("hypervisor-socket", "", "kata's socket (env CAA_HYPERVISOR_SOCKET)")
 	applied, err := Apply(fs, r, getenv, setenv)
 	require.NoError(t, err)
 	assert.Equal(t, "eu-west-1", *region, "mapped")
@@ -290,4 +292,23 @@ func TestApply(t *testing.T) {
 	_, err = Apply(fs, Map(entries(map[string]string{"CLOUD_PROVIDER": "aws", "NOPE": "1"})), getenv, setenv)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "NOPE")
+}
+
+// TestREADMETableNamesEveryKey: the README's table of keys (Coming from
+// cloud-api-adaptor) lists every key caa has a rule for.
+func TestREADMETableNamesEveryKey(t *testing.T) {
+	raw, err := os.ReadFile("../../README.md")
+	require.NoError(t, err)
+	text := string(raw)
+	start := strings.Index(text, "## Coming from cloud-api-adaptor")
+	require.GreaterOrEqual(t, start, 0, "the README has the section")
+	section := text[start:]
+	if end := strings.Index(section[3:], "\n## "); end >= 0 {
+		section = section[:end+3]
+	}
+	for _, cloud := range Clouds {
+		for k := range common(cloud) {
+			assert.Contains(t, section, "`"+k+"`", "the README's table names %s", k)
+		}
+	}
 }

@@ -47,7 +47,9 @@ func common(cloud string) map[string]rule {
 		"CLOUD_PROVIDER": {flag: "provider"},
 		// caa asks for a confidential VM unless --confidential=false.
 		"DISABLECVM":                 {flag: "confidential", conv: not},
-		"REMOTE_HYPERVISOR_ENDPOINT": {flag: "hypervisor-socket"},
+		// The adaptor is always kata's remote hypervisor, on this socket
+		// by default: so is caa, given the adaptor's settings.
+		"REMOTE_HYPERVISOR_ENDPOINT": {flag: "hypervisor-socket", def: "/run/peerpod/hypervisor.sock"},
 		"PODS_DIR":                   {flag: "agent-socket-dir"},
 		"PEERPODS_LIMIT_PER_NODE":    {flag: "max-pod-vms", conv: whole, def: "10"},
 		// The encoded form (gzip, base64) of the annotation, which
@@ -65,9 +67,9 @@ func common(cloud string) map[string]rule {
 		"CERT_FILE":   {why: "caa issues the agent certificates from its own CA (--agent-ca-dir); custom TLS files are not read"},
 		"CERT_KEY":    {why: "caa issues the agent certificates from its own CA (--agent-ca-dir); custom TLS files are not read"},
 		"TLS_MIN_VERSION": {same: []string{"VersionTLS12"},
-			why: "caa's agent TLS accepts TLS 1.2 and 1.3 (1.3 negotiated with current agents)"},
+			why: "caa's agent TLS takes TLS 1.2 and later; it cannot be raised"},
 		"TLS_CIPHER_SUITES":          {why: "caa uses Go's default cipher suites for the agent's TLS"},
-		"PAUSE_IMAGE":                {why: "caa does not give the pod VM a pause image: the agent's own is used"},
+		"PAUSE_IMAGE":                {why: "caa passes no pause image to the pod VM"},
 		"CLOUD_CONFIG_VERIFY":        {same: []string{"false"}, why: "caa does not sign the VMs' cloud config"},
 		"ENABLE_SCRATCH_SPACE":       {same: []string{"false"}, why: "caa gives the pod VMs no encrypted scratch space"},
 		"EXTERNAL_NETWORK_VIA_PODVM": {same: []string{"false"}, why: "caa routes no external network through the pod VM"},
