@@ -46,7 +46,7 @@ func common(cloud string) map[string]rule {
 	rules := map[string]rule{
 		"CLOUD_PROVIDER": {flag: "provider"},
 		// caa asks for a confidential VM unless --confidential=false.
-		"DISABLECVM":                 {flag: "confidential", conv: not},
+		"DISABLECVM": {flag: "confidential", conv: not},
 		// The adaptor is always kata's remote hypervisor, on this socket
 		// by default: so is caa, given the adaptor's settings.
 		"REMOTE_HYPERVISOR_ENDPOINT": {flag: "hypervisor-socket", def: "/run/peerpod/hypervisor.sock"},
