@@ -44,7 +44,7 @@ IMAGE_CLOUDS  = $(if $(CLOUDS),$(subst $(comma), ,$(CLOUDS)),aws azure ibmcloud)
 REVISION     ?= $(shell git rev-parse HEAD 2>/dev/null)
 SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 
-image: ## OCI image tarballs, one per cloud, without a container engine: $(IMAGE_DIR)/caa-<version>-<cloud>.tar (CLOUDS=aws for one); `docker load -i` or crane push them
+image: ## OCI image archives, one per cloud, without a container engine: $(IMAGE_DIR)/caa-<version>-<cloud>.tar (CLOUDS=aws for one); docker load -i, podman load -i or skopeo copy oci-archive: them
 	$(check-clouds)
 	@mkdir -p $(IMAGE_DIR)
 	@set -e; for c in $(IMAGE_CLOUDS); do \
