@@ -56,6 +56,8 @@ func settings() []setting {
 			overlay: "overlays/ibmcloud-trusted-profile"},
 		setting{name: "aws+kata+cluster-scope", files: []string{"aws", "kata", "cluster-scope"}, overlay: "overlays/aws",
 			components: []string{"components/no-surge", "components/kata-remote-hypervisor", "components/relay", "components/cluster-scope"}},
+		// No overlay: caa reading the adaptor's ConfigMap and Secret.
+		setting{name: "aws+adaptor", files: []string{"aws", "adaptor"}},
 		// No overlay: the nodes' managed identity is overlays/azure without
 		// its Secret patch, which the kustomize tree leaves to the user.
 		setting{name: "azure-managed-identity", files: []string{"azure"}, sets: []string{"identity.route=azure-managed-identity"}},
@@ -122,6 +124,32 @@ func TestChartSettings(t *testing.T) {
 	assert.Nil(t, find(objs, "ClusterRole", "caa-pull-secrets"))
 	assert.Contains(t, daemonSet(t, objs).Spec.Template.Spec.Containers[0].Env, envVar("CAA_PULL_SECRETS", "false"))
 	assert.NotNil(t, find(decode(t, mustRender(t, []string{valuesFile("aws"), valuesFile("kata")})), "ClusterRole", "caa-pull-secrets"))
+
+	// The adaptor's ConfigMap and Secret: mounted, named to caa, and the
+	// cloud settings of values-aws.yaml (placeholders) left out, since a
+	// CAA_* variable would win over the adaptor's key.
+	objs = decode(t, mustRender(t, []string{valuesFile("aws"), valuesFile("adaptor")}))
+	ds = daemonSet(t, objs)
+	ctr := ds.Spec.Template.Spec.Containers[0]
+	assert.Contains(t, ctr.Env, envVar("CAA_ADAPTOR_CONFIG_DIR", "/etc/peer-pods/cm,/etc/peer-pods/secret"))
+	require.Len(t, ctr.EnvFrom, 1, "no caa-cloud-credentials: the adaptor's Secret holds the credentials")
+	var vols []string
+	for _, v := range ds.Spec.Template.Spec.Volumes {
+		switch {
+		case v.ConfigMap != nil:
+			vols = append(vols, "cm:"+v.ConfigMap.Name)
+		case v.Secret != nil:
+			vols = append(vols, "secret:"+v.Secret.SecretName)
+		}
+	}
+	assert.Equal(t, []string{"cm:peer-pods-cm", "secret:peer-pods-secret"}, vols)
+	cm := find(objs, "ConfigMap", "caa-config")
+	require.NotNil(t, cm)
+	data, _, _ := unstructured.NestedStringMap(cm.Object, "data")
+	assert.Equal(t, "aws", data["CAA_PROVIDER"])
+	for k := range data {
+		assert.False(t, strings.HasPrefix(k, "CAA_AWS_"), "%s would win over the adaptor's key", k)
+	}
 }
 
 // TestChartRefusesBadValues: values that cannot work stop the render with a
@@ -147,6 +175,8 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"another cloud's setting", []string{"aws"}, []string{"cloudSettings.CAA_AZURE_LOCATION=westeurope"},
 			"cloudSettings.CAA_AZURE_LOCATION is not a setting of cloud=aws"},
 		{"the provider as a cloud setting", []string{"aws"}, []string{"cloudSettings.CAA_PROVIDER=azure"}, "cloud sets CAA_PROVIDER"},
+		{"the adaptor's settings without the hypervisor", []string{"aws"}, []string{"adaptorConfig.enabled=true"},
+			"adaptorConfig.enabled=true needs hypervisor.enabled=true"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var files []string

@@ -4,7 +4,7 @@ that cannot work. Every template includes it, so no partial render slips
 through.
 */}}
 {{- define "caa.validate" -}}
-{{- range $name, $v := dict "surge" .Values.surge "createNamespace" .Values.createNamespace "hypervisor.enabled" .Values.hypervisor.enabled "hypervisor.pullSecrets" .Values.hypervisor.pullSecrets "relay.enabled" .Values.relay.enabled "clusterScope.enabled" .Values.clusterScope.enabled -}}
+{{- range $name, $v := dict "surge" .Values.surge "createNamespace" .Values.createNamespace "hypervisor.enabled" .Values.hypervisor.enabled "hypervisor.pullSecrets" .Values.hypervisor.pullSecrets "relay.enabled" .Values.relay.enabled "clusterScope.enabled" .Values.clusterScope.enabled "adaptorConfig.enabled" .Values.adaptorConfig.enabled -}}
 {{- if not (kindIs "bool" $v) -}}
 {{- fail (printf "%s=%v: must be true or false (a boolean: --set, not --set-string)" $name $v) -}}
 {{- end -}}
@@ -37,6 +37,12 @@ through.
 {{- if and .Values.relay.enabled (not .Values.hypervisor.enabled) -}}
 {{- fail "relay.enabled=true needs hypervisor.enabled=true: the relay serves the agent sockets of kata's remote hypervisor mode" -}}
 {{- end -}}
+{{- if and .Values.adaptorConfig.enabled (not .Values.hypervisor.enabled) -}}
+{{- fail "adaptorConfig.enabled=true needs hypervisor.enabled=true: the adaptor's settings are those of kata's remote hypervisor (install with -f values-adaptor.yaml)" -}}
+{{- end -}}
+{{- if and .Values.adaptorConfig.enabled (not .Values.adaptorConfig.configMap) -}}
+{{- fail "adaptorConfig.configMap is empty: name the adaptor's ConfigMap (peer-pods-cm)" -}}
+{{- end -}}
 {{- range $k, $v := .Values.cloudSettings -}}
 {{- if not (hasPrefix (printf "CAA_%s_" (upper $.Values.cloud)) $k) -}}
 {{- fail (printf "cloudSettings.%s is not a setting of cloud=%s (its keys are CAA_%s_*; common settings go under settings, and cloud sets CAA_PROVIDER)" $k $.Values.cloud (upper $.Values.cloud)) -}}
@@ -59,7 +65,9 @@ app.kubernetes.io/part-of: caa
 {{- define "caa.config" -}}
 {{- $data := dict "CAA_PROVIDER" .Values.cloud -}}
 {{- range $k, $v := .Values.settings }}{{ $_ := set $data $k (toString $v) }}{{ end -}}
+{{- if not .Values.adaptorConfig.enabled -}}
 {{- range $k, $v := .Values.cloudSettings }}{{ $_ := set $data $k (toString $v) }}{{ end -}}
+{{- end -}}
 {{- range $k := keys $data | sortAlpha }}
 {{ $k }}: {{ get $data $k | quote }}
 {{- end -}}
@@ -67,5 +75,5 @@ app.kubernetes.io/part-of: caa
 
 {{/* caa.secretRef: the routes that read the Secret caa-cloud-credentials. */}}
 {{- define "caa.usesSecret" -}}
-{{- if eq (toString .Values.identity.route) "secret" }}true{{ end -}}
+{{- if and (eq (toString .Values.identity.route) "secret") (not .Values.adaptorConfig.enabled) }}true{{ end -}}
 {{- end -}}
