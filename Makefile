@@ -36,7 +36,8 @@ static: ## the image's binary: static (CGO_ENABLED=0), -trimpath, into $(STATIC_
 # the overlays and the chart deploy (their memory is measured for it):
 # $(IMAGE_DIR)/caa-<version>-<cloud>.tar, tagged $(IMAGE_REPO):<version>-<cloud>.
 # Written by internal/imagebuild with go-containerregistry: no container
-# engine, no base image to pull (docs/design.md, The image).
+# engine, no base image to pull (docs/design.md, The image). GOARCH=arm64
+# builds the arm64 image: the binary is cross-built, the tool runs here.
 IMAGE_REPO   ?= caa
 IMAGE_DIR    ?= bin/image
 IMAGE_SOURCE ?= https://github.com/caa-project/caa
@@ -49,7 +50,7 @@ image: ## OCI image archives, one per cloud, without a container engine: $(IMAGE
 	@mkdir -p $(IMAGE_DIR)
 	@set -e; for c in $(IMAGE_CLOUDS); do \
 		$(MAKE) --no-print-directory static CLOUDS=$$c STATIC_OUT=$(IMAGE_DIR)/caa-$$c; \
-		SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) $(GO) run ./internal/imagebuild -binary $(IMAGE_DIR)/caa-$$c -cloud $$c \
+		SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) GOOS=$$($(GO) env GOHOSTOS) GOARCH=$$($(GO) env GOHOSTARCH) $(GO) run ./internal/imagebuild -binary $(IMAGE_DIR)/caa-$$c -cloud $$c \
 			-version $(VERSION) -repo $(IMAGE_REPO) -source $(IMAGE_SOURCE) -revision "$(REVISION)" \
 			-out $(IMAGE_DIR)/caa-$(VERSION)-$$c.tar; \
 	done
