@@ -73,7 +73,7 @@ test-integration: e2e-binaries ## every test, with the race detector (the chart'
 	cd $(CHART_MOD) && $(GO) test -race -count=1 -timeout 20m ./...
 
 test-upstream-podvm: e2e-binaries ## the remote hypervisor e2e with upstream's real process-user-data and agent-protocol-forwarder in the pod VMs: CAA_UPSTREAM_PODVM_BIN=<their directory>, as root, iptables installed (not part of `make test`: CI cannot build them)
-	@if [ -z "$$CAA_UPSTREAM_PODVM_BIN" ]; then echo "CAA_UPSTREAM_PODVM_BIN is not set: build upstream's pod-VM programs (docs/upstream-podvm.md) and point it at their directory"; exit 2; fi
+	@if [ -z "$$CAA_UPSTREAM_PODVM_BIN" ]; then echo "CAA_UPSTREAM_PODVM_BIN is not set: build upstream's pod-VM programs with hack/build-upstream-podvm.sh (README, Running caa as kata's remote hypervisor) and point it at their bin directory"; exit 2; fi
 	$(GO) test -count=1 -timeout 30m -run '^(TestHypervisor|TestNodeAdvertisesPeerPodCapacity)' ./test/e2e
 
 e2e-binaries: ## build (or find cached) etcd and kube-apiserver for the e2e tests; cold: minutes
