@@ -43,7 +43,7 @@ type bench struct {
 	s11Ns     []int
 	s11Cycles int
 	dir       string
-	logf     func(string, ...any)
+	logf      func(string, ...any)
 }
 
 func main() {

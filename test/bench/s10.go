@@ -8,8 +8,8 @@ import (
 	"sync"
 	"time"
 
-	"github.com/caa-project/caa/test/mocks/cloud"
 	ec2fake "github.com/caa-project/caa/test/mocks/aws"
+	"github.com/caa-project/caa/test/mocks/cloud"
 )
 
 // S10 is a burst of sandboxes on one node: a Deployment scaled up puts tens
