@@ -66,7 +66,7 @@ func run(ctx context.Context, args []string) (int, error) {
 		clouds    = fs.String("clouds", "aws,azure,ibmcloud", "S1: clouds")
 		others    = fs.String("others", "0,5000,10000", "S4: pods on other nodes")
 		window    = fs.Duration("s5-window", 2*time.Minute, "S5: steady-state window")
-		scenarios = fs.String("scenarios", "s1,s2,s4,s5,s6,s6kata,s7,s8,s9,s10,s11", "scenarios to run (s6kata, s8, s9, s10 and s11 need root)")
+		scenarios = fs.String("scenarios", "s1,s2,s4,s5,s6,s6-kata,s7,s8,s9,s10,s11", "scenarios to run (s6-kata, s8, s9, s10 and s11 need root)")
 		s10N      = fs.Int("s10-sandboxes", 100, "S10: sandboxes started at once (10 with -quick)")
 		s11Ns     = fs.String("s11-sandboxes", "0,10,100", "S11: sandbox counts measured, growing; the last is the slots the cycles reuse (0,10 with -quick)")
 		s11Cycles = fs.Int("s11-cycles", 1000, "S11: StartVM/StopVM cycles over the slots (100 with -quick)")
@@ -193,7 +193,7 @@ func run(ctx context.Context, args []string) (int, error) {
 			sc, err = b.s10(ctx)
 		case "s11":
 			sc, err = b.s11(ctx)
-		case "s6kata":
+		case "s6-kata", "s6kata":
 			sc, err = b.s6kata(ctx)
 		default:
 			return 2, fmt.Errorf("-scenarios: unknown %q", s)

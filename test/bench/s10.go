@@ -248,8 +248,10 @@ func s10Rows(c s10Case, n int, hs time.Duration, res []s10Result) []Row {
 	bound := schedule + s10CallsPerStart*s10Latency + hs
 	all := Row{Case: c.name, Metric: "every StartVM answered", Unit: "ms", MaxRatio: 1.25, Bound: ms(bound),
 		BoundNote: fmt.Sprintf("%s; + the last sandbox's %d cloud calls in a row (client-token lookup, RunInstances, the read that finds it running: %d x %s) "+
-			"+ one relayed agent call over a new mutual-TLS connection (%s, the median of fresh health checks through a served socket); the fake VMs boot at once",
-			note, s10CallsPerStart, s10CallsPerStart, s10Latency, round(hs))}
+			"+ one relayed agent call over a new mutual-TLS connection (%s, the median of fresh health checks through a served socket). Left out: caa's own work "+
+			"(the pod's and service account's reads from the apiserver, durable intents, certificate, tunnel, relay) and the fake VMs' boot (the fleet, "+
+			"on a %s tick, boots them one after another: a network namespace, a veth pair and a TLS listener each)",
+			note, s10CallsPerStart, s10CallsPerStart, s10Latency, round(hs), s8FleetTick)}
 	first, median := at("first StartVM answered", "ms"), at("median StartVM answered", "ms")
 	creates, reads := none("VMs created per sandbox", "calls"), at("cloud reads per sandbox started", "calls")
 	creates.Limit = 1
