@@ -31,6 +31,8 @@ const (
 // caa its goroutines from /metrics.
 type procSample struct {
 	anon, rss, fds, threads, goroutines float64
+	// heapInuse and heapObjects: caa's live heap, from /metrics.
+	heapInuse, heapObjects float64
 }
 
 func sampleProc(pid int) (procSample, error) {
@@ -195,9 +197,11 @@ func (b *bench) s11(ctx context.Context) (sc Scenario, err error) {
 		cycles, took.Round(time.Second), slots, len(r.fleet.Failed())))
 	for _, k := range order {
 		s := samples[k]
-		sc.Details = append(sc.Details, fmt.Sprintf("%d sandboxes: caa anon %s KiB, rss %s KiB, %s files, %s threads, %s goroutines; caa relay anon %s KiB, rss %s KiB, %s files, %s threads",
-			k, Num(s[0].anon), Num(s[0].rss), Num(s[0].fds), Num(s[0].threads), Num(s[0].goroutines), Num(s[1].anon), Num(s[1].rss), Num(s[1].fds), Num(s[1].threads)))
+		sc.Details = append(sc.Details, fmt.Sprintf("%d sandboxes: caa anon %s KiB, rss %s KiB, Go heap in use %s KiB, %s files, %s threads, %s goroutines; caa relay anon %s KiB, rss %s KiB, %s files, %s threads",
+			k, Num(s[0].anon), Num(s[0].rss), Num(s[0].heapInuse), Num(s[0].fds), Num(s[0].threads), Num(s[0].goroutines), Num(s[1].anon), Num(s[1].rss), Num(s[1].fds), Num(s[1].threads)))
 	}
+	sc.Details = append(sc.Details, fmt.Sprintf("after the cycles, %d sandboxes: caa anon %s KiB, rss %s KiB, Go heap in use %s KiB, %s goroutines; caa relay anon %s KiB, rss %s KiB",
+		slots, Num(after[0].anon), Num(after[0].rss), Num(after[0].heapInuse), Num(after[0].goroutines), Num(after[1].anon), Num(after[1].rss)))
 	return sc, nil
 }
 
@@ -223,6 +227,7 @@ func (b *bench) s11Sample(ctx context.Context, r *kataRig) ([2]procSample, error
 		return out, err
 	}
 	c.goroutines = m["go_goroutines"]
+	c.heapInuse, c.heapObjects = m["go_memstats_heap_inuse_bytes"]/1024, m["go_memstats_heap_objects"]
 	rl, err := sampleProc(r.relay.Process.Pid)
 	if err != nil {
 		return out, err
@@ -262,7 +267,9 @@ func s11Rows(order []int, samples map[int][2]procSample, slots, cycles int, afte
 			Row{Case: c, Metric: "open files", Unit: "files", Runs: []float64{after[p].fds - top[p].fds}, HasLimit: true, AtMost: true, Limit: s11GrowthCount})
 		if p == 0 {
 			rows = append(rows, Row{Case: c, Metric: "goroutines", Unit: "goroutines", Runs: []float64{after[p].goroutines - top[p].goroutines},
-				HasLimit: true, AtMost: true, Limit: s11GrowthCount})
+				HasLimit: true, AtMost: true, Limit: s11GrowthCount},
+				Row{Case: c, Metric: "Go heap in use (go_memstats_heap_inuse_bytes)", Unit: "KiB", Runs: []float64{after[p].heapInuse - top[p].heapInuse}},
+				Row{Case: c, Metric: "Go heap objects", Unit: "objects", Runs: []float64{after[p].heapObjects - top[p].heapObjects}})
 		} else {
 			rows = append(rows, Row{Case: c, Metric: "threads", Unit: "threads", Runs: []float64{after[p].threads - top[p].threads}})
 		}

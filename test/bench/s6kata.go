@@ -3,8 +3,6 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
-	"strings"
 	"time"
 
 	ec2fake "github.com/caa-project/caa/test/mocks/aws"
@@ -24,7 +22,7 @@ func (b *bench) s6kata(ctx context.Context) (sc Scenario, err error) {
 			"with its published request limits, no latency. **Per sandbox created**: the fake shim's CreateVM and StartVM for %d sandboxes, %d at once; the "+
 			"calls counted at the fake over them, per sandbox. **Per sandbox deleted**: StopVM for each, until the cloud shows every VM terminated. "+
 			"**Idle**: %d sandboxes running, caa with `--audit-interval %s` (in this mode the period of the sync that lists the node's VMs) for %s; the reads "+
-			"per sync (reads over the syncs caa logged in the window) times %s syncs an hour at the default 10m0s. **1,000 nodes**: %d nodes x %d sandboxes, "+
+			"per sync (reads over the syncs caa counted in the window, `caa_reconcile_passes_total`) times %s syncs an hour at the default 10m0s. **1,000 nodes**: %d nodes x %d sandboxes, "+
 			"linear in nodes (no node lists another's VMs), as a percentage of the DescribeInstances bucket's refill (20 a second). "+
 			"The targets are S6's for the informer mode's pods (S6's rows `aws, churn, per pod created` and `aws, idle`).",
 			k, s11Batch, k, cfg.idleAudit, cfg.idleWindow, Num(AuditsPerHour(s6Audit)), s6ScaleNodes, s6ScalePods)}
@@ -66,8 +64,9 @@ func (b *bench) s6kata(ctx context.Context) (sc Scenario, err error) {
 	created := callsByOp(r.f.counters())
 	throttled := budget.Throttled()
 
-	// Idle: the syncs caa logs over the window.
-	syncsBefore, err := countLines(r.d.logPath, `"sandboxes synced"`)
+	// Idle: the syncs caa counts (each a pass, caa_reconcile_passes_total)
+	// over the window.
+	mb, err := r.d.Metrics(ctx)
 	if err != nil {
 		return sc, err
 	}
@@ -76,11 +75,11 @@ func (b *bench) s6kata(ctx context.Context) (sc Scenario, err error) {
 		return sc, err
 	}
 	idle := callsByOp(r.f.counters())
-	syncsAfter, err := countLines(r.d.logPath, `"sandboxes synced"`)
+	ma, err := r.d.Metrics(ctx)
 	if err != nil {
 		return sc, err
 	}
-	syncs := syncsAfter - syncsBefore
+	syncs := int(sumPrefix(ma, "caa_reconcile_passes_total") - sumPrefix(mb, "caa_reconcile_passes_total"))
 
 	// Deleted.
 	r.f.resetCounters()
@@ -134,13 +133,4 @@ func (b *bench) s6kata(ctx context.Context) (sc Scenario, err error) {
 		"the informer mode's S6 rows count, per pod created, also caa's one look at a new VM 30 s after its create; the remote hypervisor mode reads "+
 			"a new VM until it runs (StartVM waits for it) and never again but in the sync's one listing of the node's VMs")
 	return sc, nil
-}
-
-// countLines counts the lines of a file that contain s.
-func countLines(path, s string) (int, error) {
-	data, err := os.ReadFile(path)
-	if err != nil {
-		return 0, err
-	}
-	return strings.Count(string(data), s), nil
 }
