@@ -32,6 +32,43 @@ type kataRig struct {
 	podNames []string
 	withRly  bool
 	cleanups []func()
+	// boots: how long each fake VM took to boot, as the fleet's syncs
+	// measured it (a sync boots the VMs it finds one after another).
+	bootMu sync.Mutex
+	boots  []time.Duration
+}
+
+// runFleet is the fleet's Run, timing each sync that booted VMs.
+func (r *kataRig) runFleet(ctx context.Context, fleet *podvmfake.Fleet, f *fakeCloud) {
+	t := time.NewTicker(s8FleetTick)
+	defer t.Stop()
+	for {
+		before := fleet.Boots()
+		t0 := time.Now()
+		fleet.Sync(ctx)
+		if n := fleet.Boots() - before; n > 0 {
+			d := time.Since(t0) / time.Duration(n)
+			r.bootMu.Lock()
+			for range n {
+				r.boots = append(r.boots, d)
+			}
+			r.bootMu.Unlock()
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+// bootTimes returns the boots measured since the last call.
+func (r *kataRig) bootTimes() []float64 {
+	r.bootMu.Lock()
+	defer r.bootMu.Unlock()
+	out := durs(r.boots)
+	r.boots = nil
+	return out
 }
 
 // budgetClock is the clock of a fake's budget: real time plus an offset
@@ -76,7 +113,7 @@ func (b *bench) newKataRig(ctx context.Context, h *nsHarness, label string, slot
 	fleet := podvmfake.NewFleet(cn, f.core, nil)
 	fctx, stopFleet := context.WithCancel(context.WithoutCancel(ctx))
 	r.cleanups = append(r.cleanups, fleet.Close, stopFleet)
-	go fleet.Run(fctx, s8FleetTick)
+	go r.runFleet(fctx, fleet, f)
 	for _, raw := range []string{e.proxy.URL, cloudURL(f)} {
 		stop, err := forwardInto(cn.NodeNS, raw)
 		if err != nil {

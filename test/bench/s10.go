@@ -97,6 +97,8 @@ func (b *bench) s10(ctx context.Context) (sc Scenario, err error) {
 			details = append(details, fmt.Sprintf("run %d: calls while starting %s; while stopping %s; StartVM errors: %s",
 				i+1, CountsLine(x.startCalls), CountsLine(x.stopCalls), x.errText()))
 		}
+		lo, med, hi := Stats(r.bootTimes())
+		details = append(details, fmt.Sprintf("the fake VMs' boots (one after another in the fleet): median %s ms, %s to %s", Num(med), Num(lo), Num(hi)))
 		sc.Details = append(sc.Details, c.name+": "+strings.Join(details, ". "))
 	}
 	sc.Details = append(sc.Details, fmt.Sprintf("Failed fake VM boots: %d. Every StartVM's sandbox is checked to have exactly one instance "+
