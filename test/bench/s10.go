@@ -28,8 +28,9 @@ const (
 	// EC2: the client-token lookup, RunInstances, the read that finds the
 	// VM running.
 	s10CallsPerStart = 3
-	// s10StopLimit is how long kata gives StopVM (KATA-FACTS: about a
-	// second for runtime-rs); every StopVM of the burst must answer within.
+	// s10StopLimit is how long kata's runtime-rs gives StopVM (about a
+	// second, hypervisor/src/remote/inner.rs; it only logs a late answer);
+	// every StopVM of the burst should answer within.
 	s10StopLimit = time.Second
 )
 
