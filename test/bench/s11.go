@@ -72,7 +72,7 @@ func (b *bench) s11(ctx context.Context) (sc Scenario, err error) {
 		Setup: fmt.Sprintf("The rig of S8 with `caa relay` serving the agent sockets (`--relay-socket`, as in S9); the fake EC2 with no latency and no limits, "+
 			"caa's cloud budgets raised out of the way (memory is measured here, not pacing). For each of %s sandboxes running, each with its shim's "+
 			"one connection to its agent socket open and an agent health check on it every %s (kata's period), the bench waits one check period and "+
-			"one second more, then reads each process's resident memory (RssAnon: heap, stacks; VmRSS: the whole resident set, the binary's mapped "+
+			"one second more and, for caa, until its next garbage collection (the runtime forces one every 2 minutes at the latest), then reads each process's resident memory (RssAnon: heap, stacks; VmRSS: the whole resident set, the binary's mapped "+
 			"pages and the ledger's mmap included) and open files from /proc, and caa's goroutines from its /metrics (`go_goroutines`; `caa relay` "+
 			"serves no metrics, so its threads are given instead). The cost per sandbox is the difference from 0 sandboxes over the count. Then "+
 			"%d StartVM/StopVM cycles reuse the %d slots: each slot in turn closes its shim connection, StopVM, CreateVM and StartVM of a new "+
@@ -218,11 +218,26 @@ func (b *bench) s11Sample(ctx context.Context, r *kataRig) ([2]procSample, error
 	if err := sleepCtx(ctx, s11CheckPeriod+time.Second); err != nil {
 		return out, err
 	}
-	c, err := sampleProc(r.d.Pid())
+	// caa's figures are read right after its next garbage collection (the
+	// runtime forces one every 2 minutes at the latest), so that its heap
+	// holds what is live, not garbage of the moment.
+	m0, err := r.d.Metrics(ctx)
 	if err != nil {
 		return out, err
 	}
-	m, err := r.d.Metrics(ctx)
+	var m map[string]float64
+	for {
+		if m, err = r.d.Metrics(ctx); err != nil {
+			return out, err
+		}
+		if m["go_gc_duration_seconds_count"] > m0["go_gc_duration_seconds_count"] {
+			break
+		}
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return out, err
+		}
+	}
+	c, err := sampleProc(r.d.Pid())
 	if err != nil {
 		return out, err
 	}
