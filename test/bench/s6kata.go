@@ -62,7 +62,6 @@ func (b *bench) s6kata(ctx context.Context) (sc Scenario, err error) {
 		}
 	}
 	created := callsByOp(r.f.counters())
-	throttled := budget.Throttled()
 
 	// Idle: the syncs caa counts (each a pass, caa_reconcile_passes_total)
 	// over the window.
@@ -93,7 +92,7 @@ func (b *bench) s6kata(ctx context.Context) (sc Scenario, err error) {
 		return sc, err
 	}
 	deleted := callsByOp(r.f.counters())
-	throttled = budget.Throttled()
+	throttled := budget.Throttled() // counted since the creates began
 	b.logf("S6-kata: %d sandboxes stopped in %s", k, time.Since(start).Round(time.Millisecond))
 
 	per := func(m map[string]int64, ops ...string) float64 {
