@@ -374,7 +374,12 @@ func (l *Ledger) ListSandboxes() (ss []Sandbox, err error) {
 
 // PutSandbox stores s durably with compare-and-set; see Tx.PutSandbox.
 func (l *Ledger) PutSandbox(s Sandbox) (stored Sandbox, err error) {
-	err = l.Update(func(tx *Tx) error { stored, err = tx.PutSandbox(s); return err })
+	// Written alongside the other sandboxes' writes of the moment (batch).
+	err = l.batch(func(tx *Tx) error {
+		var perr error
+		stored, perr = tx.PutSandbox(s)
+		return perr
+	})
 	return stored, err
 }
 
