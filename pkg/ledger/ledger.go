@@ -14,6 +14,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -75,13 +76,16 @@ type Meta struct {
 
 // Ledger is an open ledger file. It is safe for concurrent use.
 type Ledger struct {
-	db           *bolt.DB
-	path         string
-	readOnly     bool
-	meta         Meta
-	historyLimit int
-	now          func() time.Time
-	log          *slog.Logger
+	db *bolt.DB
+	// sandboxWrites counts the sandbox writes in flight: a write alone
+	// commits at once, writes side by side share commits (batch).
+	sandboxWrites atomic.Int32
+	path          string
+	readOnly      bool
+	meta          Meta
+	historyLimit  int
+	now           func() time.Time
+	log           *slog.Logger
 
 	closeOnce sync.Once
 	closeErr  error
