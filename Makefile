@@ -89,7 +89,7 @@ lint: ## gofmt check, go vet, staticcheck (pinned)
 fmt: ## rewrite files with gofmt
 	gofmt -w $$(git ls-files '*.go')
 
-bench: ## benchmarks: Go benchmarks (S3) and the scenarios S1-S9 (S6: a fleet of caa on one account; S8: the remote hypervisor mode, as root; S9: a rolling update with caa relay, as root) with the real caa; $(BENCH_COUNT) runs each; results in docs/bench and README
+bench: ## benchmarks: Go benchmarks (S3) and the scenarios S1-S11 (S6: a fleet of caa on one account, S6-kata its remote hypervisor rows; S8: the remote hypervisor mode; S9: a rolling update with caa relay; S10: a burst of 100 sandboxes on a node; S11: memory per sandbox; S6-kata and S8-S11 as root) with the real caa; $(BENCH_COUNT) runs each; results in docs/bench and README
 	@mkdir -p $(BENCH_OUT)
 	@cat /proc/loadavg > $(BENCH_OUT)/load-before
 	$(GO) test -run '^$$' -bench . -benchmem -count $(BENCH_COUNT) -timeout 60m ./pkg/... | tee $(BENCH_OUT)/raw.txt

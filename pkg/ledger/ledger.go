@@ -14,6 +14,7 @@ import (
 	"runtime/debug"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -75,13 +76,16 @@ type Meta struct {
 
 // Ledger is an open ledger file. It is safe for concurrent use.
 type Ledger struct {
-	db           *bolt.DB
-	path         string
-	readOnly     bool
-	meta         Meta
-	historyLimit int
-	now          func() time.Time
-	log          *slog.Logger
+	db *bolt.DB
+	// sandboxWrites counts the sandbox writes in flight: a write alone
+	// commits at once, writes side by side share commits (batch).
+	sandboxWrites atomic.Int32
+	path          string
+	readOnly      bool
+	meta          Meta
+	historyLimit  int
+	now           func() time.Time
+	log           *slog.Logger
 
 	closeOnce sync.Once
 	closeErr  error
@@ -167,6 +171,12 @@ func Open(opts Options) (l *Ledger, err error) {
 			NoSync:       false,
 			FreelistType: bolt.FreelistMapType,
 		})
+		if l.db != nil {
+			// A write alone waits this long for others to share its
+			// commit (batch); bbolt's 10 ms default would add that to
+			// every sandbox write of a lone StartVM.
+			l.db.MaxBatchDelay = batchDelay
+		}
 		return oerr
 	})
 	if err != nil {
@@ -270,6 +280,10 @@ var lockNotice = time.Second
 
 // lockPoll is how often a waiting open tries the lock again (as bbolt does).
 const lockPoll = 50 * time.Millisecond
+
+// batchDelay is how long a batched write waits for others to share its
+// commit: about the time of one commit's fsyncs on a node's disk.
+const batchDelay = 2 * time.Millisecond
 
 // awaitLock takes the file lock bbolt is about to take (exclusive, or
 // shared for a read-only open), trying every lockPoll until timeout. Past
@@ -554,6 +568,26 @@ func (l *Ledger) Update(fn func(*Tx) error) error {
 
 func (l *Ledger) view(fn func(*bolt.Tx) error) error {
 	return guard(func() error { return l.db.View(fn) })
+}
+
+// batch is update for a write that may share its transaction, and so its
+// commit's fsyncs, with the writes other goroutines make at the same moment
+// (bbolt's Batch): kata stops or starts a node's sandboxes side by side,
+// and each commit alone is the slowest part of their calls. fn may run more
+// than once (a shared transaction another write failed is rolled back and
+// run again without it; the failed one runs again alone, here, under
+// guard), so it must act only on its transaction. It runs on whichever
+// goroutine commits the batch, so it sets its own fault guard.
+func (l *Ledger) batch(fn func(*Tx) error) error {
+	if l.readOnly {
+		return fmt.Errorf("ledger %s: %w", l.path, ErrReadOnly)
+	}
+	return l.noSpace(guard(func() error {
+		return l.db.Batch(func(btx *bolt.Tx) error {
+			defer debug.SetPanicOnFault(debug.SetPanicOnFault(true))
+			return fn(&Tx{tx: btx, l: l, now: l.now().UTC()})
+		})
+	}))
 }
 
 // update runs fn in a write transaction; a commit the file system refuses

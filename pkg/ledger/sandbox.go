@@ -374,7 +374,19 @@ func (l *Ledger) ListSandboxes() (ss []Sandbox, err error) {
 
 // PutSandbox stores s durably with compare-and-set; see Tx.PutSandbox.
 func (l *Ledger) PutSandbox(s Sandbox) (stored Sandbox, err error) {
-	err = l.Update(func(tx *Tx) error { stored, err = tx.PutSandbox(s); return err })
+	put := func(tx *Tx) error {
+		var perr error
+		stored, perr = tx.PutSandbox(s)
+		return perr
+	}
+	// Alone, it commits at once; beside other sandboxes' writes of the
+	// moment (a burst of StartVM or StopVM calls), it shares their commit.
+	defer l.sandboxWrites.Add(-1)
+	if l.sandboxWrites.Add(1) == 1 {
+		err = l.Update(put)
+	} else {
+		err = l.batch(put)
+	}
 	return stored, err
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
@@ -271,18 +272,36 @@ func (l *live) pendingUserData(b []byte) { l.userData = b }
 // the VM. The call runs on its own context, bounded by CallTimeout: a
 // StopVM that cancels the StartVM must still learn which VM was made.
 func (m *Manager) createVM(ctx context.Context, s ledger.Sandbox) (ledger.Sandbox, error) {
-	if err := m.take(ctx, m.cfg.Writes); err != nil {
-		return s, err
-	}
 	l := m.liveOf(s.ID)
 	spec := provider.Spec{
 		Key: s.Key, Cluster: m.cfg.Cluster, Node: m.cfg.Node, PodUID: s.PodUID, PodNamespace: s.Namespace, PodName: s.Name,
 		InstanceType: s.InstanceType, Image: s.Image, UserData: l.userData,
 		ExtraTags: map[string]string{TagSandbox: s.ID},
 	}
-	callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.CallTimeout)
-	vm, err := m.cfg.Provider.Create(callCtx, spec)
-	cancel()
+	var vm provider.VM
+	var err error
+	// Throttling is caa's to absorb, not kata's to see (as in the informer
+	// mode): a refused create waits and goes again with the same key, each
+	// try taking a token of the write budget, until the StartVM's deadline.
+	for try := 0; ; try++ {
+		if err := m.take(ctx, m.cfg.Writes); err != nil {
+			l.userData = nil
+			return s, err
+		}
+		callCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), m.cfg.CallTimeout)
+		vm, err = m.cfg.Provider.Create(callCtx, spec)
+		cancel()
+		if !errors.Is(err, provider.ErrThrottled) {
+			break
+		}
+		wait := throttleWait(err, try)
+		m.cfg.Log.Debug("cloud throttled a create; trying again", "sandbox", s.ID, "try", try+1, "retryIn", wait)
+		if serr := sleep(ctx, wait); serr != nil {
+			l.userData = nil
+			m.note(s.ID, "CreateThrottled", err.Error())
+			return s, m.startErr(s, "create its VM", fmt.Errorf("%w (the cloud throttled every try: %w)", serr, err))
+		}
+	}
 	l.userData = nil
 	if err != nil {
 		if errors.Is(err, provider.ErrInvalidSpec) || errors.Is(err, provider.ErrAuth) {
@@ -307,6 +326,21 @@ func (m *Manager) createVM(ctx context.Context, s ledger.Sandbox) (ledger.Sandbo
 	}
 	m.cfg.Log.Info("sandbox VM created", "sandbox", s.ID, "pod", s.PodRef(), "vm", vm.ID, "key", s.Key)
 	return s, nil
+}
+
+// throttleWait is how long a create throttled for the (try+1)-th time in a
+// row waits: from 1 s, doubling to at most 10 s (kata's shim waits minutes
+// for StartVM; a node's burst should follow the account's refill closely),
+// drawn from the upper half so that a burst's retries spread out, and never
+// less than the cloud's Retry-After.
+func throttleWait(err error, try int) time.Duration {
+	d := time.Second << min(try, 4)
+	d = min(d, 10*time.Second)
+	d = d/2 + rand.N(d/2+1)
+	if ra, ok := provider.RetryAfter(err); ok && ra > d {
+		d = ra
+	}
+	return d
 }
 
 // waitRunning polls the VM until it runs with an IP.

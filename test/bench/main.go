@@ -37,8 +37,13 @@ type bench struct {
 	others   []int
 	s5Window time.Duration
 	s6cfg    s6Config
-	dir      string
-	logf     func(string, ...any)
+	// s10N: S10's sandboxes at once; s11Ns, s11Slots, s11Cycles: S11's
+	// sandbox counts, the slots its cycles reuse and the cycles.
+	s10N      int
+	s11Ns     []int
+	s11Cycles int
+	dir       string
+	logf      func(string, ...any)
 }
 
 func main() {
@@ -61,7 +66,10 @@ func run(ctx context.Context, args []string) (int, error) {
 		clouds    = fs.String("clouds", "aws,azure,ibmcloud", "S1: clouds")
 		others    = fs.String("others", "0,5000,10000", "S4: pods on other nodes")
 		window    = fs.Duration("s5-window", 2*time.Minute, "S5: steady-state window")
-		scenarios = fs.String("scenarios", "s1,s2,s4,s5,s6,s7,s8,s9", "scenarios to run (s8 and s9 need root)")
+		scenarios = fs.String("scenarios", "s1,s2,s4,s5,s6,s6-kata,s7,s8,s9,s10,s11", "scenarios to run (s6-kata, s8, s9, s10 and s11 need root)")
+		s10N      = fs.Int("s10-sandboxes", 100, "S10: sandboxes started at once (10 with -quick)")
+		s11Ns     = fs.String("s11-sandboxes", "0,10,100", "S11: sandbox counts measured, growing; the last is the slots the cycles reuse (0,10 with -quick)")
+		s11Cycles = fs.Int("s11-cycles", 1000, "S11: StartVM/StopVM cycles over the slots (100 with -quick)")
 		s6Nodes   = fs.Int("s6-nodes", 0, "S6: caa processes in the fleet (default 24; 5 with -quick)")
 		s6Pods    = fs.Int("s6-pods", 0, "S6: peer pods per node (default 30; 10 with -quick)")
 		s6Others  = fs.String("s6-others", "", "S6: VMs of other nodes for the startup cases, growing (default 0,5000,20000; 0,2000 with -quick)")
@@ -101,7 +109,12 @@ func run(ctx context.Context, args []string) (int, error) {
 		return 2, err
 	}
 	b.s6cfg = s6Full()
+	b.s10N, b.s11Cycles = *s10N, *s11Cycles
+	if b.s11Ns, err = ints(*s11Ns); err != nil {
+		return 2, err
+	}
 	if *quick {
+		b.s10N, b.s11Ns, b.s11Cycles = min(b.s10N, 10), []int{0, 10}, min(b.s11Cycles, 100)
 		b.count, b.s5Window = 1, 30*time.Second
 		b.ns = []int{100, 1000}
 		b.others = []int{0, 2000}
@@ -176,6 +189,12 @@ func run(ctx context.Context, args []string) (int, error) {
 			sc, err = b.s8(ctx)
 		case "s9":
 			sc, err = b.s9(ctx)
+		case "s10":
+			sc, err = b.s10(ctx)
+		case "s11":
+			sc, err = b.s11(ctx)
+		case "s6-kata", "s6kata":
+			sc, err = b.s6kata(ctx)
 		default:
 			return 2, fmt.Errorf("-scenarios: unknown %q", s)
 		}

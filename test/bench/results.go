@@ -203,14 +203,18 @@ func mergeInto(dir string, res Results) (Results, error) {
 		return res, fmt.Errorf("merge: parse %s: %w", filepath.Join(dir, "results.json"), err)
 	}
 	for _, sc := range res.Scenarios {
-		sc.Ran = fmt.Sprintf("Measured apart from the run above, on %s (`go run ./test/bench -scenarios %s -merge`), in %s; "+
+		sc.Ran = fmt.Sprintf("Measured apart from the run above, on %s (`go run ./test/bench -scenarios %s -merge`), in %s, on a shared %d-CPU machine; "+
 			"load average before: %s; after: %s.", res.Started.UTC().Format("2006-01-02 15:04 MST"), strings.ToLower(sc.ID),
-			sc.Took, res.LoadBefore, res.LoadAfter)
+			sc.Took, res.Machine.CPUs, res.LoadBefore, res.LoadAfter)
 		if i := slices.IndexFunc(old.Scenarios, func(o Scenario) bool { return o.ID == sc.ID }); i >= 0 {
 			if sc.Pivot && old.Scenarios[i].Pivot {
 				sc = mergeByCloud(old.Scenarios[i], sc)
 			}
 			old.Scenarios[i] = sc
+		} else if base, _, ok := strings.Cut(sc.ID, "-"); ok && slices.ContainsFunc(old.Scenarios, func(o Scenario) bool { return o.ID == base }) {
+			// S6-kata goes beside S6.
+			i := slices.IndexFunc(old.Scenarios, func(o Scenario) bool { return o.ID == base })
+			old.Scenarios = slices.Insert(old.Scenarios, i+1, sc)
 		} else {
 			old.Scenarios = append(old.Scenarios, sc)
 		}

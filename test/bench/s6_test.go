@@ -128,7 +128,7 @@ func TestMergeReplacesOnlyTheScenariosRun(t *testing.T) {
 	old := Results{Count: 5, LoadBefore: "0.5", Scenarios: []Scenario{{ID: "S1", Title: "old one"}, {ID: "S6", Title: "old six"}}}
 	assert.NoError(t, old.Write(io.Discard, dir))
 	started := time.Date(2026, 11, 30, 22, 0, 0, 0, time.UTC)
-	got, err := mergeInto(dir, Results{Count: 1, Started: started, LoadBefore: "3", LoadAfter: "4",
+	got, err := mergeInto(dir, Results{Count: 1, Started: started, LoadBefore: "3", LoadAfter: "4", Machine: Machine{CPUs: 2},
 		Scenarios: []Scenario{{ID: "S6", Title: "new six", Took: "12m0s"}, {ID: "S7", Title: "new"}}})
 	assert.NoError(t, err)
 	assert.Equal(t, 5, got.Count, "the header stays the run's that measured the rest")
@@ -136,11 +136,27 @@ func TestMergeReplacesOnlyTheScenariosRun(t *testing.T) {
 	assert.Empty(t, got.Scenarios[0].Ran)
 	assert.Contains(t, got.Scenarios[1].Ran, "2026-11-30 22:00 UTC")
 	assert.Contains(t, got.Scenarios[1].Ran, "-scenarios s6 -merge")
-	assert.Contains(t, got.Scenarios[1].Ran, "in 12m0s; load average before: 3; after: 4")
+	assert.Contains(t, got.Scenarios[1].Ran, "in 12m0s, on a shared 2-CPU machine; load average before: 3; after: 4")
 
 	fresh, err := mergeInto(t.TempDir(), Results{Count: 1, Scenarios: []Scenario{{ID: "S6"}}})
 	assert.NoError(t, err)
 	assert.Equal(t, 1, fresh.Count, "no results file: the run stands alone")
+}
+
+// S6-kata, new to a results file, goes right after S6 (its informer rows),
+// not at the end; its rerun command names the flag's spelling.
+func TestMergePutsAVariantBesideItsScenario(t *testing.T) {
+	dir := t.TempDir()
+	old := Results{Count: 5, Scenarios: []Scenario{{ID: "S1"}, {ID: "S6"}, {ID: "S7"}}}
+	assert.NoError(t, old.Write(io.Discard, dir))
+	got, err := mergeInto(dir, Results{Count: 1, Scenarios: []Scenario{{ID: "S6-kata"}, {ID: "S10"}}})
+	assert.NoError(t, err)
+	var ids []string
+	for _, s := range got.Scenarios {
+		ids = append(ids, s.ID)
+	}
+	assert.Equal(t, []string{"S1", "S6", "S6-kata", "S7", "S10"}, ids)
+	assert.Contains(t, got.Scenarios[2].Ran, "-scenarios s6-kata -merge")
 }
 
 func TestBusiestBucketLeadsThePivot(t *testing.T) {

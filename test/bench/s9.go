@@ -230,13 +230,14 @@ func (n *s9Node) startCaa() (*Daemon, error) {
 }
 
 // startRelay runs `caa relay` in the node's namespace and waits for its
-// control socket; stop ends it.
+// control socket; stop ends it. caa writes the client file beside its
+// --relay-socket, which is where the relay is told to read it.
 func (n *s9Node) startRelay(ctx context.Context) (stop func(), err error) {
 	out, err := os.OpenFile(n.b.logPath("s9-relay-"+n.node), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(n.b.s9Binary(), "relay", "--socket", n.relaySock, "--agent-ca-dir", filepath.Dir(n.ledger), "--log-format", "json")
+	cmd := exec.Command(n.b.s9Binary(), "relay", "--socket", n.relaySock, "--agent-ca-dir", filepath.Dir(n.relaySock), "--log-format", "json")
 	cmd.Stdout, cmd.Stderr = out, out
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 	if err := podvmfake.InNetNS(n.cn.NodeNS, cmd.Start); err != nil {

@@ -30,6 +30,7 @@ type Fleet struct {
 	mu     sync.Mutex
 	vms    map[string]*FleetVM
 	failed map[string]error
+	boots  int
 }
 
 // FleetVM is one instance's fake pod VM.
@@ -125,7 +126,15 @@ func (f *Fleet) boot(ctx context.Context, in cloud.Instance) error {
 		return err
 	}
 	f.vms[in.ID] = &FleetVM{VM: vm, InstanceID: in.ID, Host: host}
+	f.boots++
 	return nil
+}
+
+// Boots counts the VMs booted so far.
+func (f *Fleet) Boots() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.boots
 }
 
 // Run calls Sync every interval until ctx ends.

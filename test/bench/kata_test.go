@@ -1,0 +1,51 @@
+package main
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+)
+
+func TestS10BoundIsTheBudgetsScheduleAndTheLastCalls(t *testing.T) {
+	res := []s10Result{{starts: []time.Duration{time.Second, 18 * time.Second, 19 * time.Second}, startErrs: make([]error, 3),
+		startCalls: map[string]int64{"create": 100, "get": 100, "lookup": 100}, stopCalls: map[string]int64{"delete": 100}}}
+	rows := s10Rows(s10Case{name: "100 at once"}, 100, 4*time.Millisecond, res)
+	assert.Equal(t, "every StartVM answered", rows[0].Metric)
+	// (100 - 10) / 5 a second, then lookup, RunInstances and the read, then a relayed call.
+	assert.InDelta(t, 18000+150+4, rows[0].Bound, 0.001)
+	assert.Equal(t, []float64{19000}, rows[0].Runs, "the last answer")
+	assert.Equal(t, []float64{1000}, rows[1].Runs, "the first")
+	assert.Equal(t, []float64{1}, rows[3].Runs, "creates per sandbox")
+	assert.Equal(t, []float64{2}, rows[4].Runs, "reads per sandbox: the lookup and the read")
+
+	spent := s10Rows(s10Case{name: "spent", spent: true}, 100, 4*time.Millisecond, res)
+	// The account's bucket, empty, gives back 5 a second: 100 / 5.
+	assert.InDelta(t, 20000+150+4, spent[0].Bound, 0.001)
+}
+
+func TestThrottleTextFindsWhatKataWouldSee(t *testing.T) {
+	assert.True(t, throttleText(errors.New("rpc error: code = Internal desc = sandbox x: create its VM: aws create: throttled: RequestLimitExceeded")))
+	assert.False(t, throttleText(errors.New("sandbox x: pod gone")))
+}
+
+func TestS11RowsPerSandboxAndGrowth(t *testing.T) {
+	samples := map[int][2]procSample{
+		0:   {{anon: 10000, rss: 30000, fds: 20, goroutines: 50}, {anon: 3000, rss: 9000, fds: 8}},
+		100: {{anon: 20000, rss: 45000, fds: 320, goroutines: 450}, {anon: 13000, rss: 20000, fds: 308}},
+	}
+	after := [2]procSample{{anon: 21000, rss: 46000, fds: 321, goroutines: 452}, {anon: 13500, rss: 20000, fds: 308}}
+	rows := s11Rows([]int{0, 100}, samples, 100, 1000, after, 0)
+	byName := map[string]Row{}
+	for _, r := range rows {
+		byName[r.Case+": "+r.Metric] = r
+	}
+	assert.Equal(t, []float64{100}, byName["caa, per sandbox (0 to 100): RSS anonymous"].Runs)
+	assert.Equal(t, "pass", byName["caa, per sandbox (0 to 100): RSS anonymous"].Result())
+	assert.Equal(t, []float64{4}, byName["caa, per sandbox (0 to 100): goroutines"].Runs)
+	assert.Equal(t, []float64{3}, byName["caa relay, per sandbox (0 to 100): open files"].Runs)
+	assert.Equal(t, []float64{1000}, byName["caa, growth over 1000 cycles (100 slots): RSS anonymous"].Runs)
+	assert.Equal(t, []float64{2}, byName["caa, growth over 1000 cycles (100 slots): goroutines"].Runs)
+	assert.Equal(t, "pass", byName["caa, growth over 1000 cycles (100 slots): goroutines"].Result())
+}

@@ -1,0 +1,316 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"sync"
+	"time"
+
+	katafake "github.com/caa-project/caa/test/mocks/kata"
+)
+
+// S11 is the memory a sandbox costs on its node, in caa and in `caa
+// relay`, which serves the agent sockets: each sandbox holds a ledger
+// record, a tunnel, a relay (a unix socket, the shim's connection and a
+// mutual-TLS connection to its VM) in the relay daemon, and caa's watch
+// of it.
+const (
+	// s11CheckPeriod is kata's agent health check period.
+	s11CheckPeriod  = 5 * time.Second
+	s11CheckTimeout = time.Second
+	// s11AnonLimit is the target per sandbox, in KiB, in each process.
+	s11AnonLimit = 200
+	// s11Batch sandboxes are started at once while setting up.
+	s11Batch = 10
+)
+
+// procSample is what /proc says of one process (KiB and counts), and for
+// caa its goroutines from /metrics.
+type procSample struct {
+	anon, rss, fds, threads, goroutines float64
+	// heapInuse and heapObjects: caa's live heap, from /metrics.
+	heapInuse, heapObjects float64
+}
+
+func sampleProc(pid int) (procSample, error) {
+	var s procSample
+	a, err := procStatusKiB(pid, "RssAnon:")
+	if err != nil {
+		return s, err
+	}
+	r, err := procStatusKiB(pid, "VmRSS:")
+	if err != nil {
+		return s, err
+	}
+	t, err := procStatusKiB(pid, "Threads:")
+	if err != nil {
+		return s, err
+	}
+	fds, err := os.ReadDir("/proc/" + strconv.Itoa(pid) + "/fd")
+	if err != nil {
+		return s, err
+	}
+	s.anon, s.rss, s.threads, s.fds = float64(a), float64(r), float64(t), float64(len(fds))
+	return s, nil
+}
+
+// s11Slot is one pod's current sandbox and its shim's agent connection.
+type s11Slot struct {
+	id     string
+	agent  *katafake.Agent
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (b *bench) s11(ctx context.Context) (sc Scenario, err error) {
+	ns := b.s11Ns
+	slots := ns[len(ns)-1]
+	sc = Scenario{ID: "S11", Title: "remote hypervisor: memory, goroutines and files per sandbox, in caa and caa relay",
+		Setup: fmt.Sprintf("The rig of S8 with `caa relay` serving the agent sockets (`--relay-socket`, as in S9); the fake EC2 with no latency and no limits, "+
+			"caa's cloud budgets raised out of the way (memory is measured here, not pacing). For each of %s sandboxes running, each with its shim's "+
+			"one connection to its agent socket open and an agent health check on it every %s (kata's period), the bench waits one check period and "+
+			"one second more and, for caa, until its next garbage collection (the runtime forces one every 2 minutes at the latest), then reads each process's resident memory (RssAnon: heap, stacks; VmRSS: the whole resident set, the binary's mapped "+
+			"pages and the ledger's mmap included) and open files from /proc, and caa's goroutines from its /metrics (`go_goroutines`; `caa relay` "+
+			"serves no metrics, so its threads are given instead). The cost per sandbox is the difference from 0 sandboxes over the count. Then "+
+			"%d StartVM/StopVM cycles reuse the %d slots: each slot in turn closes its shim connection, StopVM, CreateVM and StartVM of a new "+
+			"sandbox for the same pod, and opens a new shim connection; the %d slots cycle side by side. Once every stopped sandbox's VM is "+
+			"terminated, the same reading is taken again with %d sandboxes running: the growth is the difference. One run (the cycles are the repetition).",
+			joinInts(ns), s11CheckPeriod, b.s11Cycles, slots, slots, slots)}
+	if b.notRoot(&sc, "S11") {
+		return sc, nil
+	}
+	h := &nsHarness{}
+	defer h.cleanup()
+	defer recoverHarness(&err)
+	r, err := b.newKataRig(ctx, h, "s11", slots, nil, true)
+	defer r.close()
+	if err != nil {
+		return sc, err
+	}
+	if err := r.start(ctx, "--create-rate", "1000", "--create-burst", "1000", "--read-rate", "1000", "--read-burst", "1000"); err != nil {
+		return sc, err
+	}
+	cctx, stopChecks := context.WithCancel(ctx)
+	defer stopChecks()
+	sl := make([]*s11Slot, slots)
+	defer func() {
+		for _, s := range sl {
+			if s != nil {
+				s.close()
+			}
+		}
+	}()
+	run := 0
+	startSlot := func(i int) error {
+		id := sandboxID(run, i)
+		sock, err := r.createVM(ctx, id, i)
+		if err != nil {
+			return err
+		}
+		if err := r.startVM(ctx, id); err != nil {
+			return fmt.Errorf("StartVM %s: %w", id[:12], err)
+		}
+		a, err := katafake.DialAgent(ctx, sock)
+		if err != nil {
+			return fmt.Errorf("shim connection to %s: %w", sock, err)
+		}
+		actx, cancel := context.WithCancel(cctx)
+		s := &s11Slot{id: id, agent: a, cancel: cancel, done: make(chan struct{})}
+		go func() { defer close(s.done); a.HealthCheck(actx, s11CheckPeriod, s11CheckTimeout) }()
+		sl[i] = s
+		return nil
+	}
+	samples := map[int][2]procSample{}
+	var order []int
+	running := 0
+	for _, k := range ns {
+		for running < k {
+			batch := min(s11Batch, k-running)
+			if err := firstErr(batch, func(j int) error { return startSlot(running + j) }); err != nil {
+				return sc, err
+			}
+			running += batch
+		}
+		s, err := b.s11Sample(ctx, r)
+		if err != nil {
+			return sc, err
+		}
+		samples[k] = s
+		order = append(order, k)
+	}
+	// The cycles: every slot in turn, the slots side by side.
+	perSlot := (b.s11Cycles + slots - 1) / max(slots, 1)
+	t0 := time.Now()
+	var stopped []string
+	var mu sync.Mutex
+	cycles := 0
+	err = firstErr(slots, func(i int) error {
+		for c := range perSlot {
+			old := sl[i]
+			old.close()
+			if err := r.stopVM(ctx, old.id); err != nil {
+				return fmt.Errorf("StopVM %s: %w", old.id[:12], err)
+			}
+			id := sandboxID(c+1, i)
+			sock, err := r.createVM(ctx, id, i)
+			if err != nil {
+				return err
+			}
+			if err := r.startVM(ctx, id); err != nil {
+				return fmt.Errorf("cycle %d, StartVM %s: %w", c+1, id[:12], err)
+			}
+			a, err := katafake.DialAgent(ctx, sock)
+			if err != nil {
+				return err
+			}
+			actx, cancel := context.WithCancel(cctx)
+			s := &s11Slot{id: id, agent: a, cancel: cancel, done: make(chan struct{})}
+			go func() { defer close(s.done); a.HealthCheck(actx, s11CheckPeriod, s11CheckTimeout) }()
+			sl[i] = s
+			mu.Lock()
+			stopped = append(stopped, old.id)
+			cycles++
+			mu.Unlock()
+		}
+		return nil
+	})
+	if err != nil {
+		return sc, err
+	}
+	took := time.Since(t0)
+	if _, err := r.waitVMsGone(ctx, stopped, 5*time.Minute); err != nil {
+		return sc, err
+	}
+	after, err := b.s11Sample(ctx, r)
+	if err != nil {
+		return sc, err
+	}
+	misses := 0
+	for _, s := range sl {
+		misses += len(s.agent.Misses())
+	}
+	sc.Rows = s11Rows(order, samples, slots, cycles, after, misses)
+	sc.Details = append(sc.Details, fmt.Sprintf("The %d cycles took %s (%d side by side). Failed fake VM boots: %d.",
+		cycles, took.Round(time.Second), slots, len(r.fleet.Failed())))
+	for _, k := range order {
+		s := samples[k]
+		sc.Details = append(sc.Details, fmt.Sprintf("%d sandboxes: caa anon %s KiB, rss %s KiB, Go heap in use %s KiB, %s files, %s threads, %s goroutines; caa relay anon %s KiB, rss %s KiB, %s files, %s threads",
+			k, Num(s[0].anon), Num(s[0].rss), Num(s[0].heapInuse), Num(s[0].fds), Num(s[0].threads), Num(s[0].goroutines), Num(s[1].anon), Num(s[1].rss), Num(s[1].fds), Num(s[1].threads)))
+	}
+	sc.Details = append(sc.Details, fmt.Sprintf("after the cycles, %d sandboxes: caa anon %s KiB, rss %s KiB, Go heap in use %s KiB, %s goroutines; caa relay anon %s KiB, rss %s KiB",
+		slots, Num(after[0].anon), Num(after[0].rss), Num(after[0].heapInuse), Num(after[0].goroutines), Num(after[1].anon), Num(after[1].rss)))
+	return sc, nil
+}
+
+func (s *s11Slot) close() {
+	s.cancel()
+	<-s.done
+	_ = s.agent.Close()
+}
+
+// s11Sample waits for every shim to have checked since now, then reads caa
+// and the relay daemon.
+func (b *bench) s11Sample(ctx context.Context, r *kataRig) ([2]procSample, error) {
+	var out [2]procSample
+	if err := sleepCtx(ctx, s11CheckPeriod+time.Second); err != nil {
+		return out, err
+	}
+	// caa's figures are read right after its next garbage collection (the
+	// runtime forces one every 2 minutes at the latest), so that its heap
+	// holds what is live, not garbage of the moment.
+	m0, err := r.d.Metrics(ctx)
+	if err != nil {
+		return out, err
+	}
+	var m map[string]float64
+	for {
+		if m, err = r.d.Metrics(ctx); err != nil {
+			return out, err
+		}
+		if m["go_gc_duration_seconds_count"] > m0["go_gc_duration_seconds_count"] {
+			break
+		}
+		if err := sleepCtx(ctx, 200*time.Millisecond); err != nil {
+			return out, err
+		}
+	}
+	c, err := sampleProc(r.d.Pid())
+	if err != nil {
+		return out, err
+	}
+	c.goroutines = m["go_goroutines"]
+	c.heapInuse, c.heapObjects = m["go_memstats_heap_inuse_bytes"]/1024, m["go_memstats_heap_objects"]
+	rl, err := sampleProc(r.relay.Process.Pid)
+	if err != nil {
+		return out, err
+	}
+	return [2]procSample{c, rl}, nil
+}
+
+// s11Rows: the readings at each count, the cost per sandbox, the growth.
+func s11Rows(order []int, samples map[int][2]procSample, slots, cycles int, after [2]procSample, misses int) []Row {
+	var rows []Row
+	procs := []string{"caa", "caa relay"}
+	for p, name := range procs {
+		for _, k := range order {
+			s := samples[k][p]
+			c := fmt.Sprintf("%s, %d sandboxes", name, k)
+			rows = append(rows, Row{Case: c, Metric: "RSS anonymous", Unit: "KiB", Runs: []float64{s.anon}},
+				Row{Case: c, Metric: "RSS total", Unit: "KiB", Runs: []float64{s.rss}})
+		}
+	}
+	base, top := samples[order[0]], samples[order[len(order)-1]]
+	n := float64(order[len(order)-1] - order[0])
+	for p, name := range procs {
+		c := fmt.Sprintf("%s, per sandbox (%d to %d)", name, order[0], order[len(order)-1])
+		rows = append(rows, Row{Case: c, Metric: "RSS anonymous", Unit: "KiB", Runs: []float64{(top[p].anon - base[p].anon) / n},
+			HasLimit: true, AtMost: true, Limit: s11AnonLimit},
+			Row{Case: c, Metric: "RSS total", Unit: "KiB", Runs: []float64{(top[p].rss - base[p].rss) / n}},
+			Row{Case: c, Metric: "open files", Unit: "files", Runs: []float64{(top[p].fds - base[p].fds) / n}},
+			Row{Case: c, Metric: "threads", Unit: "threads", Runs: []float64{(top[p].threads - base[p].threads) / n}})
+		if p == 0 {
+			rows = append(rows, Row{Case: c, Metric: "goroutines", Unit: "goroutines", Runs: []float64{(top[p].goroutines - base[p].goroutines) / n}})
+		}
+	}
+	for p, name := range procs {
+		c := fmt.Sprintf("%s, growth over %d cycles (%d slots)", name, cycles, slots)
+		rows = append(rows, Row{Case: c, Metric: "RSS anonymous", Unit: "KiB", Runs: []float64{after[p].anon - top[p].anon},
+			HasLimit: true, AtMost: true, Limit: s11GrowthKiB},
+			Row{Case: c, Metric: "open files", Unit: "files", Runs: []float64{after[p].fds - top[p].fds}, HasLimit: true, AtMost: true, Limit: s11GrowthCount})
+		if p == 0 {
+			rows = append(rows, Row{Case: c, Metric: "goroutines", Unit: "goroutines", Runs: []float64{after[p].goroutines - top[p].goroutines},
+				HasLimit: true, AtMost: true, Limit: s11GrowthCount},
+				Row{Case: c, Metric: "Go heap in use (go_memstats_heap_inuse_bytes)", Unit: "KiB", Runs: []float64{after[p].heapInuse - top[p].heapInuse}},
+				Row{Case: c, Metric: "Go heap objects", Unit: "objects", Runs: []float64{after[p].heapObjects - top[p].heapObjects}})
+		} else {
+			rows = append(rows, Row{Case: c, Metric: "threads", Unit: "threads", Runs: []float64{after[p].threads - top[p].threads}})
+		}
+	}
+	rows = append(rows, Row{Case: fmt.Sprintf("%d cycles", cycles), Metric: "missed health checks", Unit: "checks", Runs: []float64{float64(misses)},
+		HasLimit: true, AtMost: true, EveryRun: true})
+	return rows
+}
+
+// Growth allowed over the cycles: a leak of one goroutine, file or 2 KiB a
+// cycle would show as the cycles' count or more; these leave room for
+// what is in flight at the reading (a health check, a relay probe) and the
+// garbage collector's timing.
+const (
+	s11GrowthKiB   = 2048
+	s11GrowthCount = 10
+)
+
+// firstErr runs fn for every i in [0, n) side by side and returns the
+// first error.
+func firstErr(n int, fn func(i int) error) error {
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Go(func() { errs[i] = fn(i) })
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}

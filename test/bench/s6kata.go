@@ -1,0 +1,135 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	ec2fake "github.com/caa-project/caa/test/mocks/aws"
+	"github.com/caa-project/caa/test/mocks/cloud"
+)
+
+// S6's rows for the remote hypervisor mode: the cloud calls a sandbox
+// costs when kata starts and stops it, and a node's calls when idle, from
+// one node's caa in that mode (the rig of S8) on the fake EC2 with its
+// published limits; the fleet's figures follow linearly, as S6's informer
+// rows do (a node in this mode makes no call for another node's VMs).
+func (b *bench) s6kata(ctx context.Context) (sc Scenario, err error) {
+	cfg := b.s6cfg
+	k := cfg.pods
+	sc = Scenario{ID: "S6-kata", Title: "the fleet in the remote hypervisor mode: cloud calls per sandbox, beside S6's informer rows",
+		Setup: fmt.Sprintf("One node's caa in the remote hypervisor mode (the rig of S8: the real binary, fake pod VMs, real tunnels and relays) on the fake EC2 "+
+			"with its published request limits, no latency. **Per sandbox created**: the fake shim's CreateVM and StartVM for %d sandboxes, %d at once; the "+
+			"calls counted at the fake over them, per sandbox. **Per sandbox deleted**: StopVM for each, until the cloud shows every VM terminated. "+
+			"**Idle**: %d sandboxes running, caa with `--audit-interval %s` (in this mode the period of the sync that lists the node's VMs) for %s; the reads "+
+			"per sync (reads over the syncs caa counted in the window, `caa_reconcile_passes_total`) times %s syncs an hour at the default 10m0s. **1,000 nodes**: %d nodes x %d sandboxes, "+
+			"linear in nodes (no node lists another's VMs), as a percentage of the DescribeInstances bucket's refill (20 a second). "+
+			"The targets are S6's for the informer mode's pods (S6's rows `aws, churn, per pod created` and `aws, idle`).",
+			k, s11Batch, k, cfg.idleAudit, cfg.idleWindow, Num(AuditsPerHour(s6Audit)), s6ScaleNodes, s6ScalePods)}
+	if b.notRoot(&sc, "S6-kata") {
+		return sc, nil
+	}
+	h := &nsHarness{}
+	defer h.cleanup()
+	defer recoverHarness(&err)
+	clock := &restClock{}
+	budget := ec2fake.NewBudget(clock.now)
+	r, err := b.newKataRig(ctx, h, "s6kata", k, budget, false)
+	defer r.close()
+	if err != nil {
+		return sc, err
+	}
+	if err := r.start(ctx, "--audit-interval", cfg.idleAudit.String()); err != nil {
+		return sc, err
+	}
+	ids := make([]string, k)
+	for i := range k {
+		ids[i] = sandboxID(1, i)
+	}
+	// Created: in batches, as a node's pods come.
+	r.f.resetCounters()
+	budget.ResetCounts()
+	for from := 0; from < k; from += s11Batch {
+		batch := min(s11Batch, k-from)
+		if err := firstErr(batch, func(j int) error {
+			i := from + j
+			if _, err := r.createVM(ctx, ids[i], i); err != nil {
+				return err
+			}
+			return r.startVM(ctx, ids[i])
+		}); err != nil {
+			return sc, err
+		}
+	}
+	created := callsByOp(r.f.counters())
+
+	// Idle: the syncs caa counts (each a pass, caa_reconcile_passes_total)
+	// over the window.
+	mb, err := r.d.Metrics(ctx)
+	if err != nil {
+		return sc, err
+	}
+	r.f.resetCounters()
+	if err := sleepCtx(ctx, cfg.idleWindow); err != nil {
+		return sc, err
+	}
+	idle := callsByOp(r.f.counters())
+	ma, err := r.d.Metrics(ctx)
+	if err != nil {
+		return sc, err
+	}
+	syncs := int(sumPrefix(ma, "caa_reconcile_passes_total") - sumPrefix(mb, "caa_reconcile_passes_total"))
+
+	// Deleted.
+	r.f.resetCounters()
+	start, _, errs := each(k, func(i int) error { return r.stopVM(ctx, ids[i]) })
+	for _, err := range errs {
+		if err != nil {
+			return sc, fmt.Errorf("StopVM: %w", err)
+		}
+	}
+	if _, err := r.waitVMsGone(ctx, ids, 5*time.Minute); err != nil {
+		return sc, err
+	}
+	deleted := callsByOp(r.f.counters())
+	throttled := budget.Throttled() // counted since the creates began
+	b.logf("S6-kata: %d sandboxes stopped in %s", k, time.Since(start).Round(time.Millisecond))
+
+	per := func(m map[string]int64, ops ...string) float64 {
+		var n int64
+		for _, op := range ops {
+			n += m[op]
+		}
+		return float64(n) / float64(k)
+	}
+	limit := func(c, metric, unit string, v, l float64) Row {
+		return Row{Case: c, Metric: metric, Unit: unit, Runs: []float64{v}, HasLimit: true, AtMost: true, Limit: l}
+	}
+	readOps := []string{cloud.OpGet, cloud.OpList, ec2fake.OpLookup}
+	perSync := 0.0
+	if syncs > 0 {
+		perSync = float64(reads3(idle)) / float64(syncs)
+	}
+	perHour := perSync * AuditsPerHour(s6Audit)
+	pct := func(nodes int) float64 { return float64(nodes) * perHour / 3600 / 20 * 100 }
+	c := "aws, kata, per sandbox created"
+	d := "aws, kata, per sandbox deleted"
+	sc.Rows = []Row{
+		limit(c, "cloud reads", "reads", per(created, readOps...), s6CreateReads),
+		limit(c, "VM writes", "writes", per(created, cloud.OpCreate, cloud.OpDelete), 1),
+		limit(c, "listings", "calls", per(created, cloud.OpList), 0),
+		limit(d, "cloud reads", "reads", per(deleted, readOps...), s6DeleteReads),
+		limit(d, "VM writes", "writes", per(deleted, cloud.OpCreate, cloud.OpDelete), 1),
+		limit(d, "listings", "calls", per(deleted, cloud.OpList), 0),
+		limit(fmt.Sprintf("aws, kata, idle, %d sandboxes", k), "cloud reads per node per hour", "reads", perHour, s6IdleReadsPerHour),
+		limit(fmt.Sprintf("aws, kata, idle, %d nodes x %d sandboxes", s6ScaleNodes, s6ScalePods), "DescribeInstances bucket", "% of refill", pct(s6ScaleNodes), s6IdlePercent),
+		{Case: fmt.Sprintf("aws, kata, idle, %d nodes x %d sandboxes", s6ScaleNodes, s6ScalePods), Metric: "fleet's cloud reads per hour", Unit: "reads",
+			Runs: []float64{perHour * s6ScaleNodes}},
+		limit("aws, kata, created, idle and deleted", "throttling replies (429) to caa", "replies", float64(throttled), 0),
+	}
+	sc.Details = append(sc.Details,
+		fmt.Sprintf("calls while creating: %s; idle (%s, %d syncs): %s; while deleting: %s", CountsLine(created), cfg.idleWindow, syncs, CountsLine(idle), CountsLine(deleted)),
+		"the informer mode's S6 rows count, per pod created, also caa's one look at a new VM 30 s after its create; the remote hypervisor mode reads "+
+			"a new VM until it runs (StartVM waits for it) and never again but in the sync's one listing of the node's VMs")
+	return sc, nil
+}
