@@ -71,7 +71,7 @@ func TestInstanceTypesNameTheCloudsTypes(t *testing.T) {
 // sizes, unique names, a GPU model exactly when there are GPUs, and the
 // cloud's default type among them.
 func TestCloudTypeTablesAreWellFormed(t *testing.T) {
-	defaults := map[string]string{"aws": "m6a.large", "azure": "Standard_DC2as_v5", "ibmcloud": "bx2-2x8"}
+	defaults := map[string]string{"aws": "m6a.large", "azure": "Standard_DC2as_v5", "ibmcloud": "bx3dc-2x10"}
 	for _, c := range compiledClouds() {
 		seen := map[string]bool{}
 		for _, ty := range c.types() {

@@ -74,8 +74,12 @@ func (c SpecConfig) Select(annotations map[string]string) (Selection, error) {
 	} else if !req.empty() && len(c.Types) > 0 {
 		t, ok := c.smallestFit(req, allowed)
 		if !ok {
-			return Selection{}, fmt.Errorf("%w: the pod asks for %s and no type of --instance-types allowed here has that (largest: %s); "+
-				"add a type that large to --instance-types, or lower the pod's limits", ErrInvalidSpec, req, c.largest(req, allowed))
+			kind := "type"
+			if c.Confidential {
+				kind = "confidential-capable type"
+			}
+			return Selection{}, fmt.Errorf("%w: the pod asks for %s and no %s of --instance-types allowed here has that (largest: %s); "+
+				"add a %s that large to --instance-types, or lower the pod's limits", ErrInvalidSpec, req, kind, c.largest(req, allowed), kind)
 		}
 		sel.InstanceType = t.Name
 	} else {
