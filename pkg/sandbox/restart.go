@@ -21,6 +21,9 @@ type Report struct {
 	Pending map[string]string
 	// Lost are sandboxes whose VM is gone (reported on the pod, socket closed).
 	Lost []string
+	// NotConfidential are sandboxes whose VM the cloud reports as not the
+	// confidential VM asked for: never served, their VM deleted.
+	NotConfidential []string
 	// Retired counts sandboxes this sync turned Deleting (pod gone).
 	Retired int
 	// CloudReads counts listings and gets.
@@ -119,6 +122,13 @@ func (m *Manager) Sync(ctx context.Context, wait time.Duration) (Report, error) 
 			m.mu.Lock()
 			delete(m.missing, s.ID)
 			m.mu.Unlock()
+			if vm.Downgraded(provider.TEE(s.Confidential)) != "" {
+				// Adopting it after a restart (or serving it on) would
+				// serve the pod from a VM without its TEE.
+				_ = m.refuseDowngraded(s, vm)
+				rep.NotConfidential = append(rep.NotConfidential, s.ID)
+				continue
+			}
 		}
 		l := m.liveOf(s.ID)
 		if m.reachable(l) {
