@@ -404,7 +404,7 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	status := health.NewStatus(health.Config{Stale: 3 * f.resync, Metrics: metrics})
+	status := health.NewStatus(health.Config{Stale: 3 * f.resync, Metrics: metrics, Confidential: f.confidentialMode()})
 	status.SetBlocked("starting: connecting to the Kubernetes API")
 	// Every wait up to the ledger's acquisition (the apiserver, the
 	// preflight's retries, the pod cache) is a wait by design: liveness
@@ -652,7 +652,7 @@ func pruneHistory(ctx context.Context, led *ledger.Ledger, retention time.Durati
 }
 
 // toHealthPass adapts a pass result for the health status.
-func toHealthPass(res reconcile.PassResult) health.Pass {
+func toHealthPass(res reconcile.PassResult, confidential bool) health.Pass {
 	p := health.Pass{
 		At: res.At, Duration: res.Duration, Err: res.Err, CloudWrites: res.CloudWrites,
 		OrphansDeleted: res.OrphansDeleted, Records: res.Records, Actions: map[string]int{},
@@ -674,6 +674,12 @@ func toHealthPass(res reconcile.PassResult) health.Pass {
 	}
 	for _, ps := range res.Degraded {
 		p.Degraded = append(p.Degraded, health.PodNote(ps))
+	}
+	if res.VMs != nil {
+		p.VMs = []health.VMNote{}
+		for _, vm := range res.VMs {
+			p.VMs = append(p.VMs, health.VMNote{Pod: vm.Pod, ID: vm.ID, Confidential: provider.Mode(confidential, vm.TEE)})
+		}
 	}
 	if errors.Is(res.Err, reconcile.ErrStopping) {
 		p.Blocked = "stopping: no new work"
