@@ -206,7 +206,7 @@ func secret(prefix string) string { return prefix + strings.ToLower(rand.Text())
 
 const (
 	azureImage = "Canonical:ubuntu-24_04-lts:server:latest"
-	azureSize  = "Standard_D2as_v5"
+	azureSize  = "Standard_DC2as_v5" // AMD SEV-SNP: a confidential size
 )
 
 // newAzureFake is the fake ARM for the scenarios, made with opts beyond
@@ -252,7 +252,7 @@ func newManagedIdentity(t *testing.T, token string) (*armfake.ManagedIdentity, s
 
 const (
 	ibmImage   = "r006-e2e-image"
-	ibmProfile = "bx2-2x8"
+	ibmProfile = "bx3dc-2x10" // Intel TDX (the default) or SGX
 	ibmZone    = "us-south-1"
 )
 
