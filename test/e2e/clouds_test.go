@@ -180,10 +180,11 @@ func runStartRestartAndRecreate(t *testing.T, fc *fakeCloud) {
 }
 
 // startCloudDaemon starts `caa run` for fc, at debug level so that the
-// secrets check covers every line caa can write.
-func startCloudDaemon(t *testing.T, c *cluster.Cluster, fc *fakeCloud, node, ledgerPath string) *daemon {
+// secrets check covers every line caa can write; extra flags come last,
+// so they override.
+func startCloudDaemon(t *testing.T, c *cluster.Cluster, fc *fakeCloud, node, ledgerPath string, extra ...string) *daemon {
 	t.Helper()
-	args := append([]string{"--log-level", "debug"}, fc.args...)
+	args := append(append([]string{"--log-level", "debug"}, fc.args...), extra...)
 	return launchCaa(t, c, node, ledgerPath, fc.name, args, append(hermeticEnv(), fc.env...))
 }
 
@@ -223,6 +224,7 @@ func newAzureFake(t *testing.T, opts ...armfake.Option) *fakeCloud {
 		"/resourceGroups/caa-net/providers/Microsoft.Network/virtualNetworks/caa-vnet/subnets/peerpods"
 	return &fakeCloud{
 		name: "azure",
+		url:  arm.URL,
 		core: core,
 		args: []string{"--provider", "azure",
 			"--azure-endpoint", arm.URL, // plain http: allowed to loopback only
