@@ -105,6 +105,14 @@ func runConfidentialByDefault(ctx context.Context, t *testing.T, c *cluster.Clus
 	for _, vm := range snap.VMs {
 		assert.Equal(t, string(tc.tee), vm.Confidential, "/status names VM %s's TEE", vm.ID)
 	}
+	// Kept through later passes (each audit lists the cloud): a
+	// confidential VM is never read back as an ordinary one.
+	kept := fc.live()
+	for target := d.passes() + 2; d.passes() < target; {
+		d.requireRunning(t)
+		time.Sleep(condPoll)
+	}
+	assert.Equal(t, kept, fc.live(), "the confidential VMs are kept through the audits")
 	ls := runCaa(t, "ledger", "ls", "--ledger", ledgerPath)
 	assert.Regexp(t, `(?m)^POD\s+NAMESPACE\s+PHASE\s+VM\s+TYPE\s+TEE\s`, ls)
 	assert.Equal(t, 2, strings.Count(ls, " "+string(tc.tee)+" "), "caa ledger ls names each VM's TEE:\n%s", ls)
