@@ -108,7 +108,7 @@ func runConfidentialByDefault(ctx context.Context, t *testing.T, c *cluster.Clus
 	// Kept through later passes (each audit lists the cloud): a
 	// confidential VM is never read back as an ordinary one.
 	kept := fc.live()
-	for target := d.passes() + 2; d.passes() < target; {
+	for target := fc.core.Counters()[cloud.OpList] + 2; fc.core.Counters()[cloud.OpList] < target; {
 		d.requireRunning(t)
 		time.Sleep(condPoll)
 	}
