@@ -70,8 +70,8 @@ func newFake(name string) (*fake, func(), error) {
 		srv := httptest.NewServer(vpcfake.NewServer(core))
 		return &fake{core: core,
 			flags: []string{"--provider", "ibmcloud", "--ibmcloud-endpoint", srv.URL + "/v1", "--ibmcloud-iam-endpoint", srv.URL, "--ibmcloud-search-endpoint", srv.URL,
-				"--ibmcloud-region", "us-south", "--ibmcloud-zone", "us-south-1", "--ibmcloud-vpc-id", "r006-demo-vpc",
-				"--ibmcloud-subnet-id", "0717-demo-subnet", "--ibmcloud-image", "r006-demo-image", "--ibmcloud-instance-type", "bx3dc-2x10"},
+				"--ibmcloud-region", "us-south", "--ibmcloud-zone", "us-south-1", "--ibmcloud-vpc-id", vpcfake.DefaultVPC,
+				"--ibmcloud-subnet-id", vpcfake.DefaultSubnet, "--ibmcloud-resource-group-id", vpcfake.DefaultResourceGroup, "--ibmcloud-image", "r006-demo-image", "--ibmcloud-instance-type", "bx3dc-2x10"},
 			env: []string{"IBMCLOUD_API_KEY=demo-api-key"},
 		}, srv.Close, nil
 	case "azure":
