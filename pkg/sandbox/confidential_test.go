@@ -111,3 +111,30 @@ func TestRestartNeverAdoptsAVMTheCloudReportsNotConfidential(t *testing.T) {
 	eventually(t, func() bool { _, err := r.cloud.Get(victim.VMID); return err != nil }, "the ordinary VM is deleted")
 	assert.Len(t, r.live(), 1)
 }
+
+// TestCreateVMTakesThePodsTEEAnnotation: where the type offers several
+// TEEs, the pod's caa.dev/tee annotation (read from the pod: the shims do
+// not forward it) picks one; a TEE the type does not offer is refused.
+func TestCreateVMTakesThePodsTEEAnnotation(t *testing.T) {
+	r := confidentialRig(t)
+	r.tweak = func(c *Config) {
+		c.Spec.Confidential = true
+		c.Spec.TEEs = func(string) []provider.TEE { return []provider.TEE{provider.TEETDX, provider.TEESGX} }
+	}
+	r.crash()
+	r.start()
+	ctx := context.Background()
+	r.pod("uid-1", "web").Annotations[provider.AnnotationTEE] = "sgx"
+	r.pod("uid-2", "api")
+	r.pod("uid-3", "bad").Annotations[provider.AnnotationTEE] = "sev-snp"
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns/1")
+	require.NoError(t, err)
+	assert.Equal(t, "sgx", r.sandbox(sbA).Confidential)
+	_, err = r.m.CreateVM(ctx, sbID(2), shimAnnotations("api"), "/ns/2")
+	require.NoError(t, err)
+	assert.Equal(t, "tdx", r.sandbox(sbID(2)).Confidential, "the type's default TEE")
+	_, err = r.m.CreateVM(ctx, sbID(3), shimAnnotations("bad"), "/ns/3")
+	require.ErrorIs(t, err, ErrInvalid)
+	assert.Contains(t, err.Error(), `caa.dev/tee="sev-snp"`)
+	assert.Contains(t, err.Error(), "offers tdx, sgx")
+}

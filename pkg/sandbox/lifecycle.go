@@ -41,13 +41,6 @@ func (m *Manager) CreateVM(ctx context.Context, id string, annotations map[strin
 	if err != nil {
 		return "", fmt.Errorf("%w: sandbox %s of pod %s/%s: %w", ErrInvalid, id, ns, name, err)
 	}
-	// The TEE the VM is to be (none with --confidential=false), recorded
-	// with the sandbox so StartVM asks for it and checks what the cloud
-	// reports, across restarts too.
-	tee, err := m.cfg.Spec.SelectTEE(annotations, sel.InstanceType)
-	if err != nil {
-		return "", fmt.Errorf("%w: sandbox %s of pod %s/%s: %w", ErrInvalid, id, ns, name, err)
-	}
 	if old, err := m.cfg.Ledger.GetSandbox(id); err == nil {
 		if old.Namespace != ns || old.Name != name || who.UID != "" && old.PodUID != who.UID {
 			return "", fmt.Errorf("%w: sandbox %s is recorded for pod %s (UID %s), not %s", ErrInvalid, id, old.PodRef(), old.PodUID, who)
@@ -60,6 +53,19 @@ func (m *Manager) CreateVM(ctx context.Context, id string, annotations map[strin
 	pod, err := m.waitPod(ctx, who)
 	if err != nil {
 		return "", fmt.Errorf("sandbox %s: %w", id, err)
+	}
+	// The TEE the VM is to be (none with --confidential=false), recorded
+	// with the sandbox so StartVM asks for it and checks what the cloud
+	// reports, across restarts too. The pod's own caa.dev/tee annotation
+	// picks among several: kata's shims forward only their hypervisor
+	// annotations, so it is read from the pod.
+	teeAnn := map[string]string{provider.AnnotationTEE: annotations[provider.AnnotationTEE]}
+	if v, ok := pod.Annotations[provider.AnnotationTEE]; ok {
+		teeAnn[provider.AnnotationTEE] = v
+	}
+	tee, err := m.cfg.Spec.SelectTEE(teeAnn, sel.InstanceType)
+	if err != nil {
+		return "", fmt.Errorf("%w: sandbox %s of pod %s/%s: %w", ErrInvalid, id, ns, name, err)
 	}
 	if pod.NotPeer {
 		// The same test as the informer mode's (the pod cache's NotPeer),
