@@ -22,39 +22,59 @@ GOTAGS  := $(if $(CLOUDS),-tags '$(subst $(comma),$(comma)caa_,caa_$(CLOUDS))')
 build: ## build bin/caa (CLOUDS=aws for one provider only)
 	CGO_ENABLED=0 $(GO) build $(GOTAGS) -trimpath -ldflags '$(LDFLAGS)' -o bin/caa ./cmd/caa
 
-# The container's binary. The Dockerfile runs this very target, so the image
-# and a local `make static` cannot build caa in two different ways.
+# The image's binary: `make image` builds it with this very target, so the
+# image and a local `make static` cannot build caa in two different ways.
 STATIC_OUT ?= bin/caa-static
-# One image per cloud is what the overlays deploy: `make image CLOUDS=aws`
-# tags $(IMAGE_REPO):$(VERSION)-aws, and deploy/overlays/aws asks for that
-# -aws tag (its memory request is measured for the EC2-only build). Without
-# CLOUDS the image holds every cloud and keeps the bare tag.
-IMAGE_REPO   ?= caa
-IMAGE_SUFFIX := $(if $(CLOUDS),-$(subst $(comma),-,$(CLOUDS)))
-IMAGE        ?= $(IMAGE_REPO):$(VERSION)$(IMAGE_SUFFIX)
 # A misspelt cloud would select no build tag, which silently builds every
 # cloud; refuse it instead.
 check-clouds = $(if $(filter-out aws azure ibmcloud,$(subst $(comma), ,$(CLOUDS))),$(error CLOUDS=$(CLOUDS): each name must be aws, azure or ibmcloud))
-# An IMAGE given by hand must still say which build it holds, in the tag's
-# suffix: the overlays and deploy/README.md go by it.
-check-image-tag = $(if $(CLOUDS),$(if $(filter %$(IMAGE_SUFFIX),$(IMAGE)),,$(error IMAGE=$(IMAGE) holds the CLOUDS=$(CLOUDS) build, so its tag must end in $(IMAGE_SUFFIX))),$(if $(filter %-aws %-azure %-ibmcloud,$(IMAGE)),$(error IMAGE=$(IMAGE) has a one-cloud tag, but without CLOUDS the image holds every cloud)))
 
 static: ## the image's binary: static (CGO_ENABLED=0), -trimpath, into $(STATIC_OUT); GOOS/GOARCH cross-build; CLOUDS=aws for one provider
 	$(check-clouds)CGO_ENABLED=0 $(GO) build $(GOTAGS) -trimpath -buildvcs=false -ldflags '$(LDFLAGS)' -o $(STATIC_OUT) ./cmd/caa
 
-image: ## container image with `docker build`: CLOUDS=aws tags $(IMAGE_REPO):<version>-aws, the image deploy/overlays/aws deploys (needs a Docker daemon; this machine has none)
-	$(check-clouds)$(check-image-tag)docker build --build-arg VERSION=$(VERSION) --build-arg CLOUDS=$(CLOUDS) -t $(IMAGE) .
+# One image per cloud, each holding that cloud's build only, which is what
+# the overlays and the chart deploy (their memory is measured for it):
+# $(IMAGE_DIR)/caa-<version>-<cloud>.tar, tagged $(IMAGE_REPO):<version>-<cloud>.
+# Written by internal/imagebuild with go-containerregistry: no container
+# engine, no base image to pull (docs/design.md, The image). GOARCH=arm64
+# builds the arm64 image: the binary is cross-built, the tool runs here.
+IMAGE_REPO   ?= caa
+IMAGE_DIR    ?= bin/image
+IMAGE_SOURCE ?= https://github.com/caa-project/caa
+IMAGE_CLOUDS  = $(if $(CLOUDS),$(subst $(comma), ,$(CLOUDS)),aws azure ibmcloud)
+REVISION     ?= $(shell git rev-parse HEAD 2>/dev/null)
+SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
+
+image: ## OCI image archives, one per cloud, without a container engine: $(IMAGE_DIR)/caa-<version>-<cloud>.tar (CLOUDS=aws for one); docker load -i, podman load -i or skopeo copy oci-archive: them
+	$(check-clouds)
+	@mkdir -p $(IMAGE_DIR)
+	@set -e; for c in $(IMAGE_CLOUDS); do \
+		$(MAKE) --no-print-directory static CLOUDS=$$c STATIC_OUT=$(IMAGE_DIR)/caa-$$c; \
+		SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) GOOS=$$($(GO) env GOHOSTOS) GOARCH=$$($(GO) env GOHOSTARCH) $(GO) run ./internal/imagebuild -binary $(IMAGE_DIR)/caa-$$c -cloud $$c \
+			-version $(VERSION) -repo $(IMAGE_REPO) -source $(IMAGE_SOURCE) -revision "$(REVISION)" \
+			-out $(IMAGE_DIR)/caa-$(VERSION)-$$c.tar; \
+	done
 
 demo: ## the guided demo: etcd, kube-apiserver, a fake cloud (CLOUD=aws|azure|ibmcloud) and caa through a restart
 	$(GO) run ./test/e2e/cmd/demo
 
 test: lint test-integration ## everything CI runs: lint, then every test (unit, integration, e2e, fuzz seeds) under the race detector
 
+# The Helm chart's tests are a module of their own (deploy/chart/go.mod:
+# Helm's SDK stays out of caa's go.mod; docs/design.md, The Helm chart).
+CHART_MOD := deploy/chart
+
 test-unit: ## fast tests only: no e2e packages, and -short skips the crash loop and the built-binary tests
 	$(GO) test -short -count=1 $$($(GO) list ./... | grep -v /test/e2e)
+	cd $(CHART_MOD) && $(GO) test -short -count=1 ./...
 
-test-integration: e2e-binaries ## every test, with the race detector
+test-integration: e2e-binaries ## every test, with the race detector (the chart's module too)
 	$(GO) test -race -count=1 -timeout 40m ./...
+	cd $(CHART_MOD) && $(GO) test -race -count=1 -timeout 20m ./...
+
+test-upstream-podvm: e2e-binaries ## the remote hypervisor e2e with upstream's real process-user-data and agent-protocol-forwarder in the pod VMs: CAA_UPSTREAM_PODVM_BIN=<their directory>, as root, iptables installed (not part of `make test`: CI cannot build them)
+	@if [ -z "$$CAA_UPSTREAM_PODVM_BIN" ]; then echo "CAA_UPSTREAM_PODVM_BIN is not set: build upstream's pod-VM programs with hack/build-upstream-podvm.sh (README, Running caa as kata's remote hypervisor) and point it at their bin directory"; exit 2; fi
+	$(GO) test -count=1 -timeout 30m -run '^(TestHypervisor|TestNodeAdvertisesPeerPodCapacity)' ./test/e2e
 
 e2e-binaries: ## build (or find cached) etcd and kube-apiserver for the e2e tests; cold: minutes
 	$(GO) run ./test/e2e/cmd/e2e-binaries
@@ -64,6 +84,7 @@ lint: ## gofmt check, go vet, staticcheck (pinned)
 	$(GO) vet ./...
 	for c in aws azure ibmcloud; do $(GO) vet -tags caa_$$c ./cmd/caa || exit 1; done
 	$(GO) run $(STATICCHECK) ./...
+	cd $(CHART_MOD) && $(GO) vet ./... && $(GO) run $(STATICCHECK) ./...
 
 fmt: ## rewrite files with gofmt
 	gofmt -w $$(git ls-files '*.go')

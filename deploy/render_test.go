@@ -3,7 +3,7 @@
 // Kubernetes release as the test apiserver), inspected object by object,
 // dry-run against a real kube-apiserver, and exercised by the real caa
 // binary under the ServiceAccount they define. It also builds the image's
-// binary with `make static` from the files the Docker build context admits.
+// binary with `make static`, the build `make image` puts in the image.
 package deploy_test
 
 import (
@@ -201,8 +201,8 @@ func renderAll(t *testing.T) map[string]manifests {
 }
 
 // buildCaa builds caa with `make static CLOUDS=clouds` into dir and
-// returns its path. srcDir is the directory make runs in (the repository,
-// or a copy of the Docker build context); clouds is "" for every cloud, or
+// returns its path. srcDir is the directory make runs in (the
+// repository); clouds is "" for every cloud, or
 // the one cloud an overlay's image holds.
 func buildCaa(t *testing.T, srcDir, dir, version, clouds string) string {
 	t.Helper()

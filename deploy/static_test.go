@@ -1,15 +1,10 @@
 package deploy_test
 
 import (
-	"bufio"
 	"context"
 	"debug/elf"
-	"io/fs"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,22 +12,14 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// TestStaticBuild runs the build the Dockerfile runs (`make static`) from a
-// copy of exactly the files .dockerignore lets into the build context, for
-// the image an overlay deploys (CLOUDS=aws), and checks the result is a
-// static ELF that runs, carries the version and holds that cloud only.
+// TestStaticBuild runs the build `make image` puts in the image (`make
+// static`) for the image an overlay deploys (CLOUDS=aws), and checks the
+// result is a static ELF that runs, carries the version and holds that
+// cloud only. internal/imagebuild's tests read the image itself back.
 func TestStaticBuild(t *testing.T) {
 	needBinaries(t)
-	root := repoRoot(t)
-	checkDockerfile(t, root)
-
-	buildContext := t.TempDir()
-	copied := copyBuildContext(t, root, buildContext)
-	require.Contains(t, copied, "go.mod")
-	require.Contains(t, copied, "Makefile")
-
 	const version = testVersion
-	bin := buildCaa(t, buildContext, t.TempDir(), version, "aws")
+	bin := repoCaa(t, "aws")
 
 	f, err := elf.Open(bin)
 	require.NoError(t, err)
@@ -57,94 +44,6 @@ func TestStaticBuild(t *testing.T) {
 	out, err = run.CombinedOutput()
 	require.Error(t, err, "an EC2-only caa started with --provider azure:\n%s", out)
 	assert.Contains(t, string(out), "built without azure", "the EC2-only build says Azure was left out")
-}
-
-// checkDockerfile guards against drift: the builder stage builds with make
-// static into the path the final stage copies, on the minimal non-root base.
-func checkDockerfile(t *testing.T, root string) {
-	raw, err := os.ReadFile(filepath.Join(root, "Dockerfile"))
-	require.NoError(t, err)
-	text := string(raw)
-	build := regexp.MustCompile(`(?m)make static VERSION="\$VERSION" STATIC_OUT=(\S+)\s*$`).FindStringSubmatch(text)
-	require.NotNil(t, build, "the Dockerfile builds caa with `make static`")
-	assert.Contains(t, text, "COPY --from=build "+build[1]+" /usr/local/bin/caa", "the image takes the binary make static built")
-	assert.Regexp(t, `(?m)^FROM gcr\.io/distroless/static-debian\d+:nonroot$`, text)
-	assert.Regexp(t, `(?m)^ARG VERSION=`, text)
-	// The per-cloud images: the CLOUDS build argument reaches make static.
-	assert.Regexp(t, `(?m)^ARG CLOUDS=`, text)
-	assert.Regexp(t, `CLOUDS="\$CLOUDS" [^\n]*make static `, text, "the builder passes CLOUDS to make static")
-	assert.Regexp(t, `(?m)^USER 65532`, text)
-}
-
-// copyBuildContext copies into dst the files of root that .dockerignore
-// admits, and returns their relative paths. It understands the allow-list
-// form the file uses (everything excluded, then `!/path` re-included, then
-// `**/name` excluded anywhere) and fails on anything else, so a change to
-// .dockerignore has to come with a change here.
-func copyBuildContext(t *testing.T, root, dst string) []string {
-	t.Helper()
-	f, err := os.Open(filepath.Join(root, ".dockerignore"))
-	require.NoError(t, err)
-	defer f.Close()
-	var include, exclude []string
-	first := true
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		switch {
-		case line == "" || strings.HasPrefix(line, "#"):
-			continue
-		case first:
-			require.Equal(t, "*", line, ".dockerignore starts by excluding everything")
-		case strings.HasPrefix(line, "!/"):
-			include = append(include, strings.TrimSuffix(strings.TrimPrefix(line, "!/"), "/"))
-		case strings.HasPrefix(line, "**/"):
-			exclude = append(exclude, strings.TrimSuffix(strings.TrimPrefix(line, "**/"), "/"))
-		default:
-			t.Fatalf(".dockerignore: pattern %q is not one this test understands", line)
-		}
-		first = false
-	}
-	require.NoError(t, sc.Err())
-	excluded := func(name string) bool {
-		for _, pat := range exclude {
-			if ok, _ := filepath.Match(pat, name); ok {
-				return true
-			}
-		}
-		return false
-	}
-
-	var copied []string
-	for _, top := range include {
-		err := filepath.WalkDir(filepath.Join(root, top), func(path string, d fs.DirEntry, err error) error {
-			if err != nil {
-				return err
-			}
-			if excluded(d.Name()) {
-				if d.IsDir() {
-					return filepath.SkipDir
-				}
-				return nil
-			}
-			rel, err := filepath.Rel(root, path)
-			if err != nil {
-				return err
-			}
-			target := filepath.Join(dst, rel)
-			if d.IsDir() {
-				return os.MkdirAll(target, 0o755)
-			}
-			data, err := os.ReadFile(path)
-			if err != nil {
-				return err
-			}
-			copied = append(copied, rel)
-			return os.WriteFile(target, data, 0o644)
-		})
-		require.NoError(t, err, "copy %s of the build context", top)
-	}
-	return copied
 }
 
 // TestSettingsAreCaaFlags checks that every setting the manifests pass

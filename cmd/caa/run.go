@@ -145,6 +145,7 @@ func newRunCommand() *cobra.Command {
 		" capacity (what upstream's peer-pods webhook asks each peer pod for); -1: advertise none (env CAA_MAX_POD_VMS)")
 	hostname, _ := os.Hostname()
 	fs.StringVar(&f.podName, "pod-name", envOr("POD_NAME", hostname), "this pod's name, for hand-over logs and events (env POD_NAME, from the downward API)")
+	withAdaptorConfig(cmd, f)
 	return cmd
 }
 

@@ -158,8 +158,16 @@ func Accept(ctx context.Context, ln net.Listener, log *slog.Logger, handle func(
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	stop := context.AfterFunc(ctx, func() { _ = ln.Close() })
-	defer stop()
+	// Returning must mean the socket is closed: an Accept that starts after
+	// the close has begun fails at once, before the descriptor is gone, so
+	// wait for the close itself.
+	closed := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() { defer close(closed); _ = ln.Close() })
+	defer func() {
+		if !stop() {
+			<-closed
+		}
+	}()
 	var delay time.Duration
 	for {
 		c, err := ln.Accept()

@@ -155,3 +155,28 @@ func TestASecondCloseRemovesNothing(t *testing.T) {
 		require.NoError(t, cur.Close())
 	}
 }
+
+// TestAcceptReturnsOnlyOnceTheSocketIsClosed: a context that ends while
+// Accept is between two connections makes the next accept fail at once,
+// before the close has released the socket; Accept must not return until
+// it has, or a caller that stops and then checks (or rebinds) the path
+// finds the old socket still answering. Failed 1 run in ~30 before.
+func TestAcceptReturnsOnlyOnceTheSocketIsClosed(t *testing.T) {
+	for i := range 200 {
+		path := filepath.Join(shortDir(t), "a.sock")
+		ln, err := unixsock.Listen(path, unixsock.Options{})
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- unixsock.Accept(ctx, ln, nil, func(c net.Conn) { _ = c.Close() }) }()
+		c, err := net.Dial("unix", path)
+		require.NoError(t, err)
+		_ = c.Close()
+		cancel()
+		require.ErrorIs(t, <-done, context.Canceled)
+		if c, err := net.Dial("unix", path); err == nil {
+			_ = c.Close()
+			t.Fatalf("run %d: the socket still answers after Accept returned", i)
+		}
+	}
+}

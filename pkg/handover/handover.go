@@ -45,10 +45,10 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"sync"
-	"syscall"
 	"time"
+
+	"github.com/caa-project/caa/internal/unixsock"
 )
 
 // SocketPath is the hand-over socket of the ledger at ledgerPath.
@@ -187,68 +187,43 @@ func (c *conn) recvCtx(ctx context.Context) (message, error) {
 
 // Listener is the holder's end: it accepts hand-over requests on the socket.
 type Listener struct {
-	ln   *net.UnixListener
-	path string
-	ino  uint64
+	ln *unixsock.Listener
 }
 
 // Listen binds the hand-over socket at path, owner-only. A socket file
 // nobody answers on is stale and replaced; one that answers belongs to a
-// live holder, and Listen refuses to take it.
+// live holder, and Listen refuses to take it. Closing removes the file only
+// while it is still this listener's: after a hand-over the path belongs to
+// the successor's listener.
 func Listen(path string) (*Listener, error) {
-	if _, err := os.Stat(path); err == nil {
-		if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			_ = c.Close()
-			return nil, fmt.Errorf("hand-over socket %s is answered by another process", path)
-		}
-		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			return nil, fmt.Errorf("hand-over socket: remove the stale %s: %w", path, err)
-		}
+	ln, err := unixsock.Listen(path, unixsock.Options{Mode: 0o600, RefuseServed: true})
+	if errors.Is(err, unixsock.ErrServed) {
+		return nil, fmt.Errorf("hand-over socket %s is answered by another process: %w", path, err)
 	}
-	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("hand-over socket %s: %w", path, err)
 	}
-	// Close removes the file only while it is still this listener's: after a
-	// hand-over the path belongs to the successor's listener.
-	ln.SetUnlinkOnClose(false)
-	if err := os.Chmod(path, 0o600); err != nil {
-		_ = ln.Close()
-		return nil, fmt.Errorf("hand-over socket: chmod %s: %w", path, err)
-	}
-	return &Listener{ln: ln, path: path, ino: inode(path)}, nil
-}
-
-func inode(path string) uint64 {
-	fi, err := os.Stat(path)
-	if err != nil {
-		return 0
-	}
-	if st, ok := fi.Sys().(*syscall.Stat_t); ok {
-		return st.Ino
-	}
-	return 0
+	return &Listener{ln: ln}, nil
 }
 
 // Path is the socket's path.
-func (l *Listener) Path() string { return l.path }
+func (l *Listener) Path() string { return l.ln.Path() }
 
 // Close stops accepting; it removes the socket file only if the file is
 // still this listener's.
-func (l *Listener) Close() error {
-	err := l.ln.Close()
-	if l.ino != 0 && inode(l.path) == l.ino {
-		_ = os.Remove(l.path)
-	}
-	return err
-}
+func (l *Listener) Close() error { return l.ln.Close() }
 
 // Serve accepts requests until ctx ends or the listener closes, and hands
 // each one, read and parsed, to handle on its own goroutine. A connection
 // that sends no request within 5s is dropped.
 func (l *Listener) Serve(ctx context.Context, handle func(*Request)) error {
-	stop := context.AfterFunc(ctx, func() { _ = l.ln.Close() })
-	defer stop()
+	closed := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() { defer close(closed); _ = l.ln.Close() })
+	defer func() {
+		if !stop() {
+			<-closed // returned means closed (see unixsock.Accept)
+		}
+	}()
 	var wg sync.WaitGroup
 	defer wg.Wait()
 	for {

@@ -53,7 +53,7 @@ func TestListenReplacesAStaleSocketButNotALiveOne(t *testing.T) {
 	path := sock(t)
 	stale, err := Listen(path)
 	require.NoError(t, err)
-	stale.ln.Close() // the process died: the file stays, nobody answers
+	stale.ln.UnixListener.Close() // the process died: the file stays, nobody answers
 	_, err = os.Stat(path)
 	require.NoError(t, err)
 

@@ -34,6 +34,9 @@ const (
 	EventDeleteFailed = "VMDeleteFailed"
 	EventNotWatched   = "RuntimeClassNotWatched"
 	EventVMDegraded   = "VMDegraded"
+	// EventSmallerThanAsked: the pod asked for more vCPUs or memory than
+	// the type it got offers (no --instance-types list to fit it to).
+	EventSmallerThanAsked = "VMSmallerThanRequested"
 )
 
 // Executor applies actions: the ledger's intent first (durable when Put
@@ -243,6 +246,9 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 		}
 	}
 	e.event(pod, false, reason, msg)
+	if a.Selection.Notice != "" {
+		e.event(pod, true, EventSmallerThanAsked, fmt.Sprintf("VM %s: %s", vm.ID, a.Selection.Notice))
+	}
 	e.log().Info("VM created", "pod", podRef(pod), "uid", pod.UID, "vm", vm.ID, "type", vm.InstanceType,
 		"confidential", confidentialOf(a.TEE), "attempt", a.Attempt)
 	return res, nil

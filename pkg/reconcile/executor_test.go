@@ -443,3 +443,25 @@ func TestAttemptOf(t *testing.T) {
 	assert.Equal(t, 1, AttemptOf("no-attempt-here"))
 	assert.Equal(t, 1, AttemptOf("x-a0"))
 }
+
+// TestAPodAskingMoreThanTheDefaultTypeIsTold: with no --instance-types to
+// fit it to, a pod whose limits exceed the default type gets that type and
+// a warning event saying so, in the informer mode as in the kata mode.
+func TestAPodAskingMoreThanTheDefaultTypeIsTold(t *testing.T) {
+	f := memoryFixture(t)
+	big := &Pod{UID: "uid-1", Namespace: "ns", Name: "web", RuntimeClass: "kata-remote",
+		Annotations: map[string]string{provider.AnnotationVCPUs: "8", provider.AnnotationMemory: "16384"}}
+	c := cfg
+	c.Spec = provider.SpecConfig{DefaultType: "small", DefaultImage: "img",
+		Known: []provider.InstanceType{{Name: "small", VCPUs: 2, MemoryMiB: 4096}}}
+	in := Input{Pod: big, CacheSynced: true, Now: t0}
+	a := Decide(in, c)
+	require.Equal(t, KindCreate, a.Kind)
+	_, err := f.ex.Apply(f.ctx, in, a)
+	require.NoError(t, err)
+	assert.Equal(t, []string{EventVMCreated, EventSmallerThanAsked}, f.events.reasons())
+	f.events.mu.Lock()
+	defer f.events.mu.Unlock()
+	assert.True(t, f.events.all[1].warning)
+	assert.Contains(t, f.events.all[1].message, "--instance-types")
+}

@@ -104,7 +104,7 @@ func (m *Manager) CreateVM(ctx context.Context, id string, annotations map[strin
 // EventSmallerThanAsked is the pod event of a sandbox whose VM gets the
 // default instance type although the pod asks for more (no
 // --instance-types list to fit it to).
-const EventSmallerThanAsked = "VMSmallerThanRequested"
+const EventSmallerThanAsked = reconcile.EventSmallerThanAsked
 
 func (m *Manager) keep(id, initData string) {
 	m.mu.Lock()

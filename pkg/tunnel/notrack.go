@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"net"
 	"strings"
-	"sync"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/binaryutil"
@@ -43,13 +42,27 @@ const (
 	noTrackTag   = "caa-vxlan"
 )
 
-// noTrackMu serialises this process's changes to the node's one table: the
-// check for "no pair left" and the table's removal must not interleave with
-// another tunnel's Setup. Deleting a chain removes the rules in it, so a
-// pair added between the check and the removal would go with the table. (A
-// hand-over's two caa do not build or tear down tunnels at the same time: only
-// the ledger's holder does.)
-var noTrackMu sync.Mutex
+// lockNoTrack serialises changes to the node's one table across every
+// process and goroutine of the node: the check for "no pair left" and the
+// table's removal must not interleave with another tunnel's Setup, since
+// deleting a chain removes the rules in it, so a pair added between the
+// check and the removal would go with the table. The lock is an flock on
+// the namespace's own file (one per namespace, whoever opened it: each
+// Setup and Teardown opens its own handle, so goroutines exclude each other
+// too), which also covers two caa processes of a hand-over and a bench or
+// tool beside caa. It is released with unlock, or when the process dies.
+func lockNoTrack(hostNS netns.NsHandle) (unlock func(), err error) {
+	for {
+		err = unix.Flock(int(hostNS), unix.LOCK_EX)
+		if !errors.Is(err, unix.EINTR) {
+			break
+		}
+	}
+	if err != nil {
+		return nil, fmt.Errorf("tunnel: lock the node namespace's NOTRACK table: %w", err)
+	}
+	return func() { _ = unix.Flock(int(hostNS), unix.LOCK_UN) }, nil
+}
 
 func noTrackComment(id int, remote net.IP, port int) string {
 	return fmt.Sprintf("%s %d %s:%d", noTrackTag, id, remote, port)
@@ -124,8 +137,11 @@ func tableRules(c *nftables.Conn) (pre, out []*nftables.Rule, exists bool, err e
 // ensureNoTrack adds cfg's pair of rules unless exactly that pair is there,
 // removing other rules for cfg's id (an earlier VM's, or a second copy).
 func ensureNoTrack(hostNS netns.NsHandle, cfg Config) error {
-	noTrackMu.Lock()
-	defer noTrackMu.Unlock()
+	unlock, err := lockNoTrack(hostNS)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	c, err := noTrackConn(hostNS)
 	if err != nil {
 		return err
@@ -184,8 +200,11 @@ func ensureNoTrack(hostNS netns.NsHandle, cfg Config) error {
 // removeNoTrack removes the rules of VXLAN id and, when no tunnel's rule is
 // left, the table.
 func removeNoTrack(hostNS netns.NsHandle, id int) error {
-	noTrackMu.Lock()
-	defer noTrackMu.Unlock()
+	unlock, err := lockNoTrack(hostNS)
+	if err != nil {
+		return err
+	}
+	defer unlock()
 	c, err := noTrackConn(hostNS)
 	if err != nil {
 		return err

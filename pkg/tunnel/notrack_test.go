@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"os"
 	"testing"
+	"time"
 
 	"github.com/google/nftables"
 	"github.com/google/nftables/expr"
@@ -120,4 +122,38 @@ func TestNoTrackRulesFollowTheTunnels(t *testing.T) {
 	require.NoError(t, tunnel.Teardown(cfgs[1]))
 	require.Nil(t, noTrackRules(t, cn.NodeNS), "the table goes with the last tunnel")
 	require.NoError(t, tunnel.Teardown(cfgs[1]))
+}
+
+// TestNoTrackChangesWaitForTheNodeLock: the table's changes take a lock
+// every process of the node shares (an flock on the node namespace's
+// file), so a caa beside another caa of a hand-over, or a tool, never
+// removes the table under the other's new rules. While another holder (the
+// test, by its own open of the namespace) has the lock, Setup adds nothing;
+// once it lets go, Setup completes.
+func TestNoTrackChangesWaitForTheNodeLock(t *testing.T) {
+	cn := podvmfake.NewCloudNetwork(t)
+	pod := cn.NewPod(t, netip.MustParsePrefix("10.244.1.5/24"))
+	n, err := tunnel.Inspect(pod.NSPath)
+	require.NoError(t, err)
+	n.VXLANID, n.VXLANPort, n.WorkerIP = vxlanID, 4789, cn.NodeIP
+	require.NoError(t, podvmfake.BuildVMEnd(cn.VMNS, n))
+	cfg := tunnel.Config{NetNSPath: pod.NSPath, VXLANID: n.VXLANID, RemoteIP: cn.VMIP.Addr().AsSlice(), HostNetNSPath: cn.NodeNS}
+
+	other, err := os.Open(cn.NodeNS)
+	require.NoError(t, err)
+	defer other.Close()
+	require.NoError(t, unix.Flock(int(other.Fd()), unix.LOCK_EX))
+	done := make(chan error, 1)
+	go func() { done <- tunnel.Setup(cfg) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Setup changed the table while another process held the node's lock (err %v)", err)
+	case <-time.After(300 * time.Millisecond): // a window to see it wait; it cannot end early
+	}
+	require.Nil(t, noTrackRules(t, cn.NodeNS), "no rule while the lock is held elsewhere")
+	require.NoError(t, unix.Flock(int(other.Fd()), unix.LOCK_UN))
+	require.NoError(t, <-done)
+	pair := fmt.Sprintf("caa-vxlan %d %s:4789", n.VXLANID, cn.VMIP.Addr())
+	require.Equal(t, map[string][]string{"prerouting": {pair}, "output": {pair}}, noTrackRules(t, cn.NodeNS))
+	require.NoError(t, tunnel.Teardown(cfg))
 }

@@ -12,6 +12,8 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -29,7 +31,9 @@ import (
 	"github.com/caa-project/caa/pkg/sandbox"
 	"github.com/caa-project/caa/test/e2e/cluster"
 	ec2fake "github.com/caa-project/caa/test/mocks/aws"
+	armfake "github.com/caa-project/caa/test/mocks/azure"
 	"github.com/caa-project/caa/test/mocks/cloud"
+	vpcfake "github.com/caa-project/caa/test/mocks/ibmcloud"
 	katafake "github.com/caa-project/caa/test/mocks/kata"
 	podvmfake "github.com/caa-project/caa/test/mocks/podvm"
 )
@@ -41,14 +45,17 @@ import (
 // the fake pod VM fleet boots every instance the fake EC2 runs, from the
 // instance's user data, and pod network namespaces wired as a CNI would.
 type hvEnv struct {
-	c     *cluster.Cluster
-	cn    *podvmfake.CloudNetwork
-	aws   *awsCloud
-	door  *arrivals
-	hold  *createHold
-	fleet *podvmfake.Fleet
-	ec2   http.Handler // the fake EC2's server over aws.core, for other doors to it
-	node  string
+	c         *cluster.Cluster
+	cn        *podvmfake.CloudNetwork
+	core      *cloud.Cloud
+	cloudName string
+	// cloudArgs and cloudEnv point caa at the fake cloud.
+	cloudArgs, cloudEnv []string
+	door                *arrivals
+	hold                *createHold
+	fleet               *podvmfake.Fleet
+	ec2                 http.Handler // the fake EC2's server over aws.core, for other doors to it
+	node                string
 	// dir is short: agent socket paths (dir/pods/<64 hex>/agent.ttrpc)
 	// must fit a unix socket address.
 	dir, ledger, socket, agents string
@@ -65,33 +72,78 @@ func newHVEnv(ctx context.Context, t *testing.T) *hvEnv {
 // newHVEnvOn is node on cluster c (several nodes may share one apiserver),
 // in its own cloud network cn with its own fake EC2 and pod VM fleet.
 func newHVEnvOn(ctx context.Context, t *testing.T, c *cluster.Cluster, cn *podvmfake.CloudNetwork, node string) *hvEnv {
+	return newHVEnvIn(ctx, t, c, cn, node, "aws")
+}
+
+// newHVEnvIn is newHVEnvOn on the fake of cloudName (aws, azure or
+// ibmcloud). Each VM reads its user data as the stock image does on that
+// cloud: EC2's IMDSv2, Azure's IMDS compute/userData, IBM Cloud's cidata
+// volume. With CAA_UPSTREAM_PODVM_BIN set, the VMs run upstream's real
+// process-user-data and agent-protocol-forwarder (make test-upstream-podvm).
+func newHVEnvIn(ctx context.Context, t *testing.T, c *cluster.Cluster, cn *podvmfake.CloudNetwork, node, cloudName string) *hvEnv {
 	t.Helper()
-	e := &hvEnv{c: c, cn: cn, node: node, door: &arrivals{}, hold: &createHold{}}
+	e := &hvEnv{c: c, cn: cn, node: node, cloudName: cloudName, door: &arrivals{}, hold: &createHold{}}
 	_, err := c.CreateNode(ctx, e.node)
 	require.NoError(t, err)
-
-	// The fake EC2 listens on the node's loopback, where caa dials it.
-	core := cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{ec2Image}}))
-	var ln net.Listener
-	require.NoError(t, podvmfake.InNetNS(cn.NodeNS, func() error {
-		ln, err = net.Listen("tcp", "127.0.0.1:0")
-		return err
-	}))
-	e.ec2 = ec2fake.NewServer(core)
-	srv := httptest.NewUnstartedServer(e.door.wrap(e.hold.wrap(e.ec2)))
-	_ = srv.Listener.Close()
-	srv.Listener = ln
-	srv.Start()
-	t.Cleanup(srv.Close)
-	e.aws = &awsCloud{core: core, url: srv.URL}
 	// The apiserver (127.0.0.1 of the test's namespace) at the same address
 	// on the node's loopback, so the kubeconfig serves as it is.
 	api := strings.TrimPrefix(c.URL(), "https://")
 	forward(t, cn.NodeNS, api, "", api)
 
-	// Each VM reads its user data as the stock image does on EC2: IMDSv2.
-	e.fleet = podvmfake.NewFleet(cn, core, nil).ReadingFrom(podvmfake.EC2IMDS{
-		IMDS: func(id string) http.Handler { return ec2fake.IMDS(core, id, nil) }})
+	var src podvmfake.UserDataSource
+	switch cloudName {
+	case "aws":
+		// The fake EC2 listens on the node's loopback, where caa dials it.
+		core := cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{ec2Image}}))
+		var ln net.Listener
+		require.NoError(t, podvmfake.InNetNS(cn.NodeNS, func() error {
+			ln, err = net.Listen("tcp", "127.0.0.1:0")
+			return err
+		}))
+		e.ec2 = ec2fake.NewServer(core)
+		srv := httptest.NewUnstartedServer(e.door.wrap(e.hold.wrap(e.ec2)))
+		_ = srv.Listener.Close()
+		srv.Listener = ln
+		srv.Start()
+		t.Cleanup(srv.Close)
+		e.core = core
+		e.cloudArgs, e.cloudEnv = (&awsCloud{core: core, url: srv.URL}).awsArgs(), awsEnv()
+		src = podvmfake.EC2IMDS{IMDS: func(id string) http.Handler { return ec2fake.IMDS(core, id, nil) }}
+	case "azure", "ibmcloud":
+		var fc *fakeCloud
+		if cloudName == "azure" {
+			fc = newAzureFake(t)
+			src = podvmfake.AzureIMDS{IMDS: func(id string) http.Handler { return armfake.IMDS(fc.core, id) }}
+		} else {
+			fc = newIBMCloudFake(t)
+			src = podvmfake.CIDataVolume{Files: func(id string) (map[string][]byte, error) { return vpcfake.CIData(fc.core, id) }}
+		}
+		// The fake and its identity endpoints listen on the test's
+		// loopback: each address caa is given is served on the node's too.
+		seen := map[string]bool{}
+		for _, m := range loopbackAddr.FindAllString(strings.Join(append(fc.args, fc.env...), " "), -1) {
+			if !seen[m] {
+				seen[m] = true
+				forward(t, cn.NodeNS, m, "", m)
+			}
+		}
+		e.core, e.cloudArgs, e.cloudEnv = fc.core, fc.args, append(hermeticEnv(), fc.env...)
+	default:
+		t.Fatalf("no fake cloud %q", cloudName)
+	}
+
+	e.fleet = podvmfake.NewFleet(cn, e.core, nil).ReadingFrom(src)
+	if dir := os.Getenv(podvmfake.UpstreamBinEnv); dir != "" {
+		require.NoError(t, podvmfake.CheckUpstream(dir))
+		t.Logf("the pod VMs run upstream's process-user-data and agent-protocol-forwarder from %s", dir)
+		up := podvmfake.Upstream{Dir: dir}
+		if cloudName == "aws" {
+			// On EC2 the real process-user-data fetches the user data itself.
+			core := e.core
+			up.EC2IMDS = func(id string) http.Handler { return ec2fake.IMDS(core, id, nil) }
+		}
+		e.fleet.Booting(up.Boot)
+	}
 	fctx, stop := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); e.fleet.Run(fctx, 20*time.Millisecond) }()
@@ -126,13 +178,13 @@ func (e *hvEnv) start(t *testing.T, extra ...string) *daemon {
 	logs := &cluster.SyncBuffer{}
 	args := []string{"run", "--node-name", e.node, "--kubeconfig", e.c.Kubeconfig(), "--ledger", e.ledger,
 		"--health-addr", inner, "--resync", "2s", "--audit-interval", "2s", "--confirm-missing", "2s", "--log-format", "json"}
-	args = append(args, e.aws.awsArgs()...)
+	args = append(args, e.cloudArgs...)
 	args = append(args, "--hypervisor-socket", e.socket, "--agent-socket-dir", e.agents,
 		"--node-ip", e.cn.NodeIP.Addr().String(), "--start-vm-timeout", "60s")
 	cmd := exec.Command(caaBin, append(args, extra...)...)
 	// Outside a pod nothing can verify a hand-over asker: these runs take
 	// askers at their word, as launchCaaBin's do.
-	cmd.Env = append(awsEnv(), "CAA_HANDOVER_ALLOW_UNVERIFIED=true")
+	cmd.Env = append(slices.Clone(e.cloudEnv), "CAA_HANDOVER_ALLOW_UNVERIFIED=true")
 	cmd.Stdout, cmd.Stderr = logs, logs
 	// A child forked from a thread inside the node's namespace is born there.
 	require.NoError(t, podvmfake.InNetNS(e.cn.NodeNS, cmd.Start))
@@ -149,6 +201,9 @@ func (e *hvEnv) start(t *testing.T, extra ...string) *daemon {
 	})
 	return d
 }
+
+// loopbackAddr finds the test's loopback servers in a daemon's flags.
+var loopbackAddr = regexp.MustCompile(`127\.0\.0\.1:[0-9]+`)
 
 // forward serves listenAddr in namespace from ("" for the test's own) and
 // pipes every connection to dialAddr opened in namespace to. It returns the
@@ -265,6 +320,13 @@ func (e *hvEnv) newPod(ctx context.Context, t *testing.T, ns, name string, annot
 	t.Helper()
 	_, err := e.c.CreatePeerPod(ctx, ns, name, e.node, annotations)
 	require.NoError(t, err)
+	return e.podNetFor(t, ns, name)
+}
+
+// podNetFor gives pod ns/name, made on the apiserver by the caller, its
+// network namespace with its own /24.
+func (e *hvEnv) podNetFor(t *testing.T, ns, name string) *peerPod {
+	t.Helper()
 	k := e.pods.Add(1)
 	ip := netip.PrefixFrom(netip.AddrFrom4([4]byte{10, 244, byte(k), 5}), 24)
 	return &peerPod{ns: ns, name: name, net: e.cn.NewPod(t, ip)}
@@ -285,8 +347,8 @@ func sandboxID(n int) string { return fmt.Sprintf("%064x", 0xca0000+n) }
 // sandboxVMs are the fake EC2's instances made for sandbox id (any state).
 func (e *hvEnv) sandboxVMs(id string) []cloud.Instance {
 	var out []cloud.Instance
-	for _, in := range e.aws.core.Instances() {
-		if in.Tags[sandbox.TagSandbox] == id {
+	for _, in := range e.core.Instances() {
+		if vmTag(e.core, in, sandbox.TagSandbox) == id {
 			out = append(out, in)
 		}
 	}
@@ -304,6 +366,22 @@ func instanceIDs(ins []cloud.Instance) []string {
 }
 
 // liveSandboxVMs are those not terminated.
+// vmTag is the VM's tag key: on the instance, or on a resource of it
+// (IBM Cloud tags the boot volume: VPC instances take no user tags).
+func vmTag(core *cloud.Cloud, in cloud.Instance, key string) string {
+	if v, ok := in.Tags[key]; ok {
+		return v
+	}
+	for _, id := range in.Resources {
+		if r, err := core.GetResource(id); err == nil {
+			if v, ok := r.Tags[key]; ok {
+				return v
+			}
+		}
+	}
+	return ""
+}
+
 func (e *hvEnv) liveSandboxVMs(id string) []cloud.Instance {
 	var out []cloud.Instance
 	for _, in := range e.sandboxVMs(id) {

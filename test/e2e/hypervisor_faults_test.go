@@ -140,8 +140,8 @@ func TestHypervisorRestartWith20Sandboxes(t *testing.T) {
 	wg.Wait()
 	require.NoError(t, errors.Join(errs...), "failed boots: %v", e.fleet.Failed())
 	t.Logf("%d sandboxes started in %s", n, time.Since(t0).Round(time.Millisecond))
-	require.Len(t, instanceIDs(e.aws.core.Live()), n)
-	vmsBefore := liveVMs(e.aws.core)
+	require.Len(t, instanceIDs(e.core.Live()), n)
+	vmsBefore := liveVMs(e.core)
 	d.stop(t)
 	for _, s := range socks {
 		_, err := net.Dial("unix", s)
@@ -169,7 +169,7 @@ func TestHypervisorRestartWith20Sandboxes(t *testing.T) {
 		for kind, k := range e.door.counts() {
 			assert.False(t, isEC2Write(kind), "cloud write at restart: %s x%d (all calls: %v)", kind, k, e.door.counts())
 		}
-		assert.Equal(t, vmsBefore, liveVMs(e.aws.core), "every VM adopted")
+		assert.Equal(t, vmsBefore, liveVMs(e.core), "every VM adopted")
 		if how == "SIGTERM" {
 			require.NoError(t, d.cmd.Process.Kill())
 			<-d.done
@@ -282,7 +282,7 @@ func TestHypervisorVMKilledBehindCaasBack(t *testing.T) {
 	require.NoError(t, err)
 
 	t0 := time.Now()
-	require.NoError(t, e.aws.core.Fail(old))
+	require.NoError(t, e.core.Fail(old))
 	require.Eventually(t, func() bool {
 		cctx, cancel := context.WithTimeout(ctx, time.Second)
 		defer cancel()
@@ -303,7 +303,7 @@ func TestHypervisorVMKilledBehindCaasBack(t *testing.T) {
 	require.Error(t, err, "a lost sandbox gets no new VM")
 	assert.Contains(t, err.Error(), "Lost")
 	assert.Equal(t, []string{old}, instanceIDs(e.sandboxVMs(a)), "nothing was created for the lost sandbox")
-	assert.Equal(t, []string{old}, instanceIDs(e.aws.core.Live()), "the failed VM is not deleted while nothing supersedes its sandbox")
+	assert.Equal(t, []string{old}, instanceIDs(e.core.Live()), "the failed VM is not deleted while nothing supersedes its sandbox")
 
 	// The kubelet's next sandbox for the pod.
 	b := sandboxID(4)
@@ -315,10 +315,10 @@ func TestHypervisorVMKilledBehindCaasBack(t *testing.T) {
 	assert.NotEqual(t, old, vmsB[0].ID, "the next sandbox has its own VM")
 	require.NoError(t, agentCheck(ctx, sockB))
 	require.Eventually(t, func() bool {
-		in, err := e.aws.core.Get(old)
+		in, err := e.core.Get(old)
 		return err == nil && in.State == provider.StateTerminated
 	}, 30*time.Second, 20*time.Millisecond, "the old sandbox's VM is deleted once the next one runs")
-	assert.Equal(t, []string{vmsB[0].ID}, instanceIDs(e.aws.core.Live()), "the running sandbox keeps its VM")
+	assert.Equal(t, []string{vmsB[0].ID}, instanceIDs(e.core.Live()), "the running sandbox keeps its VM")
 	require.NoError(t, agentCheck(ctx, sockB), "the running sandbox is still served")
 	d.stop(t)
 }

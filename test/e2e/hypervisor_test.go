@@ -6,6 +6,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -20,6 +21,7 @@ import (
 	"github.com/caa-project/caa/internal/agentproto"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/pki"
+	"github.com/caa-project/caa/pkg/podvm"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/sandbox"
 	"github.com/caa-project/caa/test/e2e/cluster"
@@ -47,10 +49,37 @@ func TestHypervisorKataPodEndToEnd(t *testing.T) {
 	assert.NotEmpty(t, v)
 
 	id := sandboxID(1)
+	cfg := e.serveOnePod(ctx, t, pod, id)
+	// The VM's secrets went to the VM only (I7): not in caa's logs.
+	keyBody := pemBody(t, cfg.TLSServerKeyPEM)
+	assert.NotContains(t, d.logs.String(), keyBody, "the VM's private key is in caa's logs")
+	assert.NotContains(t, d.logs.String(), "PRIVATE KEY")
+	assert.NotContains(t, d.logs.String(), "e2e-initdata-7f3a", "the initdata is in caa's logs")
+	d.stop(t)
+	_, hist, err := e.readLedger(t, id)
+	require.Error(t, err, "the record goes with the VM")
+	assert.NotEmpty(t, hist, "the story stays in history")
+	raw, err := os.ReadFile(e.ledger)
+	require.NoError(t, err)
+	assert.False(t, bytes.Contains(raw, []byte(keyBody)), "the VM's private key is in the ledger (I7)")
+	assert.False(t, bytes.Contains(raw, []byte("e2e-initdata-7f3a")), "the initdata is in the ledger (I7)")
+	ca, err := os.Stat(filepath.Join(filepath.Dir(e.ledger), pki.CurrentFile))
+	require.NoError(t, err, "the agent CA's key file lives beside the ledger")
+	assert.Equal(t, os.FileMode(0o600), ca.Mode().Perm())
+}
+
+// serveOnePod is kata's life of one sandbox of pod through the running caa:
+// CreateVM (no cloud call), StartVM (one VM, booted from caa's user data as
+// the cloud's stock image reads it), the shim's one connection to the agent
+// socket for a health check and a wait answered through caa's relay and the
+// VM's mutual TLS, a packet each way through the tunnel, StopVM answered
+// fast and the VM deleted after. It returns the configuration the VM read.
+func (e *hvEnv) serveOnePod(ctx context.Context, t *testing.T, pod *peerPod, id string) podvm.Config {
+	t.Helper()
 	const initData = "algorithm = \"sha384\"\nversion = \"0.1.0\"\n[data]\n\"policy.rego\" = \"e2e-initdata-7f3a\"\n"
 	sock, err := e.shim.CreateVM(ctx, id, pod.annotations(map[string]string{sandbox.AnnotationInitData: initData}), pod.net.NSPath)
 	require.NoError(t, err)
-	assert.Empty(t, instanceIDs(e.aws.core.Instances()), "no VM before StartVM: CreateVM makes no cloud call, and the pod informer creates none in this mode")
+	assert.Empty(t, instanceIDs(e.core.Instances()), "no VM before StartVM: CreateVM makes no cloud call, and the pod informer creates none in this mode")
 	t0 := time.Now()
 	require.NoError(t, e.shim.StartVM(ctx, id), "failed boots: %v", e.fleet.Failed())
 	t.Logf("StartVM through the binary took %s", time.Since(t0).Round(time.Millisecond))
@@ -58,18 +87,27 @@ func TestHypervisorKataPodEndToEnd(t *testing.T) {
 	vms := e.liveSandboxVMs(id)
 	require.Len(t, instanceIDs(vms), 1, "one VM for the sandbox")
 	vm := e.fleet.VM(vms[0].ID)
-	require.NotNil(t, vm, "the fake pod VM booted from the instance's user data")
+	require.NotNil(t, vm, "the pod VM booted from the instance's user data")
 	cfg := vm.Files.Config
-	assert.Equal(t, "web-0", cfg.PodName)
-	assert.Equal(t, "shop", cfg.PodNamespace)
+	assert.Equal(t, pod.name, cfg.PodName)
+	assert.Equal(t, pod.ns, cfg.PodNamespace)
 	assert.Equal(t, pod.net.IP, cfg.Network.PodIP, "the VM plays the pod's own address")
 	assert.Equal(t, e.cn.NodeIP.Addr(), cfg.Network.WorkerIP.Addr(), "the tunnel's far end is --node-ip")
 	assert.Equal(t, initData, cfg.InitData, "the shim's initdata reached the VM")
-	// The VM's secrets went to the VM only (I7): not in caa's logs.
-	keyBody := pemBody(t, cfg.TLSServerKeyPEM)
-	assert.NotContains(t, d.logs.String(), keyBody, "the VM's private key is in caa's logs")
-	assert.NotContains(t, d.logs.String(), "PRIVATE KEY")
-	assert.NotContains(t, d.logs.String(), "e2e-initdata-7f3a", "the initdata is in caa's logs")
+	if vm.RunDir != "" {
+		// Upstream's process-user-data took the document and unpacked the
+		// initdata's files where the image's services read them.
+		for _, f := range []string{"apf.json", "initdata", "initdata.digest"} {
+			assert.FileExists(t, filepath.Join(vm.RunDir, f))
+		}
+		policy, err := os.ReadFile(filepath.Join(vm.RunDir, "policy.rego"))
+		require.NoError(t, err, "upstream's process-user-data unpacked the initdata")
+		assert.Equal(t, "e2e-initdata-7f3a", string(policy))
+		if e.cloudName == "aws" {
+			assert.Equal(t, []string{"PUT /latest/api/token", "GET /latest/user-data"}, vm.MetadataRequests(),
+				"upstream's process-user-data fetched the user data from EC2's metadata service itself")
+		}
+	}
 
 	// The shim's one long-lived connection to the agent: a health check and
 	// a wait that outlives it.
@@ -97,7 +135,7 @@ func TestHypervisorKataPodEndToEnd(t *testing.T) {
 	// The pod network: a packet for the pod, entering the pod's namespace
 	// from the node, comes out in the VM.
 	var rx *net.UDPConn
-	require.NoError(t, podvmfake.InNetNS(vm.Host.NS, func() error {
+	require.NoError(t, podvmfake.InNetNS(vm.PodNamespace(), func() error {
 		rx, err = net.ListenUDP("udp4", &net.UDPAddr{IP: pod.net.IP.Addr().AsSlice(), Port: 7777})
 		return err
 	}))
@@ -112,7 +150,7 @@ func TestHypervisorKataPodEndToEnd(t *testing.T) {
 		return err
 	}))
 	defer back.Close()
-	sent, err = podvmfake.SendUntilReceived(vm.Host.NS, pod.net.GatewayIP.String()+":7778", back)
+	sent, err = podvmfake.SendUntilReceived(vm.PodNamespace(), pod.net.GatewayIP.String()+":7778", back)
 	require.NoError(t, err)
 	require.True(t, sent, "no packet from the VM crossed caa's tunnel")
 
@@ -125,20 +163,12 @@ func TestHypervisorKataPodEndToEnd(t *testing.T) {
 	_, err = net.Dial("unix", sock)
 	assert.Error(t, err, "the stopped sandbox's agent socket is closed")
 	require.Eventually(t, func() bool {
-		return len(e.liveSandboxVMs(id)) == 0 && len(e.sandboxVMs(id)) == 1
+		return !slices.Contains(instanceIDs(e.core.Live()), vms[0].ID)
 	}, 30*time.Second, 20*time.Millisecond, "the sandbox's VM is deleted")
-	assert.Equal(t, provider.StateTerminated, e.sandboxVMs(id)[0].State)
-	d.stop(t)
-	_, hist, err := e.readLedger(t, id)
-	require.Error(t, err, "the record goes with the VM")
-	assert.NotEmpty(t, hist, "the story stays in history")
-	raw, err := os.ReadFile(e.ledger)
-	require.NoError(t, err)
-	assert.False(t, bytes.Contains(raw, []byte(keyBody)), "the VM's private key is in the ledger (I7)")
-	assert.False(t, bytes.Contains(raw, []byte("e2e-initdata-7f3a")), "the initdata is in the ledger (I7)")
-	ca, err := os.Stat(filepath.Join(filepath.Dir(e.ledger), pki.CurrentFile))
-	require.NoError(t, err, "the agent CA's key file lives beside the ledger")
-	assert.Equal(t, os.FileMode(0o600), ca.Mode().Perm())
+	if in, err := e.core.Get(vms[0].ID); err == nil {
+		assert.Equal(t, provider.StateTerminated, in.State)
+	}
+	return cfg
 }
 
 // pemBody is the first base64 line of a PEM block's body: enough to find
@@ -220,7 +250,7 @@ func TestHypervisorHostileInput(t *testing.T) {
 	// Nothing lost, nothing made.
 	assert.Empty(t, e.door.counts()["RunInstances"], "no create for any hostile request")
 	assert.Empty(t, e.door.counts()["TerminateInstances"], "no delete either")
-	assert.Len(t, instanceIDs(e.aws.core.Live()), 1)
+	assert.Len(t, instanceIDs(e.core.Live()), 1)
 	st, err := agentproto.Check(ctx, agent)
 	require.NoError(t, err, "the running sandbox's shim connection still works")
 	assert.EqualValues(t, agentproto.Serving, st)

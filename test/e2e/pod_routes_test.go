@@ -61,13 +61,13 @@ func TestHypervisorPodWithRoutesTheVMCannotInstall(t *testing.T) {
 		{Dst: pod.net.IP.Masked(), Dev: "eth0", Protocol: "kernel", Scope: "link"},
 		{Dst: netip.MustParsePrefix("10.96.0.0/12"), GW: gw, Dev: "eth0", Protocol: "static", Scope: "universe"},
 	}, vm.Files.Config.Network.Routes, "only the routes the VM can install travel")
-	installed, err := podvmfake.PodRoutes(vm.Host.NS)
+	installed, err := vm.PodRoutes()
 	require.NoError(t, err)
 	assert.Len(t, installed, 3, "the VM installed every route it was given")
 
 	require.NoError(t, agentCheck(ctx, sock), "the agent answers through caa")
 	var rx *net.UDPConn
-	require.NoError(t, podvmfake.InNetNS(vm.Host.NS, func() error {
+	require.NoError(t, podvmfake.InNetNS(vm.PodNamespace(), func() error {
 		rx, err = net.ListenUDP("udp4", &net.UDPAddr{IP: pod.net.IP.Addr().AsSlice(), Port: 7777})
 		return err
 	}))

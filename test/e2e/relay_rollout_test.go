@@ -184,7 +184,7 @@ func (n *rollNode) surge(t *testing.T) {
 
 // writes counts the cloud's creates and deletes so far.
 func (n *rollNode) writes() (creates, deletes int) {
-	c := n.aws.core.Counters()
+	c := n.core.Counters()
 	return int(c[cloud.OpCreate]), int(c[cloud.OpDelete])
 }
 
@@ -221,7 +221,7 @@ func (n *rollNode) requireAdopted(t *testing.T) {
 			assert.Equal(t, n.vms[i].InstanceID, vms[0].ID, "%s: sandbox %s keeps its first VM", n.node, id)
 		}
 	}
-	assert.Len(t, n.aws.core.Live(), len(n.ids), "%s: no other VM", n.node)
+	assert.Len(t, n.core.Live(), len(n.ids), "%s: no other VM", n.node)
 	assert.Contains(t, runCaa(t, "ledger", "verify", "--ledger", n.ledger), "ok")
 }
 

@@ -31,6 +31,7 @@ type Agent struct {
 	mu       sync.Mutex
 	serving  bool
 	checks   int
+	conns    int
 	waits    int
 	waiting  map[string]chan int32
 	waitCond *sync.Cond
@@ -56,11 +57,12 @@ func StartAgent() (*Agent, error) {
 	a.srv.RegisterService(agentproto.AgentService, &ttrpc.ServiceDesc{Methods: map[string]ttrpc.Method{
 		agentproto.WaitProcessMethod: a.waitProcess,
 	}})
-	a.ln, err = net.Listen("unix", a.socket)
+	ln, err := net.Listen("unix", a.socket)
 	if err != nil {
 		os.RemoveAll(dir)
 		return nil, err
 	}
+	a.ln = countingListener{Listener: ln, a: a}
 	go func() { _ = a.srv.Serve(context.Background(), a.ln) }()
 	return a, nil
 }
@@ -162,6 +164,29 @@ func (a *Agent) Release(containerID string, st int32) bool {
 	ch <- st
 	delete(a.waiting, containerID)
 	return true
+}
+
+// countingListener counts the agent's connections.
+type countingListener struct {
+	net.Listener
+	a *Agent
+}
+
+func (l countingListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if err == nil {
+		l.a.mu.Lock()
+		l.a.conns++
+		l.a.mu.Unlock()
+	}
+	return c, err
+}
+
+// Conns is how many connections reached the agent.
+func (a *Agent) Conns() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.conns
 }
 
 // Close stops the agent and ends every call in progress.

@@ -8,6 +8,9 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vishvananda/netlink"
+	"golang.org/x/sys/unix"
+
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/mocks/cloud"
 )
@@ -18,10 +21,11 @@ import (
 // stops running (deleted, killed, stopped, failed) loses its VM and its place
 // on the network, as a real VM would.
 type Fleet struct {
-	cn    *CloudNetwork
-	cloud *cloud.Cloud
-	src   UserDataSource
-	log   *slog.Logger
+	cn     *CloudNetwork
+	cloud  *cloud.Cloud
+	src    UserDataSource
+	booter func(context.Context, Options) (*VM, error)
+	log    *slog.Logger
 
 	mu     sync.Mutex
 	vms    map[string]*FleetVM
@@ -35,13 +39,23 @@ type FleetVM struct {
 	Host       VMHost
 }
 
+// PodNamespace is where the pod's address lives in the VM: the VM's own
+// namespace for the fake forwarder, the pod namespace upstream's forwarder
+// built its end of the tunnel in.
+func (v *FleetVM) PodNamespace() string {
+	if v.PodNS != "" {
+		return v.PodNS
+	}
+	return v.Host.NS
+}
+
 // NewFleet plays c's instances on cn. Each VM reads its user data from the
 // core as it was created (CoreUserData); ReadingFrom picks a cloud's path.
 func NewFleet(cn *CloudNetwork, c *cloud.Cloud, log *slog.Logger) *Fleet {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	return &Fleet{cn: cn, cloud: c, src: CoreUserData{Cloud: c}, log: log, vms: map[string]*FleetVM{}, failed: map[string]error{}}
+	return &Fleet{cn: cn, cloud: c, src: CoreUserData{Cloud: c}, booter: Boot, log: log, vms: map[string]*FleetVM{}, failed: map[string]error{}}
 }
 
 // ReadingFrom makes the fleet's VMs read their user data from src, as the
@@ -49,6 +63,13 @@ func NewFleet(cn *CloudNetwork, c *cloud.Cloud, log *slog.Logger) *Fleet {
 // it before the fleet runs.
 func (f *Fleet) ReadingFrom(src UserDataSource) *Fleet {
 	f.src = src
+	return f
+}
+
+// Booting makes the fleet boot its VMs with boot (e.g. Upstream.Boot)
+// instead of the fake forwarder. Call it before the fleet runs.
+func (f *Fleet) Booting(boot func(context.Context, Options) (*VM, error)) *Fleet {
+	f.booter = boot
 	return f
 }
 
@@ -98,7 +119,7 @@ func (f *Fleet) boot(ctx context.Context, in cloud.Instance) error {
 		_ = f.cn.RemoveVM(host)
 		return fmt.Errorf("instance %s: user data from %s: %w", in.ID, f.src.Name(), err)
 	}
-	vm, err := Boot(ctx, Options{UserData: ud, NetNS: host.NS, Log: f.log})
+	vm, err := f.booter(ctx, Options{UserData: ud, NetNS: host.NS, Log: f.log, InstanceID: in.ID})
 	if err != nil {
 		_ = f.cn.RemoveVM(host)
 		return err
@@ -148,4 +169,19 @@ func (f *Fleet) Close() {
 		_ = f.cn.RemoveVM(vm.Host)
 		delete(f.vms, id)
 	}
+}
+
+// PodRoutes lists the routes the VM installed for the pod: the fake's
+// own table in the VM's namespace, or the main table of the pod namespace
+// upstream's forwarder built.
+func (v *FleetVM) PodRoutes() ([]netlink.Route, error) {
+	if v.PodNS == "" {
+		return PodRoutes(v.Host.NS)
+	}
+	h, err := handleAt(v.PodNS)
+	if err != nil {
+		return nil, err
+	}
+	defer h.Close()
+	return h.RouteListFiltered(netlink.FAMILY_V4, &netlink.Route{Table: unix.RT_TABLE_MAIN}, netlink.RT_FILTER_TABLE)
 }

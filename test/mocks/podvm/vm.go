@@ -29,6 +29,9 @@ type Options struct {
 	// "127.0.0.1:0" without one (so parallel tests do not collide).
 	ListenAddr string
 	Log        *slog.Logger
+	// InstanceID is the cloud's id of the VM (the fleet's), for a VM that
+	// asks the cloud's metadata service about itself.
+	InstanceID string
 }
 
 // VM is a booted fake pod VM.
@@ -37,6 +40,12 @@ type VM struct {
 	Files podvm.Files
 	// Agent is the fake kata agent behind the forwarder.
 	Agent *Agent
+	// RunDir is the VM's /run/peerpod as upstream's process-user-data
+	// wrote it, and PodNS the namespace where upstream's forwarder built
+	// the pod network; both empty for the fake forwarder (Upstream).
+	RunDir, PodNS string
+
+	closer func()
 
 	ln   net.Listener
 	log  *slog.Logger
@@ -49,6 +58,7 @@ type VM struct {
 	rejected []error
 	relayed  int
 	echoed   int
+	metadata []string
 }
 
 // StreamMagic opens a connection the fake forwarder echoes instead of
@@ -122,7 +132,7 @@ func Boot(ctx context.Context, o Options) (*VM, error) {
 	return vm, nil
 }
 
-// Addr is the forwarder's listening address.
+// Addr is the fake forwarder's listening address.
 func (vm *VM) Addr() net.Addr { return vm.ln.Addr() }
 
 func (vm *VM) serve(tc *tls.Config) {
@@ -207,6 +217,10 @@ type Stats struct {
 
 // Stats returns the forwarder's counts so far.
 func (vm *VM) Stats() Stats {
+	if vm.closer != nil {
+		// Upstream's forwarder: what reached the agent is all one can see.
+		return Stats{Relayed: vm.Agent.Conns()}
+	}
 	vm.mu.Lock()
 	defer vm.mu.Unlock()
 	return Stats{Accepted: vm.accepted, Relayed: vm.relayed, Rejected: append([]error(nil), vm.rejected...), Open: len(vm.conns), Echoed: vm.echoed}
@@ -216,6 +230,10 @@ func (vm *VM) Stats() Stats {
 // is gone.
 func (vm *VM) Close() error {
 	vm.once.Do(func() {
+		if vm.closer != nil {
+			vm.closer()
+			return
+		}
 		vm.ln.Close()
 		vm.mu.Lock()
 		for c := range vm.conns {

@@ -1,0 +1,79 @@
+{{/*
+caa.validate fails the render, naming the value and the fix, on settings
+that cannot work. Every template includes it, so no partial render slips
+through.
+*/}}
+{{- define "caa.validate" -}}
+{{- range $name, $v := dict "surge" .Values.surge "createNamespace" .Values.createNamespace "hypervisor.enabled" .Values.hypervisor.enabled "hypervisor.pullSecrets" .Values.hypervisor.pullSecrets "relay.enabled" .Values.relay.enabled "clusterScope.enabled" .Values.clusterScope.enabled "adaptorConfig.enabled" .Values.adaptorConfig.enabled -}}
+{{- if not (kindIs "bool" $v) -}}
+{{- fail (printf "%s=%v: must be true or false (a boolean: --set, not --set-string)" $name $v) -}}
+{{- end -}}
+{{- end -}}
+{{- $clouds := list "aws" "azure" "ibmcloud" -}}
+{{- if not (has .Values.cloud $clouds) -}}
+{{- fail (printf "cloud=%q: set cloud to aws, azure or ibmcloud (install with -f values-<cloud>.yaml)" (toString .Values.cloud)) -}}
+{{- end -}}
+{{- $routes := dict "secret" "" "aws-pod-identity" "aws" "aws-irsa" "aws" "azure-workload-identity" "azure" "azure-managed-identity" "azure" "ibmcloud-trusted-profile" "ibmcloud" -}}
+{{- $route := toString .Values.identity.route -}}
+{{- if not (hasKey $routes $route) -}}
+{{- fail (printf "identity.route=%q: use one of secret, aws-pod-identity, aws-irsa, azure-workload-identity, azure-managed-identity, ibmcloud-trusted-profile" $route) -}}
+{{- end -}}
+{{- $for := get $routes $route -}}
+{{- if and $for (ne $for .Values.cloud) -}}
+{{- fail (printf "identity.route=%s is a route of cloud %s, not of cloud=%s" $route $for .Values.cloud) -}}
+{{- end -}}
+{{- if and (eq $route "aws-irsa") (not .Values.identity.awsRoleArn) -}}
+{{- fail "identity.route=aws-irsa needs identity.awsRoleArn (the IAM role's ARN)" -}}
+{{- end -}}
+{{- if and (eq $route "azure-workload-identity") (not .Values.identity.azureClientId) -}}
+{{- fail "identity.route=azure-workload-identity needs identity.azureClientId (the identity's client id)" -}}
+{{- end -}}
+{{- if and (eq $route "ibmcloud-trusted-profile") (not .Values.identity.ibmcloudProfileId) -}}
+{{- fail "identity.route=ibmcloud-trusted-profile needs identity.ibmcloudProfileId (the trusted profile's id)" -}}
+{{- end -}}
+{{- if and .Values.hypervisor.enabled .Values.surge -}}
+{{- fail "hypervisor.enabled=true needs surge=false: the remote hypervisor mode runs caa on the host network, where two caa pods of a surge would clash on the health port" -}}
+{{- end -}}
+{{- if and .Values.relay.enabled (not .Values.hypervisor.enabled) -}}
+{{- fail "relay.enabled=true needs hypervisor.enabled=true: the relay serves the agent sockets of kata's remote hypervisor mode" -}}
+{{- end -}}
+{{- if and .Values.adaptorConfig.enabled (not .Values.hypervisor.enabled) -}}
+{{- fail "adaptorConfig.enabled=true needs hypervisor.enabled=true: the adaptor's settings are those of kata's remote hypervisor (install with -f values-adaptor.yaml)" -}}
+{{- end -}}
+{{- if and .Values.adaptorConfig.enabled (not .Values.adaptorConfig.configMap) -}}
+{{- fail "adaptorConfig.configMap is empty: name the adaptor's ConfigMap (peer-pods-cm)" -}}
+{{- end -}}
+{{- range $k, $v := .Values.cloudSettings -}}
+{{- if not (hasPrefix (printf "CAA_%s_" (upper $.Values.cloud)) $k) -}}
+{{- fail (printf "cloudSettings.%s is not a setting of cloud=%s (its keys are CAA_%s_*; common settings go under settings, and cloud sets CAA_PROVIDER)" $k $.Values.cloud (upper $.Values.cloud)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* caa.image is the image every container runs: the one-cloud build. */}}
+{{- define "caa.image" -}}
+{{- printf "%s:%s" .Values.image.repository (default (printf "dev-%s" .Values.cloud) .Values.image.tag) -}}
+{{- end -}}
+
+{{/* caa.labels are the labels of the objects deploy/base makes. */}}
+{{- define "caa.labels" -}}
+app.kubernetes.io/name: caa
+app.kubernetes.io/part-of: caa
+{{- end -}}
+
+{{/* caa.config is the ConfigMap's data: common settings, then the cloud's. */}}
+{{- define "caa.config" -}}
+{{- $data := dict "CAA_PROVIDER" .Values.cloud -}}
+{{- range $k, $v := .Values.settings }}{{ $_ := set $data $k (toString $v) }}{{ end -}}
+{{- if not .Values.adaptorConfig.enabled -}}
+{{- range $k, $v := .Values.cloudSettings }}{{ $_ := set $data $k (toString $v) }}{{ end -}}
+{{- end -}}
+{{- range $k := keys $data | sortAlpha }}
+{{ $k }}: {{ get $data $k | quote }}
+{{- end -}}
+{{- end -}}
+
+{{/* caa.secretRef: the routes that read the Secret caa-cloud-credentials. */}}
+{{- define "caa.usesSecret" -}}
+{{- if and (eq (toString .Values.identity.route) "secret") (not .Values.adaptorConfig.enabled) }}true{{ end -}}
+{{- end -}}
