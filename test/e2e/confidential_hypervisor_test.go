@@ -47,7 +47,7 @@ func TestHypervisorNeverServesAVMTheCloudReportsNotConfidential(t *testing.T) {
 
 	// During StartVM: the VM boots slowly, and the cloud reports it as
 	// ordinary before it runs.
-	e.aws.core.SetFaults(cloud.Faults{BootDelay: 20 * time.Second})
+	e.core.SetFaults(cloud.Faults{BootDelay: 20 * time.Second})
 	first := sandboxID(31)
 	_, err := e.shim.CreateVM(ctx, first, web.annotations(nil), web.net.NSPath)
 	require.NoError(t, err)
@@ -65,7 +65,7 @@ func TestHypervisorNeverServesAVMTheCloudReportsNotConfidential(t *testing.T) {
 	require.Error(t, err, "a VM the cloud reports as ordinary is never served")
 	assert.Equal(t, codes.FailedPrecondition, status.Code(err), "%v", err)
 	assert.Contains(t, err.Error(), "asked to be confidential (sev-snp) but the cloud reports it as none")
-	e.aws.core.SetFaults(cloud.Faults{})
+	e.core.SetFaults(cloud.Faults{})
 	require.Eventually(t, func() bool { return len(e.liveSandboxVMs(first)) == 0 }, time.Minute, 20*time.Millisecond,
 		"the ordinary VM is deleted on that evidence")
 	require.Eventually(t, func() bool {
