@@ -16,6 +16,9 @@ func awsCloud() *cloud {
 		name:     "aws",
 		addFlags: cfg.AddFlags,
 		types:    aws.InstanceTypes,
+		tees:     aws.TEEs,
+		defaults: func() cloudDefaults { return cloudDefaults{instanceType: cfg.InstanceType, image: cfg.Image} },
+		typeFlag: "--aws-instance-type", imageFlag: "--aws-image",
 		open: func(ctx context.Context, log *slog.Logger) (provider.Provider, cloudDefaults, error) {
 			cfg.Logger = log
 			if err := cfg.Validate(); err != nil {

@@ -17,6 +17,9 @@ func azureCloud() *cloud {
 		name:     "azure",
 		addFlags: cfg.AddFlags,
 		types:    azure.InstanceTypes,
+		tees:     azure.TEEs,
+		defaults: func() cloudDefaults { return cloudDefaults{instanceType: cfg.InstanceType, image: cfg.Image} },
+		typeFlag: "--azure-instance-type", imageFlag: "--azure-image",
 		open: func(ctx context.Context, log *slog.Logger) (provider.Provider, cloudDefaults, error) {
 			if err := cfg.Validate(); err != nil {
 				return nil, cloudDefaults{}, err

@@ -16,6 +16,9 @@ func ibmcloudCloud() *cloud {
 		name:     "ibmcloud",
 		addFlags: cfg.AddFlags,
 		types:    ibmcloud.InstanceTypes,
+		tees:     ibmcloud.TEEs,
+		defaults: func() cloudDefaults { return cloudDefaults{instanceType: cfg.InstanceType, image: cfg.Image} },
+		typeFlag: "--ibmcloud-instance-type", imageFlag: "--ibmcloud-image",
 		open: func(ctx context.Context, log *slog.Logger) (provider.Provider, cloudDefaults, error) {
 			if err := cfg.Validate(); err != nil {
 				return nil, cloudDefaults{}, err

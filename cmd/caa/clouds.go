@@ -26,7 +26,16 @@ type cloud struct {
 	// types is the cloud's table of instance type sizes (the provider
 	// package's InstanceTypes), which --instance-types names pick from.
 	types func() []provider.InstanceType
-	open  func(ctx context.Context, log *slog.Logger) (provider.Provider, cloudDefaults, error)
+	// tees is the cloud's table of the TEEs each instance type offers
+	// (the provider package's TEEs): none means the type cannot run a
+	// confidential VM.
+	tees func(instanceType string) []provider.TEE
+	// defaults reads the configured default type and image from the
+	// cloud's flags, before the provider is built (the confidential
+	// preflight checks them); typeFlag and imageFlag name their flags.
+	defaults            func() cloudDefaults
+	typeFlag, imageFlag string
+	open                func(ctx context.Context, log *slog.Logger) (provider.Provider, cloudDefaults, error)
 }
 
 // cloudDefaults are a cloud's answers for pods that name no type or image.

@@ -81,7 +81,7 @@ current-context: c
 	defer cancel()
 	cmd := exec.CommandContext(ctx, caaBin, "run", "--node-name", "n", "--provider", "aws", "--cluster-id", "cluster-x",
 		"--kubeconfig", kubeconfig, "--ledger", ledgerPath, "--health-addr", healthAddr,
-		"--aws-region", "us-east-1", "--aws-subnet-id", "subnet-1", "--aws-image", "ami-1", "--aws-instance-type", "t3.small")
+		"--aws-region", "us-east-1", "--aws-subnet-id", "subnet-1", "--aws-image", "ami-1", "--aws-instance-type", "m6a.large")
 	cmd.Env = append(os.Environ(), "CAA_LEDGER=")
 	stderr, err := cmd.StderrPipe()
 	require.NoError(t, err)

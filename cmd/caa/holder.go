@@ -365,7 +365,7 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 		Reconciler: rec, Pods: n.pods, Resync: f.resync, Audit: f.audit, Calls: callCtx,
 		Beat: func() { n.status.Beat(time.Now()) }, MaxPass: 3 * f.cloudTimeout,
 		Report: func(res reconcile.PassResult, ok bool) {
-			hp := toHealthPass(res)
+			hp := toHealthPass(res, f.confidential)
 			n.status.PassDone(hp)
 			if ok {
 				convergedOnce.Do(func() { close(converged) })

@@ -18,6 +18,7 @@ import (
 	"github.com/caa-project/caa/pkg/hypervisor"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/pki"
+	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/reconcile"
 	"github.com/caa-project/caa/pkg/relayd"
 	"github.com/caa-project/caa/pkg/sandbox"
@@ -222,7 +223,7 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 		ConfirmMissing: f.confirmMissing, OrphanGrace: f.gcGrace, Stop: ctx, Log: log,
 	})
 	defer func() { m.Close(); m.Wait() }()
-	watch := &agentWatch{bound: f.hv.readyBound, silent: func(id, why string, d time.Duration) { n.agentSilent(led, log, id, why, d) }}
+	watch := &agentWatch{bound: f.hv.readyBound, confidential: f.confidential, silent: func(id, why string, d time.Duration) { n.agentSilent(led, log, id, why, d) }}
 	report := func(at time.Time, rep sandbox.Report, err error) bool {
 		p := watch.pass(at, time.Now(), rep, err)
 		n.status.PassDone(p)
@@ -304,6 +305,8 @@ func untilReady(ctx context.Context, at time.Time, rep sandbox.Report, err error
 type agentWatch struct {
 	bound  time.Duration
 	silent func(id, why string, d time.Duration)
+	// confidential is --confidential, for the VMs' entries.
+	confidential bool
 
 	since map[string]time.Time // first sync that found the agent silent
 	told  map[string]bool
@@ -314,6 +317,12 @@ func (w *agentWatch) pass(at, now time.Time, rep sandbox.Report, err error) heal
 		w.since, w.told = map[string]time.Time{}, map[string]bool{}
 	}
 	p := health.Pass{At: at, Duration: now.Sub(at), Err: err, CloudWrites: rep.CloudWrites, OrphansDeleted: rep.OrphansDeleted}
+	if rep.VMs != nil {
+		p.VMs = []health.VMNote{}
+		for _, vm := range rep.VMs {
+			p.VMs = append(p.VMs, health.VMNote{Pod: vm.Pod, ID: vm.ID, Confidential: provider.Mode(w.confidential, vm.TEE)})
+		}
+	}
 	for _, o := range rep.Orphans {
 		p.Orphans = append(p.Orphans, health.Orphan{ID: o.ID, Pod: o.Pod, FirstSeen: o.FirstSeen})
 	}

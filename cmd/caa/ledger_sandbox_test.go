@@ -36,7 +36,8 @@ func sandboxFixture(t *testing.T) (string, *ledger.Ledger) {
 	for i, id := range []string{sbLost, sbRun} {
 		s := put(ledger.Sandbox{ID: id, PodUID: "uid-web", Namespace: "shop", Name: "web", NetNS: "/var/run/netns/cni-" + id[:8],
 			Provider: "aws", InstanceType: "t3.small", Image: "ami-0podvm", AgentSocket: "/run/peerpod/pods/" + id + "/agent.ttrpc",
-			Phase: ledger.SandboxCreated, Tunnel: ledger.Tunnel{VXLANID: 555000 + i, Port: 4789, LocalIP: "10.0.0.1"}})
+			Phase: ledger.SandboxCreated, Tunnel: ledger.Tunnel{VXLANID: 555000 + i, Port: 4789, LocalIP: "10.0.0.1"},
+			Confidential: map[string]string{sbRun: "sev-snp"}[id]})
 		s.Phase, s.Attempt, s.Key, s.CertSerials = ledger.SandboxCreating, 1, "sb-"+id+"-a1", []string{"3f9a0c" + id[63:]}
 		s = put(s)
 		ip := "10.1.0." + id[63:]
@@ -91,9 +92,9 @@ func checkSandboxCommands(t *testing.T, path string) {
 		assert.Len(t, strings.Split(pods, "\n"), 4, "the pod records, as before")
 		lines := strings.Split(sandboxes, "\n")
 		require.Len(t, lines, 3)
-		assert.Regexp(t, `^SANDBOX\s+POD\s+NAMESPACE\s+PHASE\s+VM\s+IP\s+VXLAN\s+ATTEMPT\s+AGE$`, lines[0])
-		assert.Regexp(t, `^5b1ac0de0000\s+web\s+shop\s+Lost\s+i-0sb2\s+10\.1\.0\.2\s+555000\s+1\s+\d+s$`, lines[1])
-		assert.Regexp(t, `^5b1ac0de0000\s+web\s+shop\s+Running\s+i-0sb1\s+10\.1\.0\.1\s+555001\s+1\s+\d+s$`, lines[2])
+		assert.Regexp(t, `^SANDBOX\s+POD\s+NAMESPACE\s+PHASE\s+VM\s+TEE\s+IP\s+VXLAN\s+ATTEMPT\s+AGE$`, lines[0])
+		assert.Regexp(t, `^5b1ac0de0000\s+web\s+shop\s+Lost\s+i-0sb2\s+none\s+10\.1\.0\.2\s+555000\s+1\s+\d+s$`, lines[1])
+		assert.Regexp(t, `^5b1ac0de0000\s+web\s+shop\s+Running\s+i-0sb1\s+sev-snp\s+10\.1\.0\.1\s+555001\s+1\s+\d+s$`, lines[2])
 	})
 
 	t.Run("ls json keeps its list of records", func(t *testing.T) {

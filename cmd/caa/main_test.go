@@ -106,8 +106,12 @@ func fixture(t *testing.T) (path string, l *ledger.Ledger) {
 		return stored
 	}
 	for _, p := range []struct{ uid, name, vm string }{{"uid-b", "beta", "i-0b"}, {"uid-a", "alpha", "i-0a"}} {
-		r := put(ledger.Record{PodUID: p.uid, Namespace: "team", Name: p.name, RuntimeClass: "kata-remote",
-			Provider: "aws", Key: p.uid + "-1", InstanceType: "m6i.large", Phase: ledger.PhaseCreating, Attempt: 1})
+		r := ledger.Record{PodUID: p.uid, Namespace: "team", Name: p.name, RuntimeClass: "kata-remote",
+			Provider: "aws", Key: p.uid + "-1", InstanceType: "m6i.large", Phase: ledger.PhaseCreating, Attempt: 1}
+		if p.name == "alpha" { // asked to be an SEV-SNP VM; beta is a record from before caa recorded it
+			r.InstanceType, r.Confidential = "m6a.large", "sev-snp"
+		}
+		r = put(r)
 		r.VMID, r.Phase, r.IPs = p.vm, ledger.PhaseRunning, []string{"10.0.0.7"}
 		put(r)
 	}
@@ -131,10 +135,10 @@ func TestLedgerCommandsOnAFile(t *testing.T) {
 		require.Equal(t, 0, r.code, r.stderr)
 		lines := strings.Split(strings.TrimSpace(r.stdout), "\n")
 		require.Len(t, lines, 4)
-		assert.Regexp(t, `^POD\s+NAMESPACE\s+PHASE\s+VM\s+TYPE\s+ATTEMPT\s+AGE$`, lines[0])
-		assert.Regexp(t, `^alpha\s+team\s+Running\s+i-0a\s+m6i\.large\s+1\s+\d+s$`, lines[1])
-		assert.Regexp(t, `^beta\s+team\s+Running\s+i-0b\s+`, lines[2])
-		assert.Regexp(t, `^broken\s+team\s+Failed\s+-\s+-\s+1\s+`, lines[3])
+		assert.Regexp(t, `^POD\s+NAMESPACE\s+PHASE\s+VM\s+TYPE\s+TEE\s+ATTEMPT\s+AGE$`, lines[0])
+		assert.Regexp(t, `^alpha\s+team\s+Running\s+i-0a\s+m6a\.large\s+sev-snp\s+1\s+\d+s$`, lines[1])
+		assert.Regexp(t, `^beta\s+team\s+Running\s+i-0b\s+m6i\.large\s+none\s+`, lines[2], "a record from before is read as not confidential")
+		assert.Regexp(t, `^broken\s+team\s+Failed\s+-\s+-\s+none\s+1\s+`, lines[3])
 	})
 
 	t.Run("ls json and phase filter", func(t *testing.T) {
@@ -160,6 +164,7 @@ func TestLedgerCommandsOnAFile(t *testing.T) {
 		require.Equal(t, 0, r.code, r.stderr)
 		assert.Regexp(t, `Pod UID:\s+uid-a`, r.stdout)
 		assert.Regexp(t, `VM:\s+i-0a`, r.stdout)
+		assert.Regexp(t, `Confidential \(TEE\):\s+sev-snp`, r.stdout)
 		assert.Regexp(t, `Revision:\s+2`, r.stdout)
 		assert.Contains(t, r.stdout, "History:")
 		assert.Regexp(t, `created\s+Creating\s+-\s+1\s+1`, r.stdout)

@@ -12,6 +12,7 @@ import (
 	"sigs.k8s.io/yaml"
 
 	"github.com/caa-project/caa/pkg/ledger"
+	"github.com/caa-project/caa/pkg/provider"
 )
 
 type format string
@@ -61,10 +62,10 @@ func writeRecords(w io.Writer, output string, recs []ledger.Record, now time.Tim
 		return err
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "POD\tNAMESPACE\tPHASE\tVM\tTYPE\tATTEMPT\tAGE")
+	fmt.Fprintln(tw, "POD\tNAMESPACE\tPHASE\tVM\tTYPE\tTEE\tATTEMPT\tAGE")
 	for _, r := range recs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%d\t%s\n",
-			r.Name, r.Namespace, r.Phase, dash(r.VMID), dash(r.InstanceType), r.Attempt, age(r.CreatedAt, now))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n",
+			r.Name, r.Namespace, r.Phase, dash(r.VMID), dash(r.InstanceType), teeCell(r.Confidential), r.Attempt, age(r.CreatedAt, now))
 	}
 	return tw.Flush()
 }
@@ -97,7 +98,7 @@ func writeRecordDetail(w io.Writer, output string, rec *ledger.Record, hist []le
 			{"Provider", dash(rec.Provider)}, {"VM", dash(rec.VMID)}, {"VM name", dash(rec.VMName)},
 			{"Replaces VM", replacesCell(rec.ReplacesVMID)}, {"Failed spec", dash(rec.FailedSpec)},
 			{"Idempotency key", dash(rec.Key)}, {"Instance type", dash(rec.InstanceType)},
-			{"Image", dash(rec.Image)}, {"Zone", dash(rec.Zone)}, {"IPs", dash(strings.Join(rec.IPs, ", "))},
+			{"Confidential (TEE)", teeCell(rec.Confidential)}, {"Image", dash(rec.Image)}, {"Zone", dash(rec.Zone)}, {"IPs", dash(strings.Join(rec.IPs, ", "))},
 			{"Attempt", fmt.Sprint(rec.Attempt)}, {"Revision", fmt.Sprint(rec.Revision)},
 			{"Created", stamp(rec.CreatedAt, now)}, {"Updated", stamp(rec.UpdatedAt, now)},
 			{"Last seen in cloud", stamp(rec.LastSeenAt, now)},
@@ -131,10 +132,10 @@ func writeSandboxes(w io.Writer, output string, ss []ledger.Sandbox, now time.Ti
 // characters, as kata and crictl show it.
 func writeSandboxTable(w io.Writer, ss []ledger.Sandbox, now time.Time) error {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "SANDBOX\tPOD\tNAMESPACE\tPHASE\tVM\tIP\tVXLAN\tATTEMPT\tAGE")
+	fmt.Fprintln(tw, "SANDBOX\tPOD\tNAMESPACE\tPHASE\tVM\tTEE\tIP\tVXLAN\tATTEMPT\tAGE")
 	for _, s := range ss {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", shortID(s.ID), s.Name, s.Namespace, s.Phase, dash(s.VMID),
-			dash(strings.Join(s.IPs, ",")), vxlanCell(s.Tunnel.VXLANID), s.Attempt, age(s.CreatedAt, now))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\t%s\t%d\t%s\n", shortID(s.ID), s.Name, s.Namespace, s.Phase, dash(s.VMID),
+			teeCell(s.Confidential), dash(strings.Join(s.IPs, ",")), vxlanCell(s.Tunnel.VXLANID), s.Attempt, age(s.CreatedAt, now))
 	}
 	return tw.Flush()
 }
@@ -162,7 +163,8 @@ func writeSandboxDetail(w io.Writer, output string, s *ledger.Sandbox, hist []le
 			{"Sandbox", s.ID}, {"Pod", s.PodRef()}, {"Pod UID", s.PodUID}, {"Node", s.Node},
 			{"Phase", string(s.Phase)}, {"Reason", dash(s.Reason)}, {"Message", dash(s.Message)},
 			{"Provider", dash(s.Provider)}, {"VM", dash(s.VMID)}, {"VM name", dash(s.VMName)},
-			{"Idempotency key", dash(s.Key)}, {"Instance type", dash(s.InstanceType)}, {"Image", dash(s.Image)},
+			{"Idempotency key", dash(s.Key)}, {"Instance type", dash(s.InstanceType)},
+			{"Confidential (TEE)", teeCell(s.Confidential)}, {"Image", dash(s.Image)},
 			{"IPs", dash(strings.Join(s.IPs, ", "))}, {"Network namespace", dash(s.NetNS)}, {"Tunnel", tunnel},
 			{"Agent socket", dash(s.AgentSocket)}, {"Forwarder", dash(s.RelayAddr)},
 			{"Certificate serials", dash(strings.Join(s.CertSerials, ", "))},
@@ -185,6 +187,11 @@ func writeSandboxDetail(w io.Writer, output string, s *ledger.Sandbox, hist []le
 	}
 	return tw.Flush()
 }
+
+// teeCell names the TEE a record's VM was asked to be (or, adopted, was
+// reported to be): "sev-snp", "tdx", "sgx", or "none" for an ordinary VM
+// and for a record written before caa recorded it.
+func teeCell(tee string) string { return provider.TEE(tee).String() }
 
 func shortID(id string) string {
 	if len(id) > 12 {

@@ -82,7 +82,7 @@ func rebuildLedger(ctx context.Context, f *runFlags, dryRun bool, stdout, stderr
 		defer led.Close()
 	}
 	exec := &reconcile.Executor{Ledger: led, Provider: prov, Cluster: clusterID, Node: f.node, Log: log}
-	n, err := rebuildRecords(ctx, stdout, led, exec, prov.Name(), vms, pods)
+	n, err := rebuildRecords(ctx, stdout, led, exec, prov.Name(), vms, pods, f.confidential)
 	if err != nil {
 		return err
 	}
@@ -99,10 +99,14 @@ func rebuildLedger(ctx context.Context, f *runFlags, dryRun bool, stdout, stderr
 		fmt.Fprintf(stdout, "%d of them as kata sandboxes in phase Lost: their tunnels and agent sockets are not in the tags, so caa cannot serve them again; "+
 			"each VM is kept until its pod goes or a newer sandbox of its pod runs\n", n.sandboxes)
 	}
+	if n.ordinary > 0 {
+		fmt.Fprintf(stdout, "%d VMs not recorded: the cloud reports them as not confidential and --confidential is on; the daemon replaces "+
+			"and deletes them (--confidential=false records them)\n", n.ordinary)
+	}
 	return nil
 }
 
-type rebuildCounts struct{ adopted, kept, orphaned, sandboxes int }
+type rebuildCounts struct{ adopted, kept, orphaned, sandboxes, ordinary int }
 
 // rebuildRecords records the listed VMs of the node's live peer pods (led
 // nil: a dry run). A VM tagged with a kata sandbox id (the remote
@@ -112,9 +116,12 @@ type rebuildCounts struct{ adopted, kept, orphaned, sandboxes int }
 // connection broke at the restart anyway); the record keeps the VM from
 // being taken for an orphan until its pod goes or a newer sandbox of the
 // pod runs, which retire it by the usual rules. Any other VM becomes the
-// pod's record, as in the informer mode.
+// pod's record, as in the informer mode, with the TEE the cloud reports;
+// with confidential on (--confidential) a VM the cloud reports as ordinary
+// is not recorded: the daemon, finding it unrecorded and not confidential,
+// replaces and deletes it.
 func rebuildRecords(ctx context.Context, stdout io.Writer, led *ledger.Ledger, exec *reconcile.Executor, provName string,
-	vms []provider.VM, pods map[string]*reconcile.Pod) (rebuildCounts, error) {
+	vms []provider.VM, pods map[string]*reconcile.Pod, confidential bool) (rebuildCounts, error) {
 	var n rebuildCounts
 	// Every VM of a pod, terminated ones too, says which attempts' keys
 	// were used: the rebuilt record starts above all of them, so no key
@@ -162,6 +169,11 @@ func rebuildRecords(ctx context.Context, stdout io.Writer, led *ledger.Ledger, e
 		case pod == nil:
 			n.orphaned++
 			fmt.Fprintf(stdout, "orphan   %s  pod %s (%s) is gone; the daemon collects it after its grace period\n", vm.ID, owner.Pod, owner.PodUID)
+			continue
+		case confidential && !vm.TEE.Confidential() && sb == "":
+			n.ordinary++
+			fmt.Fprintf(stdout, "ordinary %s  pod %s/%s (%s): the cloud reports it as not confidential and --confidential is on; "+
+				"not recorded: the daemon replaces and deletes it\n", vm.ID, pod.Namespace, pod.Name, pod.UID)
 			continue
 		}
 		if led != nil {

@@ -66,7 +66,7 @@ func TestRebuildRecordsSandboxVMsAsLostSandboxes(t *testing.T) {
 	defer led.Close()
 	exec := &reconcile.Executor{Ledger: led, Provider: prov, Cluster: "c1", Node: "node-1"}
 	var out bytes.Buffer
-	n, err := rebuildRecords(ctx, &out, led, exec, prov.Name(), vms, pods)
+	n, err := rebuildRecords(ctx, &out, led, exec, prov.Name(), vms, pods, false)
 	require.NoError(t, err)
 	assert.Equal(t, rebuildCounts{adopted: 3, orphaned: 1, sandboxes: 2}, n, out.String())
 	assert.Contains(t, out.String(), "orphan   "+gone.ID)
@@ -94,7 +94,7 @@ func TestRebuildRecordsSandboxVMsAsLostSandboxes(t *testing.T) {
 
 	// Run again: everything is already recorded.
 	out.Reset()
-	n, err = rebuildRecords(ctx, &out, led, exec, prov.Name(), vms, pods)
+	n, err = rebuildRecords(ctx, &out, led, exec, prov.Name(), vms, pods, false)
 	require.NoError(t, err)
 	assert.Equal(t, rebuildCounts{kept: 3, orphaned: 1}, n)
 
@@ -116,4 +116,52 @@ func mustSandbox(t *testing.T, led *ledger.Ledger, id string) ledger.Sandbox {
 	s, err := led.GetSandbox(id)
 	require.NoError(t, err)
 	return s
+}
+
+// TestRebuildRecordsNoOrdinaryVMWhileConfidential: with --confidential on,
+// the rebuild records a pod's confidential VM with its TEE and leaves an
+// ordinary one unrecorded (the daemon replaces it); off, it records both.
+func TestRebuildRecordsNoOrdinaryVMWhileConfidential(t *testing.T) {
+	ctx := context.Background()
+	c := fakecloud.New(fakecloud.Options{IDPrefix: "i-", KeepTerminated: time.Hour})
+	prov := memory.New(c)
+	create := func(uid string, tee provider.TEE) provider.VM {
+		t.Helper()
+		vm, err := prov.Create(ctx, provider.Spec{Key: uid + "-a1", Cluster: "c1", Node: "node-1", PodUID: uid, PodNamespace: "shop",
+			PodName: uid, InstanceType: "small", Image: "podvm", TEE: tee})
+		require.NoError(t, err)
+		return vm
+	}
+	snp := create("uid-snp", provider.TEESEVSNP)
+	plain := create("uid-plain", provider.TEENone)
+	vms, err := prov.List(ctx, provider.Selector{Cluster: "c1", Node: "node-1"})
+	require.NoError(t, err)
+	pods := podMap{
+		"uid-snp":   {UID: "uid-snp", Namespace: "shop", Name: "uid-snp", RuntimeClass: "kata-remote"},
+		"uid-plain": {UID: "uid-plain", Namespace: "shop", Name: "uid-plain", RuntimeClass: "kata-remote"},
+	}
+	for _, confidential := range []bool{true, false} {
+		led, err := ledger.Open(ledger.Options{Path: filepath.Join(t.TempDir(), "ledger.db"), Node: "node-1", Cluster: "c1", Timeout: time.Second})
+		require.NoError(t, err)
+		exec := &reconcile.Executor{Ledger: led, Provider: prov, Cluster: "c1", Node: "node-1"}
+		var out bytes.Buffer
+		n, err := rebuildRecords(ctx, &out, led, exec, prov.Name(), vms, pods, confidential)
+		require.NoError(t, err)
+		rec, err := led.Get("uid-snp")
+		require.NoError(t, err)
+		assert.Equal(t, snp.ID, rec.VMID)
+		assert.Equal(t, "sev-snp", rec.Confidential, "recorded with the TEE the cloud reports")
+		rec, err = led.Get("uid-plain")
+		if confidential {
+			require.ErrorIs(t, err, ledger.ErrNotFound, "an ordinary VM is not adopted while --confidential is on")
+			assert.Equal(t, rebuildCounts{adopted: 1, ordinary: 1}, n)
+			assert.Contains(t, out.String(), "ordinary "+plain.ID)
+		} else {
+			require.NoError(t, err)
+			assert.Equal(t, plain.ID, rec.VMID)
+			assert.Empty(t, rec.Confidential)
+			assert.Equal(t, rebuildCounts{adopted: 2}, n)
+		}
+		require.NoError(t, led.Close())
+	}
 }

@@ -53,6 +53,7 @@ type runFlags struct {
 	shutdownGrace  time.Duration
 	userDataFile   string
 	instanceTypes  string
+	confidential   bool
 	allowedTypes   []string
 	allowedImages  []string
 	retention      time.Duration
@@ -183,10 +184,16 @@ func addRunFlags(cmd *cobra.Command, f *runFlags) {
 	fs.StringVar(&f.instanceTypes, "instance-types", os.Getenv("CAA_INSTANCE_TYPES"),
 		"instance types that pods' vCPU, memory and GPU requests (kata's default_vcpus, default_memory, default_gpus and "+
 			"default_gpu_model annotations) are fitted to, the smallest that fits: names of types caa knows for the cloud, or "+
-			"name:vcpus:memoryMiB[:gpus:model] for others. Empty: every pod gets the cloud's default type, and a pod that asks for "+
-			"more gets an event saying so. Suggested: aws m6a.large,m6a.xlarge,m6a.2xlarge,m6a.4xlarge,g5.xlarge; "+
-			"azure Standard_DC2as_v5,Standard_DC4as_v5,Standard_DC8as_v5,Standard_NCC40ads_H100_v5; "+
-			"ibmcloud bx2-2x8,bx2-4x16,bx2-8x32,gx3-16x80x1l4 (env CAA_INSTANCE_TYPES)")
+			"name:vcpus:memoryMiB[:gpus:model] for others; with --confidential (the default) only types that can run a confidential VM. "+
+			"Empty: every pod gets the cloud's default type, and a pod that asks for more gets an event saying so. "+
+			"Suggested: aws m6a.large,m6a.xlarge,m6a.2xlarge,m6a.4xlarge; "+
+			"azure Standard_DC2as_v5,Standard_DC4as_v5,Standard_DC8as_v5; "+
+			"ibmcloud bx3dc-2x10,bx3dc-4x20,bx3dc-8x40 (env CAA_INSTANCE_TYPES)")
+	fs.BoolVar(&f.confidential, "confidential", envOr("CAA_CONFIDENTIAL", "true") != "false",
+		"make every VM a confidential VM (AMD SEV-SNP on EC2 m6a/c6a/r6a; Azure DCas/ECas v5 (SEV-SNP) and DCes/ECes v5 (TDX); "+
+			"Intel TDX or SGX on IBM Cloud bx3dc/cx3dc/mx3dc, TDX unless the pod's "+provider.AnnotationTEE+" annotation asks for sgx), "+
+			"and never serve a pod from a VM the cloud reports as not confidential. The default type and every listed type must "+
+			"be able to; false: ordinary VMs, the explicit opt-out (env CAA_CONFIDENTIAL)")
 	fs.StringSliceVar(&f.allowedTypes, "allowed-types", provider.SplitList(os.Getenv("CAA_ALLOWED_TYPES")),
 		"instance types a pod may ask for (env CAA_ALLOWED_TYPES; default: the table and the default type)")
 	fs.StringSliceVar(&f.allowedImages, "allowed-images", provider.SplitList(os.Getenv("CAA_ALLOWED_IMAGES")),
@@ -227,6 +234,8 @@ func (f *runFlags) check() error {
 		errs = append(errs, errors.New("--audit-interval must be 0 (startup only) or positive"))
 	}
 	if _, err := f.types(); err != nil {
+		errs = append(errs, err)
+	} else if err := f.checkConfidential(); err != nil {
 		errs = append(errs, err)
 	}
 	if err := f.hv.check(); err != nil {
@@ -299,11 +308,13 @@ func (f *runFlags) newProvider(ctx context.Context, log *slog.Logger) (provider.
 	if err != nil {
 		return nil, provider.SpecConfig{}, err
 	}
-	spec := provider.SpecConfig{Types: types, Known: f.knownTypes(), AllowedTypes: f.allowedTypes, AllowedImages: f.allowedImages}
+	spec := provider.SpecConfig{Types: types, Known: f.knownTypes(), AllowedTypes: f.allowedTypes, AllowedImages: f.allowedImages,
+		Confidential: f.confidential}
 	c, err := findCloud(f.clouds, f.providerName)
 	if err != nil {
 		return nil, spec, err
 	}
+	spec.TEEs = c.tees
 	p, defaults, err := c.open(ctx, log)
 	if err != nil {
 		return nil, spec, err
@@ -400,7 +411,7 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	if err != nil {
 		return err
 	}
-	status := health.NewStatus(health.Config{Stale: 3 * f.resync, Metrics: metrics})
+	status := health.NewStatus(health.Config{Stale: 3 * f.resync, Metrics: metrics, Confidential: f.confidentialMode()})
 	status.SetBlocked("starting: connecting to the Kubernetes API")
 	// Every wait up to the ledger's acquisition (the apiserver, the
 	// preflight's retries, the pod cache) is a wait by design: liveness
@@ -452,7 +463,8 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 		return fmt.Errorf("health endpoint: %w", err)
 	}
 	serve("health server", func() error { return srv.Serve(stopCtx) })
-	log.Info("caa starting", "version", version, "provider", f.providerName, "ledger", f.ledgerPath, "health", srv.Addr().String())
+	log.Info("caa starting", "version", version, "provider", f.providerName, "ledger", f.ledgerPath, "health", srv.Addr().String(),
+		"confidential", f.confidentialMode())
 
 	// The pod cache starts syncing at once: it needs nothing read below.
 	pods, err := reconcile.NewPodSource(client, f.node, f.runtimeClasses, 0)
@@ -647,7 +659,7 @@ func pruneHistory(ctx context.Context, led *ledger.Ledger, retention time.Durati
 }
 
 // toHealthPass adapts a pass result for the health status.
-func toHealthPass(res reconcile.PassResult) health.Pass {
+func toHealthPass(res reconcile.PassResult, confidential bool) health.Pass {
 	p := health.Pass{
 		At: res.At, Duration: res.Duration, Err: res.Err, CloudWrites: res.CloudWrites,
 		OrphansDeleted: res.OrphansDeleted, Records: res.Records, Actions: map[string]int{},
@@ -669,6 +681,12 @@ func toHealthPass(res reconcile.PassResult) health.Pass {
 	}
 	for _, ps := range res.Degraded {
 		p.Degraded = append(p.Degraded, health.PodNote(ps))
+	}
+	if res.VMs != nil {
+		p.VMs = []health.VMNote{}
+		for _, vm := range res.VMs {
+			p.VMs = append(p.VMs, health.VMNote{Pod: vm.Pod, ID: vm.ID, Confidential: provider.Mode(confidential, vm.TEE)})
+		}
 	}
 	if errors.Is(res.Err, reconcile.ErrStopping) {
 		p.Blocked = "stopping: no new work"

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/reconcile"
@@ -71,7 +72,7 @@ func TestInstanceTypesNameTheCloudsTypes(t *testing.T) {
 // sizes, unique names, a GPU model exactly when there are GPUs, and the
 // cloud's default type among them.
 func TestCloudTypeTablesAreWellFormed(t *testing.T) {
-	defaults := map[string]string{"aws": "m6a.large", "azure": "Standard_DC2as_v5", "ibmcloud": "bx2-2x8"}
+	defaults := map[string]string{"aws": "m6a.large", "azure": "Standard_DC2as_v5", "ibmcloud": "bx3dc-2x10"}
 	for _, c := range compiledClouds() {
 		seen := map[string]bool{}
 		for _, ty := range c.types() {
@@ -92,10 +93,18 @@ func TestToHealthPass(t *testing.T) {
 		Records: map[ledger.Phase]int{ledger.PhaseRunning: 3},
 		Err:     errors.Join(reconcile.ErrDaemon, provider.ErrAuth),
 	}
-	p := toHealthPass(res)
+	p := toHealthPass(res, true)
 	assert.Equal(t, 2, p.Actions["Create"])
 	assert.Equal(t, "ns/a", p.Pending[0].Pod)
 	assert.Equal(t, "InvalidSpec", p.Failed[0].Reason)
 	assert.Equal(t, 3, p.Records[ledger.PhaseRunning])
 	assert.NotEmpty(t, p.Blocked, "a daemon-level error blocks readiness")
+	assert.Nil(t, p.VMs, "a pass without records keeps the last list")
+
+	// Each recorded VM is reported with its confidential type; an
+	// ordinary VM names the opt-out on a node that made it.
+	res.VMs = []reconcile.RecordedVM{{Pod: "ns/a", ID: "i-1", TEE: provider.TEESEVSNP}, {Pod: "ns/b", ID: "i-2"}}
+	assert.Equal(t, []health.VMNote{{Pod: "ns/a", ID: "i-1", Confidential: "sev-snp"}, {Pod: "ns/b", ID: "i-2", Confidential: "none"}},
+		toHealthPass(res, true).VMs)
+	assert.Equal(t, "off (--confidential=false)", toHealthPass(res, false).VMs[1].Confidential)
 }

@@ -112,6 +112,19 @@ func writeStatus(w io.Writer, output string, s health.Snapshot) error {
 	}
 	sort.Strings(phases)
 	fmt.Fprintf(tw, "Records:\t%s\n", dash(strings.Join(phases, ", ")))
+	if s.Confidential != "" {
+		fmt.Fprintf(tw, "Confidential:\t%s\n", s.Confidential)
+	}
+	byTEE := map[string]int{}
+	for _, vm := range s.VMs {
+		byTEE[vm.Confidential]++
+	}
+	kinds := make([]string, 0, len(byTEE))
+	for k, n := range byTEE {
+		kinds = append(kinds, fmt.Sprintf("%s %d", k, n))
+	}
+	sort.Strings(kinds)
+	fmt.Fprintf(tw, "VMs by TEE:\t%s\n", dash(strings.Join(kinds, ", ")))
 	for _, n := range s.Pending {
 		fmt.Fprintf(tw, "Pending:\t%s\n", n)
 	}

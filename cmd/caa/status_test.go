@@ -32,3 +32,17 @@ func TestStatusShowsTheHandover(t *testing.T) {
 	assert.Contains(t, buf.String(), "took over from caa-v1")
 	assert.Contains(t, buf.String(), "aborted: not ready within 3m")
 }
+
+func TestStatusShowsTheConfidentialSettingAndEachVMsTEE(t *testing.T) {
+	var buf bytes.Buffer
+	require.NoError(t, writeStatus(&buf, "table", health.Snapshot{Confidential: "on", VMs: []health.VMNote{
+		{Pod: "a/x", ID: "i-1", Confidential: "sev-snp"}, {Pod: "a/y", ID: "i-2", Confidential: "sev-snp"}, {Pod: "a/z", ID: "i-3", Confidential: "none"},
+	}}))
+	assert.Regexp(t, `Confidential:\s+on\n`, buf.String())
+	assert.Regexp(t, `VMs by TEE:\s+none 1, sev-snp 2\n`, buf.String())
+	buf.Reset()
+	require.NoError(t, writeStatus(&buf, "json", health.Snapshot{Confidential: "off (--confidential=false)",
+		VMs: []health.VMNote{{Pod: "a/x", ID: "i-1", Confidential: "off (--confidential=false)"}}}))
+	assert.Contains(t, buf.String(), `"confidential": "off (--confidential=false)"`)
+	assert.Contains(t, buf.String(), `"id": "i-1"`)
+}

@@ -39,6 +39,9 @@ type Config struct {
 	Metrics *Metrics
 	// Now is the clock (default time.Now); tests inject one.
 	Now func() time.Time
+	// Confidential names the node's --confidential setting in the
+	// snapshot ("on", "off (--confidential=false)").
+	Confidential string
 }
 
 // PodNote is one pod in a readiness list: which pod ("namespace/name"),
@@ -101,6 +104,18 @@ type Pass struct {
 	// readiness bound (hypervisor mode). Listed and counted, never
 	// blocking: one hung guest must not hold the node's caa unready.
 	Silent []PodNote
+	// VMs are the VMs the ledger records after the pass, each with its
+	// confidential type; nil keeps the previous list.
+	VMs []VMNote
+}
+
+// VMNote is one recorded VM and its confidential type: the TEE it was
+// asked to be ("sev-snp", "tdx", "sgx"), "none", or, on a node that opted
+// out, "off (--confidential=false)".
+type VMNote struct {
+	Pod          string `json:"pod"`
+	ID           string `json:"id"`
+	Confidential string `json:"confidential"`
 }
 
 // Orphan is an orphan VM waiting out its grace period.
@@ -140,6 +155,7 @@ type Status struct {
 	preflight string        // set by SetPreflight, owned by the background preflight
 	readyCh   chan struct{} // closed at the first moment of readiness
 	records   map[ledger.Phase]int
+	vms       []VMNote
 	handover  *Handover // the last hand-over, if any
 }
 
@@ -193,6 +209,9 @@ func (s *Status) PassDone(p Pass) {
 	s.last = p
 	if p.Records != nil {
 		s.records = maps.Clone(p.Records)
+	}
+	if p.VMs != nil {
+		s.vms = slices.Clone(p.VMs)
 	}
 	if p.Converged() {
 		s.converged = true
@@ -421,6 +440,11 @@ type Snapshot struct {
 	Silent []PodNote `json:"silent,omitempty"`
 	// Handover is the last ledger hand-over this caa took part in.
 	Handover *Handover `json:"handover,omitempty"`
+	// Confidential is the node's --confidential setting: "on", or
+	// "off (--confidential=false)".
+	Confidential string `json:"confidential,omitempty"`
+	// VMs are the recorded VMs with their confidential type.
+	VMs []VMNote `json:"vms,omitempty"`
 }
 
 // PassSummary is a pass as the status view shows it.
@@ -452,6 +476,9 @@ func (s *Status) Snapshot() Snapshot {
 		Orphans:    slices.Clone(s.last.Orphans),
 		Degraded:   listed(s.last.Degraded, len(s.last.Degraded)),
 		Silent:     listed(s.last.Silent, len(s.last.Silent)),
+		VMs:        slices.Clone(s.vms),
+
+		Confidential: s.cfg.Confidential,
 	}
 	if s.handover != nil {
 		h := *s.handover

@@ -156,3 +156,18 @@ func TestPodNoteString(t *testing.T) {
 	assert.Equal(t, "ns/a: Creating: creating VM", note("ns/a", "Creating", "creating VM").String())
 	assert.Equal(t, "ns/a: NoRecord", note("ns/a", "NoRecord", "").String())
 }
+
+// TestSnapshotListsEachVMsConfidentialType: the VMs of the last pass that
+// reported them, and the node's setting.
+func TestSnapshotListsEachVMsConfidentialType(t *testing.T) {
+	s := NewStatus(Config{Confidential: "on"})
+	vms := []VMNote{{Pod: "a/x", ID: "i-1", Confidential: "sev-snp"}}
+	s.PassDone(Pass{VMs: vms})
+	snap := s.Snapshot()
+	assert.Equal(t, "on", snap.Confidential)
+	assert.Equal(t, vms, snap.VMs)
+	s.PassDone(Pass{}) // a pass that did not read the records keeps the list
+	assert.Equal(t, vms, s.Snapshot().VMs)
+	s.PassDone(Pass{VMs: []VMNote{}})
+	assert.Empty(t, s.Snapshot().VMs)
+}

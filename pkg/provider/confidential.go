@@ -32,6 +32,39 @@ func (t TEE) String() string {
 	return string(t)
 }
 
+// Long names the TEE's hardware for error text: "AMD SEV-SNP".
+func (t TEE) Long() string {
+	switch t {
+	case TEESEVSNP:
+		return "AMD SEV-SNP"
+	case TEETDX:
+		return "Intel TDX"
+	case TEESGX:
+		return "Intel SGX"
+	case TEENone:
+		return "no TEE"
+	}
+	return string(t)
+}
+
+// Mode names the node's confidential setting for log lines and /status
+// entries that report a VM: the TEE, or, for an ordinary VM, the flag
+// that opted out of confidential ones.
+func Mode(confidential bool, t TEE) string {
+	if t.Confidential() {
+		return t.String()
+	}
+	if !confidential {
+		return "off (--confidential=false)"
+	}
+	return "none"
+}
+
+// Capable reports whether the instance type can run a confidential VM.
+func (c SpecConfig) Capable(instanceType string) bool {
+	return c.TEEs != nil && len(c.TEEs(instanceType)) > 0
+}
+
 // Confidential reports whether the TEE is a confidential one.
 func (t TEE) Confidential() bool { return t != TEENone }
 

@@ -125,3 +125,43 @@ func TestParseInstanceTypes(t *testing.T) {
 		assert.Contains(t, err.Error(), want, in)
 	}
 }
+
+// TestSizingPicksAmongConfidentialTypesOnly: with --confidential on, a
+// request is fitted to the capable types of the list only, even where an
+// ordinary type is smaller; a request only ordinary types meet is refused
+// naming confidential-capable types; off, every listed type is a
+// candidate again.
+func TestSizingPicksAmongConfidentialTypesOnly(t *testing.T) {
+	types := []InstanceType{
+		{Name: "t.medium", VCPUs: 4, MemoryMiB: 8192},
+		{Name: "c.large", VCPUs: 4, MemoryMiB: 16384},
+		{Name: "t.huge", VCPUs: 64, MemoryMiB: 262144},
+		{Name: "c.xlarge", VCPUs: 8, MemoryMiB: 32768},
+	}
+	tees := func(name string) []TEE {
+		if name[0] == 'c' {
+			return []TEE{TEESEVSNP}
+		}
+		return nil
+	}
+	cfg := SpecConfig{DefaultType: "c.large", DefaultImage: "img", Types: types, Known: types, Confidential: true, TEEs: tees}
+	sel, err := cfg.Select(limits("3", "4096", "0", ""))
+	require.NoError(t, err)
+	assert.Equal(t, "c.large", sel.InstanceType, "t.medium is smaller but cannot run a confidential VM")
+	tee, err := cfg.SelectTEE(nil, sel.InstanceType)
+	require.NoError(t, err)
+	assert.Equal(t, TEESEVSNP, tee)
+
+	_, err = cfg.Select(limits("32", "0", "0", ""))
+	require.ErrorIs(t, err, ErrInvalidSpec)
+	assert.Contains(t, err.Error(), "no confidential-capable type of --instance-types")
+	assert.Contains(t, err.Error(), "largest: c.xlarge", "t.huge is never offered")
+
+	cfg.Confidential = false
+	sel, err = cfg.Select(limits("3", "4096", "0", ""))
+	require.NoError(t, err)
+	assert.Equal(t, "t.medium", sel.InstanceType)
+	sel, err = cfg.Select(limits("32", "0", "0", ""))
+	require.NoError(t, err)
+	assert.Equal(t, "t.huge", sel.InstanceType)
+}

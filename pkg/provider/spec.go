@@ -74,8 +74,12 @@ func (c SpecConfig) Select(annotations map[string]string) (Selection, error) {
 	} else if !req.empty() && len(c.Types) > 0 {
 		t, ok := c.smallestFit(req, allowed)
 		if !ok {
-			return Selection{}, fmt.Errorf("%w: the pod asks for %s and no type of --instance-types allowed here has that (largest: %s); "+
-				"add a type that large to --instance-types, or lower the pod's limits", ErrInvalidSpec, req, c.largest(req, allowed))
+			kind := "type"
+			if c.Confidential {
+				kind = "confidential-capable type"
+			}
+			return Selection{}, fmt.Errorf("%w: the pod asks for %s and no %s of --instance-types allowed here has that (largest: %s); "+
+				"add a %s that large to --instance-types, or lower the pod's limits", ErrInvalidSpec, req, kind, c.largest(req, allowed), kind)
 		}
 		sel.InstanceType = t.Name
 	} else {
@@ -189,7 +193,7 @@ func gpuExamples(known []InstanceType) string {
 // the same on every node whatever the list's order.
 func (c SpecConfig) smallestFit(req Request, allowed []string) (InstanceType, bool) {
 	fits := slices.DeleteFunc(slices.Clone(c.Types), func(t InstanceType) bool {
-		return !slices.Contains(allowed, t.Name) || !t.fits(req)
+		return !c.candidate(t, allowed) || !t.fits(req)
 	})
 	if len(fits) == 0 {
 		return InstanceType{}, false
@@ -202,17 +206,28 @@ func (c SpecConfig) smallestFit(req Request, allowed []string) (InstanceType, bo
 func (c SpecConfig) largest(req Request, allowed []string) string {
 	var best *InstanceType
 	for i, t := range c.Types {
-		if slices.Contains(allowed, t.Name) && (t.GPUs > 0) == (req.GPUs > 0) && (best == nil || compareTypes(t, *best) > 0) {
+		if c.candidate(t, allowed) && (t.GPUs > 0) == (req.GPUs > 0) && (best == nil || compareTypes(t, *best) > 0) {
 			best = &c.Types[i]
 		}
 	}
 	if best == nil {
+		kind := "type without GPUs"
 		if req.GPUs > 0 {
-			return "the list has no GPU type"
+			kind = "GPU type"
 		}
-		return "the list has no type without GPUs"
+		if c.Confidential {
+			kind = "confidential-capable " + kind
+		}
+		return "the list has no " + kind
 	}
 	return best.String()
+}
+
+// candidate reports whether sizing may pick t: allowed on this node and,
+// with --confidential on, able to run a confidential VM (an ordinary
+// type is never picked only to be refused by SelectTEE).
+func (c SpecConfig) candidate(t InstanceType, allowed []string) bool {
+	return slices.Contains(allowed, t.Name) && (!c.Confidential || c.Capable(t.Name))
 }
 
 func compareTypes(a, b InstanceType) int {

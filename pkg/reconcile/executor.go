@@ -238,7 +238,7 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 	}
 	res.Record, res.VM = &stored, &vm
 	reason := EventVMCreated
-	msg := fmt.Sprintf("VM %s (%s, %s, confidential %s), attempt %d: %s", vm.ID, vm.InstanceType, vm.Zone, confidentialOf(a.TEE), a.Attempt, a.Message)
+	msg := fmt.Sprintf("VM %s (%s, %s, confidential=%s), attempt %d: %s", vm.ID, vm.InstanceType, vm.Zone, confidentialOf(a.TEE), a.Attempt, a.Message)
 	if a.Recreate {
 		reason = EventVMRecreated
 		if a.OldVMID != "" {
@@ -249,6 +249,8 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 	if a.Selection.Notice != "" {
 		e.event(pod, true, EventSmallerThanAsked, fmt.Sprintf("VM %s: %s", vm.ID, a.Selection.Notice))
 	}
+	e.log().Info("VM created", "pod", podRef(pod), "uid", pod.UID, "vm", vm.ID, "type", vm.InstanceType,
+		"confidential", confidentialOf(a.TEE), "attempt", a.Attempt)
 	return res, nil
 }
 
@@ -256,7 +258,7 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 // the opt-out that asked for it.
 func confidentialOf(t provider.TEE) string {
 	if !t.Confidential() {
-		return "none (--confidential=false)"
+		return "off (--confidential=false)"
 	}
 	return string(t)
 }

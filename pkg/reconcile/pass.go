@@ -105,6 +105,9 @@ type PassResult struct {
 	Failed  []PodStatus
 	// Records counts the ledger's records by phase after the pass.
 	Records map[ledger.Phase]int
+	// VMs are the records with a VM after the pass, each with the TEE it
+	// was asked to be (or, adopted, was reported to be).
+	VMs []RecordedVM
 	// RequeueAfter is the soonest another pass is wanted (0: at the resync).
 	RequeueAfter time.Duration
 	// Booting counts the pods held Pending only by a VM still booting.
@@ -600,14 +603,24 @@ func (r *Reconciler) stillBooting(booting map[string]provider.VM, now time.Time)
 	return booting
 }
 
+// RecordedVM is a VM the ledger records, with its TEE, for /status.
+type RecordedVM struct {
+	Pod, ID string
+	TEE     provider.TEE
+}
+
 // report fills Pending and Failed from the records after the pass; a pod
 // whose recorded VM is in booting is Pending until the VM runs.
 func (r *Reconciler) report(res PassResult, pods []*Pod, records []ledger.Record, booting map[string]provider.VM, waiting map[string]PodStatus) PassResult {
 	recs := make(map[string]ledger.Record, len(records))
 	res.Records = map[ledger.Phase]int{}
+	res.VMs = []RecordedVM{}
 	for _, rec := range records {
 		recs[rec.PodUID] = rec
 		res.Records[rec.Phase]++
+		if rec.VMID != "" {
+			res.VMs = append(res.VMs, RecordedVM{Pod: rec.PodRef(), ID: rec.VMID, TEE: provider.TEE(rec.Confidential)})
+		}
 	}
 	for _, p := range pods {
 		if p.Terminal || p.NotPeer {

@@ -55,6 +55,19 @@ func (m *Manager) CreateVM(ctx context.Context, id string, annotations map[strin
 	if err != nil {
 		return "", fmt.Errorf("sandbox %s: %w", id, err)
 	}
+	// The TEE the VM is to be (none with --confidential=false), recorded
+	// with the sandbox so StartVM asks for it and checks what the cloud
+	// reports, across restarts too. The pod's own caa.dev/tee annotation
+	// picks among several: kata's shims forward only their hypervisor
+	// annotations, so it is read from the pod.
+	teeAnn := map[string]string{provider.AnnotationTEE: annotations[provider.AnnotationTEE]}
+	if v, ok := pod.Annotations[provider.AnnotationTEE]; ok {
+		teeAnn[provider.AnnotationTEE] = v
+	}
+	tee, err := m.cfg.Spec.SelectTEE(teeAnn, sel.InstanceType)
+	if err != nil {
+		return "", fmt.Errorf("%w: sandbox %s of pod %s/%s: %w", ErrInvalid, id, ns, name, err)
+	}
 	if pod.NotPeer {
 		// The same test as the informer mode's (the pod cache's NotPeer),
 		// so both modes serve the same pods.
@@ -73,13 +86,15 @@ func (m *Manager) CreateVM(ctx context.Context, id string, annotations map[strin
 		ID: id, PodUID: pod.UID, Namespace: ns, Name: name, NetNS: netns,
 		Provider: m.cfg.Provider.Name(), InstanceType: sel.InstanceType, Image: sel.Image,
 		AgentSocket: m.SocketPath(id), Phase: ledger.SandboxCreated, Reason: "CreateVM",
-		Tunnel: ledger.Tunnel{VXLANID: vxlan, Port: VXLANPort, LocalIP: ipString(m.cfg.NodeIP)},
+		Tunnel:       ledger.Tunnel{VXLANID: vxlan, Port: VXLANPort, LocalIP: ipString(m.cfg.NodeIP)},
+		Confidential: string(tee),
 	}
 	if _, err := m.cfg.Ledger.PutSandbox(s); err != nil {
 		return "", fmt.Errorf("record sandbox %s: %w", id, err)
 	}
 	m.keepLocked(id, initData)
-	m.cfg.Log.Info("sandbox recorded", "sandbox", id, "pod", s.PodRef(), "podUID", pod.UID, "type", sel.InstanceType, "image", sel.Image)
+	m.cfg.Log.Info("sandbox recorded", "sandbox", id, "pod", s.PodRef(), "podUID", pod.UID, "type", sel.InstanceType, "image", sel.Image,
+		"confidential", m.mode(tee))
 	if sel.Notice != "" {
 		m.cfg.Log.Warn("sandbox's VM is smaller than its pod asks", "sandbox", id, "pod", s.PodRef(), "notice", sel.Notice)
 		m.event(s, true, EventSmallerThanAsked, fmt.Sprintf("sandbox %s: %s", short(id), sel.Notice))
@@ -228,7 +243,8 @@ func (m *Manager) StartVM(ctx context.Context, id string) error {
 		return err
 	}
 	m.event(s, false, reconcile.EventVMCreated, fmt.Sprintf("VM %s of sandbox %s runs at %s; the agent answers", s.VMID, short(id), s.RelayAddr))
-	m.cfg.Log.Info("sandbox started", "sandbox", id, "pod", s.PodRef(), "vm", s.VMID, "ip", s.RelayAddr)
+	m.cfg.Log.Info("sandbox started", "sandbox", id, "pod", s.PodRef(), "vm", s.VMID, "ip", s.RelayAddr,
+		"confidential", m.mode(provider.TEE(s.Confidential)))
 	m.supersede(s)
 	return nil
 }
@@ -275,7 +291,7 @@ func (m *Manager) createVM(ctx context.Context, s ledger.Sandbox) (ledger.Sandbo
 	l := m.liveOf(s.ID)
 	spec := provider.Spec{
 		Key: s.Key, Cluster: m.cfg.Cluster, Node: m.cfg.Node, PodUID: s.PodUID, PodNamespace: s.Namespace, PodName: s.Name,
-		InstanceType: s.InstanceType, Image: s.Image, UserData: l.userData,
+		InstanceType: s.InstanceType, Image: s.Image, UserData: l.userData, TEE: provider.TEE(s.Confidential),
 		ExtraTags: map[string]string{TagSandbox: s.ID},
 	}
 	var vm provider.VM
@@ -324,7 +340,8 @@ func (m *Manager) createVM(ctx context.Context, s ledger.Sandbox) (ledger.Sandbo
 	if s.Phase != ledger.SandboxCreating {
 		return s, fmt.Errorf("%w: sandbox %s turned %s during StartVM", ErrNotStartable, s.ID, s.Phase)
 	}
-	m.cfg.Log.Info("sandbox VM created", "sandbox", s.ID, "pod", s.PodRef(), "vm", vm.ID, "key", s.Key)
+	m.cfg.Log.Info("sandbox VM created", "sandbox", s.ID, "pod", s.PodRef(), "vm", vm.ID, "key", s.Key,
+		"confidential", m.mode(provider.TEE(s.Confidential)))
 	return s, nil
 }
 
@@ -353,6 +370,8 @@ func (m *Manager) waitRunning(ctx context.Context, s ledger.Sandbox) (ledger.San
 		vm, err := m.cfg.Provider.Get(callCtx, s.VMID)
 		cancel()
 		switch {
+		case err == nil && vm.State.Alive() && vm.Downgraded(provider.TEE(s.Confidential)) != "":
+			return s, m.refuseDowngraded(s, vm)
 		case err == nil && vm.State == provider.StateRunning && len(vm.IPs) > 0:
 			ip := vm.IPs[0]
 			return m.update(s.ID, func(r *ledger.Sandbox) error {
@@ -376,6 +395,28 @@ func (m *Manager) waitRunning(ctx context.Context, s ledger.Sandbox) (ledger.San
 		}
 	}
 }
+
+// refuseDowngraded never serves a sandbox whose VM the cloud reports as
+// not the confidential VM it was asked to be: the report is positive
+// evidence, so the sandbox turns Deleting and its VM is deleted (in the
+// background, as StopVM's), with a warning event on the pod. The error
+// fails the StartVM (or, after a restart, the sandbox is not served).
+func (m *Manager) refuseDowngraded(s ledger.Sandbox, vm provider.VM) error {
+	why := vm.Downgraded(provider.TEE(s.Confidential))
+	m.cfg.Log.Error("sandbox's VM is not confidential as asked: not served, VM deleted", "sandbox", s.ID, "pod", s.PodRef(),
+		"vm", vm.ID, "asked", provider.TEE(s.Confidential).String(), "reported", vm.TEE.String())
+	stored, err := m.retire(s.ID, reconcile.ReasonNotConfidential, why)
+	if err != nil {
+		m.cfg.Log.Error("recording a sandbox refused as not confidential failed", "sandbox", s.ID, "err", err)
+		stored = s
+	}
+	m.event(stored, true, reconcile.ReasonNotConfidential, fmt.Sprintf("sandbox %s: %s; it is never served: the VM is deleted and kata "+
+		"will start a new sandbox", short(s.ID), why))
+	return fmt.Errorf("%w: sandbox %s: %s", ErrNotStartable, s.ID, why)
+}
+
+// mode names a sandbox's TEE for logs: the TEE, or the opt-out.
+func (m *Manager) mode(t provider.TEE) string { return provider.Mode(m.cfg.Spec.Confidential, t) }
 
 // serve starts the sandbox's tunnel and relay (again, after a restart) and
 // waits for the forwarder to answer.

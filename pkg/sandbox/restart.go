@@ -21,6 +21,12 @@ type Report struct {
 	Pending map[string]string
 	// Lost are sandboxes whose VM is gone (reported on the pod, socket closed).
 	Lost []string
+	// NotConfidential are sandboxes whose VM the cloud reports as not the
+	// confidential VM asked for: never served, their VM deleted.
+	NotConfidential []string
+	// VMs are the sandboxes that have a VM after the sync (not Deleting
+	// or Lost), each with the TEE it was asked to be.
+	VMs []reconcile.RecordedVM
 	// Retired counts sandboxes this sync turned Deleting (pod gone).
 	Retired int
 	// CloudReads counts listings and gets.
@@ -119,6 +125,13 @@ func (m *Manager) Sync(ctx context.Context, wait time.Duration) (Report, error) 
 			m.mu.Lock()
 			delete(m.missing, s.ID)
 			m.mu.Unlock()
+			if vm.Downgraded(provider.TEE(s.Confidential)) != "" {
+				// Adopting it after a restart (or serving it on) would
+				// serve the pod from a VM without its TEE.
+				_ = m.refuseDowngraded(s, vm)
+				rep.NotConfidential = append(rep.NotConfidential, s.ID)
+				continue
+			}
 		}
 		l := m.liveOf(s.ID)
 		if m.reachable(l) {
@@ -147,6 +160,14 @@ func (m *Manager) Sync(ctx context.Context, wait time.Duration) (Report, error) 
 	if synced && !m.stopping() {
 		if err := m.collectOrphans(ctx, vms, &rep); err != nil {
 			return rep, err
+		}
+	}
+	if after, err := m.cfg.Ledger.ListSandboxes(); err == nil {
+		rep.VMs = []reconcile.RecordedVM{}
+		for _, s := range after {
+			if s.VMID != "" && (s.Phase == ledger.SandboxRunning || s.Phase == ledger.SandboxCreating) {
+				rep.VMs = append(rep.VMs, reconcile.RecordedVM{Pod: s.PodRef(), ID: s.VMID, TEE: provider.TEE(s.Confidential)})
+			}
 		}
 	}
 	return rep, nil

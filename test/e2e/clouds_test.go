@@ -180,10 +180,11 @@ func runStartRestartAndRecreate(t *testing.T, fc *fakeCloud) {
 }
 
 // startCloudDaemon starts `caa run` for fc, at debug level so that the
-// secrets check covers every line caa can write.
-func startCloudDaemon(t *testing.T, c *cluster.Cluster, fc *fakeCloud, node, ledgerPath string) *daemon {
+// secrets check covers every line caa can write; extra flags come last,
+// so they override.
+func startCloudDaemon(t *testing.T, c *cluster.Cluster, fc *fakeCloud, node, ledgerPath string, extra ...string) *daemon {
 	t.Helper()
-	args := append([]string{"--log-level", "debug"}, fc.args...)
+	args := append(append([]string{"--log-level", "debug"}, fc.args...), extra...)
 	return launchCaa(t, c, node, ledgerPath, fc.name, args, append(hermeticEnv(), fc.env...))
 }
 
@@ -206,7 +207,7 @@ func secret(prefix string) string { return prefix + strings.ToLower(rand.Text())
 
 const (
 	azureImage = "Canonical:ubuntu-24_04-lts:server:latest"
-	azureSize  = "Standard_D2as_v5"
+	azureSize  = "Standard_DC2as_v5" // AMD SEV-SNP: a confidential size
 )
 
 // newAzureFake is the fake ARM for the scenarios, made with opts beyond
@@ -223,6 +224,7 @@ func newAzureFake(t *testing.T, opts ...armfake.Option) *fakeCloud {
 		"/resourceGroups/caa-net/providers/Microsoft.Network/virtualNetworks/caa-vnet/subnets/peerpods"
 	return &fakeCloud{
 		name: "azure",
+		url:  arm.URL,
 		core: core,
 		args: []string{"--provider", "azure",
 			"--azure-endpoint", arm.URL, // plain http: allowed to loopback only
@@ -252,7 +254,7 @@ func newManagedIdentity(t *testing.T, token string) (*armfake.ManagedIdentity, s
 
 const (
 	ibmImage   = "r006-e2e-image"
-	ibmProfile = "bx2-2x8"
+	ibmProfile = "bx3dc-2x10" // Intel TDX (the default) or SGX
 	ibmZone    = "us-south-1"
 )
 

@@ -68,7 +68,7 @@ type daemon struct {
 // awsArgs point caa at the fake EC2; awsEnv gives it test credentials.
 func (a *awsCloud) awsArgs() []string {
 	return []string{"--provider", "aws", "--aws-endpoint", a.url, "--aws-region", "us-east-1",
-		"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", "ami-0123456789abcdef0", "--aws-instance-type", "t3.small"}
+		"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", "ami-0123456789abcdef0", "--aws-instance-type", ec2Type}
 }
 
 func awsEnv() []string {

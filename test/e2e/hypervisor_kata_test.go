@@ -72,7 +72,7 @@ func TestHypervisorEveryRuntimesIdentityAndSizing(t *testing.T) {
 	require.NoError(t, agentCheck(ctx, sock))
 	vms = e.liveSandboxVMs(limited)
 	require.Len(t, vms, 1)
-	assert.Equal(t, "t3.small", vms[0].InstanceType, "the default type (--aws-instance-type)")
+	assert.Equal(t, ec2Type, vms[0].InstanceType, "the default type (--aws-instance-type)")
 	require.Eventually(t, func() bool {
 		return hasEventIn(ctx, t, e.c, "shop", "big", corev1.EventTypeWarning, sandbox.EventSmallerThanAsked)
 	}, 20*time.Second, 50*time.Millisecond, "the pod is told its VM is smaller than it asked")

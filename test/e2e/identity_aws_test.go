@@ -43,7 +43,7 @@ import (
 
 const (
 	awsImage  = "ami-0123456789abcdef0"
-	awsType   = "t3.small"
+	awsType   = ec2Type
 	awsSubnet = "subnet-0123456789abcdef0"
 	awsGroup  = "sg-0123456789abcdef0"
 	// roleARN is the role whose trust policy admits the token of caa's

@@ -35,7 +35,9 @@ import (
 
 const (
 	ec2Image = "ami-0123456789abcdef0"
-	ec2Type  = "t3.small"
+	// ec2Type runs AMD SEV-SNP: caa's default, --confidential, needs a
+	// type that can.
+	ec2Type = "m6a.large"
 	// condPoll is the interval of the condition polls, not a synchronisation.
 	condPoll = 50 * time.Millisecond
 )

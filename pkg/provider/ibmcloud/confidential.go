@@ -51,8 +51,11 @@ func secure(proto *vpcv1.InstancePrototypeInstanceByImage, tee provider.TEE) {
 }
 
 // teeOf reads an instance's confidential_compute_mode.
-func teeOf(in *vpcv1.Instance) provider.TEE {
-	switch str(in.ConfidentialComputeMode) {
+func teeOf(in *vpcv1.Instance) provider.TEE { return teeOfMode(str(in.ConfidentialComputeMode)) }
+
+// teeOfMode reads a confidential_compute_mode value.
+func teeOfMode(mode string) provider.TEE {
+	switch mode {
 	case vpcv1.InstanceConfidentialComputeModeTdxConst:
 		return provider.TEETDX
 	case vpcv1.InstanceConfidentialComputeModeSgxConst:

@@ -108,7 +108,8 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&c.SecurityGroupIDs, "ibmcloud-security-group-ids", provider.SplitList(provider.FirstEnv("CAA_IBMCLOUD_SECURITY_GROUP_IDS")), "security groups of the VMs, comma separated (env CAA_IBMCLOUD_SECURITY_GROUP_IDS)")
 	fs.StringVar(&c.ResourceGroupID, "ibmcloud-resource-group-id", provider.FirstEnv("CAA_IBMCLOUD_RESOURCE_GROUP_ID"), "resource group of the VMs (env CAA_IBMCLOUD_RESOURCE_GROUP_ID)")
 	fs.StringVar(&c.Image, "ibmcloud-image", provider.FirstEnv("CAA_IBMCLOUD_IMAGE"), "default image id (env CAA_IBMCLOUD_IMAGE)")
-	fs.StringVar(&c.InstanceType, "ibmcloud-instance-type", envOr("CAA_IBMCLOUD_INSTANCE_TYPE", "bx2-2x8"), "default instance profile (env CAA_IBMCLOUD_INSTANCE_TYPE)")
+	fs.StringVar(&c.InstanceType, "ibmcloud-instance-type", envOr("CAA_IBMCLOUD_INSTANCE_TYPE", "bx3dc-2x10"),
+		"default instance profile; bx3dc, cx3dc and mx3dc profiles run confidential VMs (env CAA_IBMCLOUD_INSTANCE_TYPE)")
 	fs.StringVar(&c.BootVolumeProfile, "ibmcloud-boot-volume-profile", envOr("CAA_IBMCLOUD_BOOT_VOLUME_PROFILE", "general-purpose"), "storage profile of boot volumes (env CAA_IBMCLOUD_BOOT_VOLUME_PROFILE)")
 	fs.StringToStringVar(&c.Tags, "ibmcloud-tags", tags, "extra tags on every VM, k=v,k2=v2 (env CAA_IBMCLOUD_TAGS)")
 	fs.StringVar(&c.Endpoint, "ibmcloud-endpoint", provider.FirstEnv("CAA_IBMCLOUD_ENDPOINT"), "VPC API URL, overriding the region's (env CAA_IBMCLOUD_ENDPOINT)")

@@ -70,7 +70,7 @@ func TestAddFlags(t *testing.T) {
 	require.NoError(t, fs.Parse([]string{"--ibmcloud-vpc-id", "r010-vpc"}))
 	assert.Equal(t, Config{
 		Region: "eu-de", Zone: "eu-de-2", VPCID: "r010-vpc", SubnetID: "02b7-subnet", SecurityGroupIDs: []string{"sg-1", "sg-2"},
-		InstanceType: "bx2-2x8", BootVolumeProfile: "general-purpose", Tags: map[string]string{"team": "infra", "cost-center": "cc-42"},
+		InstanceType: "bx3dc-2x10", BootVolumeProfile: "general-purpose", Tags: map[string]string{"team": "infra", "cost-center": "cc-42"},
 		ReadTimeout: 10 * time.Second, WriteTimeout: 2 * time.Minute,
 		SearchEndpoint: "https://api.global-search-tagging.cloud.ibm.com",
 	}, c, "Global Search defaults to the public endpoint")

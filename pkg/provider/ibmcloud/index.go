@@ -61,6 +61,10 @@ type indexedVM struct {
 	vpc, group  string
 	placeKnown  bool // the hit named the instance's VPC and resource group
 	statusKnown bool
+	// teeKnown: the hit named the instance's confidential compute mode. A
+	// hit without it is read from VPC: an absent mode is no evidence that
+	// the VM is not confidential.
+	teeKnown bool
 }
 
 // listIndexed is List, or ListCluster when sel.Node is empty.
@@ -87,7 +91,7 @@ func (p *Provider) listIndexed(ctx context.Context, sel provider.Selector) ([]pr
 			switch {
 			case hit.placeKnown && !p.inScopeIDs(hit.vpc, hit.group):
 				// Not in the configured VPC or resource group.
-			case hit.placeKnown && hit.statusKnown && hit.vm.State.Alive():
+			case hit.placeKnown && hit.statusKnown && hit.teeKnown && hit.vm.State.Alive():
 				out = append(out, hit.vm)
 			default:
 				confirm = append(confirm, hit)
@@ -162,6 +166,8 @@ func instanceHit(item *globalsearchv2.ResultItem) (indexedVM, bool) {
 		Image:        prop(doc, "image", "id"),
 		Zone:         prop(doc, "zone", "name"),
 	}
+	mode := prop(doc, "confidential_compute_mode")
+	vm.TEE = teeOfMode(mode)
 	if t, err := time.Parse(time.RFC3339, prop(doc, "created_at")); err == nil {
 		vm.CreatedAt = t.UTC()
 	}
@@ -174,7 +180,7 @@ func instanceHit(item *globalsearchv2.ResultItem) (indexedVM, bool) {
 	vpc, group := prop(doc, "vpc", "id"), prop(doc, "resource_group", "id")
 	return indexedVM{
 		vm: vm, bootVolume: prop(doc, "boot_volume_attachment", "volume", "id"),
-		vpc: vpc, group: group, placeKnown: vpc != "" && group != "", statusKnown: status != "",
+		vpc: vpc, group: group, placeKnown: vpc != "" && group != "", statusKnown: status != "", teeKnown: mode != "",
 	}, true
 }
 

@@ -30,10 +30,17 @@ type indexRig struct {
 
 func newIndexRig(t *testing.T, fakeOpts ...vpcfake.Option) *indexRig {
 	t.Helper()
+	return newIndexRigTypes(t, nil, fakeOpts...)
+}
+
+// newIndexRigTypes is newIndexRig whose cloud also offers types.
+func newIndexRigTypes(t *testing.T, types []string, fakeOpts ...vpcfake.Option) *indexRig {
+	t.Helper()
 	clock := &conformance.Clock{}
 	clock.Advance(time.Date(2026, 12, 1, 12, 0, 0, 0, time.UTC).Sub(time.Time{}))
 	opts := conformance.Options(clock)
 	opts.PageSize = 100
+	opts.Types = append(opts.Types, types...)
 	c := cloud.New(opts)
 	fake := vpcfake.NewServer(c, append([]vpcfake.Option{vpcfake.WithAPIKey(testAPIKey), vpcfake.WithAccessToken(testAccessToken)}, fakeOpts...)...).(*vpcfake.Server)
 	m := &meter{next: fake}
@@ -231,4 +238,37 @@ func TestListClusterIsOneSearchByClusterTag(t *testing.T) {
 
 	_, err = r.p.ListCluster(context.Background(), "")
 	require.ErrorIs(t, err, provider.ErrInvalidSpec, "an empty cluster is never every VM")
+}
+
+// TestListReportsTheTEEFromTheIndex: a listing answered from the search
+// index reports each VM's confidential compute mode, as a read does: a
+// confidential VM is never listed as an ordinary one (which would have
+// every listing replace it as not confidential), at no extra call.
+func TestListReportsTheTEEFromTheIndex(t *testing.T) {
+	r := newIndexRigTypes(t, []string{"bx3dc-2x10"})
+	sel := provider.Selector{Cluster: conformance.Cluster, Node: "node-tee"}
+	spec := conformance.Spec(1, sel.Node)
+	spec.InstanceType, spec.TEE = "bx3dc-2x10", provider.TEETDX
+	made, err := r.p.Create(context.Background(), spec)
+	require.NoError(t, err)
+	require.Equal(t, provider.TEETDX, made.TEE)
+	plain := conformance.Spec(2, sel.Node)
+	_, err = r.p.Create(context.Background(), plain)
+	require.NoError(t, err)
+	r.clock.Advance(time.Minute) // booted
+	_, err = r.p.List(context.Background(), provider.Selector{Cluster: conformance.Cluster, Node: "warm-up"})
+	require.NoError(t, err)
+	r.m.reset()
+	vms, err := r.p.List(context.Background(), sel)
+	require.NoError(t, err)
+	require.Len(t, vms, 2)
+	for _, vm := range vms {
+		want := provider.TEENone
+		if vm.ID == made.ID {
+			want = provider.TEETDX
+		}
+		assert.Equal(t, want, vm.TEE, "VM %s", vm.ID)
+	}
+	calls, _, _ := r.m.read()
+	assert.Equal(t, 1, calls, "one search, no read by id")
 }

@@ -29,10 +29,12 @@ const (
 // CRN, type and tags of every hit, and of an instance's document (the
 // index keeps the instance's VPC JSON under doc) the parts List needs to
 // answer without reading VPC: status, creation time, shape, placement,
-// scope (VPC, resource group), boot volume and address.
+// scope (VPC, resource group), boot volume, address and confidential
+// compute mode (the TEE: without it a confidential VM would read as an
+// ordinary one, and be refused as not confidential).
 var searchFields = []string{
 	"crn", "type", "name", "tags",
-	"doc.status", "doc.created_at", "doc.profile.name", "doc.image.id", "doc.zone.name",
+	"doc.status", "doc.created_at", "doc.profile.name", "doc.image.id", "doc.zone.name", "doc.confidential_compute_mode",
 	"doc.vpc.id", "doc.resource_group.id", "doc.boot_volume_attachment.volume.id",
 	"doc.primary_network_attachment.primary_ip.address", "doc.primary_network_interface.primary_ip.address",
 }

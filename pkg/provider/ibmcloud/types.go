@@ -4,12 +4,21 @@ import "github.com/caa-project/caa/pkg/provider"
 
 // InstanceTypes are the IBM Cloud VPC instance profiles whose size caa
 // knows, from IBM's published profile tables: --instance-types may name
-// them without their size. A suitable list for peer pods (the default
-// profile being bx2-2x8): bx2-2x8,bx2-4x16,bx2-8x32,bx2-16x64, with
-// gx3-16x80x1l4 or gx2-8x64x1v100 for GPU pods. Other profiles are
+// them without their size. A suitable list for confidential peer pods (the
+// default profile being bx3dc-2x10, TDX or SGX):
+// bx3dc-2x10,bx3dc-4x20,bx3dc-8x40,bx3dc-16x80. Other profiles are
 // written name:vcpus:memoryMiB[:gpus:model].
 func InstanceTypes() []provider.InstanceType {
 	return []provider.InstanceType{
+		// Confidential computing (Intel TDX and SGX; see TEEs).
+		{Name: "bx3dc-2x10", VCPUs: 2, MemoryMiB: 10 << 10},
+		{Name: "bx3dc-4x20", VCPUs: 4, MemoryMiB: 20 << 10},
+		{Name: "bx3dc-8x40", VCPUs: 8, MemoryMiB: 40 << 10},
+		{Name: "bx3dc-16x80", VCPUs: 16, MemoryMiB: 80 << 10},
+		{Name: "cx3dc-2x5", VCPUs: 2, MemoryMiB: 5 << 10},
+		{Name: "cx3dc-4x10", VCPUs: 4, MemoryMiB: 10 << 10},
+		{Name: "mx3dc-2x20", VCPUs: 2, MemoryMiB: 20 << 10},
+		{Name: "mx3dc-4x40", VCPUs: 4, MemoryMiB: 40 << 10},
 		// Balanced.
 		{Name: "bx2-2x8", VCPUs: 2, MemoryMiB: 8 << 10},
 		{Name: "bx2-4x16", VCPUs: 4, MemoryMiB: 16 << 10},

@@ -501,7 +501,7 @@ configMapGenerator:
       - CAA_AWS_REGION=us-east-1
       - CAA_AWS_SUBNET_ID=subnet-0123456789abcdef0
       - CAA_AWS_IMAGE=` + ec2Image + `
-      - CAA_AWS_INSTANCE_TYPE=t3.small
+      - CAA_AWS_INSTANCE_TYPE=m6a.large
       # The fake EC2 of this test, in-process on the loopback.
       - CAA_AWS_ENDPOINT={{ENDPOINT}}
       # No instance metadata service here; credentials come from the Secret.

@@ -40,7 +40,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM,
 	}
 	in, err := p.Cloud.Create(cloud.CreateRequest{
 		Name: "caa-" + spec.Key, Token: spec.Key, Tags: spec.Tags(),
-		InstanceType: spec.InstanceType, Image: spec.Image, UserData: spec.UserData,
+		InstanceType: spec.InstanceType, Image: spec.Image, UserData: spec.UserData, TEE: string(spec.TEE),
 	})
 	if err != nil {
 		return provider.VM{}, p.classify("create", err)
@@ -134,6 +134,6 @@ func (p *Provider) classify(op string, err error) error {
 func toVM(in cloud.Instance) provider.VM {
 	return provider.VM{
 		ID: in.ID, Name: in.Name, State: in.State, IPs: in.IPs, Tags: in.Tags, CreatedAt: in.CreatedAt,
-		InstanceType: in.InstanceType, Image: in.Image, Zone: in.Zone,
+		InstanceType: in.InstanceType, Image: in.Image, Zone: in.Zone, TEE: provider.TEE(in.TEE),
 	}
 }

@@ -61,7 +61,7 @@ func newFake(name string) (*fake, func(), error) {
 		srv := httptest.NewServer(ec2fake.NewServer(core))
 		return &fake{core: core,
 			flags: []string{"--provider", "aws", "--aws-endpoint", srv.URL, "--aws-region", "us-east-1",
-				"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", "ami-0123456789abcdef0", "--aws-instance-type", "t3.small"},
+				"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", "ami-0123456789abcdef0", "--aws-instance-type", "m6a.large"},
 			env: []string{"AWS_ACCESS_KEY_ID=AKIDDEMO", "AWS_SECRET_ACCESS_KEY=demo-secret", "AWS_EC2_METADATA_DISABLED=true",
 				"AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null"},
 		}, srv.Close, nil
@@ -70,14 +70,14 @@ func newFake(name string) (*fake, func(), error) {
 		srv := httptest.NewServer(vpcfake.NewServer(core))
 		return &fake{core: core,
 			flags: []string{"--provider", "ibmcloud", "--ibmcloud-endpoint", srv.URL + "/v1", "--ibmcloud-iam-endpoint", srv.URL, "--ibmcloud-search-endpoint", srv.URL,
-				"--ibmcloud-region", "us-south", "--ibmcloud-zone", "us-south-1", "--ibmcloud-vpc-id", "r006-demo-vpc",
-				"--ibmcloud-subnet-id", "0717-demo-subnet", "--ibmcloud-image", "r006-demo-image", "--ibmcloud-instance-type", "bx2-2x8"},
+				"--ibmcloud-region", "us-south", "--ibmcloud-zone", "us-south-1", "--ibmcloud-vpc-id", vpcfake.DefaultVPC,
+				"--ibmcloud-subnet-id", vpcfake.DefaultSubnet, "--ibmcloud-resource-group-id", vpcfake.DefaultResourceGroup, "--ibmcloud-image", "r006-demo-image", "--ibmcloud-instance-type", "bx3dc-2x10"},
 			env: []string{"IBMCLOUD_API_KEY=demo-api-key"},
 		}, srv.Close, nil
 	case "azure":
 		// caa's DefaultAzureCredential gets its token from a fake App
 		// Service managed identity endpoint, as it would on App Service.
-		const image, size = "Canonical:ubuntu-24_04-lts:server:latest", "Standard_D2as_v5"
+		const image, size = "Canonical:ubuntu-24_04-lts:server:latest", "Standard_DC2as_v5"
 		token := "demo-arm-token-" + strconv.FormatInt(time.Now().UnixNano(), 36)
 		core := cloud.New(cloud.Options{})
 		arm := httptest.NewServer(armfake.NewServer(core, armfake.WithBearerToken(token)))
