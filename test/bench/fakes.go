@@ -213,7 +213,7 @@ func newBudgetedFake(name string, budget *cloud.Budget) (*fakeCloud, error) {
 		srv := httptest.NewServer(f.timed(ec2fake.NewServer(core, opts...)))
 		f.core, f.close = core, srv.Close
 		f.flags, f.env = []string{"--provider", "aws", "--aws-endpoint", srv.URL, "--aws-region", "us-east-1",
-			"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", "ami-0123456789abcdef0", "--aws-instance-type", "t3.small"},
+			"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", "ami-0123456789abcdef0", "--aws-instance-type", "m6a.large"},
 			[]string{"AWS_ACCESS_KEY_ID=AKIDBENCH", "AWS_SECRET_ACCESS_KEY=bench-secret", "AWS_EC2_METADATA_DISABLED=true",
 				"AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null"}
 		return f, nil
@@ -228,7 +228,7 @@ func newBudgetedFake(name string, budget *cloud.Budget) (*fakeCloud, error) {
 		f.flags, f.env = []string{"--provider", "ibmcloud", "--ibmcloud-endpoint", srv.URL + "/v1", "--ibmcloud-iam-endpoint", srv.URL, "--ibmcloud-search-endpoint", srv.URL,
 			"--ibmcloud-zone", "us-south-1", "--ibmcloud-vpc-id", vpcfake.DefaultVPC, "--ibmcloud-subnet-id", vpcfake.DefaultSubnet,
 			"--ibmcloud-resource-group-id", vpcfake.DefaultResourceGroup,
-			"--ibmcloud-image", "r006-bench-image", "--ibmcloud-instance-type", "bx2-2x8"},
+			"--ibmcloud-image", "r006-bench-image", "--ibmcloud-instance-type", "bx3dc-2x10"},
 			[]string{"IBMCLOUD_API_KEY=bench-api-key"}
 		return f, nil
 	case "azure":
@@ -250,7 +250,7 @@ func newBudgetedFake(name string, budget *cloud.Budget) (*fakeCloud, error) {
 			"--azure-subscription-id", armfake.DefaultSubscription, "--azure-resource-group", armfake.DefaultResourceGroup,
 			"--azure-location", armfake.DefaultLocation, "--azure-subnet-id", subnet,
 			"--azure-ssh-public-key", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIGNhYS1iZW5jaC1rZXk caa@bench",
-			"--azure-image", "Canonical:ubuntu-24_04-lts:server:latest", "--azure-instance-type", "Standard_D2as_v5",
+			"--azure-image", "Canonical:ubuntu-24_04-lts:server:latest", "--azure-instance-type", "Standard_DC2as_v5",
 			"--azure-poll-interval", "50ms"},
 			[]string{"IDENTITY_ENDPOINT=" + identity.URL + armfake.ManagedIdentityPath, "IDENTITY_HEADER=" + mi.Header}
 		return f, nil

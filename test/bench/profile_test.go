@@ -79,7 +79,7 @@ func seed(b *testing.B, ctx context.Context, p provider.Provider, sel provider.S
 }
 
 func instanceType(cloud string) string {
-	return map[string]string{"aws": "t3.small", "azure": "Standard_D2as_v5", "ibmcloud": "bx2-2x8"}[cloud]
+	return map[string]string{"aws": "m6a.large", "azure": "Standard_DC2as_v5", "ibmcloud": "bx3dc-2x10"}[cloud]
 }
 
 func image(cloud string) string {

@@ -12,12 +12,13 @@ import (
 // s6OtherNodes is how many nodes the seeded VMs are spread over.
 const s6OtherNodes = 100
 
-// seedShapes are the instance type and image of seeded VMs: the ones the
-// bench configures caa with (fakes.go), so they render as caa's would.
-var seedShapes = map[string][2]string{
-	"aws":      {"t3.small", "ami-0123456789abcdef0"},
-	"azure":    {"Standard_D2as_v5", "Canonical:ubuntu-24_04-lts:server:latest"},
-	"ibmcloud": {"bx2-2x8", "r006-bench-image"},
+// seedShapes are the instance type, image and TEE of seeded VMs: the ones
+// the bench configures caa with (fakes.go), confidential as caa's default
+// makes them, so they render as caa's would.
+var seedShapes = map[string][3]string{
+	"aws":      {"m6a.large", "ami-0123456789abcdef0", string(provider.TEESEVSNP)},
+	"azure":    {"Standard_DC2as_v5", "Canonical:ubuntu-24_04-lts:server:latest", string(provider.TEESEVSNP)},
+	"ibmcloud": {"bx3dc-2x10", "r006-bench-image", string(provider.TEETDX)},
 }
 
 // seedOthers puts VMs of other nodes of the same cluster straight into the
@@ -35,7 +36,7 @@ func seedOthers(f *fakeCloud, clusterID string, have, want int) error {
 			PodName: fmt.Sprintf("p-%06d", i), Key: uid + "-a1"}
 		name := fmt.Sprintf("seed-%06d", i)
 		shape := seedShapes[f.name]
-		req := cloud.CreateRequest{Name: name, Tags: spec.Tags(), InstanceType: shape[0], Image: shape[1]}
+		req := cloud.CreateRequest{Name: name, Tags: spec.Tags(), InstanceType: shape[0], Image: shape[1], TEE: shape[2]}
 		if f.name == "azure" {
 			nic := name + "-nic"
 			id := strings.ToLower(fmt.Sprintf("/subscriptions/%s/resourceGroups/%s/providers/Microsoft.Network/networkInterfaces/%s",
