@@ -48,12 +48,16 @@ SOURCE_DATE_EPOCH ?= $(shell git log -1 --format=%ct 2>/dev/null || echo 0)
 image: ## OCI image archives, one per cloud, without a container engine: $(IMAGE_DIR)/caa-<version>-<cloud>.tar (CLOUDS=aws for one); docker load -i, podman load -i or skopeo copy oci-archive: them
 	$(check-clouds)
 	@mkdir -p $(IMAGE_DIR)
-	@set -e; for c in $(IMAGE_CLOUDS); do \
-		$(MAKE) --no-print-directory static CLOUDS=$$c STATIC_OUT=$(IMAGE_DIR)/caa-$$c; \
-		SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) GOOS=$$($(GO) env GOHOSTOS) GOARCH=$$($(GO) env GOHOSTARCH) $(GO) run ./internal/imagebuild -binary $(IMAGE_DIR)/caa-$$c -cloud $$c \
-			-version $(VERSION) -repo $(IMAGE_REPO) -source $(IMAGE_SOURCE) -revision "$(REVISION)" \
-			-out $(IMAGE_DIR)/caa-$(VERSION)-$$c.tar; \
-	done
+	$(foreach c,$(IMAGE_CLOUDS),$(call image-of,$(c)))
+
+# image-of is the two recipe lines that build cloud $(1)'s image; one line
+# each, so that `make -n image` (deploy/memory_test.go) prints the tags and
+# runs nothing.
+define image-of
+$(MAKE) --no-print-directory static CLOUDS=$(1) STATIC_OUT=$(IMAGE_DIR)/caa-$(1)
+	SOURCE_DATE_EPOCH=$(SOURCE_DATE_EPOCH) GOOS=$$($(GO) env GOHOSTOS) GOARCH=$$($(GO) env GOHOSTARCH) $(GO) run ./internal/imagebuild -binary $(IMAGE_DIR)/caa-$(1) -cloud $(1) -version $(VERSION) -repo $(IMAGE_REPO) -source $(IMAGE_SOURCE) -revision "$(REVISION)" -out $(IMAGE_DIR)/caa-$(VERSION)-$(1).tar
+	
+endef
 
 demo: ## the guided demo: etcd, kube-apiserver, a fake cloud (CLOUD=aws|azure|ibmcloud) and caa through a restart
 	$(GO) run ./test/e2e/cmd/demo
