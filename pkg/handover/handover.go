@@ -215,25 +215,15 @@ func (l *Listener) Close() error { return l.ln.Close() }
 
 // Serve accepts requests until ctx ends or the listener closes, and hands
 // each one, read and parsed, to handle on its own goroutine. A connection
-// that sends no request within 5s is dropped.
+// that sends no request within 5s is dropped. Other accept errors are
+// retried (unixsock.Accept), so it returns nil, once the listener is
+// closed and every handle has returned.
 func (l *Listener) Serve(ctx context.Context, handle func(*Request)) error {
-	closed := make(chan struct{})
-	stop := context.AfterFunc(ctx, func() { defer close(closed); _ = l.ln.Close() })
-	defer func() {
-		if !stop() {
-			<-closed // returned means closed (see unixsock.Accept)
-		}
-	}()
 	var wg sync.WaitGroup
 	defer wg.Wait()
-	for {
-		c, err := l.ln.Accept()
-		if err != nil {
-			if ctx.Err() != nil || errors.Is(err, net.ErrClosed) {
-				return nil
-			}
-			return fmt.Errorf("hand-over socket: accept: %w", err)
-		}
+	// Accept closes the listener when ctx ends and returns only once it is
+	// closed; it ends only so (ctx's error, or the listener closed).
+	_ = unixsock.Accept(ctx, l.ln, nil, func(c net.Conn) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -247,7 +237,8 @@ func (l *Listener) Serve(ctx context.Context, handle func(*Request)) error {
 			}
 			handle(&Request{From: *m.Peer, Cred: peerCred(c), c: cn})
 		}()
-	}
+	})
+	return nil
 }
 
 // Request is one successor's request, as the holder sees it. The holder
