@@ -24,6 +24,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/caa-project/caa/internal/agentproto"
 	"github.com/caa-project/caa/pkg/ledger"
@@ -83,8 +84,13 @@ func newHVEnvOn(ctx context.Context, t *testing.T, c *cluster.Cluster, cn *podvm
 func newHVEnvIn(ctx context.Context, t *testing.T, c *cluster.Cluster, cn *podvmfake.CloudNetwork, node, cloudName string) *hvEnv {
 	t.Helper()
 	e := &hvEnv{c: c, cn: cn, node: node, cloudName: cloudName, door: &arrivals{}, hold: &createHold{}}
-	_, err := c.CreateNode(ctx, e.node)
-	require.NoError(t, err)
+	// A node made already (a kwok node, for the DaemonSet controller's
+	// tests) is kept.
+	_, err := c.Client().CoreV1().Nodes().Get(ctx, e.node, metav1.GetOptions{})
+	if err != nil {
+		_, err = c.CreateNode(ctx, e.node)
+		require.NoError(t, err)
+	}
 	// The apiserver (127.0.0.1 of the test's namespace) at the same address
 	// on the node's loopback, so the kubeconfig serves as it is.
 	api := strings.TrimPrefix(c.URL(), "https://")

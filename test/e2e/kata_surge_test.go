@@ -20,7 +20,6 @@ import (
 // without pause: CreateVM, StartVM, StopVM, one connection per call, on
 // `lanes` pods at a time. Every call's error is kept.
 type shimLoop struct {
-	n      *rollNode
 	done   atomic.Int64 // sandboxes through their whole life
 	calls  atomic.Int64
 	mu     sync.Mutex
@@ -31,10 +30,10 @@ type shimLoop struct {
 	serial atomic.Int32
 }
 
-func (n *rollNode) shimLoop(ctx context.Context, t *testing.T, lanes int) *shimLoop {
+func (n *hvEnv) shimLoop(ctx context.Context, t *testing.T, lanes int) *shimLoop {
 	t.Helper()
 	lctx, stop := context.WithCancel(ctx)
-	l := &shimLoop{n: n, stop: stop}
+	l := &shimLoop{stop: stop}
 	for lane := range lanes {
 		l.wg.Add(1)
 		go func() {

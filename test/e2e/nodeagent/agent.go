@@ -16,6 +16,7 @@ import (
 	"fmt"
 	"net/http"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"sync"
 	"time"
@@ -55,6 +56,13 @@ type Config struct {
 	// exited (doubled each time up to 30s); 0 means one second, shorter
 	// than the kubelet's 10s, to keep tests brisk.
 	RestartBackoff time.Duration
+	// Start, if set, starts a container's process on node (in place of
+	// cmd.Start): a test whose nodes are network namespaces starts it in
+	// the node's, as a pod on the host network runs.
+	Start func(node string, cmd *exec.Cmd) error
+	// HostIP, if set, is a node's IP for the downward API's status.hostIP
+	// (otherwise the loopback, as for every pod here).
+	HostIP func(node string) string
 }
 
 // ObservationKind names what happened to a pod's container.

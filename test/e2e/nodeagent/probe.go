@@ -5,6 +5,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os/exec"
+	"path"
+	"strings"
 	"time"
 
 	corev1 "k8s.io/api/core/v1"
@@ -14,8 +17,11 @@ import (
 // after initialDelaySeconds, then every periodSeconds, flipping its result
 // after successThreshold successes or failureThreshold failures in a row.
 type prober struct {
-	kind      string // startup, readiness or liveness
-	url       string // empty: the probe cannot reach anything (always fails)
+	kind      string   // startup, readiness or liveness
+	url       string   // empty: the probe cannot reach anything (always fails)
+	exec      []string // an exec probe's command, the binary resolved
+	env       []string // the container's environment, for an exec probe
+	dir       string   // and its working directory
 	urlErr    error
 	timeout   time.Duration
 	period    time.Duration
@@ -29,8 +35,8 @@ type prober struct {
 	lastFail string
 }
 
-// newProber returns nil when p is nil (no such probe). Probe kinds other
-// than httpGet are not supported; they fail, and say why.
+// newProber returns nil when p is nil (no such probe). httpGet probes and
+// exec probes of the caa binary are supported; others fail, and say why.
 func newProber(kind string, p *corev1.Probe, c *corev1.Container, l launch, start time.Time) *prober {
 	if p == nil {
 		return nil
@@ -43,12 +49,33 @@ func newProber(kind string, p *corev1.Probe, c *corev1.Container, l launch, star
 		failures:  max(p.FailureThreshold, 1),
 		next:      start.Add(seconds(p.InitialDelaySeconds, 0)),
 	}
-	if p.HTTPGet == nil {
-		pr.urlErr = fmt.Errorf("%s probe: only httpGet is supported", kind)
-	} else {
+	switch {
+	case p.HTTPGet != nil:
 		pr.url, pr.urlErr = probeURL(c, p.HTTPGet, l)
+	case p.Exec != nil && len(p.Exec.Command) > 0 && path.Base(p.Exec.Command[0]) == "caa":
+		// The image's binary is the tag's binary here; the command runs
+		// with the container's environment, as the kubelet runs it.
+		pr.exec = append([]string{l.binary}, p.Exec.Command[1:]...)
+		pr.env, pr.dir = l.env, l.dir
+	case p.Exec != nil:
+		pr.urlErr = fmt.Errorf("%s probe: an exec probe runs only the caa binary here, not %q", kind, p.Exec.Command)
+	default:
+		pr.urlErr = fmt.Errorf("%s probe: only httpGet and exec are supported", kind)
 	}
 	return pr
+}
+
+// execProbe runs the command within timeout; exit 0 is success.
+func execProbe(ctx context.Context, argv, env []string, dir string, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, argv[0], argv[1:]...)
+	cmd.Env, cmd.Dir = env, dir
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		return fmt.Errorf("exec %v: %w: %s", argv[1:], err, strings.TrimSpace(string(out)))
+	}
+	return nil
 }
 
 func seconds(n int32, def int32) time.Duration {
@@ -67,7 +94,11 @@ func (p *prober) due(now time.Time) bool { return p != nil && !now.Before(p.next
 func (p *prober) run(ctx context.Context, client *http.Client, now time.Time) (changed, exhausted bool) {
 	p.next = now.Add(p.period)
 	err := p.urlErr
-	if err == nil {
+	switch {
+	case err != nil:
+	case p.exec != nil:
+		err = execProbe(ctx, p.exec, p.env, p.dir, p.timeout)
+	default:
 		err = httpProbe(ctx, client, p.url, p.timeout)
 	}
 	before := p.result

@@ -24,7 +24,7 @@ type process struct {
 
 // startProcess runs l with its output appended to logPath, under a header
 // line per start so restarts show in the one file.
-func startProcess(l launch, dir, logPath string) (*process, error) {
+func startProcess(l launch, dir, logPath string, start func(*exec.Cmd) error) (*process, error) {
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("open container log: %w", err)
@@ -37,7 +37,10 @@ func startProcess(l launch, dir, logPath string) (*process, error) {
 	// The processes die with the test binary even if it never runs its
 	// cleanups (a panic, a timeout).
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if start == nil {
+		start = (*exec.Cmd).Start
+	}
+	if err := start(cmd); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", l.binary, err)
 	}

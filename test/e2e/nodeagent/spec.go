@@ -24,6 +24,8 @@ const (
 	// the port it listens on when the variable is unset.
 	healthEnv            = "CAA_HEALTH_ADDR"
 	caaDefaultHealthPort = 8000
+	// unixPrefix marks a health address that is a unix socket's path.
+	unixPrefix = "unix:"
 )
 
 // imageTag returns the tag of an image reference ("latest" when it names
@@ -128,6 +130,24 @@ type launch struct {
 	// localPort is the loopback port it really listens on.
 	healthPort int32
 	localPort  int
+	// dir is the process's working directory (the pod's directory).
+	dir string
+}
+
+// shortenHealthSocket makes a unix health address under the pod's
+// directory relative to it (the process runs there): the pod's path here
+// would not fit a unix socket address, while in a real container it is
+// short (/run/caa/health.sock).
+func (l *launch) shortenHealthSocket() {
+	for i, kv := range l.env {
+		v, ok := strings.CutPrefix(kv, healthEnv+"="+unixPrefix)
+		if !ok {
+			continue
+		}
+		if rel, err := filepath.Rel(l.dir, v); err == nil && !strings.HasPrefix(rel, "..") {
+			l.env[i] = healthEnv + "=" + unixPrefix + rel
+		}
+	}
 }
 
 // healthContainerPort is the port of caa's health address as the pod
@@ -136,6 +156,9 @@ func healthContainerPort(e *env) (int32, error) {
 	addr, ok := e.get(healthEnv)
 	if !ok || addr == "" {
 		return caaDefaultHealthPort, nil
+	}
+	if strings.HasPrefix(addr, unixPrefix) {
+		return 0, nil // a unix socket: exec probes, no port
 	}
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {
@@ -179,7 +202,12 @@ func buildLaunch(c *corev1.Container, binaries map[string]string, e *env, ms []m
 	for _, n := range e.names {
 		out.set(n, hostPath(e.values[n], ms))
 	}
-	out.set(healthEnv, net.JoinHostPort(podIP, strconv.Itoa(localPort)))
+	if addr, _ := e.get(healthEnv); strings.HasPrefix(addr, unixPrefix) {
+		// The socket's path, mapped like any path (the pod's emptyDir).
+		out.set(healthEnv, unixPrefix+hostPath(strings.TrimPrefix(addr, unixPrefix), ms))
+	} else {
+		out.set(healthEnv, net.JoinHostPort(podIP, strconv.Itoa(localPort)))
+	}
 	out.set("KUBECONFIG", kubeconfig)
 	out.set("HOME", home)
 	if _, ok := out.get("PATH"); !ok {

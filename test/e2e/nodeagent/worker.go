@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"time"
 
@@ -220,6 +221,13 @@ func (w *worker) tryStart(ctx context.Context, pod *corev1.Pod) error {
 	if err != nil {
 		return err
 	}
+	if hostIP := w.agent.cfg.HostIP; hostIP != nil {
+		for _, v := range spec.Env {
+			if v.ValueFrom != nil && v.ValueFrom.FieldRef != nil && v.ValueFrom.FieldRef.FieldPath == "status.hostIP" {
+				e.set(v.Name, hostIP(w.node))
+			}
+		}
+	}
 	ms, err := mounts(pod, spec, w.agent.cfg.Dir, dir)
 	if err != nil {
 		return err
@@ -236,7 +244,13 @@ func (w *worker) tryStart(ctx context.Context, pod *corev1.Pod) error {
 	if err != nil {
 		return err
 	}
-	proc, err := startProcess(l, dir, filepath.Join(dir, "caa.log"))
+	l.dir = dir
+	l.shortenHealthSocket()
+	var start func(*exec.Cmd) error
+	if st := w.agent.cfg.Start; st != nil {
+		start = func(cmd *exec.Cmd) error { return st(w.node, cmd) }
+	}
+	proc, err := startProcess(l, dir, filepath.Join(dir, "caa.log"), start)
 	if err != nil {
 		return err
 	}
