@@ -12,6 +12,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"flag"
 	"fmt"
@@ -46,6 +48,9 @@ type config struct {
 	// here, so that a cut of a fraction of a second shows) and timeout
 	// how long a check may go unanswered before it is a miss.
 	period, timeout time.Duration
+	// duringUpgrade, if set, runs while both caa processes are up (the
+	// test's faults: the demo must then fail).
+	duringUpgrade func(ctx context.Context, node *katanode.Node, ids []string) error
 }
 
 func main() {
@@ -122,7 +127,7 @@ func run(ctx context.Context, w io.Writer, cfg config) (err error) {
 			_ = p.Kill()
 		}
 	}()
-	say.step("Starting caa %s in the remote hypervisor mode (pod caa-v1), then `caa relay`, which will hold the agent sockets", version(ctx, cfg.caa))
+	say.step("Starting %s in the remote hypervisor mode (pod caa-v1), then `caa relay`, which will hold the agent sockets", version(ctx, cfg.caa))
 	v1, err := node.StartCaa("caa-v1")
 	if err != nil {
 		return err
@@ -182,13 +187,19 @@ func run(ctx context.Context, w io.Writer, cfg config) (err error) {
 	say.line("%d checks so far, %d missed", checks, misses)
 
 	runs0, terms0 := node.Calls.Writes()
-	say.step("Upgrading caa by the surge hand-over: caa %s starts beside the running one (pod caa-v2) on the same ledger", version(ctx, cfg.caaNext))
+	checks0, _ := shims.Counts()
+	say.step("Upgrading caa by the surge hand-over: %s starts beside the running one (pod caa-v2) on the same ledger", version(ctx, cfg.caaNext))
 	say.line("as a DaemonSet update with maxSurge 1 does; the cloud so far saw %d RunInstances and %d TerminateInstances", runs0, terms0)
 	v2, err := node.StartCaaBin(cfg.caaNext, "caa-v2")
 	if err != nil {
 		return err
 	}
 	procs = append(procs, v2)
+	if cfg.duringUpgrade != nil {
+		if err := cfg.duringUpgrade(ctx, node, ids); err != nil {
+			return err
+		}
+	}
 	if _, err := v2.WaitReady(ctx, 2*time.Minute); err != nil {
 		return withLogs(err, "caa v2", v2)
 	}
@@ -216,7 +227,7 @@ func run(ctx context.Context, w io.Writer, cfg config) (err error) {
 	checks, misses = shims.Counts()
 
 	say.step("What the upgrade cost the peer pods and the cloud")
-	say.line("health checks across the upgrade: %d, missed: %d", checks, misses)
+	say.line("health checks since the upgrade began: %d (of %d in all), missed: %d", checks-checks0, checks, misses)
 	say.line("cloud writes during the upgrade: %d (RunInstances %d, TerminateInstances %d)", runs1-runs0+terms1-terms0, runs1-runs0, terms1-terms0)
 	var failed []string
 	if misses != 0 {
@@ -233,7 +244,7 @@ func run(ctx context.Context, w io.Writer, cfg config) (err error) {
 		return fmt.Errorf("the upgrade was not seamless:\n  %s", strings.Join(failed, "\n  "))
 	}
 
-	say.step("caa ledger ls (answered by the running caa-v2 over its unix socket): the pods and their sandboxes")
+	say.step("caa ledger ls (answered by the running caa-v2 over its unix socket): the kata mode records sandboxes, not pods")
 	out, err := exec.CommandContext(ctx, cfg.caaNext, "ledger", "ls", "--ledger", node.Ledger).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("caa ledger ls: %w: %s", err, out)
@@ -242,7 +253,7 @@ func run(ctx context.Context, w io.Writer, cfg config) (err error) {
 		say.line("%s", l)
 	}
 	for _, id := range ids {
-		if !strings.Contains(string(out), id[:12]) {
+		if !strings.Contains(string(out), id[:12]+"  ") {
 			return fmt.Errorf("caa ledger ls does not list sandbox %s", short(id))
 		}
 	}
@@ -289,7 +300,7 @@ func startSandboxes(ctx context.Context, say narrator, node *katanode.Node, coun
 	}
 	results := make([]chan result, count)
 	for i := range count {
-		id := katanode.SandboxID(i)
+		id := sandboxID(fmt.Sprintf("web-%d", i))
 		pod, err := node.NewPod(ctx, "demo", fmt.Sprintf("web-%d", i))
 		if err != nil {
 			return nil, nil, err
@@ -406,9 +417,17 @@ func stateOf(node *katanode.Node, instanceID string) string {
 func version(ctx context.Context, bin string) string {
 	out, err := exec.CommandContext(ctx, bin, "version").Output()
 	if err != nil {
-		return "(version unknown)"
+		return "caa (version unknown)"
 	}
 	return strings.TrimSpace(string(out))
+}
+
+// sandboxID is a sandbox id as kata makes them, 64 hex digits, derived
+// from the pod's name so that each reads apart from the others in its
+// first 12 (which caa ledger ls prints).
+func sandboxID(pod string) string {
+	sum := sha256.Sum256([]byte("demo-kata/" + pod))
+	return hex.EncodeToString(sum[:])
 }
 
 func short(id string) string { return id[:12] + "…" }
@@ -433,4 +452,3 @@ func withLogs(err error, label string, p *katanode.Process) error {
 	lines := strings.Split(strings.TrimRight(p.Logs.String(), "\n"), "\n")
 	return fmt.Errorf("%w\n%s output (last lines):\n%s", err, label, strings.Join(lines[max(0, len(lines)-30):], "\n"))
 }
-
