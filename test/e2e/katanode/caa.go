@@ -102,7 +102,7 @@ func (n *Node) StartCaaBin(bin, podName string, extra ...string) (*Process, erro
 // waits until its control socket answers. caa writes the relay's client
 // file beside RelaySocket, so the relay starts once a caa did.
 func (n *Node) StartRelay(ctx context.Context) (*Process, error) {
-	p, err := n.start(n.caaBin, hermeticEnv(), []string{"relay", "--socket", n.RelaySocket, "--log-format", "json"})
+	p, err := n.start(n.caaBin, HermeticEnv(), []string{"relay", "--socket", n.RelaySocket, "--log-format", "json"})
 	if err != nil {
 		return nil, err
 	}

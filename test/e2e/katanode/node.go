@@ -106,7 +106,7 @@ func New(ctx context.Context, c *cluster.Cluster, caaBin, name string) (n *Node,
 	srv.Start()
 	n.onClose(srv.Close)
 	n.ec2URL = srv.URL
-	n.cloudEnv = append(hermeticEnv(), "AWS_ACCESS_KEY_ID=AKIDKATANODE", "AWS_SECRET_ACCESS_KEY=katanode-secret",
+	n.cloudEnv = append(HermeticEnv(), "AWS_ACCESS_KEY_ID=AKIDKATANODE", "AWS_SECRET_ACCESS_KEY=katanode-secret",
 		"AWS_EC2_METADATA_DISABLED=true", "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null")
 
 	// The pod VMs read their user data through EC2's IMDSv2, as the stock
@@ -334,7 +334,7 @@ func Forward(from, listenAddr, to, dialAddr string) (addr string, stop func(), e
 
 // hermeticEnv is this process's environment without what would point caa
 // elsewhere than the node's fakes (cloud credentials, caa's own settings).
-func hermeticEnv() []string {
+func HermeticEnv() []string {
 	drop := []string{"AZURE_", "IDENTITY_", "MSI_", "IMDS_ENDPOINT=", "IBMCLOUD_", "VPC_", "IBM_CREDENTIALS_FILE=",
 		"AWS_", "CAA_", "KUBECONFIG=", "NODE_NAME="}
 	return slices.DeleteFunc(os.Environ(), func(kv string) bool {
