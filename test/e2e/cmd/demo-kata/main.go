@@ -176,7 +176,7 @@ func run(ctx context.Context, w io.Writer, cfg config) (err error) {
 		shims.Agents = append(shims.Agents, a)
 	}
 
-	say.step("The shim health-checks every agent every %s on its one connection (a check unanswered within %s is a miss; kata fails the sandbox on one)", cfg.period, cfg.timeout)
+	say.step("The shim health-checks every agent every %s on one connection per sandbox, opened once and kept (a check unanswered within %s is a miss; kata fails the sandbox on one)", cfg.period, cfg.timeout)
 	checkCtx, stopChecks := context.WithCancel(ctx)
 	defer stopChecks()
 	shims.Check(checkCtx, cfg.period, cfg.timeout)
@@ -267,16 +267,16 @@ func run(ctx context.Context, w io.Writer, cfg config) (err error) {
 		if err := vmsGone(ctx, node, id); err != nil {
 			return withLogs(err, "caa v2", v2)
 		}
+		if err := socketClosed(ctx, node, id, socks[i]); err != nil {
+			return withLogs(err, "caa v2", v2)
+		}
 		for _, vm := range vms {
-			say.line("sandbox %s: StopVM answered; instance %s %s in the fake EC2, its pod VM gone from the cloud network, relay socket %s closed",
-				short(id), vm.ID, stateOf(node, vm.ID), shortPath(node, socks[i]))
+			say.line("sandbox %s: StopVM answered; instance %s %s in the fake EC2, its pod VM gone from the cloud network, its relay socket refuses connections",
+				short(id), vm.ID, stateOf(node, vm.ID))
 		}
 	}
 	if left := node.Core.Live(); len(left) != 0 {
 		return fmt.Errorf("%d VMs still run after every StopVM", len(left))
-	}
-	if err := sandboxesStopped(node, v2, ids); err != nil {
-		return err
 	}
 	say.line("the cloud has no live VM; the ledger keeps each sandbox's history (caa ledger history <id>)")
 
@@ -387,19 +387,29 @@ func vmsGone(ctx context.Context, node *katanode.Node, id string) error {
 	return nil
 }
 
-// sandboxesStopped checks that caa no longer serves the sandboxes: the
-// relay serves none of their sockets.
-func sandboxesStopped(node *katanode.Node, caa *katanode.Process, ids []string) error {
-	entries, _, err := (&relayd.Client{Socket: node.RelaySocket}).List(context.Background())
-	if err != nil {
-		return fmt.Errorf("caa relay's list: %w", err)
-	}
-	for _, e := range entries {
-		for _, id := range ids {
+// socketClosed waits until caa relay no longer serves the sandbox and its
+// agent socket refuses a new connection.
+func socketClosed(ctx context.Context, node *katanode.Node, id, socket string) error {
+	cl := &relayd.Client{Socket: node.RelaySocket}
+	err := katanode.Poll(ctx, time.Minute, func() (bool, error) {
+		entries, _, err := cl.List(ctx)
+		if err != nil {
+			return false, fmt.Errorf("caa relay's list: %w", err)
+		}
+		for _, e := range entries {
 			if e.Sandbox == id {
-				return withLogs(fmt.Errorf("caa relay still serves stopped sandbox %s", short(id)), "caa v2", caa)
+				return false, nil
 			}
 		}
+		c, err := net.DialTimeout("unix", socket, time.Second)
+		if err == nil {
+			_ = c.Close()
+			return false, nil
+		}
+		return true, nil
+	})
+	if err != nil {
+		return fmt.Errorf("sandbox %s: caa relay still serves its agent socket after StopVM: %w", short(id), err)
 	}
 	return nil
 }
