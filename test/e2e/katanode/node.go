@@ -85,11 +85,11 @@ func New(ctx context.Context, c *cluster.Cluster, caaBin, name string) (n *Node,
 	// The apiserver (127.0.0.1 of this process's namespace) at the same
 	// address on the node's loopback, so its kubeconfig serves as it is.
 	api := strings.TrimPrefix(c.URL(), "https://")
-	if _, stop, err := Forward(n.Net.NodeNS, api, "", api); err != nil {
+	_, stopAPI, err := Forward(n.Net.NodeNS, api, "", api)
+	if err != nil {
 		return nil, fmt.Errorf("the apiserver on the node's loopback: %w", err)
-	} else {
-		n.onClose(stop)
 	}
+	n.onClose(stopAPI)
 
 	// The fake EC2 listens on the node's loopback, where caa dials it.
 	n.Core = cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{EC2Image}}))

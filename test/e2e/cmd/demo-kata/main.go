@@ -23,6 +23,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"strings"
 	"syscall"
 	"time"
@@ -90,9 +91,9 @@ func run(ctx context.Context, w io.Writer, cfg config) (err error) {
 	}
 	defer os.RemoveAll(work)
 	if cfg.caa == "" {
-		say.step("Building caa (go build ./cmd/caa)")
+		say.step("Building caa (go build -tags caa_aws ./cmd/caa: the demo's cloud is the fake EC2)")
 		cfg.caa = filepath.Join(work, "caa")
-		if err := cluster.BuildCaa(ctx, cfg.caa, "demo"); err != nil {
+		if err := cluster.BuildCaa(ctx, cfg.caa, "demo", "caa_aws"); err != nil {
 			return err
 		}
 	}
@@ -144,7 +145,7 @@ func run(ctx context.Context, w io.Writer, cfg config) (err error) {
 	say.line("caa ready; kata's remote_hypervisor_socket is %s", node.HypervisorSocket)
 
 	say.step("The kata shim starts %d peer pods: CreateVM then StartVM on caa's hypervisor socket, each", cfg.sandboxes)
-	ids, socks, err := startSandboxes(ctx, say, node, cfg.sandboxes)
+	ids, socks, firstVMs, err := startSandboxes(ctx, say, node, cfg.sandboxes)
 	if err != nil {
 		return withLogs(err, "caa v1", v1)
 	}
@@ -252,9 +253,13 @@ func run(ctx context.Context, w io.Writer, cfg config) (err error) {
 	for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
 		say.line("%s", l)
 	}
-	for _, id := range ids {
-		if !strings.Contains(string(out), id[:12]+"  ") {
-			return fmt.Errorf("caa ledger ls does not list sandbox %s", short(id))
+	for i, id := range ids {
+		row := slices.IndexFunc(strings.Split(string(out), "\n"), func(l string) bool {
+			f := strings.Fields(l)
+			return len(f) > 4 && f[0] == id[:12] && f[3] == "Running" && f[4] == firstVMs[i]
+		})
+		if row < 0 {
+			return fmt.Errorf("caa ledger ls does not list sandbox %s Running on its first VM %s", short(id), firstVMs[i])
 		}
 	}
 
@@ -293,7 +298,7 @@ func run(ctx context.Context, w io.Writer, cfg config) (err error) {
 
 // startSandboxes creates the pods on the apiserver and on the node and
 // starts their sandboxes as kata's shim does, side by side.
-func startSandboxes(ctx context.Context, say narrator, node *katanode.Node, count int) (ids, socks []string, err error) {
+func startSandboxes(ctx context.Context, say narrator, node *katanode.Node, count int) (ids, socks, vmIDs []string, err error) {
 	type result struct {
 		sock string
 		err  error
@@ -303,7 +308,7 @@ func startSandboxes(ctx context.Context, say narrator, node *katanode.Node, coun
 		id := sandboxID(fmt.Sprintf("web-%d", i))
 		pod, err := node.NewPod(ctx, "demo", fmt.Sprintf("web-%d", i))
 		if err != nil {
-			return nil, nil, err
+			return nil, nil, nil, err
 		}
 		ids = append(ids, id)
 		results[i] = make(chan result, 1)
@@ -318,16 +323,17 @@ func startSandboxes(ctx context.Context, say narrator, node *katanode.Node, coun
 	for i, id := range ids {
 		r := <-results[i]
 		if r.err != nil {
-			return nil, nil, fmt.Errorf("sandbox %s (pod demo/web-%d): %w (VMs that did not boot: %v)", short(id), i, r.err, node.Fleet.Failed())
+			return nil, nil, nil, fmt.Errorf("sandbox %s (pod demo/web-%d): %w (VMs that did not boot: %v)", short(id), i, r.err, node.Fleet.Failed())
 		}
 		vms := node.LiveSandboxVMs(id)
 		if len(vms) != 1 {
-			return nil, nil, fmt.Errorf("sandbox %s: %d live VMs, want 1", short(id), len(vms))
+			return nil, nil, nil, fmt.Errorf("sandbox %s: %d live VMs, want 1", short(id), len(vms))
 		}
 		say.line("pod demo/web-%d: sandbox %s running on VM %s (%s)", i, short(id), vms[0].ID, vms[0].IPs[0])
 		socks = append(socks, r.sock)
+		vmIDs = append(vmIDs, vms[0].ID)
 	}
-	return ids, socks, nil
+	return ids, socks, vmIDs, nil
 }
 
 // checkOnce dials an agent socket and runs kata's health check once.

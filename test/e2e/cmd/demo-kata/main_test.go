@@ -43,7 +43,7 @@ func TestDemoKata(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
 	defer cancel()
 	bin := filepath.Join(t.TempDir(), "caa")
-	require.NoError(t, cluster.BuildCaa(ctx, bin, "demo-test"))
+	require.NoError(t, cluster.BuildCaa(ctx, bin, "demo-test", "caa_aws"))
 
 	t.Run("its claims hold and it exits 0", func(t *testing.T) {
 		cmd := exec.CommandContext(ctx, os.Args[0], "-caa", bin)
