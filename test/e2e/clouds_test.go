@@ -21,6 +21,7 @@ import (
 
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/e2e/cluster"
+	"github.com/caa-project/caa/test/e2e/katanode"
 	armfake "github.com/caa-project/caa/test/mocks/azure"
 	"github.com/caa-project/caa/test/mocks/cloud"
 	vpcfake "github.com/caa-project/caa/test/mocks/ibmcloud"
@@ -191,13 +192,7 @@ func startCloudDaemon(t *testing.T, c *cluster.Cluster, fc *fakeCloud, node, led
 // hermeticEnv is this process's environment without anything that could
 // hand the daemon other credentials or settings: cloud SDK variables and
 // caa's own.
-func hermeticEnv() []string {
-	drop := []string{"AZURE_", "IDENTITY_", "MSI_", "IMDS_ENDPOINT=", "IBMCLOUD_", "VPC_", "IBM_CREDENTIALS_FILE=",
-		"AWS_", "CAA_", "KUBECONFIG=", "NODE_NAME="}
-	return slices.DeleteFunc(os.Environ(), func(kv string) bool {
-		return slices.ContainsFunc(drop, func(p string) bool { return strings.HasPrefix(kv, p) })
-	})
-}
+func hermeticEnv() []string { return katanode.HermeticEnv() }
 
 // secret returns a fresh random credential, so that finding it anywhere
 // can only mean it leaked.

@@ -31,6 +31,7 @@ import (
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/sandbox"
 	"github.com/caa-project/caa/test/e2e/cluster"
+	"github.com/caa-project/caa/test/e2e/katanode"
 	ec2fake "github.com/caa-project/caa/test/mocks/aws"
 	armfake "github.com/caa-project/caa/test/mocks/azure"
 	"github.com/caa-project/caa/test/mocks/cloud"
@@ -182,11 +183,8 @@ func (e *hvEnv) start(t *testing.T, extra ...string) *daemon {
 	}))
 	outer := forward(t, "", "127.0.0.1:0", e.cn.NodeNS, inner)
 	logs := &cluster.SyncBuffer{}
-	args := []string{"run", "--node-name", e.node, "--kubeconfig", e.c.Kubeconfig(), "--ledger", e.ledger,
-		"--health-addr", inner, "--resync", "2s", "--audit-interval", "2s", "--confirm-missing", "2s", "--log-format", "json"}
+	args := katanode.RunArgs(e.node, e.c.Kubeconfig(), e.ledger, inner, e.socket, e.agents, e.cn.NodeIP.Addr().String())
 	args = append(args, e.cloudArgs...)
-	args = append(args, "--hypervisor-socket", e.socket, "--agent-socket-dir", e.agents,
-		"--node-ip", e.cn.NodeIP.Addr().String(), "--start-vm-timeout", "60s")
 	cmd := exec.Command(caaBin, append(args, extra...)...)
 	// Outside a pod nothing can verify a hand-over asker: these runs take
 	// askers at their word, as launchCaaBin's do.
@@ -216,44 +214,10 @@ var loopbackAddr = regexp.MustCompile(`127\.0\.0\.1:[0-9]+`)
 // address it listens on.
 func forward(t *testing.T, from, listenAddr, to, dialAddr string) string {
 	t.Helper()
-	var ln net.Listener
-	listen := func() (err error) { ln, err = net.Listen("tcp", listenAddr); return err }
-	if from != "" {
-		require.NoError(t, podvmfake.InNetNS(from, listen))
-	} else {
-		require.NoError(t, listen())
-	}
-	dial := (&net.Dialer{Timeout: 5 * time.Second}).DialContext
-	if to != "" {
-		dial = podvmfake.DialIn(to)
-	}
-	var wg sync.WaitGroup
-	t.Cleanup(func() { _ = ln.Close(); wg.Wait() })
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		for {
-			in, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				defer in.Close()
-				out, err := dial(context.Background(), "tcp", dialAddr)
-				if err != nil {
-					return
-				}
-				defer out.Close()
-				done := make(chan struct{}, 2)
-				go func() { _, _ = io.Copy(out, in); done <- struct{}{} }()
-				go func() { _, _ = io.Copy(in, out); done <- struct{}{} }()
-				<-done
-			}()
-		}
-	}()
-	return ln.Addr().String()
+	addr, stop, err := katanode.Forward(from, listenAddr, to, dialAddr)
+	require.NoError(t, err)
+	t.Cleanup(stop)
+	return addr
 }
 
 // createHold, when on, lets a RunInstances make its instance and then holds

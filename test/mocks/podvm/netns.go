@@ -176,30 +176,54 @@ func handleAt(path string) (*netlink.Handle, error) {
 func NewCloudNetwork(t testing.TB) *CloudNetwork {
 	t.Helper()
 	RequireNetNS(t)
+	cn, err := BuildCloudNetwork()
+	if cn != nil {
+		t.Cleanup(cn.Close)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	return cn
+}
+
+// BuildCloudNetwork is NewCloudNetwork for a program rather than a test
+// (make demo-kata): the caller checks for root and calls Close. On error
+// the namespaces made so far are removed already.
+func BuildCloudNetwork() (*CloudNetwork, error) {
 	cn := &CloudNetwork{prefix: randomName(), NodeIP: netip.MustParsePrefix("10.123.0.1/16")}
-	t.Cleanup(cn.Close)
+	if err := cn.build(); err != nil {
+		cn.Close()
+		return nil, err
+	}
+	return cn, nil
+}
+
+func (cn *CloudNetwork) build() error {
 	var err error
 	if cn.NodeNS, err = cn.newNS("node"); err != nil {
-		t.Fatal(err)
+		return err
 	}
 	h, err := handleAt(cn.NodeNS)
 	if err != nil {
-		t.Fatal(err)
+		return err
 	}
 	defer h.Close()
 	br := &netlink.Bridge{LinkAttrs: netlink.LinkAttrs{Name: "cloud0"}}
 	if err := h.LinkAdd(br); err != nil {
-		t.Fatalf("bridge: %v", err)
+		return fmt.Errorf("bridge: %w", err)
 	}
 	if err := h.AddrAdd(br, toAddr(cn.NodeIP)); err != nil {
-		t.Fatal(err)
+		return fmt.Errorf("bridge address %s: %w", cn.NodeIP, err)
 	}
 	if err := h.LinkSetUp(br); err != nil {
-		t.Fatal(err)
+		return fmt.Errorf("bridge up: %w", err)
 	}
-	vm := cn.AddVM(t)
+	vm, err := cn.addVMAt(netip.AddrFrom4([4]byte{10, 123, 0, 2}))
+	if err != nil {
+		return err
+	}
 	cn.VMNS, cn.VMIP = vm.NS, vm.IP
-	return cn
+	return nil
 }
 
 // VMHost is one VM's namespace on the cloud network.
@@ -326,6 +350,15 @@ func (cn *CloudNetwork) newNS(role string) (string, error) {
 // the veth holds. Give each pod of one CloudNetwork its own subnet.
 func (cn *CloudNetwork) NewPod(t testing.TB, ip netip.Prefix) *Pod {
 	t.Helper()
+	p, err := cn.AddPod(ip)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// AddPod is NewPod for a program rather than a test.
+func (cn *CloudNetwork) AddPod(ip netip.Prefix) (*Pod, error) {
 	cn.mu.Lock()
 	cn.pods++
 	k := cn.pods
@@ -333,23 +366,23 @@ func (cn *CloudNetwork) NewPod(t testing.TB, ip netip.Prefix) *Pod {
 	p := &Pod{IP: ip, GatewayIP: ip.Masked().Addr().Next(), HostVeth: fmt.Sprintf("vethpod%d", k)}
 	var err error
 	if p.NSPath, err = cn.newNS(fmt.Sprintf("pod%d", k)); err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	gw := netip.PrefixFrom(p.GatewayIP, ip.Bits())
 	if err := link(cn.NodeNS, p.HostVeth, gw, p.NSPath, "eth0", ip, p.GatewayIP.String()); err != nil {
-		t.Fatal(err)
+		return nil, fmt.Errorf("pod %s: %w", ip, err)
 	}
 	h, err := handleAt(p.NSPath)
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	defer h.Close()
 	eth0, err := h.LinkByName("eth0")
 	if err != nil {
-		t.Fatal(err)
+		return nil, err
 	}
 	p.MAC = eth0.Attrs().HardwareAddr.String()
-	return p
+	return p, nil
 }
 
 // link creates a veth pair, aName in namespace a and bName in b, addresses
