@@ -1,6 +1,7 @@
 package nodeagent
 
 import (
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -117,4 +118,34 @@ func TestStartupProbeExhaustedRestarts(t *testing.T) {
 	h.waitForPod("Ready with one restart", func(p *corev1.Pod) bool {
 		return PodReady(p) && containerStatus(p).RestartCount == 1
 	})
+}
+
+// An exec probe of the caa binary runs the tag's binary in the pod's
+// directory with the container's environment, and succeeds on exit 0; an
+// exec probe of any other program fails and says why.
+func TestExecProbeRunsTheTagsBinary(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	script := dir + "/fake-caa"
+	// Exits 0 only when run in the pod's directory with the probe's
+	// arguments and the container's variable.
+	require.NoError(t, os.WriteFile(script, []byte("#!/bin/sh\n[ \"$1 $2\" = \"probe /readyz\" ] && [ \"$PROBE_OK\" = yes ] && [ \"$(pwd)\" = \""+dir+"\" ]\n"), 0o755))
+	l := launch{binary: script, dir: dir, env: []string{"PROBE_OK=yes", "PATH=/usr/bin:/bin"}}
+	p := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"/usr/local/bin/caa", "probe", "/readyz"}}},
+		TimeoutSeconds: 5, PeriodSeconds: 1}
+	pr := newProber("readiness", p, &corev1.Container{}, l, time.Now())
+	changed, _ := pr.run(t.Context(), nil, time.Now())
+	assert.True(t, changed && pr.result, "exit 0 passes: %s", pr.lastFail)
+
+	l.env = []string{"PROBE_OK=no"}
+	pr = newProber("readiness", p, &corev1.Container{}, l, time.Now())
+	pr.run(t.Context(), nil, time.Now())
+	assert.False(t, pr.result)
+	assert.Contains(t, pr.lastFail, "exit status 1")
+
+	other := &corev1.Probe{ProbeHandler: corev1.ProbeHandler{Exec: &corev1.ExecAction{Command: []string{"/bin/true"}}}}
+	pr = newProber("liveness", other, &corev1.Container{}, l, time.Now())
+	pr.run(t.Context(), nil, time.Now())
+	assert.False(t, pr.result)
+	assert.Contains(t, pr.lastFail, "runs only the caa binary")
 }
