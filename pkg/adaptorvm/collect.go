@@ -111,10 +111,14 @@ func (c *Collector) Scan(ctx context.Context) Report {
 	for _, p := range problems {
 		rep.Problems = append(rep.Problems, p.Error())
 	}
-	kata, err := KataSandboxes(c.KataDir)
+	kata, seen, err := KataSandboxes(c.KataDir)
 	if err != nil {
 		rep.Error = err.Error()
 		return rep
+	}
+	if !seen && len(sandboxes) > 0 {
+		rep.Problems = append(rep.Problems, fmt.Sprintf("kata's sandbox directory %s is not there: kata ran no sandbox since the boot, "+
+			"or it is not mounted into caa's pod (mount it read-only, or --adaptor-kata-dir); the apiserver's word alone decides", c.KataDir))
 	}
 	vms, err := c.Cloud.ListAdaptorVMs(ctx)
 	if err != nil {
@@ -124,9 +128,9 @@ func (c *Collector) Scan(ctx context.Context) Report {
 	if c.firstDead == nil {
 		c.firstDead, c.said = map[string]time.Time{}, map[string]string{}
 	}
-	seen := map[string]bool{}
+	listed := map[string]bool{}
 	for _, vm := range vms {
-		seen[vm.ID] = true
+		listed[vm.ID] = true
 		e := Evidence{VM: vm, Tie: TieOf(vm.Name, sandboxes), Now: now, Grace: c.Grace}
 		it := Item{ID: vm.ID, Name: vm.Name, State: vm.State, Created: vm.CreatedAt, Tie: e.Tie.Kind}
 		if e.Tie.Kind != Untied {
@@ -157,7 +161,7 @@ func (c *Collector) Scan(ctx context.Context) Report {
 		rep.Items = append(rep.Items, it)
 	}
 	for id := range c.firstDead {
-		if !seen[id] {
+		if !listed[id] {
 			delete(c.firstDead, id)
 		}
 	}

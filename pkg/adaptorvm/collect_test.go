@@ -189,7 +189,8 @@ func TestBadRecordsAreProblemsNotTies(t *testing.T) {
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "s1", "apf.json"), []byte("{not json"), 0o644))
 	require.NoError(t, os.MkdirAll(filepath.Join(dir, "s2"), 0o755))
 	require.NoError(t, os.WriteFile(filepath.Join(dir, "s2", "apf.json"), []byte(`{"pod-name":"x"}`), 0o644))
-	require.NoError(t, os.MkdirAll(filepath.Join(dir, "s3"), 0o755)) // no file
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "s3"), 0o755))             // no apf.json: caa's own sandbox, not a problem
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "s5", "apf.json"), 0o755)) // unreadable as a file
 	writeSandbox(t, dir, "s4", "team", "ok")
 	got, problems, err := ReadSandboxes(dir)
 	require.NoError(t, err)

@@ -43,9 +43,11 @@ type apf struct {
 }
 
 // ReadSandboxes reads the adaptor's pods directory. A missing directory is
-// no sandbox (the adaptor never ran here since the last boot). An entry
-// that cannot be read or names no pod is skipped and returned among the
-// problems, which say which file and why; it ties no VM.
+// no sandbox (the adaptor never ran here since the last boot), and so is a
+// directory without apf.json (caa's own sandboxes in the kata mode share
+// the directory). An apf.json that cannot be read or names no pod is
+// skipped and returned among the problems, which say which file and why;
+// it ties no VM.
 func ReadSandboxes(dir string) ([]Sandbox, []error, error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
@@ -62,6 +64,9 @@ func ReadSandboxes(dir string) ([]Sandbox, []error, error) {
 		}
 		path := filepath.Join(dir, e.Name(), apfFile)
 		sb, err := readAPF(path)
+		if errors.Is(err, fs.ErrNotExist) {
+			continue
+		}
 		if err != nil {
 			problems = append(problems, err)
 			continue
@@ -90,15 +95,16 @@ func readAPF(path string) (Sandbox, error) {
 
 // KataSandboxes returns the ids of the sandboxes kata's runtime has on
 // this node: the names of the directories in dir. A missing directory is
-// none. Any other error is returned: without this read no VM may be judged
-// dead.
-func KataSandboxes(dir string) (map[string]bool, error) {
+// none, and seen is false (kata has run no sandbox since the boot, or the
+// directory is not mounted into caa's pod: the caller says so). Any other
+// error is returned: without this read no VM may be judged dead.
+func KataSandboxes(dir string) (ids map[string]bool, seen bool, err error) {
 	entries, err := os.ReadDir(dir)
 	if errors.Is(err, fs.ErrNotExist) {
-		return map[string]bool{}, nil
+		return map[string]bool{}, false, nil
 	}
 	if err != nil {
-		return nil, fmt.Errorf("reading kata's sandbox directory %s: %w", dir, err)
+		return nil, false, fmt.Errorf("reading kata's sandbox directory %s: %w", dir, err)
 	}
 	out := make(map[string]bool, len(entries))
 	for _, e := range entries {
@@ -106,5 +112,5 @@ func KataSandboxes(dir string) (map[string]bool, error) {
 			out[e.Name()] = true
 		}
 	}
-	return out, nil
+	return out, true, nil
 }
