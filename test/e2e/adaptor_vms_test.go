@@ -186,3 +186,62 @@ func TestAdaptorVMsOfAMigratedNode(t *testing.T) {
 	assert.Contains(t, d.logs.String(), `"action":"deleted"`)
 	assert.NotContains(t, d.logs.String(), "ADAPTORSECRET")
 }
+
+// TestAdaptorVMsOnAzure: collect on Azure through the real binary: the
+// dead adaptor VM (its pod gone) is deleted; the live one, the untied one
+// and the one a forged record ties to a pod alive on another node stay.
+func TestAdaptorVMsOnAzure(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	c := cluster.Start(ctx, t)
+	fc := newAzureFake(t)
+	const node = "worker-1"
+	for _, n := range []string{node, "worker-2"} {
+		_, err := c.CreateNode(ctx, n)
+		require.NoError(t, err)
+	}
+	for _, p := range []struct{ name, node string }{{"live", node}, {"elsewhere", "worker-2"}} {
+		_, err := c.CreatePeerPod(ctx, "team", p.name, p.node, nil)
+		require.NoError(t, err)
+	}
+	an := newAdaptorNode(t)
+	seed := func(pod, sandbox string, at time.Time) (string, string) {
+		name := adaptorvm.Name(pod, sandbox)
+		in, err := fc.core.Create(cloud.CreateRequest{Name: name, UniqueName: true, Tags: map[string]string{"team": "blue"},
+			InstanceType: azureSize, Image: azureImage})
+		require.NoError(t, err)
+		require.NoError(t, fc.core.Backdate(in.ID, at))
+		return name, in.ID
+	}
+	an.record(t, sid("1111aaaa"), "team", "gone")
+	deadName, dead := seed("gone", sid("1111aaaa"), time.Now().Add(-time.Hour))
+	an.record(t, sid("2222bbbb"), "team", "live")
+	_, live := seed("live", sid("2222bbbb"), time.Now())
+	an.record(t, sid("5555eeee"), "team", "elsewhere")
+	_, forged := seed("elsewhere", sid("5555eeee"), time.Now())
+	_, untied := seed("stray", sid("7777aaaa"), time.Now().Add(-time.Hour))
+
+	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
+	d := startCloudDaemon(t, c, fc, node, ledgerPath,
+		"--adaptor-pods-dir", an.pods, "--adaptor-kata-dir", an.kata, "--gc-grace", "2s", "--adaptor-vms", "collect")
+	d.waitReady(t, func() {})
+	// ARM forgets a deleted VM: its core instance goes with it.
+	require.Eventually(t, func() bool { in, err := fc.core.Get(dead); return err != nil || !in.State.Alive() }, time.Minute, 100*time.Millisecond,
+		"the dead adaptor VM is deleted")
+	for what, id := range map[string]string{"live": live, "forged": forged, "untied": untied} {
+		assert.True(t, mustGet(t, fc.core, id).State.Alive(), "%s is kept", what)
+	}
+	require.Eventually(t, func() bool {
+		snap := statusOf(t, d)
+		if snap.AdaptorVMs == nil {
+			return false
+		}
+		for _, vm := range snap.AdaptorVMs.VMs {
+			if vm.Name == deadName {
+				return vm.Action == adaptorvm.ActionDeleted
+			}
+		}
+		return false
+	}, 30*time.Second, 100*time.Millisecond, "/status says it was deleted")
+	d.stop(t)
+}
