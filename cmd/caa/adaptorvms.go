@@ -117,7 +117,7 @@ func (n *nodeDaemon) runAdaptorVMs(ctx context.Context, writes *rate.Limiter) {
 }
 
 func toHealthAdaptor(rep adaptorvm.Report) health.AdaptorVMs {
-	out := health.AdaptorVMs{At: rep.At, Mode: rep.Mode, Sandboxes: rep.Sandboxes, Problems: rep.Problems, Error: rep.Error,
+	out := health.AdaptorVMs{At: rep.At, Mode: rep.Mode, Sandboxes: rep.Sandboxes, Problems: rep.Problems, Error: rep.Error, Skipped: rep.Skipped,
 		VMs: make([]health.AdaptorVM, 0, len(rep.Items))}
 	for _, it := range rep.Items {
 		out.VMs = append(out.VMs, health.AdaptorVM{ID: it.ID, Name: it.Name, State: string(it.State), Tie: string(it.Tie),
@@ -134,6 +134,9 @@ func adaptorLines(a *health.AdaptorVMs) []string {
 	head := fmt.Sprintf("Adaptor VMs:\t%d found, mode %s, %d sandbox records on this node", len(a.VMs), a.Mode, a.Sandboxes)
 	if a.Error != "" {
 		head += "; last scan failed: " + a.Error
+	}
+	if a.Skipped != "" {
+		head = "Adaptor VMs:\tnot looked for: " + a.Skipped
 	}
 	lines := []string{head}
 	for _, p := range a.Problems {

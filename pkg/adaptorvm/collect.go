@@ -65,6 +65,8 @@ type Report struct {
 	Items     []Item   `json:"items"`
 	Problems  []string `json:"problems,omitempty"`
 	Error     string   `json:"error,omitempty"`
+	// Skipped says why the cloud was not listed, when it was not.
+	Skipped string `json:"skipped,omitempty"`
 }
 
 // Tied reports whether any VM of the report is tied to this node and not
@@ -110,6 +112,14 @@ func (c *Collector) Scan(ctx context.Context) Report {
 	rep.Sandboxes = len(sandboxes)
 	for _, p := range problems {
 		rep.Problems = append(rep.Problems, p.Error())
+	}
+	if len(sandboxes) == 0 {
+		// Nothing on this node could tie a VM, so every VM would only be
+		// reported: the listing (a VPC's every instance, on IBM Cloud)
+		// is not worth a start of every node.
+		rep.Skipped = fmt.Sprintf("no sandbox record of the adaptor's in %s: it has not run on this node since the boot, "+
+			"so nothing here can tie a VM to this node; the cloud is not listed", c.PodsDir)
+		return rep
 	}
 	kata, seen, err := KataSandboxes(c.KataDir)
 	if err != nil {

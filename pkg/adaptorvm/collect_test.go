@@ -20,11 +20,13 @@ type fakeCloud struct {
 	mu      sync.Mutex
 	vms     []provider.VM
 	deleted []string
+	lists   int
 }
 
 func (f *fakeCloud) ListAdaptorVMs(context.Context) ([]provider.VM, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.lists++
 	var out []provider.VM
 	for _, vm := range f.vms {
 		if !vm.State.Gone() {
@@ -231,4 +233,19 @@ func TestRunStopsWhenNothingTiedRemains(t *testing.T) {
 	assert.Equal(t, ActionDeleted, byID(reports[2])["i-1"].Action)
 	assert.Equal(t, ActionReport, byID(reports[2])["i-untied"].Action)
 	assert.Equal(t, []string{"i-1"}, cloud.deleted)
+}
+
+// TestANodeWithoutAdaptorRecordsListsNothing: with no sandbox record of
+// the adaptor's on the node, no VM could be tied, so the cloud is not
+// listed at all, and Run ends after the one look.
+func TestANodeWithoutAdaptorRecordsListsNothing(t *testing.T) {
+	made := time.Date(2026, 12, 2, 11, 0, 0, 0, time.UTC)
+	cloud := &fakeCloud{vms: []provider.VM{{ID: "i-1", Name: Name("web", sidA), State: provider.StateRunning, CreatedAt: made}}}
+	c, _, _, _ := newCollector(t, ModeCollect, cloud, nil)
+	var reports []Report
+	c.Run(context.Background(), time.Millisecond, func(r Report) { reports = append(reports, r) })
+	require.Len(t, reports, 1)
+	assert.Contains(t, reports[0].Skipped, "has not run on this node")
+	assert.Zero(t, cloud.lists)
+	assert.Empty(t, cloud.deleted)
 }

@@ -13,6 +13,8 @@ type AdaptorVMs struct {
 	VMs       []AdaptorVM `json:"vms"`
 	Problems  []string    `json:"problems,omitempty"`
 	Error     string      `json:"error,omitempty"`
+	// Skipped says why the cloud was not listed, when it was not.
+	Skipped string `json:"skipped,omitempty"`
 }
 
 // AdaptorVM is one of the adaptor's VMs.
