@@ -48,4 +48,30 @@ func TestKataRemoteHypervisorComponent(t *testing.T) {
 	assert.Equal(t, "/run/netns", paths["netns"])
 	assert.Contains(t, string(withComponent(t, bin, "overlays/aws", "components/kata-remote-hypervisor")), "name: caa-pull-secrets",
 		"the role that lets caa read the image-pull secrets its pods name")
+
+	// Surge-safe on the host network: no declared port (it would be a host
+	// port, and the scheduler would not place the surge's second pod),
+	// exec probes against the pod's own unix socket, the scrape port
+	// served once free, and the default surge strategy kept.
+	assert.Empty(t, c.Ports, "no host port")
+	assert.Equal(t, "unix:/run/caa/health.sock", env["CAA_HEALTH_ADDR"].Value)
+	assert.Equal(t, ":8000", env["CAA_METRICS_ADDR"].Value)
+	assert.Equal(t, "/run/caa", mounts["health"])
+	for name, p := range map[string]*corev1.Probe{"startup": c.StartupProbe, "readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+		require.NotNil(t, p, name)
+		require.NotNil(t, p.Exec, "%s: an exec probe", name)
+		assert.Nil(t, p.HTTPGet, name)
+		assert.Equal(t, "/usr/local/bin/caa", p.Exec.Command[0], name)
+		assert.Equal(t, "probe", p.Exec.Command[1], name)
+	}
+	assert.Equal(t, "/healthz", c.LivenessProbe.Exec.Command[2])
+	assert.Equal(t, "/readyz", c.ReadinessProbe.Exec.Command[2])
+	for _, v := range spec.Volumes {
+		if v.Name == "health" {
+			require.NotNil(t, v.EmptyDir, "the health socket is the pod's own, never a hostPath")
+		}
+	}
+	ru := ds.Spec.UpdateStrategy.RollingUpdate
+	require.NotNil(t, ru)
+	assert.Equal(t, int32(1), ru.MaxSurge.IntVal, "the kata mode surges too")
 }

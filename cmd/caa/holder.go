@@ -17,6 +17,7 @@ import (
 	"github.com/caa-project/caa/pkg/handover"
 	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/pkg/holder"
+	"github.com/caa-project/caa/pkg/hypervisor"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/ledger/ledgerapi"
 	"github.com/caa-project/caa/pkg/nodecap"
@@ -70,6 +71,10 @@ type nodeDaemon struct {
 	// cooldown's key; nil refuses every asker (fail closed).
 	verify func(ctx context.Context, r *handover.Request) (string, error)
 	surge  bool // the DaemonSet's strategy runs two caa pods on a node
+	// hv is kata's hypervisor socket, held for the process's life (the
+	// remote hypervisor mode): bound at the first session, or passed by
+	// the caa that handed the ledger over; passed on at a release.
+	hv *hypervisor.Socket
 
 	mu        sync.Mutex
 	state     holder.State
@@ -119,6 +124,7 @@ type holdOutcome struct {
 // (SIGTERM) ends.
 func (n *nodeDaemon) run(ctx, stopCtx context.Context) error {
 	defer n.closeListener()
+	defer n.closeHypervisorSocket()
 	if err := n.knowMyPod(stopCtx); err != nil {
 		return shutdownErr(ctx, err)
 	}
@@ -218,6 +224,7 @@ func (n *nodeDaemon) acquire(ctx context.Context) (*ledger.Ledger, *handover.Han
 					Outcome: health.HandoverUnderway, StartedAt: asked})
 				n.status.SetBlocked("taking over from " + ho.From.String() + ": opening the ledger")
 				n.asked = asked
+				n.takeSockets(ho.Sockets)
 				led, err := n.open(ctx, 30*time.Second)
 				if err != nil {
 					ho.Close() // the old caa takes the ledger back
@@ -555,7 +562,7 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 			epoch := led.Meta().OpenEpoch
 			stopWork()
 			stopped := time.Now()
-			err := req.Release(n.me, epoch, stopped)
+			err := req.Release(n.me, epoch, stopped, n.passSockets()...)
 			if err == nil {
 				n.step(holder.Released)
 				log.Info("ledger released to the new caa; waiting for it to turn ready", "to", req.From.String(),

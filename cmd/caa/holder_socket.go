@@ -90,8 +90,16 @@ func (n *nodeDaemon) knowMyPod(ctx context.Context) error {
 	n.surge = holder.Surge(ds)
 	n.proveSelf = true
 	v := &holder.Verifier{Client: n.client, Node: n.f.node, Self: self, DaemonSet: ds, CheckProcess: n.f.handoverCheckProcess}
-	n.verify = func(ctx context.Context, r *handover.Request) (string, error) { return v.Verify(ctx, r.From, r.Cred) }
+	n.setVerify(func(ctx context.Context, r *handover.Request) (string, error) { return v.Verify(ctx, r.From, r.Cred) })
 	return nil
+}
+
+// setVerify sets how hand-over askers are checked; requests may be handled
+// meanwhile.
+func (n *nodeDaemon) setVerify(v func(context.Context, *handover.Request) (string, error)) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	n.verify = v
 }
 
 // unverifiedAskers sets how askers are treated where none can be
@@ -104,12 +112,12 @@ func (n *nodeDaemon) unverifiedAskers(why string) {
 		return
 	}
 	n.log.Warn(why+": --handover-allow-unverified: hand-over askers are taken at their word", "pod", n.f.podName)
-	n.verify = func(_ context.Context, r *handover.Request) (string, error) {
+	n.setVerify(func(_ context.Context, r *handover.Request) (string, error) {
 		if r.From.UID != "" {
 			return r.From.UID, nil
 		}
 		return r.From.Pod, nil
-	}
+	})
 }
 
 // bearerToken is this caa's apiserver token (in a pod: its service account
@@ -209,12 +217,15 @@ func (n *nodeDaemon) refuse(reason string) {
 // naming the real new pod neither gets the ledger nor costs that pod one.
 func (n *nodeDaemon) handle(r *handover.Request) {
 	ok, reason := n.gate.Admit("", time.Now()) // closed: refused before any check
+	n.mu.Lock()
+	verify := n.verify
+	n.mu.Unlock()
 	if ok {
-		if n.verify == nil {
+		if verify == nil {
 			ok, reason = false, refuseUnverified
 		} else {
 			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-			id, err := n.verify(ctx, r)
+			id, err := verify(ctx, r)
 			cancel()
 			switch {
 			case err != nil:

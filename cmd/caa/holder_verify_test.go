@@ -61,12 +61,21 @@ func TestCooldownKeysOnVerifiedIdentity(t *testing.T) {
 	n.verify = func(_ context.Context, r *handover.Request) (string, error) { return "uid-" + r.From.Namespace, nil }
 	got := make(chan *handover.Request, 4)
 	n.takeRequests(got)
+	// Ended by a channel of its own: closing got could race with a send
+	// the race detector cannot order (the answer comes back through the
+	// kernel).
+	done := make(chan struct{})
 	go func() {
-		for r := range got {
-			r.Refuse("test: reached the holder, verified " + r.Verified)
+		for {
+			select {
+			case r := <-got:
+				r.Refuse("test: reached the holder, verified " + r.Verified)
+			case <-done:
+				return
+			}
 		}
 	}()
-	t.Cleanup(func() { close(got) })
+	t.Cleanup(func() { close(done) })
 
 	// A local process (verified as uid-intruder) named the real new pod and
 	// failed its hand-over: the cooldown is the intruder's.

@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/time/rate"
 
+	"github.com/caa-project/caa/pkg/handover"
 	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/pkg/hypervisor"
 	"github.com/caa-project/caa/pkg/ledger"
@@ -215,14 +216,18 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 	if f.hv.pullSecrets {
 		pullSecrets = sandbox.KubePullSecrets{Client: n.client}
 	}
+	// The sandboxes stop taking work once kata's calls in flight are
+	// drained (below), not at ctx's end: a StartVM that waits for the
+	// create budget as caa stops must still be answered.
+	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	m := sandbox.New(sandbox.Config{
 		Ledger: led, Provider: n.prov, Pods: n.pods, Events: n.events, Spec: n.specCfg, RuntimeClasses: f.runtimeClasses,
 		Side: side, DefaultInitData: f.hv.initData, PullSecrets: pullSecrets,
 		Cluster: n.clusterID, Node: f.node, NodeIP: net.ParseIP(f.hv.nodeIP), SocketDir: f.hv.agentDir,
 		Writes: writes, Reads: reads, CallTimeout: f.cloudTimeout, StartTimeout: f.hv.startLimit,
-		ConfirmMissing: f.confirmMissing, OrphanGrace: f.gcGrace, Stop: ctx, Log: log,
+		ConfirmMissing: f.confirmMissing, OrphanGrace: f.gcGrace, Stop: work, Log: log,
 	})
-	defer func() { m.Close(); m.Wait() }()
+	defer func() { stopWork(); m.Close(); m.Wait() }()
 	watch := &agentWatch{bound: f.hv.readyBound, confidential: f.confidential, silent: func(id, why string, d time.Duration) { n.agentSilent(led, log, id, why, d) }}
 	report := func(at time.Time, rep sandbox.Report, err error) bool {
 		p := watch.pass(at, time.Now(), rep, err)
@@ -245,17 +250,21 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 		// ran, then keeps the daemon serving what this caa registered.
 		go daemon.Keep(ctx, 5*time.Second, led)
 	}
-	ln, lerr := hypervisor.Listen(f.hv.socket)
-	if lerr != nil {
-		n.status.SetBlocked(lerr.Error())
-		log.Error("cannot serve kata's remote hypervisor socket", "err", lerr)
+	sock, serr := n.hypervisorSocket()
+	if serr != nil {
+		n.status.SetBlocked(serr.Error())
+		log.Error("cannot serve kata's remote hypervisor socket", "err", serr)
 		return
 	}
 	log.Info("serving kata's remote hypervisor API", "socket", f.hv.socket)
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
-		if err := hypervisor.Serve(ctx, ln, &hypervisor.Service{Sandboxes: m, CaaVersion: version, Log: log}); err != nil {
+		defer stopWork()
+		// Stopping (SIGTERM, a hand-over) lets the calls in flight finish
+		// within the grace; calls arriving meanwhile wait in the socket's
+		// backlog for the next holder (hypervisor.Socket).
+		if err := sock.Serve(ctx, &hypervisor.Service{Sandboxes: m, CaaVersion: version, Log: log}, f.shutdownGrace); err != nil {
 			log.Error("remote hypervisor service stopped", "err", err)
 		}
 	}()
@@ -399,5 +408,74 @@ func sleepCtx(ctx context.Context, d time.Duration) error {
 		return ctx.Err()
 	case <-t.C:
 		return nil
+	}
+}
+
+// hypervisorSocket is kata's socket for this session: the one this process
+// holds already (an earlier session's, or passed by the caa it took over
+// from), else bound now.
+func (n *nodeDaemon) hypervisorSocket() (*hypervisor.Socket, error) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.hv == nil {
+		s, err := hypervisor.ListenSocket(n.f.hv.socket)
+		if err != nil {
+			return nil, err
+		}
+		n.hv = s
+	}
+	return n.hv, nil
+}
+
+// takeSockets keeps the hypervisor socket a releasing caa passed, when it
+// is the one this caa serves; other sockets are closed.
+func (n *nodeDaemon) takeSockets(socks []handover.Socket) {
+	for _, s := range socks {
+		if s.Name != hvSocketName || n.f.hv.socket == "" {
+			_ = s.File.Close()
+			continue
+		}
+		hv, err := hypervisor.FromFile(s.File, n.f.hv.socket)
+		if err != nil {
+			n.log.Warn("not serving the socket the running caa passed", "err", err)
+			continue
+		}
+		n.mu.Lock()
+		if n.hv != nil {
+			_ = n.hv.Close()
+		}
+		n.hv = hv
+		n.mu.Unlock()
+		n.log.Info("took kata's hypervisor socket over from the running caa: calls made during the hand-over wait in it", "socket", hv.Path())
+	}
+}
+
+// hvSocketName names the hypervisor socket in a hand-over.
+const hvSocketName = "hypervisor"
+
+// passSockets are the sockets a release passes to the new caa: kata's
+// hypervisor socket, so that the shims' calls during the hand-over wait
+// for the new caa instead of being refused. This caa keeps its own
+// descriptor, for a hand-over taken back.
+func (n *nodeDaemon) passSockets() []handover.Socket {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.hv == nil {
+		return nil
+	}
+	f, err := n.hv.File()
+	if err != nil {
+		n.log.Warn("cannot pass kata's hypervisor socket to the new caa; it binds its own", "err", err)
+		return nil
+	}
+	return []handover.Socket{{Name: hvSocketName, File: f}}
+}
+
+func (n *nodeDaemon) closeHypervisorSocket() {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	if n.hv != nil {
+		_ = n.hv.Close()
+		n.hv = nil
 	}
 }

@@ -85,7 +85,7 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return usageError{fmt.Errorf("%w (see `%s --help`)", err, cmd.CommandPath())}
 	})
-	root.AddCommand(newVersionCommand(), newLedgerCommand(), newRunCommand(), newStatusCommand(), newClusterCommand(), newRelayCommand())
+	root.AddCommand(newVersionCommand(), newLedgerCommand(), newRunCommand(), newStatusCommand(), newClusterCommand(), newRelayCommand(), newProbeCommand())
 	return root
 }
 

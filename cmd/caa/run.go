@@ -39,6 +39,7 @@ type runFlags struct {
 	runtimeClasses []string
 	ledgerPath     string
 	healthAddr     string
+	metricsAddr    string
 	resync         time.Duration
 	gcGrace        time.Duration
 	bootTimeout    time.Duration
@@ -162,7 +163,9 @@ func addRunFlags(cmd *cobra.Command, f *runFlags) {
 	fs.StringSliceVar(&f.runtimeClasses, "runtime-class", provider.SplitList(envOr("CAA_RUNTIME_CLASSES", "kata-remote")),
 		"runtime class of peer pods, repeatable (env CAA_RUNTIME_CLASSES, comma-separated)")
 	fs.StringVar(&f.ledgerPath, "ledger", envOr("CAA_LEDGER", ledger.DefaultPath), "ledger file (env CAA_LEDGER)")
-	fs.StringVar(&f.healthAddr, "health-addr", envOr("CAA_HEALTH_ADDR", ":8000"), "address of /healthz, /readyz, /metrics, /status (env CAA_HEALTH_ADDR)")
+	fs.StringVar(&f.healthAddr, "health-addr", envOr("CAA_HEALTH_ADDR", ":8000"), "address of /healthz, /readyz, /metrics, /status: host:port, or unix:PATH for exec probes (`caa probe`) that need no port (env CAA_HEALTH_ADDR)")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", envOr("CAA_METRICS_ADDR", ""), "a second address serving the same endpoints, for scrapes when --health-addr is a unix socket; "+
+		"while another process holds its port (the old caa of a surge on the host network) it is served once free (env CAA_METRICS_ADDR)")
 	fs.DurationVar(&f.resync, "resync", envDuration("CAA_RESYNC", time.Minute),
 		"period of the check of the pod cache against the ledger; it makes no cloud call (env CAA_RESYNC)")
 	fs.DurationVar(&f.audit, "audit-interval", envDuration("CAA_AUDIT_INTERVAL", 10*time.Minute),
@@ -469,6 +472,15 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 		return fmt.Errorf("health endpoint: %w", err)
 	}
 	serve("health server", func() error { return srv.Serve(stopCtx) })
+	if f.metricsAddr != "" {
+		serve("metrics server", func() error {
+			ms, err := health.ListenWhenFree(stopCtx, f.metricsAddr, mux, log, 2*time.Second)
+			if err != nil {
+				return err
+			}
+			return ms.Serve(stopCtx)
+		})
+	}
 	log.Info("caa starting", "version", version, "provider", f.providerName, "ledger", f.ledgerPath, "health", srv.Addr().String(),
 		"confidential", f.confidentialMode())
 

@@ -46,7 +46,7 @@ func newStatusCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&addr, "addr", envOr("CAA_STATUS_ADDR", "http://127.0.0.1:8000"), "the daemon's health address (env CAA_STATUS_ADDR)")
+	cmd.Flags().StringVar(&addr, "addr", envOr("CAA_STATUS_ADDR", "http://127.0.0.1:8000"), "the daemon's health address: host:port, a URL or unix:PATH (env CAA_STATUS_ADDR)")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for the daemon")
 	return cmd
@@ -54,24 +54,14 @@ func newStatusCommand() *cobra.Command {
 
 func fetchStatus(ctx context.Context, addr string, timeout time.Duration) (health.Snapshot, error) {
 	var snap health.Snapshot
-	if !strings.Contains(addr, "://") {
-		addr = "http://" + addr
-	}
-	ctx, cancel := context.WithTimeout(ctx, timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, strings.TrimSuffix(addr, "/")+"/status", nil)
+	code, body, err := healthGet(ctx, addr, "/status", timeout)
 	if err != nil {
-		return snap, usageError{fmt.Errorf("--addr %q: %w", addr, err)}
+		return snap, err
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return snap, fmt.Errorf("no caa daemon answers at %s: %w", addr, err)
+	if code != http.StatusOK {
+		return snap, fmt.Errorf("%s/status answered HTTP %d", addr, code)
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return snap, fmt.Errorf("%s/status answered HTTP %d", addr, resp.StatusCode)
-	}
-	if err := json.NewDecoder(resp.Body).Decode(&snap); err != nil {
+	if err := json.Unmarshal([]byte(body), &snap); err != nil {
 		return snap, fmt.Errorf("%s/status: %w", addr, err)
 	}
 	return snap, nil

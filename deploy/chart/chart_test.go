@@ -37,6 +37,8 @@ func settings() []setting {
 			setting{name: c + "+no-surge", files: []string{c}, sets: []string{"surge=false"},
 				overlay: "overlays/" + c, components: []string{"components/no-surge"}},
 			setting{name: c + "+kata", files: []string{c, "kata"}, overlay: "overlays/" + c,
+				components: []string{"components/kata-remote-hypervisor", "components/relay"}},
+			setting{name: c + "+kata+no-surge", files: []string{c, "kata"}, sets: []string{"surge=false"}, overlay: "overlays/" + c,
 				components: []string{"components/no-surge", "components/kata-remote-hypervisor", "components/relay"}},
 			setting{name: c + "+cluster-scope", files: []string{c, "cluster-scope"}, overlay: "overlays/" + c,
 				components: []string{"components/cluster-scope"}},
@@ -55,7 +57,7 @@ func settings() []setting {
 			sets:    []string{"identity.route=ibmcloud-trusted-profile", "identity.ibmcloudProfileId=REPLACE_ME"},
 			overlay: "overlays/ibmcloud-trusted-profile"},
 		setting{name: "aws+kata+cluster-scope", files: []string{"aws", "kata", "cluster-scope"}, overlay: "overlays/aws",
-			components: []string{"components/no-surge", "components/kata-remote-hypervisor", "components/relay", "components/cluster-scope"}},
+			components: []string{"components/kata-remote-hypervisor", "components/relay", "components/cluster-scope"}},
 		// No overlay: caa reading the adaptor's ConfigMap and Secret.
 		setting{name: "aws+adaptor", files: []string{"aws", "adaptor"}},
 		// No overlay: the nodes' managed identity is overlays/azure without
@@ -170,7 +172,6 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"irsa without a role", []string{"aws"}, []string{"identity.route=aws-irsa"}, "needs identity.awsRoleArn"},
 		{"workload identity without a client", []string{"azure"}, []string{"identity.route=azure-workload-identity"}, "needs identity.azureClientId"},
 		{"trusted profile without a profile", []string{"ibmcloud"}, []string{"identity.route=ibmcloud-trusted-profile"}, "needs identity.ibmcloudProfileId"},
-		{"hypervisor with a surge", []string{"aws"}, []string{"hypervisor.enabled=true"}, "hypervisor.enabled=true needs surge=false"},
 		{"relay without the hypervisor", []string{"aws"}, []string{"relay.enabled=true"}, "relay.enabled=true needs hypervisor.enabled=true"},
 		{"another cloud's setting", []string{"aws"}, []string{"cloudSettings.CAA_AZURE_LOCATION=westeurope"},
 			"cloudSettings.CAA_AZURE_LOCATION is not a setting of cloud=aws"},

@@ -13,7 +13,10 @@
 //	                                    flight finish (or abandons them after
 //	                                    a bound: their intents are durable),
 //	                                    closes the ledger
-//	                          <-        released {peer, epoch}
+//	                          <-        released {peer, epoch, sockets}
+//	                                    (with the listening sockets it
+//	                                    passes, SCM_RIGHTS: kata's
+//	                                    hypervisor socket)
 //	opens the ledger, runs
 //	its startup pass
 //	ready                     ->
@@ -40,12 +43,16 @@ package handover
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
+	"os"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/caa-project/caa/internal/unixsock"
@@ -103,6 +110,16 @@ type message struct {
 	// At is, in released, when the holder stopped work; in ready, when the
 	// successor's reconciler started: the node's gap lies between them.
 	At time.Time `json:"at,omitzero"`
+	// Sockets names, in order, the descriptors a released message carries.
+	Sockets []string `json:"sockets,omitempty"`
+}
+
+// Socket is a listening socket the holder passes with the release, so
+// that the successor serves the same socket: connections made during the
+// hand-over wait in its backlog instead of being refused.
+type Socket struct {
+	Name string
+	File *os.File
 }
 
 // Errors a successor sees.
@@ -150,6 +167,104 @@ func (c *conn) send(m message) error {
 	_ = c.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
 	_, err = c.c.Write(append(b, '\n'))
 	return err
+}
+
+// sendFDs sends m with the descriptors fds attached to its bytes.
+func (c *conn) sendFDs(m message, fds []int) error {
+	uc, ok := c.c.(*net.UnixConn)
+	if len(fds) == 0 || !ok {
+		return c.send(m)
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return err
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	_ = c.c.SetWriteDeadline(time.Now().Add(5 * time.Second))
+	_, _, err = uc.WriteMsgUnix(append(b, '\n'), syscall.UnixRights(fds...), nil)
+	return err
+}
+
+// recvFirst reads the holder's answer to a request, with the descriptors
+// that came with it, before anything went through c.r: a buffered read
+// would drop them. Bytes read past the answer stay for c.r.
+func (c *conn) recvFirst(ctx context.Context) (message, []*os.File, error) {
+	uc, ok := c.c.(*net.UnixConn)
+	if !ok {
+		m, err := c.recvCtx(ctx)
+		return m, nil, err
+	}
+	fired := make(chan struct{})
+	stop := context.AfterFunc(ctx, func() { defer close(fired); _ = c.c.SetReadDeadline(time.Now()) })
+	defer func() {
+		if !stop() {
+			<-fired
+			_ = c.c.SetReadDeadline(time.Time{})
+		}
+	}()
+	var line []byte
+	var files []*os.File
+	buf := make([]byte, 4096)
+	oob := make([]byte, syscall.CmsgSpace(4*maxSockets))
+	for {
+		n, oobn, _, _, err := uc.ReadMsgUnix(buf, oob)
+		if oobn > 0 {
+			files = append(files, parseRights(oob[:oobn])...)
+		}
+		if n > 0 {
+			line = append(line, buf[:n]...)
+		}
+		if i := bytes.IndexByte(line, '\n'); i >= 0 {
+			c.r = bufio.NewReader(io.MultiReader(bytes.NewReader(line[i+1:]), c.c))
+			var m message
+			if err := json.Unmarshal(line[:i], &m); err != nil {
+				closeAll(files)
+				return message{}, nil, fmt.Errorf("hand-over: bad message %q: %w", line[:i], err)
+			}
+			return m, files, nil
+		}
+		if err != nil {
+			closeAll(files)
+			if ctx.Err() != nil {
+				return message{}, nil, ctx.Err()
+			}
+			return message{}, nil, err
+		}
+		if len(line) > 1<<20 {
+			closeAll(files)
+			return message{}, nil, errors.New("hand-over: answer too long")
+		}
+	}
+}
+
+// maxSockets bounds the descriptors an answer may carry.
+const maxSockets = 4
+
+// parseRights returns the descriptors in a control message as files.
+func parseRights(oob []byte) []*os.File {
+	msgs, err := syscall.ParseSocketControlMessage(oob)
+	if err != nil {
+		return nil
+	}
+	var files []*os.File
+	for _, cm := range msgs {
+		fds, err := syscall.ParseUnixRights(&cm)
+		if err != nil {
+			continue
+		}
+		for _, fd := range fds {
+			syscall.CloseOnExec(fd)
+			files = append(files, os.NewFile(uintptr(fd), "handed-over socket"))
+		}
+	}
+	return files
+}
+
+func closeAll(files []*os.File) {
+	for _, f := range files {
+		_ = f.Close()
+	}
 }
 
 // recv reads one message; io.EOF (or any read error) means the peer went.
@@ -272,8 +387,20 @@ func (r *Request) Refuse(reason string) {
 // Release tells the successor the ledger is closed and free; epoch is
 // the last epoch the holder opened it under, me names the holder, and
 // stopped is when it stopped taking work.
-func (r *Request) Release(me Peer, epoch uint64, stopped time.Time) error {
-	if err := r.c.send(message{Type: msgReleased, Peer: &me, Epoch: epoch, At: stopped}); err != nil {
+// The sockets go with it (the holder keeps its own descriptors, and closes
+// the Files it gave once sent).
+func (r *Request) Release(me Peer, epoch uint64, stopped time.Time, sockets ...Socket) error {
+	m := message{Type: msgReleased, Peer: &me, Epoch: epoch, At: stopped}
+	var fds []int
+	for _, s := range sockets {
+		m.Sockets = append(m.Sockets, s.Name)
+		fds = append(fds, int(s.File.Fd()))
+	}
+	err := r.c.sendFDs(m, fds)
+	for _, s := range sockets {
+		_ = s.File.Close()
+	}
+	if err != nil {
 		_ = r.c.c.Close()
 		return fmt.Errorf("%w: %w", ErrSuccessorGone, err)
 	}
@@ -347,6 +474,9 @@ type Handover struct {
 	From    Peer
 	Epoch   uint64
 	Stopped time.Time // when the holder stopped work
+	// Sockets are the listening sockets the holder passed (the successor
+	// owns the Files: it takes or closes each).
+	Sockets []Socket
 
 	c       *conn
 	aborted chan string   // the holder's abort reason, once
@@ -395,7 +525,7 @@ func Ask(ctx context.Context, path string, me Peer) (*Handover, error) {
 		_ = c.Close()
 		return nil, fmt.Errorf("%w: %w", ErrHolderGone, err)
 	}
-	m, err := cn.recvCtx(ctx)
+	m, files, err := cn.recvFirst(ctx)
 	if err != nil {
 		_ = c.Close()
 		if ctx.Err() != nil {
@@ -406,13 +536,23 @@ func Ask(ctx context.Context, path string, me Peer) (*Handover, error) {
 	switch m.Type {
 	case msgReleased:
 	case msgRefused:
+		closeAll(files)
 		_ = c.Close()
 		return nil, fmt.Errorf("%w: %s", ErrRefused, m.Reason)
 	default:
+		closeAll(files)
 		_ = c.Close()
 		return nil, fmt.Errorf("hand-over: unexpected answer %q", m.Type)
 	}
 	h := &Handover{Epoch: m.Epoch, Stopped: m.At, c: cn, aborted: make(chan string, 1), retired: make(chan struct{}), gone: make(chan struct{})}
+	// Each named descriptor is a passed socket; unnamed extras are closed.
+	for i, f := range files {
+		if i < len(m.Sockets) {
+			h.Sockets = append(h.Sockets, Socket{Name: m.Sockets[i], File: f})
+		} else {
+			_ = f.Close()
+		}
+	}
 	if m.Peer != nil {
 		h.From = *m.Peer
 	}

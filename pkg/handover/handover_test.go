@@ -282,3 +282,48 @@ func (c *deadlineFirst) Read(b []byte) (int, error) {
 	}
 	return c.Conn.Read(b)
 }
+
+// The release carries the holder's listening sockets: the successor gets
+// the same socket (a connection made before the release is accepted on
+// it), the conversation goes on after it, and a refusal carries none.
+func TestReleasePassesListeningSockets(t *testing.T) {
+	path := sock(t)
+	_, reqs := holder(t, path)
+	kata := filepath.Join(filepath.Dir(path), "hv.sock")
+	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: kata, Net: "unix"})
+	require.NoError(t, err)
+	defer ln.Close()
+	waiting, err := net.Dial("unix", kata) // queued in the backlog
+	require.NoError(t, err)
+	defer waiting.Close()
+
+	got := make(chan *Handover, 1)
+	go func() {
+		h, err := Ask(ctxT(t), path, newCaa)
+		assert.NoError(t, err)
+		got <- h
+	}()
+	req := <-reqs
+	f, err := ln.File()
+	require.NoError(t, err)
+	require.NoError(t, req.Release(oldCaa, 7, time.Now(), Socket{Name: "hypervisor", File: f}))
+	h := <-got
+	require.NotNil(t, h)
+	require.Len(t, h.Sockets, 1)
+	assert.Equal(t, "hypervisor", h.Sockets[0].Name)
+	passed, err := net.FileListener(h.Sockets[0].File)
+	require.NoError(t, err)
+	_ = h.Sockets[0].File.Close()
+	defer passed.Close()
+	assert.Equal(t, kata, passed.Addr().String())
+	c, err := passed.Accept()
+	require.NoError(t, err, "the connection queued before the release is accepted by the successor")
+	_ = c.Close()
+
+	// The conversation goes on as before.
+	require.NoError(t, h.SayReady(time.Now()))
+	_, err = req.WaitReady(ctxT(t))
+	require.NoError(t, err)
+	req.Retire()
+	<-h.Retired()
+}

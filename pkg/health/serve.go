@@ -7,8 +7,12 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"strings"
 	"sync/atomic"
+	"syscall"
 	"time"
+
+	"github.com/caa-project/caa/internal/unixsock"
 )
 
 // DefaultShutdownTimeout bounds a graceful shutdown: probes and scrapes are
@@ -38,8 +42,7 @@ func Listen(ctx context.Context, addr string, h http.Handler, log *slog.Logger) 
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", addr)
+	ln, err := listen(ctx, addr)
 	if err != nil {
 		return nil, fmt.Errorf("health: listen on %s: %w", addr, err)
 	}
@@ -63,6 +66,48 @@ func Listen(ctx context.Context, addr string, h http.Handler, log *slog.Logger) 
 		}
 	}
 	return s, nil
+}
+
+// UnixPrefix marks an address as a unix socket's path ("unix:/run/caa/health.sock"):
+// the probes then need no port, which two caa pods of a surge on the host
+// network would both want.
+const UnixPrefix = "unix:"
+
+func listen(ctx context.Context, addr string) (net.Listener, error) {
+	if path, ok := strings.CutPrefix(addr, UnixPrefix); ok {
+		if path == "" {
+			return nil, errors.New("empty unix socket path")
+		}
+		// Owner-only; a stale file (SIGKILL) is replaced, a served one refused.
+		return unixsock.Listen(path, unixsock.Options{Mode: 0o600, RefuseServed: true})
+	}
+	var lc net.ListenConfig
+	return lc.Listen(ctx, "tcp", addr)
+}
+
+// ListenWhenFree is Listen for a port another process may hold for a while
+// (the old caa of a surge on the host network holds the metrics port until
+// it ends): it tries again every retry until the port is free or ctx ends.
+// Any other error is returned at once.
+func ListenWhenFree(ctx context.Context, addr string, h http.Handler, log *slog.Logger, retry time.Duration) (*Server, error) {
+	warned := false
+	for {
+		s, err := Listen(ctx, addr, h, log)
+		if err == nil || !errors.Is(err, syscall.EADDRINUSE) {
+			return s, err
+		}
+		if !warned && log != nil {
+			log.Warn("the address is in use (the caa this one replaces still serves it); serving it once it is free", "addr", addr, "retry", retry)
+			warned = true
+		}
+		t := time.NewTimer(retry)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return nil, ctx.Err()
+		case <-t.C:
+		}
+	}
 }
 
 // Addr is the address the server listens on, with the port it got.

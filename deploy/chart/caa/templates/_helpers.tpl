@@ -31,9 +31,6 @@ through.
 {{- if and (eq $route "ibmcloud-trusted-profile") (not .Values.identity.ibmcloudProfileId) -}}
 {{- fail "identity.route=ibmcloud-trusted-profile needs identity.ibmcloudProfileId (the trusted profile's id)" -}}
 {{- end -}}
-{{- if and .Values.hypervisor.enabled .Values.surge -}}
-{{- fail "hypervisor.enabled=true needs surge=false: the remote hypervisor mode runs caa on the host network, where two caa pods of a surge would clash on the health port" -}}
-{{- end -}}
 {{- if and .Values.relay.enabled (not .Values.hypervisor.enabled) -}}
 {{- fail "relay.enabled=true needs hypervisor.enabled=true: the relay serves the agent sockets of kata's remote hypervisor mode" -}}
 {{- end -}}
