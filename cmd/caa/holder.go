@@ -12,6 +12,7 @@ import (
 	"golang.org/x/time/rate"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/caa-project/caa/pkg/adaptorvm"
 	"github.com/caa-project/caa/pkg/cluster"
 	"github.com/caa-project/caa/pkg/handover"
 	"github.com/caa-project/caa/pkg/health"
@@ -55,6 +56,8 @@ type nodeDaemon struct {
 	// early is the startup listing taken before the ledger was opened;
 	// the first hold uses it only on a ledger opened from a free lock.
 	early *reconcile.Prefetch
+	// adaptor collects the VMs upstream's adaptor left (adaptorvms.go).
+	adaptor *adaptorvm.Collector
 
 	readyOnce sync.Once
 
@@ -349,6 +352,7 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 		Reads:       rate.NewLimiter(rate.Limit(f.readRate), f.readBurst),
 		CallTimeout: f.cloudTimeout, Stop: sessCtx,
 	}
+	sessServe("adaptor VMs", func() error { n.runAdaptorVMs(sessCtx, exec.Writes); return nil })
 	if n.userData != nil {
 		exec.UserData = func(*reconcile.Pod) ([]byte, error) { return n.userData, nil }
 	}

@@ -82,6 +82,8 @@ type runFlags struct {
 	flags *pflag.FlagSet
 	// hv is the remote hypervisor mode (hypervisor.go).
 	hv hypervisorFlags
+	// av is the VMs the adaptor left (adaptorvms.go).
+	av adaptorFlags
 	// maxPodVMs is the node's kata.peerpods.io/vm capacity (nodecap);
 	// maxPodVMsErr a CAA_MAX_POD_VMS that is not a number.
 	maxPodVMs    int
@@ -130,6 +132,7 @@ func newRunCommand() *cobra.Command {
 	addRunFlags(cmd, f)
 	fs := cmd.Flags()
 	f.hv.add(fs)
+	f.av.add(fs)
 	fs.BoolVar(&f.handover, "handover", envOr("CAA_HANDOVER", "true") == "true",
 		"ask a caa already running on this ledger to hand it over (a surge update); false: wait for its file lock instead (env CAA_HANDOVER)")
 	addHandoverFlags(cmd, f)
@@ -242,6 +245,9 @@ func (f *runFlags) check() error {
 		errs = append(errs, err)
 	}
 	if err := f.hv.check(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := f.av.check(); err != nil {
 		errs = append(errs, err)
 	}
 	if f.maxPodVMsErr != nil {
@@ -569,6 +575,7 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 		prov: prov, specCfg: specCfg, userData: userData, clusterID: clusterID, nodeLedger: nodeLedger,
 		me: handover.Peer{Pod: f.podName, Version: version, PID: os.Getpid()}, started: started,
 		serve: serve, preflight: passed, gate: holder.Gate{Cooldown: f.handoverCool}, early: early,
+		adaptor: f.adaptorCollector(raw, prov, client, log),
 	}
 	alive()
 	err = n.run(ctx, stopCtx)

@@ -39,6 +39,7 @@ func TestRunFlagsCheck(t *testing.T) {
 		{"bad types", func(f *runFlags) { f.instanceTypes = "small:two:4096" }, `"small:two:4096"`},
 		{"bad log format", func(f *runFlags) { f.logFormat = "xml" }, "--log-format"},
 		{"bad log level", func(f *runFlags) { f.logLevel = "loud" }, "--log-level"},
+		{"bad adaptor mode", func(f *runFlags) { f.av.mode = "delete" }, `--adaptor-vms="delete"`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

@@ -121,6 +121,9 @@ func writeStatus(w io.Writer, output string, s health.Snapshot) error {
 	for _, n := range s.Failed {
 		fmt.Fprintf(tw, "Failed:\t%s\n", n)
 	}
+	for _, l := range adaptorLines(s.AdaptorVMs) {
+		fmt.Fprintln(tw, l)
+	}
 	return tw.Flush()
 }
 

@@ -46,3 +46,19 @@ func TestStatusShowsTheConfidentialSettingAndEachVMsTEE(t *testing.T) {
 	assert.Contains(t, buf.String(), `"confidential": "off (--confidential=false)"`)
 	assert.Contains(t, buf.String(), `"id": "i-1"`)
 }
+
+func TestStatusShowsTheAdaptorVMs(t *testing.T) {
+	var buf bytes.Buffer
+	require.NoError(t, writeStatus(&buf, "table", health.Snapshot{
+		AdaptorVMs: &health.AdaptorVMs{Mode: "report", Sandboxes: 2, Problems: []string{"kata's sandbox directory /run/vc/sbs is not there"},
+			VMs: []health.AdaptorVM{
+				{ID: "i-1", Name: "podvm-web-a1b2c3d4", State: "Running", Tie: "tied", Action: "would-delete", Why: "pod team/web is gone from the apiserver"},
+				{ID: "i-2", Name: "podvm-db-b1b2c3d4", State: "Running", Tie: "untied", Action: "report", Why: "nothing on this node ties it"},
+			}},
+	}))
+	out := buf.String()
+	assert.Contains(t, out, "2 found, mode report, 2 sandbox records on this node")
+	assert.Contains(t, out, "i-1 podvm-web-a1b2c3d4 (Running): would-delete: pod team/web is gone from the apiserver")
+	assert.Contains(t, out, "i-2 podvm-db-b1b2c3d4 (Running): report: nothing on this node ties it")
+	assert.Contains(t, out, "Adaptor problem:")
+}

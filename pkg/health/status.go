@@ -157,6 +157,7 @@ type Status struct {
 	records   map[ledger.Phase]int
 	vms       []VMNote
 	handover  *Handover // the last hand-over, if any
+	adaptor   *AdaptorVMs
 }
 
 // NewStatus returns a Status whose start (for StartGrace and time to
@@ -445,6 +446,9 @@ type Snapshot struct {
 	Confidential string `json:"confidential,omitempty"`
 	// VMs are the recorded VMs with their confidential type.
 	VMs []VMNote `json:"vms,omitempty"`
+	// AdaptorVMs is the last scan of the VMs the adaptor left; nil when
+	// none was made (--adaptor-vms=off, or before the first).
+	AdaptorVMs *AdaptorVMs `json:"adaptorVMs,omitempty"`
 }
 
 // PassSummary is a pass as the status view shows it.
@@ -483,6 +487,11 @@ func (s *Status) Snapshot() Snapshot {
 	if s.handover != nil {
 		h := *s.handover
 		snap.Handover = &h
+	}
+	if s.adaptor != nil {
+		a := *s.adaptor
+		a.VMs, a.Problems = slices.Clone(a.VMs), slices.Clone(a.Problems)
+		snap.AdaptorVMs = &a
 	}
 	if !s.readyAt.IsZero() {
 		snap.TimeToReady = Duration(s.readyAt.Sub(s.started))

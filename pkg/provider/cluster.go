@@ -14,3 +14,16 @@ type ClusterLister interface {
 	// itself about a VM it does not show.
 	ListCluster(ctx context.Context, cluster string) ([]VM, error)
 }
+
+// AdaptorLister is implemented by a provider that can find the VMs
+// upstream's cloud-api-adaptor made: those named podvm-… (see
+// pkg/adaptorvm), in the account, region or resource group caa is
+// configured with, whatever their node. The adaptor tags them with no
+// cluster, node or pod, so the listing is by name alone: it proves
+// nothing about whose a VM is.
+type AdaptorLister interface {
+	// ListAdaptorVMs returns every VM whose name starts with "podvm-" and
+	// that carries none of caa's identity tags, in every state the cloud
+	// still shows but terminated, following pagination to the end.
+	ListAdaptorVMs(ctx context.Context) ([]VM, error)
+}

@@ -16,6 +16,7 @@ type vmAPI interface {
 	BeginDelete(ctx context.Context, group, name string,
 		opts *armcompute.VirtualMachinesClientBeginDeleteOptions) (*runtime.Poller[armcompute.VirtualMachinesClientDeleteResponse], error)
 	Get(ctx context.Context, group, name string, opts *armcompute.VirtualMachinesClientGetOptions) (armcompute.VirtualMachinesClientGetResponse, error)
+	NewListPager(group string, opts *armcompute.VirtualMachinesClientListOptions) *runtime.Pager[armcompute.VirtualMachinesClientListResponse]
 }
 
 // nicAPI is the part of the network SDK the provider uses;

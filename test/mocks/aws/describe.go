@@ -16,9 +16,11 @@ import (
 
 var describeParams = []string{"Filter.#.Name", "Filter.#.Value.#", "InstanceId.#", "MaxResults", "NextToken", "DryRun"}
 
-// filter is one Filter.N: the instance matches when the named field equals
-// one of the values. Values match exactly; EC2's * and ? wildcards are not
-// modelled.
+// filter is one Filter.N: the instance matches when the named field matches
+// one of the values. A tag: filter's value may use EC2's wildcards (* any
+// run of characters, ? one character, a backslash escapes either), as the
+// EC2 API reference's DescribeInstances "Filter" describes; other fields
+// match exactly.
 type filter struct {
 	name   string
 	values []string
@@ -56,7 +58,7 @@ func (f filter) matches(in cloud.Instance) bool {
 	}
 	if key, ok := strings.CutPrefix(f.name, "tag:"); ok {
 		v, has := in.Tags[key]
-		return has && slices.Contains(f.values, v)
+		return has && slices.ContainsFunc(f.values, func(pattern string) bool { return wildcardMatch(pattern, v) })
 	}
 	var field string
 	switch f.name {
@@ -81,7 +83,8 @@ func (f filter) matches(in cloud.Instance) bool {
 func tagTerms(fs []filter) []cloud.TagTerm {
 	var out []cloud.TagTerm
 	for _, f := range fs {
-		if key, ok := strings.CutPrefix(f.name, "tag:"); ok {
+		// A wildcard value is no exact term: the filter alone decides it.
+		if key, ok := strings.CutPrefix(f.name, "tag:"); ok && !slices.ContainsFunc(f.values, hasWildcard) {
 			out = append(out, cloud.TagTerm{Key: key, Values: f.values})
 		}
 	}
@@ -319,4 +322,29 @@ func (s *server) terminateInstances(q query, c caller) (any, *apiError) {
 		resp.Changes = append(resp.Changes, change)
 	}
 	return resp, nil
+}
+
+func hasWildcard(v string) bool { return strings.ContainsAny(v, "*?") }
+
+// wildcardMatch reports whether s matches pattern: * any run of
+// characters, ? one, \ makes the next character literal.
+func wildcardMatch(pattern, s string) bool {
+	if pattern == "" {
+		return s == ""
+	}
+	switch c := pattern[0]; {
+	case c == '*':
+		for i := 0; i <= len(s); i++ {
+			if wildcardMatch(pattern[1:], s[i:]) {
+				return true
+			}
+		}
+		return false
+	case c == '?':
+		return s != "" && wildcardMatch(pattern[1:], s[1:])
+	case c == '\\' && len(pattern) > 1:
+		return s != "" && s[0] == pattern[1] && wildcardMatch(pattern[2:], s[1:])
+	default:
+		return s != "" && s[0] == c && wildcardMatch(pattern[1:], s[1:])
+	}
 }

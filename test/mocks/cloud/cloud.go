@@ -575,6 +575,25 @@ func (c *Cloud) SetTEE(id, tee string) error {
 	return nil
 }
 
+// Backdate moves an instance's creation time (its launch time, as the
+// clouds report it) to at, and its boot with it: a test's stand-in for a
+// VM that another program made before the test began, such as one the
+// cloud-api-adaptor left.
+func (c *Cloud) Backdate(id string, at time.Time) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	in, ok := c.instances[id]
+	if !ok {
+		return fmt.Errorf("%w: %s", ErrNotFound, id)
+	}
+	shift := in.CreatedAt.Sub(at)
+	in.CreatedAt = at
+	in.bootAt = in.bootAt.Add(-shift)
+	in.visibleAt = in.visibleAt.Add(-shift)
+	c.changed(time.Time{})
+	return nil
+}
+
 // Instances returns every instance the cloud holds, visible or not,
 // terminated ones included, in creation order.
 func (c *Cloud) Instances() []Instance {
