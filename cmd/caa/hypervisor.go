@@ -250,6 +250,9 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 		// ran, then keeps the daemon serving what this caa registered.
 		go daemon.Keep(ctx, 5*time.Second, led)
 	}
+	if ctx.Err() != nil {
+		return // stopped (an abort, SIGTERM) during the first sync: serve nothing
+	}
 	sock, serr := n.hypervisorSocket()
 	if serr != nil {
 		n.status.SetBlocked(serr.Error())

@@ -135,8 +135,11 @@ func (s *Socket) Serve(ctx context.Context, svc *Service, drain time.Duration) e
 		return fmt.Errorf("ttrpc server: %w", err)
 	}
 	register(srv, svc)
+	if ctx.Err() != nil {
+		return nil // stopped before serving: accept nothing
+	}
 	_ = s.ln.SetDeadline(time.Time{}) // a previous session's stop
-	g := &gate{ln: s.ln, conns: map[*tracked]struct{}{}}
+	g := &gate{ln: s.ln, conns: map[*tracked]struct{}{}, ended: make(chan struct{})}
 	done := make(chan struct{})
 	stopped := make(chan struct{})
 	go func() {
@@ -147,6 +150,12 @@ func (s *Socket) Serve(ctx context.Context, svc *Service, drain time.Duration) e
 			return
 		}
 		g.Close()
+		// Every connection accepted is tracked once the accept loop has
+		// ended: only then does the drain know them all.
+		select {
+		case <-g.ended:
+		case <-done:
+		}
 		deadline := time.Now().Add(drain)
 		for g.busy() && time.Now().Before(deadline) {
 			time.Sleep(5 * time.Millisecond) // a poll of the connections' state
@@ -178,6 +187,10 @@ type gate struct {
 	closed bool
 	conns  map[*tracked]struct{}
 	seq    atomic.Int64 // orders the connections' reads and writes
+	// ended is closed when Accept first reports the gate closed: the
+	// accept loop is over.
+	ended   chan struct{}
+	endOnce sync.Once
 }
 
 func (g *gate) Accept() (net.Conn, error) {
@@ -186,6 +199,7 @@ func (g *gate) Accept() (net.Conn, error) {
 	defer g.mu.Unlock()
 	if err != nil {
 		if g.closed {
+			g.endOnce.Do(func() { close(g.ended) })
 			return nil, net.ErrClosed
 		}
 		return nil, err

@@ -204,3 +204,34 @@ func TestSocketPassesToTheNextHolder(t *testing.T) {
 	_, err = FromFile(r, path)
 	require.ErrorContains(t, err, "not a socket")
 }
+
+// A call that races a session's stop is answered, by that session or by
+// the next one, never cut; a session stopped before it serves accepts
+// nothing. (Before, a connection accepted as the session stopped reached
+// a closed server: "ttrpc: closed".)
+func TestACallRacingTheStopIsNeverCut(t *testing.T) {
+	path := socketPath(t)
+	sock, err := ListenSocket(path)
+	require.NoError(t, err)
+	defer sock.Close()
+	lc := &fakeLifecycle{}
+
+	stopped, cancel := context.WithCancel(context.Background())
+	cancel()
+	require.NoError(t, sock.Serve(stopped, &Service{Sandboxes: lc}, time.Second), "a stopped session returns at once")
+
+	ctx, cancelCalls := context.WithTimeout(context.Background(), time.Minute)
+	defer cancelCalls()
+	for i := range 40 {
+		stop := session(sock, lc, time.Second)
+		answered := make(chan error, 1)
+		go func() { answered <- call(ctx, path, "race") }()
+		if i%2 == 0 {
+			time.Sleep(time.Duration(i) * 50 * time.Microsecond) // spreads the stop over the call's life
+		}
+		require.NoError(t, stop())
+		next := session(sock, lc, time.Second)
+		require.NoError(t, <-answered, "round %d", i)
+		require.NoError(t, next())
+	}
+}
