@@ -216,16 +216,19 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 	if f.hv.pullSecrets {
 		pullSecrets = sandbox.KubePullSecrets{Client: n.client}
 	}
-	// The sandboxes stop taking work once kata's calls in flight are
-	// drained (below), not at ctx's end: a StartVM that waits for the
-	// create budget as caa stops must still be answered.
+	// The sandboxes stop taking calls once kata's calls in flight are
+	// drained (below), not at ctx's end, so that a call the socket took
+	// just before the stop is answered; but no cloud write starts after
+	// ctx's end (StopWrites): a StartVM still waiting for the create
+	// budget then fails with Unavailable, and a delete waits for the
+	// next caa (its Deleting record is durable).
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
 	m := sandbox.New(sandbox.Config{
 		Ledger: led, Provider: n.prov, Pods: n.pods, Events: n.events, Spec: n.specCfg, RuntimeClasses: f.runtimeClasses,
 		Side: side, DefaultInitData: f.hv.initData, PullSecrets: pullSecrets,
 		Cluster: n.clusterID, Node: f.node, NodeIP: net.ParseIP(f.hv.nodeIP), SocketDir: f.hv.agentDir,
 		Writes: writes, Reads: reads, CallTimeout: f.cloudTimeout, StartTimeout: f.hv.startLimit,
-		ConfirmMissing: f.confirmMissing, OrphanGrace: f.gcGrace, Stop: work, Log: log,
+		ConfirmMissing: f.confirmMissing, OrphanGrace: f.gcGrace, Stop: work, StopWrites: ctx, Log: log,
 	})
 	defer func() { stopWork(); m.Close(); m.Wait() }()
 	watch := &agentWatch{bound: f.hv.readyBound, confidential: f.confidential, silent: func(id, why string, d time.Duration) { n.agentSilent(led, log, id, why, d) }}

@@ -116,8 +116,14 @@ type Config struct {
 	OrphanGrace time.Duration
 	// Stop, when done, means no new work (invariant I4).
 	Stop context.Context
-	Log  *slog.Logger
-	Now  func() time.Time
+	// StopWrites, when done, means no cloud write starts (a create or a
+	// delete waiting for its turn fails with ErrStopping), while the calls
+	// already received otherwise go on until Stop: caa stopping for a
+	// hand-over or SIGTERM answers kata's calls in flight but starts
+	// nothing in the cloud. Nil: Stop alone.
+	StopWrites context.Context
+	Log        *slog.Logger
+	Now        func() time.Time
 }
 
 // Manager serves the sandboxes of one node. It is safe for concurrent use.
@@ -293,20 +299,37 @@ func (m *Manager) event(s ledger.Sandbox, warning bool, reason, msg string) {
 	m.cfg.Events.Event(pod, warning, reason, msg)
 }
 
-// take waits for a token of budget; nothing starts once Stop is done.
+// take waits for a token of budget; nothing starts once Stop is done, and
+// no write once StopWrites is.
 func (m *Manager) take(ctx context.Context, budget *rate.Limiter) error {
-	if m.stopping() {
+	write := budget != nil && budget == m.cfg.Writes
+	stopped := func() bool { return m.stopping() || (write && m.writesStopped()) }
+	if stopped() {
 		return ErrStopping
 	}
 	if budget != nil {
-		if err := budget.Wait(ctx); err != nil {
+		wctx := ctx
+		if write && m.cfg.StopWrites != nil {
+			var cancel context.CancelFunc
+			wctx, cancel = context.WithCancel(ctx)
+			defer context.AfterFunc(m.cfg.StopWrites, cancel)()
+			defer cancel()
+		}
+		if err := budget.Wait(wctx); err != nil {
+			if stopped() {
+				return ErrStopping
+			}
 			return fmt.Errorf("wait for the cloud call budget: %w", err)
 		}
 	}
-	if m.stopping() {
+	if stopped() {
 		return ErrStopping
 	}
 	return nil
+}
+
+func (m *Manager) writesStopped() bool {
+	return m.cfg.StopWrites != nil && m.cfg.StopWrites.Err() != nil
 }
 
 func (m *Manager) selector() provider.Selector {

@@ -9,6 +9,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/time/rate"
 
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/provider"
@@ -72,4 +73,41 @@ func TestThrottledCreateGivesUpAtTheStartTimeout(t *testing.T) {
 	s := r.sandbox(sbA)
 	assert.Equal(t, ledger.SandboxCreating, s.Phase, "the intent stays for the next StartVM")
 	assert.Empty(t, r.live())
+}
+
+// caa stopping (SIGTERM, a hand-over) starts no cloud write, even for a
+// StartVM it is still answering: one waiting for the create budget when
+// StopWrites ends fails with ErrStopping, and no VM is created; the
+// intent stays for the next caa.
+func TestNoCreateStartsOnceWritesStop(t *testing.T) {
+	r := newRig(t)
+	r.crash()
+	stopWrites, stop := context.WithCancel(context.Background())
+	r.tweak = func(c *Config) {
+		c.StopWrites = stopWrites
+		c.StartTimeout = time.Minute
+		c.Writes = rate.NewLimiter(rate.Every(30*time.Second), 1)
+		c.Writes.Allow() // the budget is spent: the next create waits 30 s
+	}
+	r.start()
+	ctx := context.Background()
+	r.pod("uid-1", "web")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/var/run/netns/cni-1")
+	require.NoError(t, err)
+	started := make(chan error, 1)
+	go func() { started <- r.m.StartVM(ctx, sbA) }()
+	select {
+	case err := <-started:
+		t.Fatalf("StartVM returned before the stop: %v", err)
+	case <-time.After(200 * time.Millisecond): // waiting for its budget
+	}
+	stop()
+	select {
+	case err := <-started:
+		require.ErrorIs(t, err, ErrStopping)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the waiting StartVM was not released by the stop")
+	}
+	assert.Empty(t, r.cloud.Instances(), "no VM created after the stop")
+	assert.Equal(t, ledger.SandboxCreating, r.sandbox(sbA).Phase, "the intent stays")
 }
