@@ -39,6 +39,7 @@ type runFlags struct {
 	runtimeClasses []string
 	ledgerPath     string
 	healthAddr     string
+	pprofAddr      string
 	resync         time.Duration
 	gcGrace        time.Duration
 	bootTimeout    time.Duration
@@ -160,6 +161,9 @@ func addRunFlags(cmd *cobra.Command, f *runFlags) {
 		"runtime class of peer pods, repeatable (env CAA_RUNTIME_CLASSES, comma-separated)")
 	fs.StringVar(&f.ledgerPath, "ledger", envOr("CAA_LEDGER", ledger.DefaultPath), "ledger file (env CAA_LEDGER)")
 	fs.StringVar(&f.healthAddr, "health-addr", envOr("CAA_HEALTH_ADDR", ":8000"), "address of /healthz, /readyz, /metrics, /status (env CAA_HEALTH_ADDR)")
+	fs.StringVar(&f.pprofAddr, "pprof-addr", os.Getenv("CAA_PPROF_ADDR"),
+		"address of Go's runtime profiles (/debug/pprof/), a listener of their own; empty (the default): off. Use loopback, "+
+			"such as 127.0.0.1:6060: goroutine dumps and the command line are served there (env CAA_PPROF_ADDR)")
 	fs.DurationVar(&f.resync, "resync", envDuration("CAA_RESYNC", time.Minute),
 		"period of the check of the pod cache against the ledger; it makes no cloud call (env CAA_RESYNC)")
 	fs.DurationVar(&f.audit, "audit-interval", envDuration("CAA_AUDIT_INTERVAL", 10*time.Minute),
@@ -229,6 +233,9 @@ func (f *runFlags) check() error {
 	}
 	if f.concurrency <= 0 || f.createRate <= 0 || f.createBurst <= 0 || f.readRate <= 0 || f.readBurst <= 0 {
 		errs = append(errs, errors.New("--create-concurrency, --create-rate, --create-burst, --read-rate and --read-burst must be positive"))
+	}
+	if _, err := health.CheckProfileAddr(f.pprofAddr); err != nil {
+		errs = append(errs, err)
 	}
 	if f.audit < 0 {
 		errs = append(errs, errors.New("--audit-interval must be 0 (startup only) or positive"))
@@ -463,6 +470,16 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 		return fmt.Errorf("health endpoint: %w", err)
 	}
 	serve("health server", func() error { return srv.Serve(stopCtx) })
+	if f.pprofAddr != "" {
+		psrv, err := health.Listen(stopCtx, f.pprofAddr, health.ProfileHandler(), log)
+		if err != nil {
+			return fmt.Errorf("profile endpoint: %w", err)
+		}
+		if lo, _ := health.CheckProfileAddr(f.pprofAddr); !lo {
+			log.Warn("--pprof-addr is not a loopback address: the runtime profiles are reachable from the network", "addr", psrv.Addr().String())
+		}
+		serve("profile server", func() error { return psrv.Serve(stopCtx) })
+	}
 	log.Info("caa starting", "version", version, "provider", f.providerName, "ledger", f.ledgerPath, "health", srv.Addr().String(),
 		"confidential", f.confidentialMode())
 

@@ -553,14 +553,16 @@ func (m *Manager) closeRelay(id string) {
 	}
 }
 
-// StopVM answers fast: the sandbox turns Deleting durably, its relay and
-// tunnel go, and the VM is deleted in the background.
+// StopVM answers fast: it cancels a StartVM in flight and turns the
+// sandbox Deleting durably (one ledger write, whose commit is shared with
+// the other sandbox writes of the moment), and answers. Everything else
+// happens after the answer, in the background: the relay and the agent
+// socket, the tunnel, then the VM's delete and the record's removal. A
+// crash after the answer loses none of it: the next caa's first sync finds
+// the record Deleting and does the same.
 func (m *Manager) StopVM(ctx context.Context, id string) error {
 	if err := checkID(id); err != nil {
 		return err
-	}
-	if _, err := m.cfg.Ledger.GetSandbox(id); errors.Is(err, ledger.ErrNotFound) {
-		return fmt.Errorf("%w: sandbox %s (already stopped, or never created on this node)", ErrUnknownSandbox, id)
 	}
 	m.mu.Lock()
 	if l := m.live[id]; l != nil && l.cancel != nil {
@@ -571,6 +573,9 @@ func (m *Manager) StopVM(ctx context.Context, id string) error {
 	// StopVM about a second. The StartVM sees Deleting at its next write
 	// and stops; the background delete waits for it.
 	s, err := m.retire(id, "StopVM", "kata stopped the sandbox")
+	if errors.Is(err, ledger.ErrNotFound) {
+		return fmt.Errorf("%w: sandbox %s (already stopped, or never created on this node)", ErrUnknownSandbox, id)
+	}
 	if err != nil {
 		return err
 	}
@@ -579,8 +584,13 @@ func (m *Manager) StopVM(ctx context.Context, id string) error {
 }
 
 // retire turns a sandbox Deleting (positive evidence: StopVM, its pod gone,
-// a newer sandbox), stops its relay and tunnel, and deletes its VM in the
-// background. The record goes once the VM is gone; its history stays.
+// a newer sandbox) and returns once that is durable. Its relay, agent
+// socket and tunnel go and its VM is deleted in the background. The record
+// goes once the VM is gone; its history stays.
+//
+// The relay is closed after the Deleting write, as serve needs (it reads
+// the record once its relay is set, and undoes what it made if the sandbox
+// was retired meanwhile).
 func (m *Manager) retire(id, reason, msg string) (ledger.Sandbox, error) {
 	s, err := m.update(id, func(s *ledger.Sandbox) error {
 		if s.Phase == ledger.SandboxDeleting {
@@ -595,13 +605,23 @@ func (m *Manager) retire(id, reason, msg string) (ledger.Sandbox, error) {
 	if err != nil {
 		return s, fmt.Errorf("record that sandbox %s is stopping: %w", id, err)
 	}
-	m.closeRelay(id)
-	m.removeSocketDir(id)
-	if err := m.cfg.Side.TeardownTunnel(s.NetNS, s.Tunnel); err != nil {
-		m.cfg.Log.Warn("tearing the tunnel down failed", "sandbox", id, "err", err)
-	}
-	m.deleteLater(id)
+	m.bg.Add(1)
+	go func() {
+		defer m.bg.Done()
+		m.release(s)
+		m.deleteLater(id)
+	}()
 	return s, nil
+}
+
+// release stops serving a retired sandbox: its relay, its agent socket
+// directory and its tunnel (each idempotent).
+func (m *Manager) release(s ledger.Sandbox) {
+	m.closeRelay(s.ID)
+	m.removeSocketDir(s.ID)
+	if err := m.cfg.Side.TeardownTunnel(s.NetNS, s.Tunnel); err != nil {
+		m.cfg.Log.Warn("tearing the tunnel down failed", "sandbox", s.ID, "err", err)
+	}
 }
 
 // supersede retires the older sandboxes of s's pod: the kubelet started s

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/caa-project/caa/test/e2e/cluster"
 	katafake "github.com/caa-project/caa/test/mocks/kata"
 )
 
@@ -90,8 +93,24 @@ func (b *bench) s11(ctx context.Context) (sc Scenario, err error) {
 	if err != nil {
 		return sc, err
 	}
-	if err := r.start(ctx, "--create-rate", "1000", "--create-burst", "1000", "--read-rate", "1000", "--read-burst", "1000"); err != nil {
+	startArgs := []string{"--create-rate", "1000", "--create-burst", "1000", "--read-rate", "1000", "--read-burst", "1000"}
+	var pprofAddr string
+	if b.s11Heap != "" {
+		port, err := cluster.FreePort()
+		if err != nil {
+			return sc, err
+		}
+		pprofAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		startArgs = append(startArgs, "--pprof-addr", pprofAddr)
+	}
+	if err := r.start(ctx, startArgs...); err != nil {
 		return sc, err
+	}
+	heapProfile := func(name string) error {
+		if pprofAddr == "" {
+			return nil
+		}
+		return r.d.saveHeapProfile(ctx, pprofAddr, filepath.Join(b.s11Heap, name))
 	}
 	cctx, stopChecks := context.WithCancel(ctx)
 	defer stopChecks()
@@ -141,6 +160,9 @@ func (b *bench) s11(ctx context.Context) (sc Scenario, err error) {
 		samples[k] = s
 		order = append(order, k)
 	}
+	if err := heapProfile("s11-heap-before.pb.gz"); err != nil {
+		return sc, err
+	}
 	// The cycles: every slot in turn, the slots side by side.
 	perSlot := (b.s11Cycles + slots - 1) / max(slots, 1)
 	t0 := time.Now()
@@ -186,6 +208,9 @@ func (b *bench) s11(ctx context.Context) (sc Scenario, err error) {
 	}
 	after, err := b.s11Sample(ctx, r)
 	if err != nil {
+		return sc, err
+	}
+	if err := heapProfile("s11-heap-after.pb.gz"); err != nil {
 		return sc, err
 	}
 	misses := 0
