@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/time/rate"
 
+	"github.com/caa-project/caa/pkg/cluster"
 	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/pkg/hypervisor"
 	"github.com/caa-project/caa/pkg/ledger"
@@ -215,12 +216,16 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 	if f.hv.pullSecrets {
 		pullSecrets = sandbox.KubePullSecrets{Client: n.client}
 	}
+	var audit reconcile.AuditSource
+	if f.clusterView { // the periodic sync uses the cluster caa's view when fresh, as the informer mode's audits do
+		audit = &cluster.NodeAudit{Client: n.client, Log: log}
+	}
 	m := sandbox.New(sandbox.Config{
 		Ledger: led, Provider: n.prov, Pods: n.pods, Events: n.events, Spec: n.specCfg, RuntimeClasses: f.runtimeClasses,
 		Side: side, DefaultInitData: f.hv.initData, PullSecrets: pullSecrets,
 		Cluster: n.clusterID, Node: f.node, NodeIP: net.ParseIP(f.hv.nodeIP), SocketDir: f.hv.agentDir,
 		Writes: writes, Reads: reads, CallTimeout: f.cloudTimeout, StartTimeout: f.hv.startLimit,
-		ConfirmMissing: f.confirmMissing, OrphanGrace: f.gcGrace, Stop: ctx, Log: log,
+		ConfirmMissing: f.confirmMissing, OrphanGrace: f.gcGrace, Stop: ctx, Log: log, Audit: audit,
 	})
 	defer func() { m.Close(); m.Wait() }()
 	watch := &agentWatch{bound: f.hv.readyBound, confidential: f.confidential, silent: func(id, why string, d time.Duration) { n.agentSilent(led, log, id, why, d) }}

@@ -553,13 +553,18 @@ func (m *Manager) closeRelay(id string) {
 	}
 }
 
-// StopVM answers fast: it cancels a StartVM in flight and turns the
-// sandbox Deleting durably (one ledger write, whose commit is shared with
-// the other sandbox writes of the moment), and answers. Everything else
-// happens after the answer, in the background: the relay and the agent
-// socket, the tunnel, then the VM's delete and the record's removal. A
-// crash after the answer loses none of it: the next caa's first sync finds
-// the record Deleting and does the same.
+// StopVM answers fast: it cancels a StartVM in flight, turns the sandbox
+// Deleting durably (one ledger write, whose commit is shared with the
+// other sandbox writes of the moment) and removes its tunnel from the pod's
+// network namespace, and answers. The relay and the agent socket go after
+// the answer, in the background, then the VM's delete and the record's
+// removal. A crash after the answer loses none of it: the next caa's first
+// sync finds the record Deleting and does the same.
+//
+// The tunnel goes before the answer: once StopVM has answered, the network
+// namespace is the kubelet's again (it may delete it, or a new sandbox of
+// the pod may set up its own tunnel there, which a late teardown would
+// remove).
 func (m *Manager) StopVM(ctx context.Context, id string) error {
 	if err := checkID(id); err != nil {
 		return err
@@ -584,9 +589,9 @@ func (m *Manager) StopVM(ctx context.Context, id string) error {
 }
 
 // retire turns a sandbox Deleting (positive evidence: StopVM, its pod gone,
-// a newer sandbox) and returns once that is durable. Its relay, agent
-// socket and tunnel go and its VM is deleted in the background. The record
-// goes once the VM is gone; its history stays.
+// a newer sandbox) and removes its tunnel, and returns then. Its relay and
+// agent socket go and its VM is deleted in the background. The record goes
+// once the VM is gone; its history stays.
 //
 // The relay is closed after the Deleting write, as serve needs (it reads
 // the record once its relay is set, and undoes what it made if the sandbox
@@ -605,23 +610,17 @@ func (m *Manager) retire(id, reason, msg string) (ledger.Sandbox, error) {
 	if err != nil {
 		return s, fmt.Errorf("record that sandbox %s is stopping: %w", id, err)
 	}
+	if err := m.cfg.Side.TeardownTunnel(s.NetNS, s.Tunnel); err != nil {
+		m.cfg.Log.Warn("tearing the tunnel down failed", "sandbox", id, "err", err)
+	}
 	m.bg.Add(1)
 	go func() {
 		defer m.bg.Done()
-		m.release(s)
+		m.closeRelay(id)
+		m.removeSocketDir(id)
 		m.deleteLater(id)
 	}()
 	return s, nil
-}
-
-// release stops serving a retired sandbox: its relay, its agent socket
-// directory and its tunnel (each idempotent).
-func (m *Manager) release(s ledger.Sandbox) {
-	m.closeRelay(s.ID)
-	m.removeSocketDir(s.ID)
-	if err := m.cfg.Side.TeardownTunnel(s.NetNS, s.Tunnel); err != nil {
-		m.cfg.Log.Warn("tearing the tunnel down failed", "sandbox", s.ID, "err", err)
-	}
 }
 
 // supersede retires the older sandboxes of s's pod: the kubelet started s

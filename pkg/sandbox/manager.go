@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -114,6 +115,11 @@ type Config struct {
 	// OrphanGrace is how long a VM must be seen as an orphan, in listings
 	// at least that far apart, before it is deleted (default 5 min).
 	OrphanGrace time.Duration
+	// Audit, when set, may stand in for the periodic sync's listing of the
+	// node's VMs (the cluster caa's view on the Node, as the informer
+	// mode's audits use it): past the first sync, a view that vouches for
+	// every VM spares the listing. nil: every sync lists the cloud.
+	Audit reconcile.AuditSource
 	// Stop, when done, means no new work (invariant I4).
 	Stop context.Context
 	Log  *slog.Logger
@@ -131,6 +137,9 @@ type Manager struct {
 	// exec deletes the VMs of informer-mode records whose pods are gone.
 	exec *reconcile.Executor
 	bg   sync.WaitGroup
+	// steady: a sync has listed the cloud itself (the startup sync); later
+	// syncs may use cfg.Audit.
+	steady atomic.Bool
 }
 
 // live is what a sandbox has in memory only: its relay, the secrets it
