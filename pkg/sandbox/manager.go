@@ -133,6 +133,10 @@ type Manager struct {
 	mu      sync.Mutex
 	live    map[string]*live
 	missing map[string]time.Time // sandbox id -> VM first seen missing
+	// tearing holds, per pod network namespace, the tunnel teardown a
+	// retired sandbox runs after StopVM answered; closed once done. A
+	// tunnel set up in that namespace waits for it.
+	tearing map[string]chan struct{}
 	orphans *reconcile.OrphanTracker
 	// exec deletes the VMs of informer-mode records whose pods are gone.
 	exec *reconcile.Executor
@@ -189,7 +193,7 @@ func New(cfg Config) *Manager {
 		Cluster: cfg.Cluster, Node: cfg.Node, CallTimeout: cfg.CallTimeout, Stop: cfg.Stop, Log: cfg.Log, Now: cfg.Now,
 		Events: cfg.Events,
 	}
-	return &Manager{cfg: cfg, live: map[string]*live{}, missing: map[string]time.Time{},
+	return &Manager{cfg: cfg, live: map[string]*live{}, missing: map[string]time.Time{}, tearing: map[string]chan struct{}{},
 		orphans: reconcile.NewOrphanTracker(cfg.OrphanGrace), exec: exec}
 }
 

@@ -82,7 +82,7 @@ func (m *Manager) Sync(ctx context.Context, wait time.Duration) (Report, error) 
 				if err := m.cfg.Side.TeardownTunnel(s.NetNS, s.Tunnel); err != nil {
 					m.cfg.Log.Warn("tearing the tunnel down failed", "sandbox", s.ID, "err", err)
 				}
-				m.deleteLater(s.ID)
+				m.deleteLater(s.ID, nil)
 			}
 		case ledger.SandboxRunning:
 			running = append(running, s)
