@@ -108,6 +108,7 @@ func TestSyncUsesTheClusterViewAndStillFindsADeadVM(t *testing.T) {
 	rep := sync()
 	lists, gets := r.reads()
 	assert.Equal(t, int64(1), lists, "the startup sync lists the cloud itself, view or not")
+	assert.Zero(t, gets, "every VM listed alive")
 	assert.False(t, rep.FromView)
 
 	rep = sync()
