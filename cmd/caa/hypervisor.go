@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/time/rate"
 
+	"github.com/caa-project/caa/pkg/cluster"
 	"github.com/caa-project/caa/pkg/handover"
 	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/pkg/hypervisor"
@@ -216,6 +217,10 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 	if f.hv.pullSecrets {
 		pullSecrets = sandbox.KubePullSecrets{Client: n.client}
 	}
+	var audit reconcile.AuditSource
+	if f.clusterView { // the periodic sync uses the cluster caa's view when fresh, as the informer mode's audits do
+		audit = &cluster.NodeAudit{Client: n.client, Log: log}
+	}
 	// The sandboxes stop taking calls once kata's calls in flight are
 	// drained (below), not at ctx's end, so that a call the socket took
 	// just before the stop is answered; but no cloud write starts after
@@ -228,7 +233,7 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 		Side: side, DefaultInitData: f.hv.initData, PullSecrets: pullSecrets,
 		Cluster: n.clusterID, Node: f.node, NodeIP: net.ParseIP(f.hv.nodeIP), SocketDir: f.hv.agentDir,
 		Writes: writes, Reads: reads, CallTimeout: f.cloudTimeout, StartTimeout: f.hv.startLimit,
-		ConfirmMissing: f.confirmMissing, OrphanGrace: f.gcGrace, Stop: work, StopWrites: ctx, Log: log,
+		ConfirmMissing: f.confirmMissing, OrphanGrace: f.gcGrace, Stop: work, StopWrites: ctx, Log: log, Audit: audit,
 	})
 	defer func() { stopWork(); m.Close(); m.Wait() }()
 	watch := &agentWatch{bound: f.hv.readyBound, confidential: f.confidential, silent: func(id, why string, d time.Duration) { n.agentSilent(led, log, id, why, d) }}

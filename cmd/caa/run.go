@@ -40,6 +40,7 @@ type runFlags struct {
 	ledgerPath     string
 	healthAddr     string
 	metricsAddr    string
+	pprofAddr      string
 	resync         time.Duration
 	gcGrace        time.Duration
 	bootTimeout    time.Duration
@@ -166,6 +167,9 @@ func addRunFlags(cmd *cobra.Command, f *runFlags) {
 	fs.StringVar(&f.healthAddr, "health-addr", envOr("CAA_HEALTH_ADDR", ":8000"), "address of /healthz, /readyz, /metrics, /status: host:port, or unix:PATH for exec probes (`caa probe`) that need no port (env CAA_HEALTH_ADDR)")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", envOr("CAA_METRICS_ADDR", ""), "a second address serving the same endpoints, for scrapes when --health-addr is a unix socket; "+
 		"while another process holds its port (the old caa of a surge on the host network) it is served once free (env CAA_METRICS_ADDR)")
+	fs.StringVar(&f.pprofAddr, "pprof-addr", os.Getenv("CAA_PPROF_ADDR"),
+		"address of Go's runtime profiles (/debug/pprof/), a listener of their own; empty (the default): off. Use loopback, "+
+			"such as 127.0.0.1:6060: goroutine dumps and the command line are served there (env CAA_PPROF_ADDR)")
 	fs.DurationVar(&f.resync, "resync", envDuration("CAA_RESYNC", time.Minute),
 		"period of the check of the pod cache against the ledger; it makes no cloud call (env CAA_RESYNC)")
 	fs.DurationVar(&f.audit, "audit-interval", envDuration("CAA_AUDIT_INTERVAL", 10*time.Minute),
@@ -235,6 +239,9 @@ func (f *runFlags) check() error {
 	}
 	if f.concurrency <= 0 || f.createRate <= 0 || f.createBurst <= 0 || f.readRate <= 0 || f.readBurst <= 0 {
 		errs = append(errs, errors.New("--create-concurrency, --create-rate, --create-burst, --read-rate and --read-burst must be positive"))
+	}
+	if _, err := health.CheckProfileAddr(f.pprofAddr); err != nil {
+		errs = append(errs, err)
 	}
 	if f.audit < 0 {
 		errs = append(errs, errors.New("--audit-interval must be 0 (startup only) or positive"))
@@ -480,6 +487,16 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 			}
 			return ms.Serve(stopCtx)
 		})
+	}
+	if f.pprofAddr != "" {
+		psrv, err := health.Listen(stopCtx, f.pprofAddr, health.ProfileHandler(), log)
+		if err != nil {
+			return fmt.Errorf("profile endpoint: %w", err)
+		}
+		if lo, _ := health.CheckProfileAddr(f.pprofAddr); !lo {
+			log.Warn("--pprof-addr is not a loopback address: the runtime profiles are reachable from the network", "addr", psrv.Addr().String())
+		}
+		serve("profile server", func() error { return psrv.Serve(stopCtx) })
 	}
 	log.Info("caa starting", "version", version, "provider", f.providerName, "ledger", f.ledgerPath, "health", srv.Addr().String(),
 		"confidential", f.confidentialMode())

@@ -77,6 +77,10 @@ func (r *Reconciler) viewVMs(ctx context.Context, sel provider.Selector, records
 		vms = append(vms, provider.VM{
 			ID: rec.VMID, Name: rec.VMName, IPs: rec.IPs, Zone: rec.Zone, State: st,
 			InstanceType: rec.InstanceType, Image: rec.Image,
+			// The view carries no TEE: the VM is taken as its record asked
+			// for it (taken as none, every confidential VM would look
+			// downgraded and be read by id at every audit).
+			TEE: provider.TEE(rec.Confidential),
 			Tags: provider.Spec{Key: rec.Key, Cluster: sel.Cluster, Node: sel.Node, PodUID: rec.PodUID,
 				PodNamespace: rec.Namespace, PodName: rec.Name}.Tags(),
 		})

@@ -252,9 +252,20 @@ type KubeEvents struct {
 	broadcaster record.EventBroadcaster
 }
 
+// EventCacheSize bounds each of the recorder's three caches (the
+// aggregation of similar events, the count of repeated ones and the
+// per-object spam filter; client-go's default is 4,096 entries each).
+// caa's events name a VM or sandbox id, so nearly every one is a new key:
+// with the default, each StartVM/StopVM cycle kept about 1.5 KiB in those
+// caches (and more heap pinned around it) until 4,096 entries were reached,
+// which S11 saw as growth over 1,000 cycles. A node holds at most a few
+// hundred pods, each with a few reasons, so 256 entries still aggregate and
+// rate-limit a pod's repeats; an evicted entry only restarts them.
+const EventCacheSize = 256
+
 // NewKubeEvents records events as component "caa" on host node.
 func NewKubeEvents(client kubernetes.Interface, node string) *KubeEvents {
-	b := record.NewBroadcaster()
+	b := record.NewBroadcaster(record.WithCorrelatorOptions(record.CorrelatorOptions{LRUCacheSize: EventCacheSize}))
 	b.StartRecordingToSink(&typedcorev1.EventSinkImpl{Interface: client.CoreV1().Events("")})
 	return &KubeEvents{
 		broadcaster: b,

@@ -77,8 +77,9 @@ type fakeSide struct {
 	// unreachable makes WaitReachable wait for ctx (a forwarder that never answers).
 	unreachable bool
 	serial      int
-	// gate, when set, runs first in SetupTunnel ("tunnel") and StartRelay
-	// ("relay"), outside the side's lock: a test holds a StartVM there.
+	// gate, when set, runs first in SetupTunnel ("tunnel"), StartRelay
+	// ("relay"), TeardownTunnel ("teardown") and a relay's Close
+	// ("close"), outside the side's lock: a test holds a call there.
 	gate func(stage string)
 }
 
@@ -127,6 +128,7 @@ func (f *fakeSide) SetupTunnel(netns string, t ledger.Tunnel) error {
 }
 
 func (f *fakeSide) TeardownTunnel(netns string, _ ledger.Tunnel) error {
+	f.pass("teardown")
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	delete(f.tunnels, netns)
@@ -168,6 +170,7 @@ func (r *fakeRelay) WaitReachable(ctx context.Context) error {
 }
 
 func (r *fakeRelay) Close() error {
+	r.side.pass("close")
 	r.side.mu.Lock()
 	defer r.side.mu.Unlock()
 	if r.side.relays[r.socket] == r {

@@ -441,6 +441,9 @@ func (m *Manager) serve(ctx context.Context, l *live, s ledger.Sandbox) (err err
 			err = fmt.Errorf("%w: sandbox %s was stopped while its agent socket was being served", ErrNotStartable, s.ID)
 		}
 	}()
+	if err := m.tunnelTurn(ctx, s.NetNS); err != nil {
+		return fmt.Errorf("sandbox %s: %w", s.ID, err)
+	}
 	if err := m.cfg.Side.SetupTunnel(s.NetNS, s.Tunnel); err != nil {
 		return fmt.Errorf("sandbox %s: set up the pod network tunnel: %w", s.ID, err)
 	}
@@ -553,14 +556,20 @@ func (m *Manager) closeRelay(id string) {
 	}
 }
 
-// StopVM answers fast: the sandbox turns Deleting durably, its relay and
-// tunnel go, and the VM is deleted in the background.
+// StopVM answers fast: it cancels a StartVM in flight and turns the
+// sandbox Deleting durably (one ledger write, whose commit is shared with
+// the other sandbox writes of the moment), and answers. The tunnel, the
+// relay and the agent socket go after the answer, in the background, then
+// the VM's delete and the record's removal. A crash after the answer loses
+// none of it: the next caa's first sync, before it serves kata, finds the
+// record Deleting and does the same.
+//
+// A tunnel set up in the same network namespace (a new sandbox of the pod)
+// waits for the teardown (tunnelTurn): the teardown removes the
+// namespace's caa tunnel by name, and would remove the new one.
 func (m *Manager) StopVM(ctx context.Context, id string) error {
 	if err := checkID(id); err != nil {
 		return err
-	}
-	if _, err := m.cfg.Ledger.GetSandbox(id); errors.Is(err, ledger.ErrNotFound) {
-		return fmt.Errorf("%w: sandbox %s (already stopped, or never created on this node)", ErrUnknownSandbox, id)
 	}
 	m.mu.Lock()
 	if l := m.live[id]; l != nil && l.cancel != nil {
@@ -571,6 +580,9 @@ func (m *Manager) StopVM(ctx context.Context, id string) error {
 	// StopVM about a second. The StartVM sees Deleting at its next write
 	// and stops; the background delete waits for it.
 	s, err := m.retire(id, "StopVM", "kata stopped the sandbox")
+	if errors.Is(err, ledger.ErrNotFound) {
+		return fmt.Errorf("%w: sandbox %s (already stopped, or never created on this node)", ErrUnknownSandbox, id)
+	}
 	if err != nil {
 		return err
 	}
@@ -579,8 +591,13 @@ func (m *Manager) StopVM(ctx context.Context, id string) error {
 }
 
 // retire turns a sandbox Deleting (positive evidence: StopVM, its pod gone,
-// a newer sandbox), stops its relay and tunnel, and deletes its VM in the
-// background. The record goes once the VM is gone; its history stays.
+// a newer sandbox) and returns once that is durable. Its tunnel, relay and
+// agent socket go and its VM is deleted in the background. The record goes
+// once the VM is gone; its history stays.
+//
+// The relay is closed after the Deleting write, as serve needs (it reads
+// the record once its relay is set, and undoes what it made if the sandbox
+// was retired meanwhile).
 func (m *Manager) retire(id, reason, msg string) (ledger.Sandbox, error) {
 	s, err := m.update(id, func(s *ledger.Sandbox) error {
 		if s.Phase == ledger.SandboxDeleting {
@@ -595,13 +612,49 @@ func (m *Manager) retire(id, reason, msg string) (ledger.Sandbox, error) {
 	if err != nil {
 		return s, fmt.Errorf("record that sandbox %s is stopping: %w", id, err)
 	}
-	m.closeRelay(id)
-	m.removeSocketDir(id)
-	if err := m.cfg.Side.TeardownTunnel(s.NetNS, s.Tunnel); err != nil {
-		m.cfg.Log.Warn("tearing the tunnel down failed", "sandbox", id, "err", err)
-	}
-	m.deleteLater(id)
+	// The teardown is registered before the answer, so that a tunnel set up
+	// in the namespace after it waits for it (tunnelTurn), and the delete
+	// is claimed before it, so that a sync does not tear down again.
+	m.mu.Lock()
+	prev := m.tearing[s.NetNS]
+	done := make(chan struct{})
+	m.tearing[s.NetNS] = done
+	m.mu.Unlock()
+	m.deleteLater(id, func() {
+		if prev != nil {
+			<-prev
+		}
+		if err := m.cfg.Side.TeardownTunnel(s.NetNS, s.Tunnel); err != nil {
+			m.cfg.Log.Warn("tearing the tunnel down failed", "sandbox", id, "err", err)
+		}
+		m.mu.Lock()
+		if m.tearing[s.NetNS] == done {
+			delete(m.tearing, s.NetNS)
+		}
+		m.mu.Unlock()
+		close(done)
+		m.closeRelay(id)
+		m.removeSocketDir(id)
+	})
 	return s, nil
+}
+
+// tunnelTurn waits until no teardown of a retired sandbox is pending in
+// network namespace netns, or ctx is done.
+func (m *Manager) tunnelTurn(ctx context.Context, netns string) error {
+	for {
+		m.mu.Lock()
+		done := m.tearing[netns]
+		m.mu.Unlock()
+		if done == nil {
+			return nil
+		}
+		select {
+		case <-done:
+		case <-ctx.Done():
+			return fmt.Errorf("wait for the tunnel teardown of a stopped sandbox in %s: %w", netns, ctx.Err())
+		}
+	}
 }
 
 // supersede retires the older sandboxes of s's pod: the kubelet started s
@@ -622,19 +675,28 @@ func (m *Manager) supersede(s ledger.Sandbox) {
 }
 
 // deleteLater deletes a Deleting sandbox's VM and then its record, in the
-// background, retrying until it is done or Stop.
-func (m *Manager) deleteLater(id string) {
+// background, retrying until it is done or Stop. first, when set, runs
+// first in the background (the release of what serves the sandbox), also
+// when a delete of the sandbox is already under way. The delete is claimed
+// before deleteLater returns.
+func (m *Manager) deleteLater(id string, first func()) {
 	l := m.liveOf(id)
 	m.mu.Lock()
-	if l.deleting {
-		m.mu.Unlock()
-		return
-	}
+	claimed := !l.deleting
 	l.deleting = true
 	m.mu.Unlock()
+	if !claimed && first == nil {
+		return
+	}
 	m.bg.Add(1)
 	go func() {
 		defer m.bg.Done()
+		if first != nil {
+			first()
+		}
+		if !claimed {
+			return
+		}
 		defer func() {
 			m.mu.Lock()
 			l.deleting = false

@@ -11,6 +11,7 @@ import (
 	"regexp"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"golang.org/x/time/rate"
@@ -114,6 +115,11 @@ type Config struct {
 	// OrphanGrace is how long a VM must be seen as an orphan, in listings
 	// at least that far apart, before it is deleted (default 5 min).
 	OrphanGrace time.Duration
+	// Audit, when set, may stand in for the periodic sync's listing of the
+	// node's VMs (the cluster caa's view on the Node, as the informer
+	// mode's audits use it): past the first sync, a view that vouches for
+	// every VM spares the listing. nil: every sync lists the cloud.
+	Audit reconcile.AuditSource
 	// Stop, when done, means no new work (invariant I4).
 	Stop context.Context
 	// StopWrites, when done, means no cloud write starts (a create or a
@@ -133,10 +139,17 @@ type Manager struct {
 	mu      sync.Mutex
 	live    map[string]*live
 	missing map[string]time.Time // sandbox id -> VM first seen missing
+	// tearing holds, per pod network namespace, the tunnel teardown a
+	// retired sandbox runs after StopVM answered; closed once done. A
+	// tunnel set up in that namespace waits for it.
+	tearing map[string]chan struct{}
 	orphans *reconcile.OrphanTracker
 	// exec deletes the VMs of informer-mode records whose pods are gone.
 	exec *reconcile.Executor
 	bg   sync.WaitGroup
+	// steady: a sync has listed the cloud itself (the startup sync); later
+	// syncs may use cfg.Audit.
+	steady atomic.Bool
 }
 
 // live is what a sandbox has in memory only: its relay, the secrets it
@@ -186,7 +199,7 @@ func New(cfg Config) *Manager {
 		Cluster: cfg.Cluster, Node: cfg.Node, CallTimeout: cfg.CallTimeout, Stop: cfg.Stop, Log: cfg.Log, Now: cfg.Now,
 		Events: cfg.Events,
 	}
-	return &Manager{cfg: cfg, live: map[string]*live{}, missing: map[string]time.Time{},
+	return &Manager{cfg: cfg, live: map[string]*live{}, missing: map[string]time.Time{}, tearing: map[string]chan struct{}{},
 		orphans: reconcile.NewOrphanTracker(cfg.OrphanGrace), exec: exec}
 }
 

@@ -31,6 +31,8 @@ type Report struct {
 	Retired int
 	// CloudReads counts listings and gets.
 	CloudReads int
+	// FromView: the cluster caa's view stood in for this sync's listing.
+	FromView bool
 	// CloudWrites counts the deletes Sync itself sent: orphans past their
 	// grace, and VMs of informer-mode records whose pods are gone. The
 	// deletes of retired sandboxes run in the background and are not
@@ -80,7 +82,7 @@ func (m *Manager) Sync(ctx context.Context, wait time.Duration) (Report, error) 
 				if err := m.cfg.Side.TeardownTunnel(s.NetNS, s.Tunnel); err != nil {
 					m.cfg.Log.Warn("tearing the tunnel down failed", "sandbox", s.ID, "err", err)
 				}
-				m.deleteLater(s.ID)
+				m.deleteLater(s.ID, nil)
 			}
 		case ledger.SandboxRunning:
 			running = append(running, s)
@@ -88,15 +90,22 @@ func (m *Manager) Sync(ctx context.Context, wait time.Duration) (Report, error) 
 			rep.Lost = append(rep.Lost, s.ID)
 		}
 	}
-	if err := m.take(ctx, m.cfg.Reads); err != nil {
-		return rep, err
-	}
-	callCtx, cancel := context.WithTimeout(ctx, m.cfg.CallTimeout)
-	vms, err := m.cfg.Provider.List(callCtx, m.selector())
-	cancel()
-	rep.CloudReads++
-	if err != nil {
-		return rep, fmt.Errorf("list this node's VMs: %w", err)
+	vms, reads, viewed := m.viewVMs(ctx)
+	rep.CloudReads += reads
+	if viewed {
+		rep.FromView = true
+	} else {
+		if err := m.take(ctx, m.cfg.Reads); err != nil {
+			return rep, err
+		}
+		callCtx, cancel := context.WithTimeout(ctx, m.cfg.CallTimeout)
+		vms, err = m.cfg.Provider.List(callCtx, m.selector())
+		cancel()
+		rep.CloudReads++
+		if err != nil {
+			return rep, fmt.Errorf("list this node's VMs: %w", err)
+		}
+		defer m.steady.Store(true)
 	}
 	byID := map[string]provider.VM{}
 	for _, vm := range vms {

@@ -61,7 +61,8 @@ func TestLifecycleCreateStartStop(t *testing.T) {
 	assert.Len(t, r.live(), 1)
 
 	require.NoError(t, r.m.StopVM(ctx, sbA))
-	assert.Nil(t, r.side.relay(sock), "StopVM closes the agent socket at once")
+	assert.Equal(t, ledger.SandboxDeleting, r.sandbox(sbA).Phase, "StopVM answers once Deleting is durable")
+	eventually(t, func() bool { return r.side.relay(sock) == nil }, "the agent socket is closed, after the answer")
 	eventually(t, func() bool { return len(r.live()) == 0 }, "the VM is deleted")
 	eventually(t, func() bool { _, err := r.led.GetSandbox(sbA); return err != nil }, "the record goes")
 	hist, err := r.led.SandboxHistory(sbA)
@@ -121,6 +122,113 @@ func TestStopVMDuringStartVMAnswersFastAndLeaksNothing(t *testing.T) {
 	require.Error(t, <-started, "the StartVM gives up")
 	eventually(t, func() bool { return len(r.live()) == 0 }, "the VM made for the stopped sandbox is deleted")
 	eventually(t, func() bool { _, err := r.led.GetSandbox(sbA); return err != nil }, "the record goes")
+}
+
+// StopVM answers once the sandbox is Deleting durably, without waiting for
+// its tunnel to go (100 teardowns at once queue in the kernel, past the
+// second runtime-rs gives StopVM) nor its relay to close (a relay daemon's
+// stops go one at a time): both run after the answer, then the VM's
+// delete. A crash before they ran loses nothing: the next caa's sync does
+// them.
+func TestStopVMAnswersBeforeTheTunnelAndRelayGo(t *testing.T) {
+	for _, stage := range []string{"teardown", "close"} {
+		t.Run(stage, func(t *testing.T) {
+			r := newRig(t)
+			ctx := context.Background()
+			r.pod("uid-1", "web")
+			sock, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+			require.NoError(t, err)
+			require.NoError(t, r.m.StartVM(ctx, sbA))
+			reached, release := holdAt(r.side, stage)
+
+			stopped := make(chan error, 1)
+			go func() { stopped <- r.m.StopVM(ctx, sbA) }()
+			select {
+			case err := <-stopped:
+				require.NoError(t, err)
+			case <-time.After(10 * time.Second):
+				close(release)
+				t.Fatalf("StopVM did not answer while the %s was held: the answer waits for it", stage)
+			}
+			// Durable before the answer (PutSandbox returns once committed).
+			assert.Equal(t, ledger.SandboxDeleting, r.sandbox(sbA).Phase)
+			<-reached // runs after the answer
+			assert.Len(t, r.live(), 1, "the VM waits for the release")
+			close(release)
+			eventually(t, func() bool { return r.side.relay(sock) == nil && !r.side.tunnelUp("/ns") }, "relay and tunnel go")
+			eventually(t, func() bool { return len(r.live()) == 0 }, "the VM is deleted")
+			eventually(t, func() bool { _, err := r.led.GetSandbox(sbA); return err != nil }, "the record goes")
+		})
+	}
+}
+
+// A new sandbox of the same pod may set up its tunnel in the same network
+// namespace right after the old one's StopVM answered, while the old
+// tunnel's teardown (which removes the namespace's caa tunnel by name) is
+// still to run: the new setup waits for it, so the new tunnel stays.
+func TestANewSandboxsTunnelSurvivesTheOldOnesStop(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	r.pod("uid-1", "web")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	require.NoError(t, err)
+	require.NoError(t, r.m.StartVM(ctx, sbA))
+	reached, release := holdAt(r.side, "teardown") // the old teardown is late
+	require.NoError(t, r.m.StopVM(ctx, sbA))
+	<-reached
+	_, err = r.m.CreateVM(ctx, sbID(7), shimAnnotations("web"), "/ns")
+	require.NoError(t, err)
+	started := make(chan error, 1)
+	go func() { started <- r.m.StartVM(ctx, sbID(7)) }()
+	select {
+	case err := <-started:
+		close(release)
+		t.Fatalf("the new sandbox's StartVM finished (%v) while the old tunnel's teardown was pending", err)
+	case <-time.After(100 * time.Millisecond): // a negative check: nothing to poll for
+	}
+	close(release)
+	require.NoError(t, <-started)
+	eventually(t, func() bool { _, err := r.led.GetSandbox(sbA); return err != nil }, "the old sandbox is gone")
+	assert.True(t, r.side.tunnelUp("/ns"), "the new sandbox's tunnel is up")
+	assert.Equal(t, ledger.SandboxRunning, r.sandbox(sbID(7)).Phase)
+}
+
+// A caa killed right after StopVM answered (relay, tunnel and VM still
+// there) leaves a Deleting record: the next caa's first sync releases the
+// sandbox and deletes its VM.
+func TestStopVMAnsweredThenCrashIsFinishedByTheNextCaa(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	r.pod("uid-1", "web")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	require.NoError(t, err)
+	require.NoError(t, r.m.StartVM(ctx, sbA))
+	reached, release := holdAt(r.side, "close")
+	stopped := make(chan error, 1)
+	go func() { stopped <- r.m.StopVM(ctx, sbA) }()
+	select {
+	case err := <-stopped:
+		require.NoError(t, err)
+	case <-time.After(10 * time.Second):
+		close(release)
+		t.Fatal("StopVM did not answer while the relay's close was held")
+	}
+	<-reached
+	r.stop() // the process is going: nothing more starts
+	close(release)
+	r.m.Wait()
+	_ = r.led.Close()
+	require.Len(t, r.live(), 1, "the VM outlived the crash")
+
+	r.side.mu.Lock()
+	r.side.gate = nil
+	r.side.mu.Unlock()
+	r.start()
+	_, err = r.m.Sync(ctx, time.Second)
+	require.NoError(t, err)
+	eventually(t, func() bool { return len(r.live()) == 0 }, "the next caa deletes the VM")
+	eventually(t, func() bool { _, err := r.led.GetSandbox(sbA); return err != nil }, "and removes the record")
+	assert.False(t, r.side.tunnelUp("/ns"), "the tunnel is gone")
 }
 
 func TestHostileRequestsGetClearErrorsAndLoseNothing(t *testing.T) {

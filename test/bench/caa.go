@@ -226,3 +226,25 @@ func (d *Daemon) CPUTime() (time.Duration, error) {
 	// Linux reports in USER_HZ, 100 per second on every supported arch.
 	return time.Duration(ut+st) * 10 * time.Millisecond, nil
 }
+
+// saveHeapProfile writes caa's heap profile, taken after a garbage
+// collection (gc=1), from its --pprof-addr listener at addr to path.
+func (d *Daemon) saveHeapProfile(ctx context.Context, addr, path string) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+addr+"/debug/pprof/heap?gc=1", nil)
+	if err != nil {
+		return err
+	}
+	resp, err := d.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("caa's heap profile: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("caa's heap profile: %s", resp.Status)
+	}
+	data, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return fmt.Errorf("caa's heap profile: %w", err)
+	}
+	return os.WriteFile(path, data, 0o644)
+}

@@ -42,6 +42,7 @@ type bench struct {
 	s10N      int
 	s11Ns     []int
 	s11Cycles int
+	s11Heap   string
 	dir       string
 	logf      func(string, ...any)
 }
@@ -70,17 +71,19 @@ func run(ctx context.Context, args []string) (int, error) {
 		s10N      = fs.Int("s10-sandboxes", 100, "S10: sandboxes started at once (10 with -quick)")
 		s11Ns     = fs.String("s11-sandboxes", "0,10,100", "S11: sandbox counts measured, growing; the last is the slots the cycles reuse (0,10 with -quick)")
 		s11Cycles = fs.Int("s11-cycles", 1000, "S11: StartVM/StopVM cycles over the slots (100 with -quick)")
-		s6Nodes   = fs.Int("s6-nodes", 0, "S6: caa processes in the fleet (default 24; 5 with -quick)")
-		s6Pods    = fs.Int("s6-pods", 0, "S6: peer pods per node (default 30; 10 with -quick)")
-		s6Others  = fs.String("s6-others", "", "S6: VMs of other nodes for the startup cases, growing (default 0,5000,20000; 0,2000 with -quick)")
-		merge     = fs.Bool("merge", false, "keep the other scenarios of <out>/results.json and replace only those run (e.g. -scenarios s6 -merge)")
-		out       = fs.String("out", "docs/bench", "directory for results.md, results.json and the S1 plot")
-		gobench   = fs.String("gobench", "", "S3: benchreport's summary of the Go benchmarks (markdown)")
-		loadFile  = fs.String("load-before", "", "file holding /proc/loadavg from before `make bench` began")
-		readme    = fs.String("readme", "", "README to regenerate between the bench markers from <out>/results.json")
-		onlyMD    = fs.Bool("readme-only", false, "only regenerate -readme from the results file; run nothing")
-		keep      = fs.Bool("keep", false, "keep the work directory (caa logs, ledgers, server logs)")
-		cpuprof   = fs.String("cpuprofile", "", "write a CPU profile of this process (the fake clouds and the proxy) to this file")
+		s11Heap   = fs.String("s11-heap-profiles", "", "S11: run caa with --pprof-addr and save its heap profiles before and after the cycles in this directory "+
+			"(s11-heap-before.pb.gz, s11-heap-after.pb.gz; compare with go tool pprof -base)")
+		s6Nodes  = fs.Int("s6-nodes", 0, "S6: caa processes in the fleet (default 24; 5 with -quick)")
+		s6Pods   = fs.Int("s6-pods", 0, "S6: peer pods per node (default 30; 10 with -quick)")
+		s6Others = fs.String("s6-others", "", "S6: VMs of other nodes for the startup cases, growing (default 0,5000,20000; 0,2000 with -quick)")
+		merge    = fs.Bool("merge", false, "keep the other scenarios of <out>/results.json and replace only those run (e.g. -scenarios s6 -merge)")
+		out      = fs.String("out", "docs/bench", "directory for results.md, results.json and the S1 plot")
+		gobench  = fs.String("gobench", "", "S3: benchreport's summary of the Go benchmarks (markdown)")
+		loadFile = fs.String("load-before", "", "file holding /proc/loadavg from before `make bench` began")
+		readme   = fs.String("readme", "", "README to regenerate between the bench markers from <out>/results.json")
+		onlyMD   = fs.Bool("readme-only", false, "only regenerate -readme from the results file; run nothing")
+		keep     = fs.Bool("keep", false, "keep the work directory (caa logs, ledgers, server logs)")
+		cpuprof  = fs.String("cpuprofile", "", "write a CPU profile of this process (the fake clouds and the proxy) to this file")
 	)
 	if err := fs.Parse(args); err != nil {
 		return 2, nil
@@ -109,7 +112,7 @@ func run(ctx context.Context, args []string) (int, error) {
 		return 2, err
 	}
 	b.s6cfg = s6Full()
-	b.s10N, b.s11Cycles = *s10N, *s11Cycles
+	b.s10N, b.s11Cycles, b.s11Heap = *s10N, *s11Cycles, *s11Heap
 	if b.s11Ns, err = ints(*s11Ns); err != nil {
 		return 2, err
 	}

@@ -4,11 +4,14 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"os"
+	"path/filepath"
 	"strconv"
 	"sync"
 	"time"
 
+	"github.com/caa-project/caa/test/e2e/cluster"
 	katafake "github.com/caa-project/caa/test/mocks/kata"
 )
 
@@ -77,7 +80,9 @@ func (b *bench) s11(ctx context.Context) (sc Scenario, err error) {
 			"serves no metrics, so its threads are given instead). The cost per sandbox is the difference from 0 sandboxes over the count. Then "+
 			"%d StartVM/StopVM cycles reuse the %d slots: each slot in turn closes its shim connection, StopVM, CreateVM and StartVM of a new "+
 			"sandbox for the same pod, and opens a new shim connection; the %d slots cycle side by side. Once every stopped sandbox's VM is "+
-			"terminated, the same reading is taken again with %d sandboxes running: the growth is the difference. One run (the cycles are the repetition).",
+			"terminated, the same reading is taken again with %d sandboxes running: the growth is the difference. The cycles run in two halves "+
+			"with a reading between them: a cost per cycle grows over the second half too, a high-water mark reached once in the first (threads "+
+			"and buffers of 100 calls side by side, where the setup starts 10 at a time) does not. One run (the cycles are the repetition).",
 			joinInts(ns), s11CheckPeriod, b.s11Cycles, slots, slots, slots)}
 	if b.notRoot(&sc, "S11") {
 		return sc, nil
@@ -90,8 +95,24 @@ func (b *bench) s11(ctx context.Context) (sc Scenario, err error) {
 	if err != nil {
 		return sc, err
 	}
-	if err := r.start(ctx, "--create-rate", "1000", "--create-burst", "1000", "--read-rate", "1000", "--read-burst", "1000"); err != nil {
+	startArgs := []string{"--create-rate", "1000", "--create-burst", "1000", "--read-rate", "1000", "--read-burst", "1000"}
+	var pprofAddr string
+	if b.s11Heap != "" {
+		port, err := cluster.FreePort()
+		if err != nil {
+			return sc, err
+		}
+		pprofAddr = net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		startArgs = append(startArgs, "--pprof-addr", pprofAddr)
+	}
+	if err := r.start(ctx, startArgs...); err != nil {
 		return sc, err
+	}
+	heapProfile := func(name string) error {
+		if pprofAddr == "" {
+			return nil
+		}
+		return r.d.saveHeapProfile(ctx, pprofAddr, filepath.Join(b.s11Heap, name))
 	}
 	cctx, stopChecks := context.WithCancel(ctx)
 	defer stopChecks()
@@ -141,51 +162,76 @@ func (b *bench) s11(ctx context.Context) (sc Scenario, err error) {
 		samples[k] = s
 		order = append(order, k)
 	}
+	if err := heapProfile("s11-heap-before.pb.gz"); err != nil {
+		return sc, err
+	}
 	// The cycles: every slot in turn, the slots side by side.
 	perSlot := (b.s11Cycles + slots - 1) / max(slots, 1)
 	t0 := time.Now()
-	var stopped []string
 	var mu sync.Mutex
 	cycles := 0
-	err = firstErr(slots, func(i int) error {
-		for c := range perSlot {
-			old := sl[i]
-			old.close()
-			if err := r.stopVM(ctx, old.id); err != nil {
-				return fmt.Errorf("StopVM %s: %w", old.id[:12], err)
+	// runCycles runs cycles [c0, c1) of every slot, the slots side by side,
+	// and waits until every stopped sandbox's VM is terminated.
+	runCycles := func(c0, c1 int) error {
+		var stopped []string
+		err := firstErr(slots, func(i int) error {
+			for c := c0; c < c1; c++ {
+				old := sl[i]
+				old.close()
+				if err := r.stopVM(ctx, old.id); err != nil {
+					return fmt.Errorf("StopVM %s: %w", old.id[:12], err)
+				}
+				id := sandboxID(c+1, i)
+				sock, err := r.createVM(ctx, id, i)
+				if err != nil {
+					return err
+				}
+				if err := r.startVM(ctx, id); err != nil {
+					return fmt.Errorf("cycle %d, StartVM %s: %w", c+1, id[:12], err)
+				}
+				a, err := katafake.DialAgent(ctx, sock)
+				if err != nil {
+					return err
+				}
+				actx, cancel := context.WithCancel(cctx)
+				s := &s11Slot{id: id, agent: a, cancel: cancel, done: make(chan struct{})}
+				go func() { defer close(s.done); a.HealthCheck(actx, s11CheckPeriod, s11CheckTimeout) }()
+				sl[i] = s
+				mu.Lock()
+				stopped = append(stopped, old.id)
+				cycles++
+				mu.Unlock()
 			}
-			id := sandboxID(c+1, i)
-			sock, err := r.createVM(ctx, id, i)
-			if err != nil {
-				return err
-			}
-			if err := r.startVM(ctx, id); err != nil {
-				return fmt.Errorf("cycle %d, StartVM %s: %w", c+1, id[:12], err)
-			}
-			a, err := katafake.DialAgent(ctx, sock)
-			if err != nil {
-				return err
-			}
-			actx, cancel := context.WithCancel(cctx)
-			s := &s11Slot{id: id, agent: a, cancel: cancel, done: make(chan struct{})}
-			go func() { defer close(s.done); a.HealthCheck(actx, s11CheckPeriod, s11CheckTimeout) }()
-			sl[i] = s
-			mu.Lock()
-			stopped = append(stopped, old.id)
-			cycles++
-			mu.Unlock()
+			return nil
+		})
+		if err != nil {
+			return err
 		}
-		return nil
-	})
+		_, err = r.waitVMsGone(ctx, stopped, 5*time.Minute)
+		return err
+	}
+	// The cycles in two halves, read between them: a cost per cycle grows
+	// over the second half as over the first; what the first half reaches
+	// once (the threads and buffers of 100 calls side by side, where the
+	// setup started 10 at a time) does not grow again.
+	half := perSlot / 2
+	if err := runCycles(0, half); err != nil {
+		return sc, err
+	}
+	firstHalf := cycles
+	mid, err := b.s11Sample(ctx, r)
 	if err != nil {
+		return sc, err
+	}
+	if err := runCycles(half, perSlot); err != nil {
 		return sc, err
 	}
 	took := time.Since(t0)
-	if _, err := r.waitVMsGone(ctx, stopped, 5*time.Minute); err != nil {
-		return sc, err
-	}
 	after, err := b.s11Sample(ctx, r)
 	if err != nil {
+		return sc, err
+	}
+	if err := heapProfile("s11-heap-after.pb.gz"); err != nil {
 		return sc, err
 	}
 	misses := 0
@@ -193,6 +239,7 @@ func (b *bench) s11(ctx context.Context) (sc Scenario, err error) {
 		misses += len(s.agent.Misses())
 	}
 	sc.Rows = s11Rows(order, samples, slots, cycles, after, misses)
+	sc.Rows = append(sc.Rows, s11HalfRows(mid, after, slots, cycles-firstHalf)...)
 	sc.Details = append(sc.Details, fmt.Sprintf("The %d cycles took %s (%d side by side). Failed fake VM boots: %d.",
 		cycles, took.Round(time.Second), slots, len(r.fleet.Failed())))
 	for _, k := range order {
@@ -200,8 +247,14 @@ func (b *bench) s11(ctx context.Context) (sc Scenario, err error) {
 		sc.Details = append(sc.Details, fmt.Sprintf("%d sandboxes: caa anon %s KiB, rss %s KiB, Go heap in use %s KiB, %s files, %s threads, %s goroutines; caa relay anon %s KiB, rss %s KiB, %s files, %s threads",
 			k, Num(s[0].anon), Num(s[0].rss), Num(s[0].heapInuse), Num(s[0].fds), Num(s[0].threads), Num(s[0].goroutines), Num(s[1].anon), Num(s[1].rss), Num(s[1].fds), Num(s[1].threads)))
 	}
-	sc.Details = append(sc.Details, fmt.Sprintf("after the cycles, %d sandboxes: caa anon %s KiB, rss %s KiB, Go heap in use %s KiB, %s goroutines; caa relay anon %s KiB, rss %s KiB",
-		slots, Num(after[0].anon), Num(after[0].rss), Num(after[0].heapInuse), Num(after[0].goroutines), Num(after[1].anon), Num(after[1].rss)))
+	for _, at := range []struct {
+		what string
+		s    [2]procSample
+	}{{fmt.Sprintf("after %d cycles", firstHalf), mid}, {fmt.Sprintf("after all %d cycles", cycles), after}} {
+		s := at.s
+		sc.Details = append(sc.Details, fmt.Sprintf("%s, %d sandboxes: caa anon %s KiB, rss %s KiB, Go heap in use %s KiB, %s heap objects, %s threads, %s goroutines; caa relay anon %s KiB, rss %s KiB, %s threads",
+			at.what, slots, Num(s[0].anon), Num(s[0].rss), Num(s[0].heapInuse), Num(s[0].heapObjects), Num(s[0].threads), Num(s[0].goroutines), Num(s[1].anon), Num(s[1].rss), Num(s[1].threads)))
+	}
 	return sc, nil
 }
 
@@ -284,7 +337,8 @@ func s11Rows(order []int, samples map[int][2]procSample, slots, cycles int, afte
 			rows = append(rows, Row{Case: c, Metric: "goroutines", Unit: "goroutines", Runs: []float64{after[p].goroutines - top[p].goroutines},
 				HasLimit: true, AtMost: true, Limit: s11GrowthCount},
 				Row{Case: c, Metric: "Go heap in use (go_memstats_heap_inuse_bytes)", Unit: "KiB", Runs: []float64{after[p].heapInuse - top[p].heapInuse}},
-				Row{Case: c, Metric: "Go heap objects", Unit: "objects", Runs: []float64{after[p].heapObjects - top[p].heapObjects}})
+				Row{Case: c, Metric: "Go heap objects", Unit: "objects", Runs: []float64{after[p].heapObjects - top[p].heapObjects}},
+				Row{Case: c, Metric: "threads", Unit: "threads", Runs: []float64{after[p].threads - top[p].threads}})
 		} else {
 			rows = append(rows, Row{Case: c, Metric: "threads", Unit: "threads", Runs: []float64{after[p].threads - top[p].threads}})
 		}
@@ -313,4 +367,20 @@ func firstErr(n int, fn func(i int) error) error {
 	}
 	wg.Wait()
 	return errors.Join(errs...)
+}
+
+// s11HalfRows: the growth over the second half of the cycles, which a cost
+// per cycle shows and a high-water mark reached in the first half does not.
+func s11HalfRows(mid, after [2]procSample, slots, cycles int) []Row {
+	var rows []Row
+	for p, name := range []string{"caa", "caa relay"} {
+		c := fmt.Sprintf("%s, growth over the last %d cycles (%d slots)", name, cycles, slots)
+		rows = append(rows, Row{Case: c, Metric: "RSS anonymous", Unit: "KiB", Runs: []float64{after[p].anon - mid[p].anon}},
+			Row{Case: c, Metric: "threads", Unit: "threads", Runs: []float64{after[p].threads - mid[p].threads}})
+		if p == 0 {
+			rows = append(rows, Row{Case: c, Metric: "Go heap in use (go_memstats_heap_inuse_bytes)", Unit: "KiB", Runs: []float64{after[p].heapInuse - mid[p].heapInuse}},
+				Row{Case: c, Metric: "Go heap objects", Unit: "objects", Runs: []float64{after[p].heapObjects - mid[p].heapObjects}})
+		}
+	}
+	return rows
 }
