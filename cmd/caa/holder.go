@@ -403,7 +403,7 @@ func (n *nodeDaemon) hold(ctx, stopCtx context.Context, led *ledger.Ledger, ho *
 	go func() {
 		defer close(loopDone)
 		if f.hv.socket != "" { // only kata's StartVM creates VMs (hypervisor.go)
-			n.runSandboxes(sessCtx, led, exec.Writes, exec.Reads, func() { convergedOnce.Do(func() { close(converged) }) })
+			n.runSandboxes(sessCtx, ctx, led, exec.Writes, exec.Reads, func() { convergedOnce.Do(func() { close(converged) }) })
 			return
 		}
 		loop.Run(sessCtx)

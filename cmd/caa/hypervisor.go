@@ -182,7 +182,11 @@ func keepClientFile(ctx context.Context, log *slog.Logger, ca *pki.CA, dir strin
 // every recorded sandbox again (no cloud write), turn ready once each
 // running sandbox's agent answers, then serve kata's calls and sync every
 // audit interval, until ctx is done. Nothing is deleted on the way out.
-func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, writes, reads *rate.Limiter, ready func()) {
+//
+// quit ends at SIGTERM: from then on no cloud write starts, even for the
+// calls still answered. A hand-over's stop (ctx alone) lets the calls in
+// flight finish as the reconciler's do, writes included, before the release.
+func (n *nodeDaemon) runSandboxes(ctx, quit context.Context, led *ledger.Ledger, writes, reads *rate.Limiter, ready func()) {
 	f, log := n.f, n.log.With("mode", "hypervisor")
 	caDir := f.hv.caDir
 	if caDir == "" {
@@ -224,7 +228,7 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 	// The sandboxes stop taking calls once kata's calls in flight are
 	// drained (below), not at ctx's end, so that a call the socket took
 	// just before the stop is answered; but no cloud write starts after
-	// ctx's end (StopWrites): a StartVM still waiting for the create
+	// SIGTERM (StopWrites: quit): a StartVM still waiting for the create
 	// budget then fails with Unavailable, and a delete waits for the
 	// next caa (its Deleting record is durable).
 	work, stopWork := context.WithCancel(context.WithoutCancel(ctx))
@@ -233,7 +237,7 @@ func (n *nodeDaemon) runSandboxes(ctx context.Context, led *ledger.Ledger, write
 		Side: side, DefaultInitData: f.hv.initData, PullSecrets: pullSecrets,
 		Cluster: n.clusterID, Node: f.node, NodeIP: net.ParseIP(f.hv.nodeIP), SocketDir: f.hv.agentDir,
 		Writes: writes, Reads: reads, CallTimeout: f.cloudTimeout, StartTimeout: f.hv.startLimit,
-		ConfirmMissing: f.confirmMissing, OrphanGrace: f.gcGrace, Stop: work, StopWrites: ctx, Log: log, Audit: audit,
+		ConfirmMissing: f.confirmMissing, OrphanGrace: f.gcGrace, Stop: work, StopWrites: quit, Log: log, Audit: audit,
 	})
 	defer func() { stopWork(); m.Close(); m.Wait() }()
 	watch := &agentWatch{bound: f.hv.readyBound, confidential: f.confidential, silent: func(id, why string, d time.Duration) { n.agentSilent(led, log, id, why, d) }}
