@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"context"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -29,15 +28,6 @@ func TestAdaptorVMsOnIBMCloud(t *testing.T) {
 	vpc, err := vpcv1.NewVpcV1(&vpcv1.VpcV1Options{URL: fc.url + "/v1",
 		Authenticator: &core.IamAuthenticator{ApiKey: fc.secrets["API key"], URL: fc.url}})
 	require.NoError(t, err)
-	const node = "worker-1"
-	for _, n := range []string{node, "worker-2"} {
-		_, err := c.CreateNode(ctx, n)
-		require.NoError(t, err)
-	}
-	for _, p := range []struct{ name, node string }{{"live", node}, {"elsewhere", "worker-2"}} {
-		_, err := c.CreatePeerPod(ctx, "team", p.name, p.node, nil)
-		require.NoError(t, err)
-	}
 	an := newAdaptorNode(t)
 	seed := func(pod, sandbox string, at time.Time) string {
 		name := adaptorvm.Name(pod, sandbox)
@@ -58,32 +48,16 @@ func TestAdaptorVMsOnIBMCloud(t *testing.T) {
 		require.NoError(t, fc.core.Backdate(*in.ID, at))
 		return *in.ID
 	}
-	an.record(t, sid("1111aaaa"), "team", "gone")
-	dead := seed("gone", sid("1111aaaa"), time.Now().Add(-time.Hour))
-	an.record(t, sid("2222bbbb"), "team", "live")
-	live := seed("live", sid("2222bbbb"), time.Now())
-	an.record(t, sid("5555eeee"), "team", "elsewhere")
-	forged := seed("elsewhere", sid("5555eeee"), time.Now())
-	untied := seed("stray", sid("7777aaaa"), time.Now().Add(-time.Hour))
-
-	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
-	d := startCloudDaemon(t, c, fc, node, ledgerPath,
-		"--adaptor-pods-dir", an.pods, "--adaptor-kata-dir", an.kata, "--gc-grace", "2s", "--adaptor-vms", "collect")
-	d.waitReady(t, func() {})
-	require.Eventually(t, func() bool { in, err := fc.core.Get(dead); return err != nil || !in.State.Alive() }, time.Minute, 100*time.Millisecond,
-		"the dead adaptor VM is deleted")
-	for what, id := range map[string]string{"live": live, "forged": forged, "untied": untied} {
-		assert.True(t, mustGet(t, fc.core, id).State.Alive(), "%s is kept", what)
-	}
+	d, vms := adaptorCollect(ctx, t, c, fc, an, seed)
 	snap := statusOf(t, d)
 	require.NotNil(t, snap.AdaptorVMs)
 	actions := map[string]string{}
 	for _, vm := range snap.AdaptorVMs.VMs {
 		actions[vm.ID] = vm.Action
 	}
-	assert.Equal(t, adaptorvm.ActionKeep, actions[live])
-	assert.Equal(t, adaptorvm.ActionKeep, actions[forged])
-	assert.Equal(t, adaptorvm.ActionReport, actions[untied])
+	assert.Equal(t, adaptorvm.ActionKeep, actions[vms.live])
+	assert.Equal(t, adaptorvm.ActionKeep, actions[vms.forged])
+	assert.Equal(t, adaptorvm.ActionReport, actions[vms.untied])
 	d.stop(t)
 }
 

@@ -195,42 +195,19 @@ func TestAdaptorVMsOnAzure(t *testing.T) {
 	defer cancel()
 	c := cluster.Start(ctx, t)
 	fc := newAzureFake(t)
-	const node = "worker-1"
-	for _, n := range []string{node, "worker-2"} {
-		_, err := c.CreateNode(ctx, n)
-		require.NoError(t, err)
-	}
-	for _, p := range []struct{ name, node string }{{"live", node}, {"elsewhere", "worker-2"}} {
-		_, err := c.CreatePeerPod(ctx, "team", p.name, p.node, nil)
-		require.NoError(t, err)
-	}
 	an := newAdaptorNode(t)
-	seed := func(pod, sandbox string, at time.Time) (string, string) {
+	seed := func(pod, sandbox string, at time.Time) string {
 		name := adaptorvm.Name(pod, sandbox)
 		in, err := fc.core.Create(cloud.CreateRequest{Name: name, UniqueName: true, Tags: map[string]string{"team": "blue"},
 			InstanceType: azureSize, Image: azureImage})
 		require.NoError(t, err)
 		require.NoError(t, fc.core.Backdate(in.ID, at))
-		return name, in.ID
+		return in.ID
 	}
-	an.record(t, sid("1111aaaa"), "team", "gone")
-	deadName, dead := seed("gone", sid("1111aaaa"), time.Now().Add(-time.Hour))
-	an.record(t, sid("2222bbbb"), "team", "live")
-	_, live := seed("live", sid("2222bbbb"), time.Now())
-	an.record(t, sid("5555eeee"), "team", "elsewhere")
-	_, forged := seed("elsewhere", sid("5555eeee"), time.Now())
-	_, untied := seed("stray", sid("7777aaaa"), time.Now().Add(-time.Hour))
-
-	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
-	d := startCloudDaemon(t, c, fc, node, ledgerPath,
-		"--adaptor-pods-dir", an.pods, "--adaptor-kata-dir", an.kata, "--gc-grace", "2s", "--adaptor-vms", "collect")
-	d.waitReady(t, func() {})
-	// ARM forgets a deleted VM: its core instance goes with it.
-	require.Eventually(t, func() bool { in, err := fc.core.Get(dead); return err != nil || !in.State.Alive() }, time.Minute, 100*time.Millisecond,
-		"the dead adaptor VM is deleted")
-	for what, id := range map[string]string{"live": live, "forged": forged, "untied": untied} {
-		assert.True(t, mustGet(t, fc.core, id).State.Alive(), "%s is kept", what)
-	}
+	d, _ := adaptorCollect(ctx, t, c, fc, an, seed)
+	deadName := adaptorvm.Name("gone", sid("1111aaaa"))
+	// ARM forgets a deleted VM (adaptorCollect's check allows for that):
+	// /status still names it.
 	require.Eventually(t, func() bool {
 		snap := statusOf(t, d)
 		if snap.AdaptorVMs == nil {
@@ -244,4 +221,48 @@ func TestAdaptorVMsOnAzure(t *testing.T) {
 		return false
 	}, 30*time.Second, 100*time.Millisecond, "/status says it was deleted")
 	d.stop(t)
+}
+
+// adaptorSet is the adaptor VMs adaptorCollect seeds, by their cloud ids.
+type adaptorSet struct{ dead, live, forged, untied string }
+
+// adaptorCollect is the shared run of the collect e2e on a fake cloud fc:
+// nodes worker-1 (caa's) and worker-2, the pods "live" on worker-1 and
+// "elsewhere" on worker-2, then, seeded through seed (pod, sandbox,
+// creation time → cloud id) with the adaptor's records on the node: a
+// dead VM (its pod gone, made an hour ago), a live one, one a forged
+// record ties to the pod on worker-2, and an untied one. It runs caa with
+// --adaptor-vms=collect, waits for the dead VM to go and checks the others
+// stay; the caller checks the rest and stops the daemon.
+func adaptorCollect(ctx context.Context, t *testing.T, c *cluster.Cluster, fc *fakeCloud, an adaptorNode,
+	seed func(pod, sandbox string, at time.Time) string) (*daemon, adaptorSet) {
+	t.Helper()
+	const node = "worker-1"
+	for _, n := range []string{node, "worker-2"} {
+		_, err := c.CreateNode(ctx, n)
+		require.NoError(t, err)
+	}
+	for _, p := range []struct{ name, node string }{{"live", node}, {"elsewhere", "worker-2"}} {
+		_, err := c.CreatePeerPod(ctx, "team", p.name, p.node, nil)
+		require.NoError(t, err)
+	}
+	var vms adaptorSet
+	an.record(t, sid("1111aaaa"), "team", "gone")
+	vms.dead = seed("gone", sid("1111aaaa"), time.Now().Add(-time.Hour))
+	an.record(t, sid("2222bbbb"), "team", "live")
+	vms.live = seed("live", sid("2222bbbb"), time.Now())
+	an.record(t, sid("5555eeee"), "team", "elsewhere")
+	vms.forged = seed("elsewhere", sid("5555eeee"), time.Now())
+	vms.untied = seed("stray", sid("7777aaaa"), time.Now().Add(-time.Hour))
+
+	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
+	d := startCloudDaemon(t, c, fc, node, ledgerPath,
+		"--adaptor-pods-dir", an.pods, "--adaptor-kata-dir", an.kata, "--gc-grace", "2s", "--adaptor-vms", "collect")
+	d.waitReady(t, func() {})
+	require.Eventually(t, func() bool { in, err := fc.core.Get(vms.dead); return err != nil || !in.State.Alive() }, time.Minute, 100*time.Millisecond,
+		"the dead adaptor VM is deleted")
+	for what, id := range map[string]string{"live": vms.live, "forged": vms.forged, "untied": vms.untied} {
+		assert.True(t, mustGet(t, fc.core, id).State.Alive(), "%s is kept", what)
+	}
+	return d, vms
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/reconcile"
 	"github.com/caa-project/caa/test/mocks/cloud"
+	katafake "github.com/caa-project/caa/test/mocks/kata"
 )
 
 // TestHypervisorNeverServesAVMTheCloudReportsNotConfidential: in the kata
@@ -78,7 +79,7 @@ func TestHypervisorNeverServesAVMTheCloudReportsNotConfidential(t *testing.T) {
 	sock, err := e.shim.CreateVM(ctx, second, api.annotations(nil), api.net.NSPath)
 	require.NoError(t, err)
 	require.NoError(t, e.shim.StartVM(ctx, second), "failed boots: %v", e.fleet.Failed())
-	require.NoError(t, agentCheck(ctx, sock))
+	require.NoError(t, katafake.CheckAgent(ctx, sock))
 	vms := e.liveSandboxVMs(second)
 	require.Len(t, vms, 1)
 	assert.Equal(t, "sev-snp", vms[0].TEE)
@@ -92,7 +93,7 @@ func TestHypervisorNeverServesAVMTheCloudReportsNotConfidential(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return hasEventIn(ctx, t, e.c, "shop", "api", corev1.EventTypeWarning, reconcile.ReasonNotConfidential)
 	}, 20*time.Second, 50*time.Millisecond)
-	assert.Error(t, agentCheck(ctx, sock), "the agent socket is not served again")
+	assert.Error(t, katafake.CheckAgent(ctx, sock), "the agent socket is not served again")
 	d.waitReady(t, func() {})
 	d.stop(t)
 	_, hist, err := e.readLedger(t, second)

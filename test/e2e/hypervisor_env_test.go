@@ -20,13 +20,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/containerd/ttrpc"
 	"github.com/stretchr/testify/require"
 	"github.com/vishvananda/netlink"
 	"github.com/vishvananda/netns"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/caa-project/caa/internal/agentproto"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/sandbox"
@@ -360,27 +358,6 @@ func (e *hvEnv) liveSandboxVMs(id string) []cloud.Instance {
 		}
 	}
 	return out
-}
-
-// agentCheck dials an agent socket as the shim does and runs kata's health
-// check through it.
-func agentCheck(ctx context.Context, socket string) error {
-	c, err := net.DialTimeout("unix", socket, time.Second)
-	if err != nil {
-		return err
-	}
-	cl := ttrpc.NewClient(c)
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	st, err := agentproto.Check(ctx, cl)
-	if err != nil {
-		return err
-	}
-	if st != agentproto.Serving {
-		return fmt.Errorf("agent says %d, not SERVING", st)
-	}
-	return nil
 }
 
 // readLedger opens the ledger file read-only (no daemon holds it) and

@@ -20,6 +20,7 @@ import (
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/sandbox"
+	katafake "github.com/caa-project/caa/test/mocks/kata"
 )
 
 // TestHypervisorSigkillMidStartVM: caa is SIGKILLed while a StartVM's
@@ -68,7 +69,7 @@ func TestHypervisorSigkillMidStartVM(t *testing.T) {
 	require.NoError(t, e.shim.StartVM(ctx, id), "failed boots: %v", e.fleet.Failed())
 	assert.Equal(t, []string{first}, instanceIDs(e.sandboxVMs(id)),
 		"no duplicate VM for the sandbox (I1): the repeated create, same key, returned the VM the first made")
-	require.NoError(t, agentCheck(ctx, sock))
+	require.NoError(t, katafake.CheckAgent(ctx, sock))
 
 	require.NoError(t, e.shim.StopVM(ctx, id))
 	require.Eventually(t, func() bool { return len(e.liveSandboxVMs(id)) == 0 }, 30*time.Second, 20*time.Millisecond,
@@ -158,7 +159,7 @@ func TestHypervisorRestartWith20Sandboxes(t *testing.T) {
 		d.waitReadyFast(t, func() {
 			// Right as /readyz flips: every socket answers.
 			for i, s := range socks {
-				if err := agentCheck(ctx, s); err != nil {
+				if err := katafake.CheckAgent(ctx, s); err != nil {
 					failed = append(failed, fmt.Sprintf("sandbox %d: %v", i, err))
 				}
 			}
@@ -217,7 +218,7 @@ func TestHypervisorPodGoneRetiresItsSandbox(t *testing.T) {
 	_, err = net.Dial("unix", sockA)
 	assert.Error(t, err, "the gone pod's agent socket is closed")
 	assert.Equal(t, vmB, instanceIDs(e.liveSandboxVMs(b)), "the other pod's VM stays")
-	require.NoError(t, agentCheck(ctx, sockB), "the other pod's agent is still served")
+	require.NoError(t, katafake.CheckAgent(ctx, sockB), "the other pod's agent is still served")
 	d.stop(t)
 	_, hist, err := e.readLedger(t, a)
 	assert.ErrorIs(t, err, ledger.ErrNotFound, "the record goes with the VM")
@@ -313,13 +314,13 @@ func TestHypervisorVMKilledBehindCaasBack(t *testing.T) {
 	vmsB := e.liveSandboxVMs(b)
 	require.Len(t, instanceIDs(vmsB), 1)
 	assert.NotEqual(t, old, vmsB[0].ID, "the next sandbox has its own VM")
-	require.NoError(t, agentCheck(ctx, sockB))
+	require.NoError(t, katafake.CheckAgent(ctx, sockB))
 	require.Eventually(t, func() bool {
 		in, err := e.core.Get(old)
 		return err == nil && in.State == provider.StateTerminated
 	}, 30*time.Second, 20*time.Millisecond, "the old sandbox's VM is deleted once the next one runs")
 	assert.Equal(t, []string{vmsB[0].ID}, instanceIDs(e.core.Live()), "the running sandbox keeps its VM")
-	require.NoError(t, agentCheck(ctx, sockB), "the running sandbox is still served")
+	require.NoError(t, katafake.CheckAgent(ctx, sockB), "the running sandbox is still served")
 	d.stop(t)
 }
 
@@ -362,7 +363,7 @@ func TestHypervisorSigtermMidStartVM(t *testing.T) {
 	d.waitReady(t, func() {})
 	require.NoError(t, e.shim.StartVM(ctx, id), "failed boots: %v", e.fleet.Failed())
 	assert.Equal(t, first, instanceIDs(e.sandboxVMs(id)), "the repeated StartVM got the VM the first create made (I1)")
-	require.NoError(t, agentCheck(ctx, sock))
+	require.NoError(t, katafake.CheckAgent(ctx, sock))
 	d.stop(t)
 }
 

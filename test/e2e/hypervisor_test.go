@@ -25,6 +25,7 @@ import (
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/sandbox"
 	"github.com/caa-project/caa/test/e2e/cluster"
+	katafake "github.com/caa-project/caa/test/mocks/kata"
 	podvmfake "github.com/caa-project/caa/test/mocks/podvm"
 )
 
@@ -260,7 +261,7 @@ func TestHypervisorHostileInput(t *testing.T) {
 	st, err := agentproto.Check(ctx, agent)
 	require.NoError(t, err, "the running sandbox's shim connection still works")
 	assert.EqualValues(t, agentproto.Serving, st)
-	require.NoError(t, agentCheck(ctx, sock))
+	require.NoError(t, katafake.CheckAgent(ctx, sock))
 	out := runCaa(t, "ledger", "verify", "--ledger", e.ledger)
 	t.Logf("caa ledger verify (through the daemon): %s", strings.TrimSpace(out))
 	d.stop(t)

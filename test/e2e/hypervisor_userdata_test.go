@@ -19,6 +19,7 @@ import (
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/sandbox"
 	"github.com/caa-project/caa/test/e2e/cluster"
+	katafake "github.com/caa-project/caa/test/mocks/kata"
 )
 
 // TestHypervisorPrivateImageAndInitDataAcrossARestart: a pod that pulls
@@ -90,7 +91,7 @@ func TestHypervisorPrivateImageAndInitDataAcrossARestart(t *testing.T) {
 		require.NoError(t, err)
 		assert.JSONEq(t, string(vm.Files.Config.AuthJSON), string(onVM))
 	}
-	require.NoError(t, agentCheck(ctx, sock), "the agent answers through caa")
+	require.NoError(t, katafake.CheckAgent(ctx, sock), "the agent answers through caa")
 	assert.NotContains(t, d.logs.String(), "e2e-pull-password", "the credentials are in caa's logs")
 	assert.NotContains(t, d.logs.String(), creds, "the credentials are in caa's logs")
 	require.NoError(t, e.shim.StopVM(ctx, id))

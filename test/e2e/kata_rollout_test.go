@@ -219,7 +219,7 @@ func TestKataDaemonSetSurgeRollout(t *testing.T) {
 	assert.Zero(t, len(errs), "no hypervisor call refused or lost across the rollout; the first failures: %v", errs[:min(len(errs), 8)])
 	assert.Positive(t, during, "the shim called caa during the rollout")
 	for i, sock := range running {
-		assert.NoError(t, agentCheck(ctx, sock), "running sandbox %d is served by v2", i)
+		assert.NoError(t, katafake.CheckAgent(ctx, sock), "running sandbox %d is served by v2", i)
 	}
 	require.Eventually(t, func() bool { return len(e.core.Live()) == len(running) }, time.Minute, condPoll,
 		"only the running sandboxes' VMs are left")

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/caa-project/caa/pkg/podvm"
+	katafake "github.com/caa-project/caa/test/mocks/kata"
 	podvmfake "github.com/caa-project/caa/test/mocks/podvm"
 )
 
@@ -65,7 +66,7 @@ func TestHypervisorPodWithRoutesTheVMCannotInstall(t *testing.T) {
 	require.NoError(t, err)
 	assert.Len(t, installed, 3, "the VM installed every route it was given")
 
-	require.NoError(t, agentCheck(ctx, sock), "the agent answers through caa")
+	require.NoError(t, katafake.CheckAgent(ctx, sock), "the agent answers through caa")
 	var rx *net.UDPConn
 	require.NoError(t, podvmfake.InNetNS(vm.PodNamespace(), func() error {
 		rx, err = net.ListenUDP("udp4", &net.UDPAddr{IP: pod.net.IP.Addr().AsSlice(), Port: 7777})

@@ -262,3 +262,24 @@ func (s *Shims) Close() {
 		_ = a.Close()
 	}
 }
+
+// CheckAgent opens a connection to an agent socket as the shim does, runs
+// kata's health check once (within 5 s) and closes it: nil only when the
+// agent answers SERVING.
+func CheckAgent(ctx context.Context, socket string) error {
+	a, err := DialAgent(ctx, socket)
+	if err != nil {
+		return err
+	}
+	defer a.Close()
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	st, err := agentproto.Check(ctx, a.cl)
+	if err != nil {
+		return err
+	}
+	if st != agentproto.Serving {
+		return fmt.Errorf("the agent at %s answers status %d, not SERVING", socket, st)
+	}
+	return nil
+}

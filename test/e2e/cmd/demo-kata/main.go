@@ -28,9 +28,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/containerd/ttrpc"
-
-	"github.com/caa-project/caa/internal/agentproto"
 	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/pkg/relayd"
 	"github.com/caa-project/caa/test/e2e/cluster"
@@ -166,7 +163,7 @@ func run(ctx context.Context, w io.Writer, cfg config) (err error) {
 		if !ok || e.Socket != socks[i] {
 			return fmt.Errorf("sandbox %s: caa relay does not serve its agent socket %s (it serves %+v)", short(id), socks[i], entries)
 		}
-		if err := checkOnce(ctx, socks[i]); err != nil {
+		if err := katafake.CheckAgent(ctx, socks[i]); err != nil {
 			return fmt.Errorf("sandbox %s: the agent through the relay: %w", short(id), err)
 		}
 		say.line("sandbox %s: relay socket %s -> VM %s: agent SERVING", short(id), shortPath(node, socks[i]), e.Addr)
@@ -334,26 +331,6 @@ func startSandboxes(ctx context.Context, say narrator, node *katanode.Node, coun
 		vmIDs = append(vmIDs, vms[0].ID)
 	}
 	return ids, socks, vmIDs, nil
-}
-
-// checkOnce dials an agent socket and runs kata's health check once.
-func checkOnce(ctx context.Context, socket string) error {
-	c, err := (&net.Dialer{Timeout: 5 * time.Second}).DialContext(ctx, "unix", socket)
-	if err != nil {
-		return err
-	}
-	cl := ttrpc.NewClient(c)
-	defer cl.Close()
-	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-	defer cancel()
-	st, err := agentproto.Check(ctx, cl)
-	if err != nil {
-		return err
-	}
-	if st != agentproto.Serving {
-		return fmt.Errorf("the agent answers status %d, not SERVING", st)
-	}
-	return nil
 }
 
 // awaitChecks waits until every shim made n more checks.
