@@ -14,16 +14,13 @@ package hypervisor
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
-	"net"
 	"time"
 
 	"github.com/containerd/ttrpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 
-	"github.com/caa-project/caa/internal/unixsock"
 	"github.com/caa-project/caa/pkg/hypervisor/hypervisorpb"
 	"github.com/caa-project/caa/pkg/sandbox"
 )
@@ -117,47 +114,6 @@ func (s *Service) log() *slog.Logger {
 		return s.Log
 	}
 	return slog.New(slog.DiscardHandler)
-}
-
-// Listen opens the service's unix socket at path (0600 in a 0700
-// directory made if missing), replacing a stale socket file that no
-// process serves (a restart after SIGKILL). A socket another process still
-// serves is refused, and so is a file that is not a socket.
-func Listen(path string) (net.Listener, error) {
-	ln, err := unixsock.Listen(path, unixsock.Options{Mode: 0o600, RefuseServed: true})
-	if err != nil {
-		return nil, fmt.Errorf("hypervisor socket %s: %w", path, err)
-	}
-	return ln, nil
-}
-
-// Serve serves svc on ln until ctx is done; it then stops taking calls
-// and closes the listener (calls in flight end with their connection).
-func Serve(ctx context.Context, ln net.Listener, svc *Service) error {
-	srv, err := ttrpc.NewServer()
-	if err != nil {
-		return fmt.Errorf("ttrpc server: %w", err)
-	}
-	register(srv, svc)
-	done := make(chan struct{})
-	defer close(done)
-	go func() {
-		select {
-		case <-ctx.Done():
-		case <-done:
-			return
-		}
-		sctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		if err := srv.Shutdown(sctx); err != nil {
-			_ = srv.Close()
-		}
-	}()
-	err = srv.Serve(ctx, ln)
-	if ctx.Err() != nil || errors.Is(err, ttrpc.ErrServerClosed) {
-		return nil
-	}
-	return err
 }
 
 // register adds svc to srv under every name in ServiceNames. The generated

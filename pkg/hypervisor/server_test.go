@@ -61,14 +61,15 @@ func serve(t *testing.T, lc Lifecycle) string {
 	require.NoError(t, err)
 	t.Cleanup(func() { _ = os.RemoveAll(dir) })
 	path := filepath.Join(dir, "hypervisor.sock")
-	ln, err := Listen(path)
+	sock, err := ListenSocket(path)
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- Serve(ctx, ln, &Service{Sandboxes: lc, CaaVersion: "caa-test"}) }()
+	go func() { done <- sock.Serve(ctx, &Service{Sandboxes: lc, CaaVersion: "caa-test"}, time.Second) }()
 	t.Cleanup(func() {
 		cancel()
 		assert.NoError(t, <-done)
+		assert.NoError(t, sock.Close())
 	})
 	return path
 }
@@ -170,7 +171,7 @@ func TestWireFieldNumbers(t *testing.T) {
 
 func TestListenReplacesAStaleSocketButNotALiveOne(t *testing.T) {
 	path := serve(t, &fakeLifecycle{})
-	_, err := Listen(path)
+	_, err := ListenSocket(path)
 	require.ErrorContains(t, err, "another process serves it")
 
 	dir, err := os.MkdirTemp("", "hv")
@@ -181,9 +182,9 @@ func TestListenReplacesAStaleSocketButNotALiveOne(t *testing.T) {
 	require.NoError(t, err)
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)
 	require.NoError(t, ln.Close()) // the file stays, as after SIGKILL
-	ln, err = Listen(stale)
+	sock, err := ListenSocket(stale)
 	require.NoError(t, err)
-	_ = ln.Close()
+	_ = sock.Close()
 	info, err := os.Stat(filepath.Dir(stale))
 	require.NoError(t, err)
 	assert.True(t, info.IsDir())

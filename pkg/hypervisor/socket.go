@@ -32,7 +32,10 @@ type Socket struct {
 	passed atomic.Bool
 }
 
-// ListenSocket binds path as Listen does.
+// ListenSocket binds kata's socket at path (0600 in a 0700 directory made
+// if missing), replacing a stale socket file that no process serves (a
+// restart after SIGKILL). A socket another process still serves is
+// refused, and so is a file that is not a socket.
 func ListenSocket(path string) (*Socket, error) {
 	ln, err := unixsock.Listen(path, unixsock.Options{Mode: 0o600, RefuseServed: true})
 	if err != nil {
