@@ -14,25 +14,6 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestFindCloud(t *testing.T) {
-	clouds := compiledClouds()
-	require.Len(t, clouds, 3, "the default build has every cloud")
-	assert.Equal(t, "aws, azure or ibmcloud", cloudNames(clouds))
-	for _, name := range knownClouds {
-		c, err := findCloud(clouds, name)
-		require.NoError(t, err)
-		assert.Equal(t, name, c.name)
-	}
-	_, err := findCloud(clouds, "gcp")
-	assert.ErrorContains(t, err, `--provider "gcp": want aws, azure or ibmcloud`)
-	_, err = findCloud(clouds[:1], "ibmcloud")
-	assert.ErrorContains(t, err, "built without ibmcloud", "a known cloud left out of the build says so")
-
-	// Each command gets settings of its own.
-	a, b := compiledClouds(), compiledClouds()
-	assert.NotSame(t, a[0], b[0])
-}
-
 // TestBuildWithOneCloud builds caa with only the AWS provider (the build
 // tag make build CLOUDS=aws passes) and checks the other clouds are gone
 // from its flags and refused by name.

@@ -2,7 +2,6 @@ package main
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -44,14 +43,6 @@ func TestDaemonErrorsFollowTheLogFormat(t *testing.T) {
 	for _, l := range lines {
 		assert.True(t, json.Valid([]byte(l)), "every line is JSON: %q", l)
 	}
-}
-
-func TestJSONLogsWriteDurationsForPeople(t *testing.T) {
-	var buf bytes.Buffer
-	log, err := newLogger(&buf, "json", "info")
-	require.NoError(t, err)
-	log.Info("x", "took", 1500*time.Millisecond)
-	assert.Contains(t, buf.String(), `"took":"1.5s"`)
 }
 
 // TestApiserverAwayAtStart: caa serves /healthz (200) and /readyz (503

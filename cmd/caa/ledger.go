@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/caa-project/caa/internal/cli"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/ledger/ledgerapi"
 )
@@ -31,7 +32,7 @@ func newLedgerCommand() *cobra.Command {
 			"over its unix socket (<ledger>.sock); otherwise they open the file read-only.",
 		Args: unknownSubcommand,
 		RunE: func(cmd *cobra.Command, _ []string) error {
-			return usageError{fmt.Errorf("%s needs a subcommand: ls, sandboxes, get, history, export, verify, stats or rebuild (see `%s --help`)",
+			return cli.UsageError{Err: fmt.Errorf("%s needs a subcommand: ls, sandboxes, get, history, export, verify, stats or rebuild (see `%s --help`)",
 				cmd.CommandPath(), cmd.CommandPath())}
 		},
 	}
@@ -62,10 +63,10 @@ func (f *ledgerFlags) open(cmd *cobra.Command) (ledgerapi.Reader, error) {
 		return nil, err
 	}
 	if f.timeout <= 0 {
-		return nil, usageError{fmt.Errorf("--timeout must be positive, got %s", f.timeout)}
+		return nil, cli.UsageError{Err: fmt.Errorf("--timeout must be positive, got %s", f.timeout)}
 	}
 	if f.path == "" {
-		return nil, usageError{errors.New("--ledger is empty; give the ledger file, e.g. " + ledger.DefaultPath)}
+		return nil, cli.UsageError{Err: errors.New("--ledger is empty; give the ledger file, e.g. " + ledger.DefaultPath)}
 	}
 	return ledgerapi.Open(cmd.Context(), f.path, f.timeout)
 }
@@ -95,7 +96,7 @@ func newLedgerLsCommand(f *ledgerFlags) *cobra.Command {
 			for _, s := range phases {
 				p, err := ledger.ParsePhase(s)
 				if err != nil {
-					return usageError{fmt.Errorf("--phase: %w", err)}
+					return cli.UsageError{Err: fmt.Errorf("--phase: %w", err)}
 				}
 				filter.Phases = append(filter.Phases, p)
 			}
@@ -188,7 +189,7 @@ func newLedgerSandboxesCommand(f *ledgerFlags) *cobra.Command {
 			for _, s := range phases {
 				p, err := ledger.ParseSandboxPhase(s)
 				if err != nil {
-					return usageError{fmt.Errorf("--phase: %w", err)}
+					return cli.UsageError{Err: fmt.Errorf("--phase: %w", err)}
 				}
 				want = append(want, p)
 			}
@@ -261,7 +262,7 @@ func newLedgerHistoryCommand(f *ledgerFlags) *cobra.Command {
 		Short: "Show the history of one pod, or of every pod by time",
 		Args: func(cmd *cobra.Command, args []string) error {
 			if len(args) > 1 {
-				return usageError{fmt.Errorf("%s takes at most one pod (got %d arguments)", cmd.CommandPath(), len(args))}
+				return cli.UsageError{Err: fmt.Errorf("%s takes at most one pod (got %d arguments)", cmd.CommandPath(), len(args))}
 			}
 			return nil
 		},
@@ -350,7 +351,7 @@ func resolvePod(cmd *cobra.Command, r ledgerapi.Reader, arg string) (string, err
 		return arg, nil
 	}
 	if ns == "" || name == "" {
-		return "", usageError{fmt.Errorf("pod %q: want a pod UID or namespace/name", arg)}
+		return "", cli.UsageError{Err: fmt.Errorf("pod %q: want a pod UID or namespace/name", arg)}
 	}
 	recs, err := r.List(cmd.Context(), ledger.Filter{})
 	if err != nil && recs == nil {

@@ -12,6 +12,7 @@ import (
 	"os/signal"
 	"syscall"
 
+	"github.com/caa-project/caa/internal/cli"
 	"github.com/spf13/cobra"
 )
 
@@ -23,12 +24,6 @@ const (
 	exitFailure = 1
 	exitUsage   = 2
 )
-
-// usageError marks errors that are the caller's to fix in the command line.
-type usageError struct{ err error }
-
-func (e usageError) Error() string { return e.err.Error() }
-func (e usageError) Unwrap() error { return e.err }
 
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -46,11 +41,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	if err == nil {
 		return 0
 	}
-	var le loggedError
+	var le cli.LoggedError
 	if !errors.As(err, &le) { // the daemon logged it already, in its format
 		fmt.Fprintf(stderr, "caa: %v\n", err)
 	}
-	var ue usageError
+	var ue cli.UsageError
 	var ee exitError
 	switch {
 	case errors.As(err, &ue):
@@ -83,7 +78,7 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 	root.SetOut(stdout)
 	root.SetErr(stderr)
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
-		return usageError{fmt.Errorf("%w (see `%s --help`)", err, cmd.CommandPath())}
+		return cli.UsageError{Err: fmt.Errorf("%w (see `%s --help`)", err, cmd.CommandPath())}
 	})
 	root.AddCommand(newVersionCommand(), newLedgerCommand(), newRunCommand(), newStatusCommand(), newClusterCommand(), newRelayCommand(), newProbeCommand())
 	return root
@@ -104,7 +99,7 @@ func newVersionCommand() *cobra.Command {
 // unknownSubcommand rejects a word that names no subcommand.
 func unknownSubcommand(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {
-		return usageError{fmt.Errorf("unknown command %q for %s (see `%s --help`)", args[0], cmd.CommandPath(), cmd.CommandPath())}
+		return cli.UsageError{Err: fmt.Errorf("unknown command %q for %s (see `%s --help`)", args[0], cmd.CommandPath(), cmd.CommandPath())}
 	}
 	return nil
 }
@@ -112,7 +107,7 @@ func unknownSubcommand(cmd *cobra.Command, args []string) error {
 // noArgs is cobra.NoArgs with a usage error.
 func noArgs(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {
-		return usageError{fmt.Errorf("%s takes no arguments, got %q", cmd.CommandPath(), args)}
+		return cli.UsageError{Err: fmt.Errorf("%s takes no arguments, got %q", cmd.CommandPath(), args)}
 	}
 	return nil
 }
@@ -120,7 +115,7 @@ func noArgs(cmd *cobra.Command, args []string) error {
 func exactArgs(n int, what string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		if len(args) != n {
-			return usageError{fmt.Errorf("%s needs %s (got %d arguments)", cmd.CommandPath(), what, len(args))}
+			return cli.UsageError{Err: fmt.Errorf("%s needs %s (got %d arguments)", cmd.CommandPath(), what, len(args))}
 		}
 		return nil
 	}

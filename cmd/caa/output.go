@@ -11,6 +11,7 @@ import (
 
 	"sigs.k8s.io/yaml"
 
+	"github.com/caa-project/caa/internal/cli"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/provider"
 )
@@ -28,7 +29,7 @@ func parseFormat(s string) (format, error) {
 	case formatTable, formatJSON, formatYAML:
 		return f, nil
 	}
-	return "", usageError{fmt.Errorf("-o %q: want table, json or yaml", s)}
+	return "", cli.UsageError{Err: fmt.Errorf("-o %q: want table, json or yaml", s)}
 }
 
 // writeData prints v as JSON or YAML; it reports false for table output,

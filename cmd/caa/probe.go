@@ -11,6 +11,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/caa-project/caa/internal/cli"
 	"github.com/caa-project/caa/pkg/health"
 )
 
@@ -36,7 +37,7 @@ func newProbeCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&addr, "addr", envOr("CAA_HEALTH_ADDR", ":8000"), "the daemon's health address, host:port or unix:PATH (env CAA_HEALTH_ADDR, as the daemon reads it)")
+	cmd.Flags().StringVar(&addr, "addr", cli.EnvOr("CAA_HEALTH_ADDR", ":8000"), "the daemon's health address, host:port or unix:PATH (env CAA_HEALTH_ADDR, as the daemon reads it)")
 	cmd.Flags().DurationVar(&timeout, "timeout", 4*time.Second, "how long to wait for the answer")
 	return cmd
 }
@@ -46,7 +47,7 @@ func newProbeCommand() *cobra.Command {
 func healthGet(ctx context.Context, addr, path string, timeout time.Duration) (int, string, error) {
 	base, client, err := healthClient(addr)
 	if err != nil {
-		return 0, "", usageError{err}
+		return 0, "", cli.UsageError{Err: err}
 	}
 	if !strings.HasPrefix(path, "/") {
 		path = "/" + path
@@ -55,7 +56,7 @@ func healthGet(ctx context.Context, addr, path string, timeout time.Duration) (i
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, base+path, nil)
 	if err != nil {
-		return 0, "", usageError{fmt.Errorf("--addr %q: %w", addr, err)}
+		return 0, "", cli.UsageError{Err: fmt.Errorf("--addr %q: %w", addr, err)}
 	}
 	resp, err := client.Do(req)
 	if err != nil {

@@ -13,14 +13,9 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/caa-project/caa/internal/cli"
 	"github.com/caa-project/caa/pkg/health"
 )
-
-func jsonEncode(w io.Writer, v any) error {
-	enc := json.NewEncoder(w)
-	enc.SetIndent("", "  ")
-	return enc.Encode(v)
-}
 
 func newStatusCommand() *cobra.Command {
 	var addr, output string
@@ -46,7 +41,7 @@ func newStatusCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&addr, "addr", envOr("CAA_STATUS_ADDR", "http://127.0.0.1:8000"), "the daemon's health address: host:port, a URL or unix:PATH (env CAA_STATUS_ADDR)")
+	cmd.Flags().StringVar(&addr, "addr", cli.EnvOr("CAA_STATUS_ADDR", "http://127.0.0.1:8000"), "the daemon's health address: host:port, a URL or unix:PATH (env CAA_STATUS_ADDR)")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for the daemon")
 	return cmd
@@ -145,4 +140,26 @@ func handoverLine(h health.Handover, now time.Time) string {
 		line += ": " + h.Reason
 	}
 	return line
+}
+
+// adaptorLines are `caa status`'s lines for the adaptor's VMs.
+func adaptorLines(a *health.AdaptorVMs) []string {
+	if a == nil {
+		return nil
+	}
+	head := fmt.Sprintf("Adaptor VMs:\t%d found, mode %s, %d sandbox records on this node", len(a.VMs), a.Mode, a.Sandboxes)
+	if a.Error != "" {
+		head += "; last scan failed: " + a.Error
+	}
+	if a.Skipped != "" {
+		head = "Adaptor VMs:\tnot looked for: " + a.Skipped
+	}
+	lines := []string{head}
+	for _, p := range a.Problems {
+		lines = append(lines, "Adaptor problem:\t"+p)
+	}
+	for _, vm := range a.VMs {
+		lines = append(lines, fmt.Sprintf("Adaptor VM:\t%s %s (%s): %s: %s", vm.ID, vm.Name, vm.State, vm.Action, vm.Why))
+	}
+	return lines
 }

@@ -298,16 +298,6 @@ func (k *KubeEvents) NodeEvent(node string, warning bool, reason, message string
 // Shutdown flushes and stops the broadcaster.
 func (k *KubeEvents) Shutdown() { k.broadcaster.Shutdown() }
 
-// ClusterID is the default cluster identity: the kube-system namespace's
-// UID, stable for the life of the cluster.
-func ClusterID(ctx context.Context, client kubernetes.Interface) (string, error) {
-	ns, err := client.CoreV1().Namespaces().Get(ctx, metav1.NamespaceSystem, metav1.GetOptions{})
-	if err != nil {
-		return "", fmt.Errorf("read the kube-system namespace for the cluster id (or set --cluster-id): %w", err)
-	}
-	return string(ns.UID), nil
-}
-
 // LedgerAnnotation on the Node records which ledger the node's caa uses, so
 // a restart that finds no ledger (or another one) knows the hostPath is
 // not what it was, instead of silently starting from nothing.

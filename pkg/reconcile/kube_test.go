@@ -123,15 +123,6 @@ func TestNodeLedgerGuard(t *testing.T) {
 	assert.Error(t, CheckNodeLedger(ctx, client, "missing-node", "/x", true, "id-1"))
 }
 
-func TestClusterIDIsTheKubeSystemUID(t *testing.T) {
-	client := fake.NewClientset(&corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: "kube-system", UID: "ks-uid"}})
-	id, err := ClusterID(context.Background(), client)
-	require.NoError(t, err)
-	assert.Equal(t, "ks-uid", id)
-	_, err = ClusterID(context.Background(), fake.NewClientset())
-	assert.ErrorContains(t, err, "--cluster-id")
-}
-
 // TestLoopConvergesThenFollowsPodChangesWithoutListing: after the startup
 // pass, a pod change costs only its own VM's calls: a create and one read
 // to see it boot, a delete and no read. No listing per pod change.

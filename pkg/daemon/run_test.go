@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"errors"
@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/caa-project/caa/internal/clouds"
 	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/provider"
@@ -15,7 +16,7 @@ import (
 )
 
 func TestRunFlagsCheck(t *testing.T) {
-	good := runFlags{clouds: compiledClouds(), node: "n", providerName: "aws", runtimeClasses: []string{"kata-remote"}, resync: time.Minute,
+	good := Options{clouds: clouds.Compiled(), node: "n", providerName: "aws", runtimeClasses: []string{"kata-remote"}, resync: time.Minute,
 		gcGrace: time.Minute, confirmMissing: time.Second, shutdownGrace: time.Second, bootTimeout: time.Minute, concurrency: 1, createRate: 1,
 		createBurst: 1, logFormat: "json", logLevel: "info", instanceTypes: "small:2:4096, large:8:32768",
 		retention: time.Hour, cloudTimeout: time.Minute, readRate: 1, readBurst: 1}
@@ -23,23 +24,23 @@ func TestRunFlagsCheck(t *testing.T) {
 
 	tests := []struct {
 		name string
-		mod  func(*runFlags)
+		mod  func(*Options)
 		want string
 	}{
-		{"no node", func(f *runFlags) { f.node = "" }, "NODE_NAME"},
-		{"bad provider", func(f *runFlags) { f.providerName = "gcp" }, `--provider "gcp"`},
-		{"no runtime class", func(f *runFlags) { f.runtimeClasses = nil }, "--runtime-class"},
-		{"zero resync", func(f *runFlags) { f.resync = 0 }, "--resync"},
-		{"zero boot timeout", func(f *runFlags) { f.bootTimeout = 0 }, "--boot-timeout"},
-		{"zero retention", func(f *runFlags) { f.retention = 0 }, "--history-retention"},
-		{"negative audit", func(f *runFlags) { f.audit = -time.Second }, "--audit-interval"},
-		{"zero read rate", func(f *runFlags) { f.readRate = 0 }, "--read-rate"},
-		{"zero cloud timeout", func(f *runFlags) { f.cloudTimeout = 0 }, "--cloud-timeout"},
-		{"zero rate", func(f *runFlags) { f.createRate = 0 }, "--create-rate"},
-		{"bad types", func(f *runFlags) { f.instanceTypes = "small:two:4096" }, `"small:two:4096"`},
-		{"bad log format", func(f *runFlags) { f.logFormat = "xml" }, "--log-format"},
-		{"bad log level", func(f *runFlags) { f.logLevel = "loud" }, "--log-level"},
-		{"bad adaptor mode", func(f *runFlags) { f.av.mode = "delete" }, `--adaptor-vms="delete"`},
+		{"no node", func(f *Options) { f.node = "" }, "NODE_NAME"},
+		{"bad provider", func(f *Options) { f.providerName = "gcp" }, `--provider "gcp"`},
+		{"no runtime class", func(f *Options) { f.runtimeClasses = nil }, "--runtime-class"},
+		{"zero resync", func(f *Options) { f.resync = 0 }, "--resync"},
+		{"zero boot timeout", func(f *Options) { f.bootTimeout = 0 }, "--boot-timeout"},
+		{"zero retention", func(f *Options) { f.retention = 0 }, "--history-retention"},
+		{"negative audit", func(f *Options) { f.audit = -time.Second }, "--audit-interval"},
+		{"zero read rate", func(f *Options) { f.readRate = 0 }, "--read-rate"},
+		{"zero cloud timeout", func(f *Options) { f.cloudTimeout = 0 }, "--cloud-timeout"},
+		{"zero rate", func(f *Options) { f.createRate = 0 }, "--create-rate"},
+		{"bad types", func(f *Options) { f.instanceTypes = "small:two:4096" }, `"small:two:4096"`},
+		{"bad log format", func(f *Options) { f.logFormat = "xml" }, "--log-format"},
+		{"bad log level", func(f *Options) { f.logLevel = "loud" }, "--log-level"},
+		{"bad adaptor mode", func(f *Options) { f.av.mode = "delete" }, `--adaptor-vms="delete"`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -51,7 +52,7 @@ func TestRunFlagsCheck(t *testing.T) {
 }
 
 func TestInstanceTypesNameTheCloudsTypes(t *testing.T) {
-	f := runFlags{clouds: compiledClouds(), providerName: "aws", instanceTypes: "m6a.large, g5.xlarge, small:2:4096"}
+	f := Options{clouds: clouds.Compiled(), providerName: "aws", instanceTypes: "m6a.large, g5.xlarge, small:2:4096"}
 	types, err := f.types()
 	require.NoError(t, err)
 	assert.Equal(t, []provider.InstanceType{{Name: "m6a.large", VCPUs: 2, MemoryMiB: 8192},
@@ -74,15 +75,15 @@ func TestInstanceTypesNameTheCloudsTypes(t *testing.T) {
 // cloud's default type among them.
 func TestCloudTypeTablesAreWellFormed(t *testing.T) {
 	defaults := map[string]string{"aws": "m6a.large", "azure": "Standard_DC2as_v5", "ibmcloud": "bx3dc-2x10"}
-	for _, c := range compiledClouds() {
+	for _, c := range clouds.Compiled() {
 		seen := map[string]bool{}
-		for _, ty := range c.types() {
-			assert.True(t, ty.VCPUs > 0 && ty.MemoryMiB > 0, "%s %s", c.name, ty)
-			assert.Equal(t, ty.GPUs > 0, ty.GPUModel != "", "%s %s", c.name, ty)
-			assert.False(t, seen[ty.Name], "%s lists %s twice", c.name, ty.Name)
+		for _, ty := range c.Types() {
+			assert.True(t, ty.VCPUs > 0 && ty.MemoryMiB > 0, "%s %s", c.Name, ty)
+			assert.Equal(t, ty.GPUs > 0, ty.GPUModel != "", "%s %s", c.Name, ty)
+			assert.False(t, seen[ty.Name], "%s lists %s twice", c.Name, ty.Name)
 			seen[ty.Name] = true
 		}
-		assert.True(t, seen[defaults[c.name]], "%s: the table lacks %s", c.name, defaults[c.name])
+		assert.True(t, seen[defaults[c.Name]], "%s: the table lacks %s", c.Name, defaults[c.Name])
 	}
 }
 

@@ -1,6 +1,6 @@
 //go:build !caa_azure && (caa_aws || caa_ibmcloud)
 
-package main
+package clouds
 
 // azureCloud: this build leaves Azure out (see clouds.go).
-func azureCloud() *cloud { return nil }
+func azureCloud() *Cloud { return nil }

@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -37,7 +37,7 @@ import (
 // whose new caa then fails with no caa at all. /status shows the
 // hand-over under way meanwhile. Only once retired does it answer 503.
 type nodeDaemon struct {
-	f          *runFlags
+	f          *Options
 	log        *slog.Logger
 	status     *health.Status
 	client     kubernetes.Interface

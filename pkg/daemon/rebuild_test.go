@@ -1,9 +1,10 @@
-package main
+package daemon
 
 import (
 	"bytes"
 	"context"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 
@@ -49,7 +50,8 @@ func TestRebuildRecordsSandboxVMsAsLostSandboxes(t *testing.T) {
 		require.NoError(t, err)
 		return vm
 	}
-	sb1, sb2, sb3 := sbRun, sbLost, sbGone
+	// Sandbox ids: 64 hex digits, as kata makes them.
+	sb1, sb2, sb3 := strings.Repeat("a", 64), strings.Repeat("b", 64), strings.Repeat("c", 64)
 	informer := create("uid-a", "a", "uid-a-a1", "")
 	older := create("uid-b", "b", sandbox.Key(sb1, 1), sb1)
 	newer := create("uid-b", "b", sandbox.Key(sb2, 2), sb2)

@@ -1,6 +1,6 @@
 //go:build !caa_ibmcloud && (caa_aws || caa_azure)
 
-package main
+package clouds
 
 // ibmcloudCloud: this build leaves IBM Cloud out (see clouds.go).
-func ibmcloudCloud() *cloud { return nil }
+func ibmcloudCloud() *Cloud { return nil }

@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -7,44 +7,44 @@ import (
 	"strings"
 	"time"
 
-	"github.com/spf13/cobra"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 
+	"github.com/caa-project/caa/internal/cli"
 	"github.com/caa-project/caa/pkg/handover"
 	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/pkg/holder"
+	"github.com/spf13/pflag"
 )
 
 // This file is the hand-over socket's side of nodeDaemon: its flags, who
 // may ask (the gate and the identity check), and binding the socket.
 
 // addHandoverFlags registers the hand-over's tuning flags of `caa run`.
-func addHandoverFlags(cmd *cobra.Command, f *runFlags) {
-	fs := cmd.Flags()
-	fs.DurationVar(&f.handoverReady, "handover-ready-timeout", envDuration("CAA_HANDOVER_READY_TIMEOUT", holder.DefaultReadyTimeout),
+func (f *Options) addHandoverFlags(fs *pflag.FlagSet) {
+	fs.DurationVar(&f.handoverReady, "handover-ready-timeout", cli.EnvDuration("CAA_HANDOVER_READY_TIMEOUT", holder.DefaultReadyTimeout),
 		"how long a new caa may take to turn ready after this one handed it the ledger; past it, this one takes the ledger back; "+
 			"must exceed --boot-timeout (env CAA_HANDOVER_READY_TIMEOUT)")
-	fs.BoolVar(&f.handoverCheckProcess, "handover-check-process", envOr("CAA_HANDOVER_CHECK_PROCESS", "false") == "true",
+	fs.BoolVar(&f.handoverCheckProcess, "handover-check-process", cli.EnvOr("CAA_HANDOVER_CHECK_PROCESS", "false") == "true",
 		"also check that the asking process (SO_PEERCRED -> pid -> cgroup) is the main process of the pod it names; "+
 			"needs hostPID in the DaemonSet; the asker's pod is checked against the apiserver whenever POD_NAMESPACE and POD_UID "+
 			"(downward API) are set (env CAA_HANDOVER_CHECK_PROCESS)")
-	fs.BoolVar(&f.handoverUnverified, "handover-allow-unverified", envOr("CAA_HANDOVER_ALLOW_UNVERIFIED", "false") == "true",
+	fs.BoolVar(&f.handoverUnverified, "handover-allow-unverified", cli.EnvOr("CAA_HANDOVER_ALLOW_UNVERIFIED", "false") == "true",
 		"outside a DaemonSet's pod (no POD_NAMESPACE), hand the ledger to any local process that asks, taking its word for its "+
 			"name: for tests and by-hand runs only. Without it such a caa refuses every hand-over request, since nothing can verify "+
 			"the asker (env CAA_HANDOVER_ALLOW_UNVERIFIED)")
-	fs.DurationVar(&f.handoverCool, "handover-failed-cooldown", envDuration("CAA_HANDOVER_FAILED_COOLDOWN", holder.DefaultFailedCooldown),
+	fs.DurationVar(&f.handoverCool, "handover-failed-cooldown", cli.EnvDuration("CAA_HANDOVER_FAILED_COOLDOWN", holder.DefaultFailedCooldown),
 		"how long a pod whose hand-over failed is refused another; keep it above the startup probe's window plus 5m "+
 			"(env CAA_HANDOVER_FAILED_COOLDOWN)")
-	fs.DurationVar(&f.inertLook, "handover-inert-check", envDuration("CAA_HANDOVER_INERT_CHECK", defaultInertLook),
+	fs.DurationVar(&f.inertLook, "handover-inert-check", cli.EnvDuration("CAA_HANDOVER_INERT_CHECK", defaultInertLook),
 		"how often a caa that handed the ledger over looks whether the caa it went to still holds the ledger's lock; after two "+
 			"looks that find it free it takes the ledger back (env CAA_HANDOVER_INERT_CHECK)")
 }
 
 // limits are the daemon's time limits that play in a rollout, for the
 // refusal at start of settings that cannot work together.
-func (f *runFlags) limits() holder.Limits {
+func (f *Options) limits() holder.Limits {
 	var sandboxReady time.Duration
 	if f.hv.socket != "" {
 		sandboxReady = f.hv.readyBound
@@ -124,7 +124,7 @@ func (n *nodeDaemon) unverifiedAskers(why string) {
 // token, bound to the pod), read afresh (the kubelet rotates it): what it
 // shows a holder to prove its pod. Empty when caa authenticates otherwise.
 func bearerToken(kubeconfig string) (string, error) {
-	cfg, err := restConfig(kubeconfig)
+	cfg, err := cli.RestConfig(kubeconfig)
 	if err != nil {
 		return "", fmt.Errorf("kubernetes client config: %w", err)
 	}

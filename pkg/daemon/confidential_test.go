@@ -1,25 +1,26 @@
-package main
+package daemon
 
 import (
 	"testing"
 
-	"github.com/spf13/cobra"
+	"github.com/caa-project/caa/internal/clouds"
+	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
 
 // parsedRunFlags is the daemon's flags as args set them, the environment
 // left out of it.
-func parsedRunFlags(t *testing.T, args ...string) *runFlags {
+func parsedRunFlags(t *testing.T, args ...string) *Options {
 	t.Helper()
 	t.Setenv("CAA_CONFIDENTIAL", "")
 	for _, k := range []string{"CAA_AWS_INSTANCE_TYPE", "CAA_AZURE_INSTANCE_TYPE", "CAA_IBMCLOUD_INSTANCE_TYPE", "CAA_INSTANCE_TYPES", "CAA_ALLOWED_TYPES"} {
 		t.Setenv(k, "")
 	}
-	f := &runFlags{clouds: compiledClouds()}
-	cmd := &cobra.Command{Use: "run"}
-	addRunFlags(cmd, f)
-	require.NoError(t, cmd.Flags().Parse(args))
+	f := &Options{clouds: clouds.Compiled()}
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+	f.AddFlags(fs)
+	require.NoError(t, fs.Parse(args))
 	return f
 }
 

@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -34,7 +34,7 @@ users: [{name: u, user: {token: t}}]
 contexts: [{name: x, context: {cluster: c, user: u}}]
 current-context: x
 `, srv.URL)), 0o600))
-	client, err := kubeClient(kubeconfig)
+	client, err := (&Options{kubeconfig: kubeconfig}).kubeClient()
 	require.NoError(t, err)
 
 	const requests = 100 // a node's burst: one service-account read per sandbox

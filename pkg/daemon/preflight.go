@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -267,7 +267,7 @@ const recordedPreflightTimeout = 500 * time.Millisecond
 // meta once it has passed (at the ledger's open): on a warm restart it starts the re-check in the
 // background and returns at once; otherwise it returns when the preflight
 // passed, or ctx is done.
-func preflightGate(ctx context.Context, f *runFlags, log *slog.Logger, status *health.Status, p provider.Provider,
+func preflightGate(ctx context.Context, f *Options, log *slog.Logger, status *health.Status, p provider.Provider,
 	clusterID, nodeLedger string, recorded recordedMeta, fp string, event func(string), serve func(string, func() error)) (string, error) {
 	run := preflightRun{log: log, p: p, event: event, count: status.CountPreflight}
 	if recorded.preflight(f.node, clusterID, nodeLedger) == fp {

@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -35,7 +35,7 @@ func askHolder(t *testing.T, n *nodeDaemon, me handover.Peer) error {
 // can verify no asker; before, it handed the ledger to any local process
 // that asked (a second caa started by hand took it over).
 func TestUnverifiableAskerIsRefused(t *testing.T) {
-	n := &nodeDaemon{log: slog.New(slog.DiscardHandler), f: &runFlags{}}
+	n := &nodeDaemon{log: slog.New(slog.DiscardHandler), f: &Options{}}
 	n.unverifiedAskers("POD_NAMESPACE is not set")
 	n.takeRequests(make(chan *handover.Request, 1))
 	err := askHolder(t, n, handover.Peer{Pod: "caa-by-hand"})
@@ -55,7 +55,7 @@ func TestUnverifiableAskerIsRefused(t *testing.T) {
 // identity the verifier vouched for, not the name the asker gave. Before,
 // the cooldown was looked up (and recorded) by the asker's own words.
 func TestCooldownKeysOnVerifiedIdentity(t *testing.T) {
-	n := &nodeDaemon{log: slog.New(slog.DiscardHandler), f: &runFlags{}, gate: holder.Gate{Cooldown: time.Hour}}
+	n := &nodeDaemon{log: slog.New(slog.DiscardHandler), f: &Options{}, gate: holder.Gate{Cooldown: time.Hour}}
 	// The verifier vouches for the pod the kernel or the apiserver says the
 	// asker runs in, whatever it claims.
 	n.verify = func(_ context.Context, r *handover.Request) (string, error) { return "uid-" + r.From.Namespace, nil }

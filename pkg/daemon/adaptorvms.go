@@ -1,8 +1,7 @@
-package main
+package daemon
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 
 	"github.com/spf13/pflag"
@@ -12,6 +11,7 @@ import (
 	"k8s.io/apimachinery/pkg/fields"
 	"k8s.io/client-go/kubernetes"
 
+	"github.com/caa-project/caa/internal/cli"
 	"github.com/caa-project/caa/pkg/adaptorvm"
 	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/pkg/provider"
@@ -24,13 +24,13 @@ type adaptorFlags struct {
 }
 
 func (a *adaptorFlags) add(fs *pflag.FlagSet) {
-	fs.StringVar(&a.mode, "adaptor-vms", envOr("CAA_ADAPTOR_VMS", adaptorvm.ModeReport),
+	fs.StringVar(&a.mode, "adaptor-vms", cli.EnvOr("CAA_ADAPTOR_VMS", adaptorvm.ModeReport),
 		"the VMs upstream's cloud-api-adaptor left (named podvm-<pod>-<sandbox>): "+adaptorvm.ModeReport+" says in /status and the log "+
 			"what caa would do with each and why, and deletes nothing; "+adaptorvm.ModeCollect+" also deletes those tied to this node "+
 			"whose pod the apiserver shows gone, seen so twice --gc-grace apart; "+adaptorvm.ModeOff+" does not look (env CAA_ADAPTOR_VMS)")
-	fs.StringVar(&a.podsDir, "adaptor-pods-dir", envOr("CAA_ADAPTOR_PODS_DIR", adaptorvm.DefaultPodsDir),
+	fs.StringVar(&a.podsDir, "adaptor-pods-dir", cli.EnvOr("CAA_ADAPTOR_PODS_DIR", adaptorvm.DefaultPodsDir),
 		"the adaptor's pods directory on this node, whose sandbox records tie its VMs to this node (env CAA_ADAPTOR_PODS_DIR)")
-	fs.StringVar(&a.kataDir, "adaptor-kata-dir", envOr("CAA_ADAPTOR_KATA_DIR", adaptorvm.DefaultKataDir),
+	fs.StringVar(&a.kataDir, "adaptor-kata-dir", cli.EnvOr("CAA_ADAPTOR_KATA_DIR", adaptorvm.DefaultKataDir),
 		"kata's sandbox directory on this node: a sandbox there keeps its adaptor VM (env CAA_ADAPTOR_KATA_DIR)")
 }
 
@@ -55,7 +55,7 @@ func (c adaptorCloud) Delete(ctx context.Context, id string) error { return c.pr
 
 // adaptorCollector builds the collector for this start; nil when it is
 // off, or when the provider cannot list the adaptor's VMs (said once).
-func (f *runFlags) adaptorCollector(raw, prov provider.Provider, client kubernetes.Interface, log *slog.Logger) *adaptorvm.Collector {
+func (f *Options) adaptorCollector(raw, prov provider.Provider, client kubernetes.Interface, log *slog.Logger) *adaptorvm.Collector {
 	if f.av.mode == "" || f.av.mode == adaptorvm.ModeOff {
 		return nil
 	}
@@ -124,26 +124,4 @@ func toHealthAdaptor(rep adaptorvm.Report) health.AdaptorVMs {
 			Sandbox: it.Sandbox, Pod: it.Pod, Action: it.Action, Why: it.Why})
 	}
 	return out
-}
-
-// adaptorLines are `caa status`'s lines for the adaptor's VMs.
-func adaptorLines(a *health.AdaptorVMs) []string {
-	if a == nil {
-		return nil
-	}
-	head := fmt.Sprintf("Adaptor VMs:\t%d found, mode %s, %d sandbox records on this node", len(a.VMs), a.Mode, a.Sandboxes)
-	if a.Error != "" {
-		head += "; last scan failed: " + a.Error
-	}
-	if a.Skipped != "" {
-		head = "Adaptor VMs:\tnot looked for: " + a.Skipped
-	}
-	lines := []string{head}
-	for _, p := range a.Problems {
-		lines = append(lines, "Adaptor problem:\t"+p)
-	}
-	for _, vm := range a.VMs {
-		lines = append(lines, fmt.Sprintf("Adaptor VM:\t%s %s (%s): %s: %s", vm.ID, vm.Name, vm.State, vm.Action, vm.Why))
-	}
-	return lines
 }

@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -7,46 +7,25 @@ import (
 	"io"
 	"slices"
 
-	"github.com/spf13/cobra"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/fields"
 
+	"github.com/caa-project/caa/internal/cli"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/reconcile"
 	"github.com/caa-project/caa/pkg/sandbox"
 )
 
-// newLedgerRebuildCommand is `caa ledger rebuild`: records rebuilt from the
-// cloud's tags and the node's pods (invariant I6), with no cloud write. It
-// takes the daemon's flags, since it needs the same cloud and cluster.
-func newLedgerRebuildCommand() *cobra.Command {
-	f := &runFlags{clouds: compiledClouds()}
-	var dryRun bool
-	cmd := &cobra.Command{
-		Use:   "rebuild",
-		Short: "Rebuild the ledger's records from the cloud's VM tags and this node's pods (run with the daemon stopped)",
-		Long: "Rebuild the ledger from what the cloud and the cluster know: every VM tagged for this\n" +
-			"cluster and node whose pod still exists gets a Running record; a VM of a kata sandbox (remote\n" +
-			"hypervisor mode) gets a sandbox record in phase Lost (its tunnel and agent socket are not in\n" +
-			"the tags), kept until its pod goes or a newer sandbox runs. Nothing is created or deleted in\n" +
-			"the cloud; VMs whose pod is gone are listed, for the daemon's orphan collection.\n" +
-			"It needs the same flags (or environment) as `caa run`, and the ledger must not be held.",
-		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			return rebuildLedger(cmd.Context(), f, dryRun, cmd.OutOrStdout(), cmd.ErrOrStderr())
-		},
-	}
-	addRunFlags(cmd, f)
-	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print what would be recorded, write nothing")
-	return cmd
-}
-
-func rebuildLedger(ctx context.Context, f *runFlags, dryRun bool, stdout, stderr io.Writer) error {
+// Rebuild is `caa ledger rebuild`: records rebuilt from the cloud's tags
+// and the node's pods (invariant I6), with no cloud write. It takes the
+// daemon's settings (AddFlags), since it needs the same cloud and cluster.
+// dryRun prints what would be recorded and writes nothing.
+func Rebuild(ctx context.Context, f *Options, dryRun bool, stdout, stderr io.Writer) error {
 	if err := f.check(); err != nil {
-		return usageError{err}
+		return cli.UsageError{Err: err}
 	}
-	log, _ := newLogger(stderr, f.logFormat, f.logLevel)
+	log, _ := cli.NewLogger(stderr, f.logFormat, f.logLevel)
 	client, clusterID, err := f.cluster(ctx)
 	if err != nil {
 		return err

@@ -1,6 +1,6 @@
 //go:build !caa_aws && (caa_azure || caa_ibmcloud)
 
-package main
+package clouds
 
 // awsCloud: this build leaves AWS out (see clouds.go).
-func awsCloud() *cloud { return nil }
+func awsCloud() *Cloud { return nil }

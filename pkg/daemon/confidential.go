@@ -1,10 +1,12 @@
-package main
+package daemon
 
 import (
 	"fmt"
 	"slices"
 	"strings"
 
+	"github.com/caa-project/caa/internal/cli"
+	"github.com/caa-project/caa/internal/clouds"
 	"github.com/caa-project/caa/pkg/provider"
 )
 
@@ -18,7 +20,7 @@ import (
 // cannot boot one at create (the pod's event names the cloud's message).
 
 // confidentialMode names the node's setting for logs and /status.
-func (f *runFlags) confidentialMode() string {
+func (f *Options) confidentialMode() string {
 	if f.confidential {
 		return "on"
 	}
@@ -28,20 +30,20 @@ func (f *runFlags) confidentialMode() string {
 // checkConfidential refuses a default type, --instance-types entries and
 // --allowed-types entries that cannot run a confidential VM, when
 // --confidential is on.
-func (f *runFlags) checkConfidential() error {
+func (f *Options) checkConfidential() error {
 	if !f.confidential {
 		return nil
 	}
-	c, err := findCloud(f.clouds, f.providerName)
-	if err != nil || c.tees == nil {
+	c, err := clouds.Find(f.clouds, f.providerName)
+	if err != nil || c.TEEs == nil {
 		return nil // the provider's own error is reported on its own
 	}
-	capable := func(name string) bool { return len(c.tees(name)) > 0 }
+	capable := func(name string) bool { return len(c.TEEs(name)) > 0 }
 	var errs []error
-	if c.defaults != nil {
-		if def := c.defaults().instanceType; def != "" && !capable(def) {
+	if c.Configured != nil {
+		if def := c.Configured().InstanceType; def != "" && !capable(def) {
 			errs = append(errs, fmt.Errorf("%s %s cannot run %s; use %s or set --confidential=false to run ordinary VMs",
-				c.typeFlag, def, teesOffered(c), suggestType(c, def)))
+				c.TypeFlag, def, teesOffered(c), suggestType(c, def)))
 		}
 	}
 	types, _ := f.types()
@@ -65,16 +67,16 @@ func (f *runFlags) checkConfidential() error {
 		errs = append(errs, fmt.Errorf("--allowed-types lists %s, which cannot run %s; allow only confidential-capable types (such as %s) "+
 			"or set --confidential=false", strings.Join(bad, ", "), teesOffered(c), capableExamples(c)))
 	}
-	return joinLine(errs)
+	return cli.JoinLine(errs)
 }
 
 // teesOffered names the TEEs the cloud's table offers: "AMD SEV-SNP",
 // "Intel TDX or Intel SGX".
-func teesOffered(c *cloud) string {
+func teesOffered(c *clouds.Cloud) string {
 	var names []string
-	if c.types != nil {
-		for _, t := range c.types() {
-			for _, tee := range c.tees(t.Name) {
+	if c.Types != nil {
+		for _, t := range c.Types() {
+			for _, tee := range c.TEEs(t.Name) {
 				if !slices.Contains(names, tee.Long()) {
 					names = append(names, tee.Long())
 				}
@@ -90,17 +92,17 @@ func teesOffered(c *cloud) string {
 // suggestType is the first confidential-capable type of the cloud's table
 // (which lists the usual peer-pod types first) at least as large as the
 // type named (when the table knows its size), else the first capable one.
-func suggestType(c *cloud, name string) string {
-	if c.types == nil {
+func suggestType(c *clouds.Cloud, name string) string {
+	if c.Types == nil {
 		return "a confidential-capable type"
 	}
-	table := c.types()
+	table := c.Types()
 	var want provider.InstanceType
 	if i := slices.IndexFunc(table, func(t provider.InstanceType) bool { return t.Name == name }); i >= 0 {
 		want = table[i]
 	}
 	for _, t := range table {
-		if len(c.tees(t.Name)) > 0 && t.GPUs == 0 && t.VCPUs >= want.VCPUs && t.MemoryMiB >= want.MemoryMiB {
+		if len(c.TEEs(t.Name)) > 0 && t.GPUs == 0 && t.VCPUs >= want.VCPUs && t.MemoryMiB >= want.MemoryMiB {
 			return t.Name
 		}
 	}
@@ -112,11 +114,11 @@ func suggestType(c *cloud, name string) string {
 
 // capableExamples names up to three confidential-capable types of the
 // cloud's table.
-func capableExamples(c *cloud) string {
+func capableExamples(c *clouds.Cloud) string {
 	var out []string
-	if c.types != nil {
-		for _, t := range c.types() {
-			if len(c.tees(t.Name)) > 0 && t.GPUs == 0 && len(out) < 3 {
+	if c.Types != nil {
+		for _, t := range c.Types() {
+			if len(c.TEEs(t.Name)) > 0 && t.GPUs == 0 && len(out) < 3 {
 				out = append(out, t.Name)
 			}
 		}

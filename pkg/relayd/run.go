@@ -1,4 +1,4 @@
-package main
+package relayd
 
 import (
 	"context"
@@ -12,19 +12,23 @@ import (
 	"strings"
 	"time"
 
-	"github.com/spf13/cobra"
-
+	"github.com/caa-project/caa/internal/cli"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/pki"
-	"github.com/caa-project/caa/pkg/relayd"
+	"github.com/spf13/pflag"
 )
 
-// defaultRelaySocket is the relay daemon's control socket, in a directory
-// of its own below the ledger's: the relay's hostPath is that directory
-// only (with caa's client file), never the ledger's with the agent CA.
-var defaultRelaySocket = filepath.Join(filepath.Dir(ledger.DefaultPath), "relay", "relay.sock")
+// DefaultSocket is the relay daemon's control socket, in a directory of
+// its own below the ledger's (ledger.DefaultPath): the relay's hostPath is
+// that directory only (with caa's client file), never the ledger's with
+// the agent CA.
+const DefaultSocket = "/var/lib/caa/relay/relay.sock"
 
-type relayFlags struct {
+// Options are `caa relay`'s settings (AddFlags); every flag has an
+// environment fallback.
+type Options struct {
+	version   string
+	flags     *pflag.FlagSet
 	socket    string
 	caDir     string
 	refresh   time.Duration
@@ -36,10 +40,10 @@ type relayFlags struct {
 	logLevel    string
 }
 
-func (f *relayFlags) check() error {
+func (f *Options) check() error {
 	var errs []error
 	if f.socket == "" || !filepath.IsAbs(f.socket) {
-		errs = append(errs, fmt.Errorf("--socket %q: want the control socket's absolute path, e.g. %s", f.socket, defaultRelaySocket))
+		errs = append(errs, fmt.Errorf("--socket %q: want the control socket's absolute path, e.g. %s", f.socket, DefaultSocket))
 	}
 	if f.caDir == "" {
 		errs = append(errs, errors.New("--agent-ca-dir is empty: pass the directory caa keeps its agent CA in (caa's --agent-ca-dir, by default its ledger's directory)"))
@@ -55,63 +59,56 @@ func (f *relayFlags) check() error {
 			errs = append(errs, fmt.Errorf("--allow-uid %d: not a uid (0 to %d)", u, uint32(math.MaxUint32)))
 		}
 	}
-	if _, err := newLogger(io.Discard, f.logFormat, f.logLevel); err != nil {
+	if _, err := cli.NewLogger(io.Discard, f.logFormat, f.logLevel); err != nil {
 		errs = append(errs, err)
 	}
-	return joinLine(errs)
+	return cli.JoinLine(errs)
 }
 
-// newRelayCommand is `caa relay`: the agent relay daemon (package relayd).
-func newRelayCommand() *cobra.Command {
-	f := &relayFlags{}
-	cmd := &cobra.Command{
-		Use:   "relay",
-		Short: "Serve the sandboxes' agent sockets for caa, outliving caa's upgrades",
-		Long: "caa relay owns the kata shims' agent sockets and connections and relays them to the pod VMs\n" +
-			"over mutual TLS, so that caa's restarts and upgrades never cut a shim's connection. caa\n" +
-			"(run with --relay-socket) tells it what to serve. It keeps no state of its own: after its\n" +
-			"own restart caa registers every live sandbox again (connections open at that moment are lost).",
-		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error {
-			if cmd.Flags().Changed("allow-uid") {
-				f.allowEnvErr = nil
-			}
-			if f.caDir == "" && !cmd.Flags().Changed("agent-ca-dir") && f.socket != "" {
-				f.caDir = filepath.Dir(f.socket)
-			}
-			return runRelay(cmd.Context(), f, cmd.ErrOrStderr())
-		},
-	}
-	fs := cmd.Flags()
+// NewOptions returns the relay's settings; version is the build's, for
+// its log.
+func NewOptions(version string) *Options { return &Options{version: version} }
+
+// AddFlags registers the relay daemon's flags on fs.
+func (f *Options) AddFlags(fs *pflag.FlagSet) {
+	f.flags = fs
 	var allowEnv []uint
 	allowEnv, f.allowEnvErr = envUIDs("CAA_RELAY_ALLOW_UIDS")
-	fs.StringVar(&f.socket, "socket", envOr("CAA_RELAY_SOCKET", defaultRelaySocket),
+	fs.StringVar(&f.socket, "socket", cli.EnvOr("CAA_RELAY_SOCKET", DefaultSocket),
 		"the control socket caa calls (mode 0600; caa's --relay-socket) (env CAA_RELAY_SOCKET)")
 	fs.StringVar(&f.caDir, "agent-ca-dir", os.Getenv("CAA_AGENT_CA_DIR"),
-		"the directory caa writes "+relayd.ClientFile+" in, the --socket's directory by default (caa writes it beside its --relay-socket); "+
+		"the directory caa writes "+ClientFile+" in, the --socket's directory by default (caa writes it beside its --relay-socket); "+
 			"give the relay a directory of its own, not the agent CA's: it never needs the CA's key nor the ledger (env CAA_AGENT_CA_DIR)")
-	fs.DurationVar(&f.refresh, "refresh", envDuration("CAA_RELAY_REFRESH", 10*time.Second),
-		"how often "+relayd.ClientFile+" is checked for new certificates (env CAA_RELAY_REFRESH)")
+	fs.DurationVar(&f.refresh, "refresh", cli.EnvDuration("CAA_RELAY_REFRESH", 10*time.Second),
+		"how often "+ClientFile+" is checked for new certificates (env CAA_RELAY_REFRESH)")
 	fs.UintSliceVar(&f.allowUIDs, "allow-uid", allowEnv,
 		"uids whose processes may use the control socket, checked on each connection with SO_PEERCRED besides the socket's 0600 mode "+
 			"(repeat it or separate with commas; it replaces the default: the daemon's own uid and 0) (env CAA_RELAY_ALLOW_UIDS, comma-separated)")
-	fs.StringVar(&f.logFormat, "log-format", envOr("CAA_LOG_FORMAT", "text"), "log format: text or json (env CAA_LOG_FORMAT)")
-	fs.StringVar(&f.logLevel, "log-level", envOr("CAA_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env CAA_LOG_LEVEL)")
-	return cmd
+	fs.StringVar(&f.logFormat, "log-format", cli.EnvOr("CAA_LOG_FORMAT", "text"), "log format: text or json (env CAA_LOG_FORMAT)")
+	fs.StringVar(&f.logLevel, "log-level", cli.EnvOr("CAA_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env CAA_LOG_LEVEL)")
 }
 
-func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
-	if err := f.check(); err != nil {
-		return usageError{err}
+// Run is `caa relay`: it serves until ctx is done. It returns a
+// cli.UsageError for settings that cannot work and a cli.LoggedError for a
+// failure it logged.
+func Run(ctx context.Context, f *Options, stderr io.Writer) error {
+	if f.flags.Changed("allow-uid") {
+		f.allowEnvErr = nil
 	}
-	log, _ := newLogger(stderr, f.logFormat, f.logLevel)
+	if f.caDir == "" && !f.flags.Changed("agent-ca-dir") && f.socket != "" {
+		f.caDir = filepath.Dir(f.socket)
+	}
+	if err := f.check(); err != nil {
+		return cli.UsageError{Err: err}
+	}
+	log, _ := cli.NewLogger(stderr, f.logFormat, f.logLevel)
 	log = log.With("component", "relay")
 	fail := func(err error) error {
 		log.Error("caa relay cannot run", "err", err)
-		return loggedError{err}
+		return cli.LoggedError{Err: err}
 	}
 	// caa writes its client file at start; the daemon may start first.
-	file := filepath.Join(f.caDir, relayd.ClientFile)
+	file := filepath.Join(f.caDir, ClientFile)
 	for _, name := range []string{pki.CurrentFile, pki.PreviousFile, filepath.Base(ledger.DefaultPath)} {
 		if _, err := os.Lstat(filepath.Join(f.caDir, name)); err == nil {
 			log.Warn("the relay's directory holds caa's agent CA or ledger, which the relay never reads: mount only a directory of its own "+
@@ -123,22 +120,24 @@ func runRelay(ctx context.Context, f *relayFlags, stderr io.Writer) error {
 	for _, u := range f.allowUIDs {
 		allow = append(allow, uint32(u))
 	}
-	var srv *relayd.Server
+	var srv *Server
 	for {
 		var err error
-		if srv, err = relayd.NewServer(relayd.Config{ClientFile: file, Refresh: f.refresh, AllowUIDs: allow, Log: log}); err == nil {
+		if srv, err = NewServer(Config{ClientFile: file, Refresh: f.refresh, AllowUIDs: allow, Log: log}); err == nil {
 			break
 		}
 		log.Warn("waiting for caa's client file", "err", err)
-		if sleepCtx(ctx, 2*time.Second) != nil {
+		select {
+		case <-ctx.Done():
 			return nil
+		case <-time.After(2 * time.Second):
 		}
 	}
-	ln, err := relayd.Listen(f.socket)
+	ln, err := Listen(f.socket)
 	if err != nil {
 		return fail(err)
 	}
-	log.Info("caa relay serving", "version", version, "socket", f.socket, "boot", srv.Boot(), "allowedUids", srv.Allowed())
+	log.Info("caa relay serving", "version", f.version, "socket", f.socket, "boot", srv.Boot(), "allowedUids", srv.Allowed())
 	if err := srv.Serve(ctx, ln); err != nil {
 		return fail(err)
 	}

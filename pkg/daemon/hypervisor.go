@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"context"
@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/pflag"
 	"golang.org/x/time/rate"
 
+	"github.com/caa-project/caa/internal/cli"
 	"github.com/caa-project/caa/pkg/cluster"
 	"github.com/caa-project/caa/pkg/handover"
 	"github.com/caa-project/caa/pkg/health"
@@ -56,31 +57,31 @@ func (h *hypervisorFlags) add(fs *pflag.FlagSet) {
 	fs.StringVar(&h.socket, "hypervisor-socket", os.Getenv("CAA_HYPERVISOR_SOCKET"),
 		"serve kata's remote hypervisor API on this unix socket (kata's remote_hypervisor_socket, e.g. "+hypervisor.DefaultSocket+
 			"); only kata's StartVM then creates VMs. Empty: the informer mode, a VM per peer pod (env CAA_HYPERVISOR_SOCKET)")
-	fs.StringVar(&h.agentDir, "agent-socket-dir", envOr("CAA_AGENT_SOCKET_DIR", "/run/peerpod/pods"),
+	fs.StringVar(&h.agentDir, "agent-socket-dir", cli.EnvOr("CAA_AGENT_SOCKET_DIR", "/run/peerpod/pods"),
 		"directory of the sandboxes' agent sockets, one subdirectory per sandbox (env CAA_AGENT_SOCKET_DIR)")
 	fs.StringVar(&h.caDir, "agent-ca-dir", os.Getenv("CAA_AGENT_CA_DIR"),
 		"directory of the agent CA's key file (0600), never the ledger (env CAA_AGENT_CA_DIR; default: the ledger's directory)")
 	fs.StringVar(&h.nodeIP, "node-ip", os.Getenv("NODE_IP"),
 		"this node's IP, the node's end of every pod network tunnel (env NODE_IP, from the downward API status.hostIP)")
 	fs.StringVar(&h.relay, "relay-socket", os.Getenv("CAA_RELAY_SOCKET"),
-		"the relay daemon's control socket (`caa relay`, e.g. "+defaultRelaySocket+"): the agent sockets are served there and outlive caa's "+
+		"the relay daemon's control socket (`caa relay`, e.g. "+relayd.DefaultSocket+"): the agent sockets are served there and outlive caa's "+
 			"restarts and upgrades. Empty: caa relays them itself, and its restart cuts every shim's connection (env CAA_RELAY_SOCKET)")
 	fs.StringVar(&h.initDataFile, "initdata-file", os.Getenv("CAA_INITDATA_FILE"),
 		"initdata for the pod VMs of pods that name none in "+sandbox.AnnotationInitData+
 			": a file holding the TOML document, or it gzipped then base64-encoded as in the annotation (env CAA_INITDATA_FILE)")
-	fs.BoolVar(&h.pullSecrets, "pull-secrets", envOr("CAA_PULL_SECRETS", "true") == "true",
+	fs.BoolVar(&h.pullSecrets, "pull-secrets", cli.EnvOr("CAA_PULL_SECRETS", "true") == "true",
 		"give each pod VM its pod's image-pull credentials (the imagePullSecrets of the pod and its service account) as /run/peerpod/auth.json; "+
 			"needs get on pods, serviceaccounts and secrets (env CAA_PULL_SECRETS)")
-	fs.DurationVar(&h.startLimit, "start-vm-timeout", envDuration("CAA_START_VM_TIMEOUT", 5*time.Minute),
+	fs.DurationVar(&h.startLimit, "start-vm-timeout", cli.EnvDuration("CAA_START_VM_TIMEOUT", 5*time.Minute),
 		"how long a StartVM may take before it fails with the reason; keep it below kata's remote_hypervisor_timeout (600 s) (env CAA_START_VM_TIMEOUT)")
-	fs.DurationVar(&h.readyBound, "sandbox-ready-timeout", envDuration("CAA_SANDBOX_READY_TIMEOUT", defaultSandboxReady),
+	fs.DurationVar(&h.readyBound, "sandbox-ready-timeout", cli.EnvDuration("CAA_SANDBOX_READY_TIMEOUT", defaultSandboxReady),
 		"after a start, how long a running sandbox whose agent does not answer (a hung guest, an expired VM certificate, a lost agent CA) "+
 			"holds readiness back; past it the sandbox is reported silent (log, Warning event AgentSilent on its pod, caa_sandboxes_silent, "+
 			"caa status) and caa turns ready without it. Keep it well below --handover-ready-timeout (env CAA_SANDBOX_READY_TIMEOUT)")
-	fs.DurationVar(&h.clientTTL, "agent-client-cert-ttl", envDuration("CAA_AGENT_CLIENT_CERT_TTL", pki.DefaultClientTTL),
+	fs.DurationVar(&h.clientTTL, "agent-client-cert-ttl", cli.EnvDuration("CAA_AGENT_CLIENT_CERT_TTL", pki.DefaultClientTTL),
 		"life of caa's client certificates for the pod VMs' agents (and of the copy in "+relayd.ClientFile+"); caa renews them at half "+
 			"their life while it runs (env CAA_AGENT_CLIENT_CERT_TTL)")
-	fs.BoolVar(&h.replaceLost, "agent-ca-replace-lost", envOr("CAA_AGENT_CA_REPLACE_LOST", "false") == "true",
+	fs.BoolVar(&h.replaceLost, "agent-ca-replace-lost", cli.EnvOr("CAA_AGENT_CA_REPLACE_LOST", "false") == "true",
 		"create a new agent CA although "+pki.CurrentFile+" is missing while the ledger has sandboxes whose VMs trust it: only when the file "+
 			"is lost for good (no backup); those VMs' agents stay unreachable and their sandboxes are reported silent (env CAA_AGENT_CA_REPLACE_LOST)")
 }
@@ -99,7 +100,7 @@ func (h *hypervisorFlags) check() error {
 		return fmt.Errorf("--node-ip %q: the remote hypervisor mode needs this node's IP (NODE_IP from status.hostIP)", h.nodeIP)
 	}
 	if h.relay != "" && !filepath.IsAbs(h.relay) {
-		return fmt.Errorf("--relay-socket %q: want the relay daemon's control socket's absolute path, e.g. %s", h.relay, defaultRelaySocket)
+		return fmt.Errorf("--relay-socket %q: want the relay daemon's control socket's absolute path, e.g. %s", h.relay, relayd.DefaultSocket)
 	}
 	if h.startLimit <= 0 {
 		return fmt.Errorf("--start-vm-timeout must be positive")
@@ -279,7 +280,7 @@ func (n *nodeDaemon) runSandboxes(ctx, quit context.Context, led *ledger.Ledger,
 		// Stopping (SIGTERM, a hand-over) lets the calls in flight finish
 		// within the grace; calls arriving meanwhile wait in the socket's
 		// backlog for the next holder (hypervisor.Socket).
-		if err := sock.Serve(ctx, &hypervisor.Service{Sandboxes: m, CaaVersion: version, Log: log}, f.shutdownGrace); err != nil {
+		if err := sock.Serve(ctx, &hypervisor.Service{Sandboxes: m, CaaVersion: f.version, Log: log}, f.shutdownGrace); err != nil {
 			log.Error("remote hypervisor service stopped", "err", err)
 		}
 	}()

@@ -1,7 +1,8 @@
-package main
+package daemon
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"testing"
 	"time"
@@ -10,7 +11,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/caa-project/caa/pkg/health"
+	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/pki"
+	"github.com/caa-project/caa/pkg/relayd"
 	"github.com/caa-project/caa/pkg/sandbox"
 )
 
@@ -36,6 +39,37 @@ func TestHypervisorFlagsCheck(t *testing.T) {
 	shortTTL := on
 	shortTTL.clientTTL = time.Minute
 	assert.ErrorContains(t, shortTTL.check(), "--agent-client-cert-ttl 1m0s")
+	relative := on
+	relative.relay = "relay.sock"
+	assert.ErrorContains(t, relative.check(), `--relay-socket "relay.sock"`)
+	relative.relay = relayd.DefaultSocket
+	assert.NoError(t, relative.check())
+}
+
+// The relay's default control socket is in a directory of its own below
+// the ledger's.
+func TestRelaySocketIsBesideTheLedger(t *testing.T) {
+	assert.Equal(t, filepath.Join(filepath.Dir(ledger.DefaultPath), "relay", "relay.sock"), relayd.DefaultSocket)
+}
+
+// ledgerOf opens a new ledger holding one running sandbox, or none.
+func ledgerOf(t *testing.T, sandboxes int) *ledger.Ledger {
+	t.Helper()
+	l, err := ledger.Open(ledger.Options{Path: filepath.Join(t.TempDir(), "ledger.db"), Node: "worker-1", Cluster: "cluster-x", Timeout: time.Second})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = l.Close() })
+	for i := range sandboxes {
+		s, err := l.PutSandbox(ledger.Sandbox{ID: fmt.Sprintf("%064d", i), PodUID: "uid-web", Namespace: "shop", Name: "web",
+			Provider: "aws", Phase: ledger.SandboxCreated})
+		require.NoError(t, err)
+		s.Phase, s.Attempt, s.Key = ledger.SandboxCreating, 1, "sb-a1"
+		s, err = l.PutSandbox(s)
+		require.NoError(t, err)
+		s.VMID, s.Phase = "i-0sb", ledger.SandboxRunning
+		_, err = l.PutSandbox(s)
+		require.NoError(t, err)
+	}
+	return l
 }
 
 func TestSandboxSyncPeriodHonoursTheAuditInterval(t *testing.T) {
@@ -106,7 +140,7 @@ func TestSandboxPendingWithinTheBoundHoldsReadiness(t *testing.T) {
 // while the ledger records a running sandbox: caa does not make a new CA
 // (every such VM would refuse caa); the error names the file and the fix.
 func TestLostAgentCAWithRecordedSandboxRefusesToStart(t *testing.T) {
-	_, led := sandboxFixture(t)
+	led := ledgerOf(t, 1)
 	dir := t.TempDir()
 	h := &hypervisorFlags{clientTTL: pki.DefaultClientTTL}
 	_, err := loadAgentCA(led, dir, h)
@@ -123,7 +157,7 @@ func TestLostAgentCAWithRecordedSandboxRefusesToStart(t *testing.T) {
 }
 
 func TestNoSandboxesMakesTheFirstCA(t *testing.T) {
-	_, led := fixture(t)
+	led := ledgerOf(t, 0)
 	dir := t.TempDir()
 	_, err := loadAgentCA(led, dir, &hypervisorFlags{clientTTL: pki.DefaultClientTTL})
 	require.NoError(t, err)

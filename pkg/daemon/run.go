@@ -1,7 +1,8 @@
-package main
+package daemon
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -10,18 +11,17 @@ import (
 	"os"
 	"slices"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	"k8s.io/client-go/kubernetes"
-	"k8s.io/client-go/rest"
-	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/caa-project/caa/internal/cli"
+	"github.com/caa-project/caa/internal/clouds"
+	"github.com/caa-project/caa/pkg/cluster"
 	"github.com/caa-project/caa/pkg/handover"
 	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/pkg/holder"
@@ -31,9 +31,10 @@ import (
 	"github.com/caa-project/caa/pkg/reconcile"
 )
 
-// runFlags is the daemon's command line; every flag has an environment
+// Options is the daemon's command line; every flag has an environment
 // fallback so the DaemonSet can configure it from a ConfigMap.
-type runFlags struct {
+type Options struct {
+	version        string
 	node           string
 	providerName   string
 	runtimeClasses []string
@@ -77,7 +78,9 @@ type runFlags struct {
 	handoverUnverified bool
 
 	// clouds are the providers built into this binary, with their settings.
-	clouds []*cloud
+	clouds []*clouds.Cloud
+	// adaptorDirs are --adaptor-config-dir's directories (adaptorcfg.go).
+	adaptorDirs []string
 	// flags is the command's flag set, which the preflight's fingerprint
 	// reads the cloud's settings from.
 	flags *pflag.FlagSet
@@ -91,52 +94,22 @@ type runFlags struct {
 	maxPodVMsErr error
 }
 
-func envOr(key, def string) string {
-	if v := os.Getenv(key); v != "" {
-		return v
-	}
-	return def
+// NewOptions returns one command's settings, with the clouds built into
+// this binary (each command gets settings of its own); version is the
+// build's, for logs, the hand-over and the apiserver's user agent.
+func NewOptions(version string) *Options {
+	return &Options{clouds: clouds.Compiled(), version: version}
 }
 
-func envDuration(key string, def time.Duration) time.Duration {
-	if d, err := time.ParseDuration(os.Getenv(key)); err == nil {
-		return d
-	}
-	return def
-}
-
-func envFloat(key string, def float64) float64 {
-	if n, err := strconv.ParseFloat(os.Getenv(key), 64); err == nil {
-		return n
-	}
-	return def
-}
-
-func envInt(key string, def int) int {
-	if n, err := strconv.Atoi(os.Getenv(key)); err == nil {
-		return n
-	}
-	return def
-}
-
-func newRunCommand() *cobra.Command {
-	f := &runFlags{clouds: compiledClouds()}
-	cmd := &cobra.Command{
-		Use:   "run",
-		Short: "Run the daemon: keep this node's peer-pod VMs alive and recorded",
-		Long: "Run the per-node daemon. On start it opens the ledger, lists this node's peer pods and\n" +
-			"the cloud's VMs, adopts the live ones, recreates the missing, and only then reports\n" +
-			"ready on /readyz. Every flag also reads the environment variable named in its help.",
-		Args: noArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runDaemon(cmd.Context(), f, cmd.ErrOrStderr()) },
-	}
-	addRunFlags(cmd, f)
-	fs := cmd.Flags()
+// AddDaemonFlags registers the flags only `caa run` has, beside AddFlags':
+// the remote hypervisor mode, the adaptor's VMs and settings, the
+// hand-over and the node's capacity.
+func (f *Options) AddDaemonFlags(fs *pflag.FlagSet) {
 	f.hv.add(fs)
 	f.av.add(fs)
-	fs.BoolVar(&f.handover, "handover", envOr("CAA_HANDOVER", "true") == "true",
+	fs.BoolVar(&f.handover, "handover", cli.EnvOr("CAA_HANDOVER", "true") == "true",
 		"ask a caa already running on this ledger to hand it over (a surge update); false: wait for its file lock instead (env CAA_HANDOVER)")
-	addHandoverFlags(cmd, f)
+	f.addHandoverFlags(fs)
 	maxVMs := nodecap.DefaultMax
 	if v := os.Getenv("CAA_MAX_POD_VMS"); v != "" {
 		n, err := strconv.Atoi(v)
@@ -149,46 +122,45 @@ func newRunCommand() *cobra.Command {
 	fs.IntVar(&f.maxPodVMs, "max-pod-vms", maxVMs, "peer-pod VMs this node takes, advertised as the Node's "+string(nodecap.Resource)+
 		" capacity (what upstream's peer-pods webhook asks each peer pod for); -1: advertise none (env CAA_MAX_POD_VMS)")
 	hostname, _ := os.Hostname()
-	fs.StringVar(&f.podName, "pod-name", envOr("POD_NAME", hostname), "this pod's name, for hand-over logs and events (env POD_NAME, from the downward API)")
-	withAdaptorConfig(cmd, f)
-	return cmd
+	fs.StringVar(&f.podName, "pod-name", cli.EnvOr("POD_NAME", hostname), "this pod's name, for hand-over logs and events (env POD_NAME, from the downward API)")
+	f.addAdaptorConfigFlag(fs)
 }
 
-// addRunFlags registers the daemon's flags on cmd (also used by
-// `caa ledger rebuild`, which needs the same cloud and cluster).
-func addRunFlags(cmd *cobra.Command, f *runFlags) {
-	fs := cmd.Flags()
+// AddFlags registers the daemon's flags on fs: its cloud, cluster, ledger
+// and budgets (also `caa ledger rebuild`'s, which needs the same cloud and
+// cluster).
+func (f *Options) AddFlags(fs *pflag.FlagSet) {
 	f.flags = fs
 	fs.StringVar(&f.node, "node-name", os.Getenv("NODE_NAME"), "this node's name (env NODE_NAME, from the downward API)")
-	fs.StringVar(&f.providerName, "provider", os.Getenv("CAA_PROVIDER"), "cloud provider: "+cloudNames(f.clouds)+" (env CAA_PROVIDER)")
-	fs.StringSliceVar(&f.runtimeClasses, "runtime-class", provider.SplitList(envOr("CAA_RUNTIME_CLASSES", "kata-remote")),
+	fs.StringVar(&f.providerName, "provider", os.Getenv("CAA_PROVIDER"), "cloud provider: "+clouds.Names(f.clouds)+" (env CAA_PROVIDER)")
+	fs.StringSliceVar(&f.runtimeClasses, "runtime-class", provider.SplitList(cli.EnvOr("CAA_RUNTIME_CLASSES", "kata-remote")),
 		"runtime class of peer pods, repeatable (env CAA_RUNTIME_CLASSES, comma-separated)")
-	fs.StringVar(&f.ledgerPath, "ledger", envOr("CAA_LEDGER", ledger.DefaultPath), "ledger file (env CAA_LEDGER)")
-	fs.StringVar(&f.healthAddr, "health-addr", envOr("CAA_HEALTH_ADDR", ":8000"), "address of /healthz, /readyz, /metrics, /status: host:port, or unix:PATH for exec probes (`caa probe`) that need no port (env CAA_HEALTH_ADDR)")
-	fs.StringVar(&f.metricsAddr, "metrics-addr", envOr("CAA_METRICS_ADDR", ""), "a second address serving the same endpoints, for scrapes when --health-addr is a unix socket; "+
+	fs.StringVar(&f.ledgerPath, "ledger", cli.EnvOr("CAA_LEDGER", ledger.DefaultPath), "ledger file (env CAA_LEDGER)")
+	fs.StringVar(&f.healthAddr, "health-addr", cli.EnvOr("CAA_HEALTH_ADDR", ":8000"), "address of /healthz, /readyz, /metrics, /status: host:port, or unix:PATH for exec probes (`caa probe`) that need no port (env CAA_HEALTH_ADDR)")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", cli.EnvOr("CAA_METRICS_ADDR", ""), "a second address serving the same endpoints, for scrapes when --health-addr is a unix socket; "+
 		"while another process holds its port (the old caa of a surge on the host network) it is served once free (env CAA_METRICS_ADDR)")
 	fs.StringVar(&f.pprofAddr, "pprof-addr", os.Getenv("CAA_PPROF_ADDR"),
 		"address of Go's runtime profiles (/debug/pprof/), a listener of their own; empty (the default): off. Use loopback, "+
 			"such as 127.0.0.1:6060: goroutine dumps and the command line are served there (env CAA_PPROF_ADDR)")
-	fs.DurationVar(&f.resync, "resync", envDuration("CAA_RESYNC", time.Minute),
+	fs.DurationVar(&f.resync, "resync", cli.EnvDuration("CAA_RESYNC", time.Minute),
 		"period of the check of the pod cache against the ledger; it makes no cloud call (env CAA_RESYNC)")
-	fs.DurationVar(&f.audit, "audit-interval", envDuration("CAA_AUDIT_INTERVAL", 10*time.Minute),
+	fs.DurationVar(&f.audit, "audit-interval", cli.EnvDuration("CAA_AUDIT_INTERVAL", 10*time.Minute),
 		"mean period of the full pass that lists this node's VMs, jittered by ±50%; 0: at startup only (env CAA_AUDIT_INTERVAL)")
-	fs.Float64Var(&f.readRate, "read-rate", envFloat("CAA_READ_RATE", 5), "cloud reads (listings, gets) per second (env CAA_READ_RATE)")
-	fs.IntVar(&f.readBurst, "read-burst", envInt("CAA_READ_BURST", 20), "burst of cloud reads (env CAA_READ_BURST)")
-	fs.DurationVar(&f.gcGrace, "gc-grace", envDuration("CAA_GC_GRACE", 5*time.Minute), "how long an orphan VM is known before it is deleted (env CAA_GC_GRACE)")
-	fs.DurationVar(&f.bootTimeout, "boot-timeout", envDuration("CAA_BOOT_TIMEOUT", 10*time.Minute),
+	fs.Float64Var(&f.readRate, "read-rate", cli.EnvFloat("CAA_READ_RATE", 5), "cloud reads (listings, gets) per second (env CAA_READ_RATE)")
+	fs.IntVar(&f.readBurst, "read-burst", cli.EnvInt("CAA_READ_BURST", 20), "burst of cloud reads (env CAA_READ_BURST)")
+	fs.DurationVar(&f.gcGrace, "gc-grace", cli.EnvDuration("CAA_GC_GRACE", 5*time.Minute), "how long an orphan VM is known before it is deleted (env CAA_GC_GRACE)")
+	fs.DurationVar(&f.bootTimeout, "boot-timeout", cli.EnvDuration("CAA_BOOT_TIMEOUT", 10*time.Minute),
 		"how long a new VM may boot and still hold back readiness; past it, the pod is reported but no longer waited for (env CAA_BOOT_TIMEOUT)")
-	fs.DurationVar(&f.confirmMissing, "confirm-missing", envDuration("CAA_CONFIRM_MISSING", 30*time.Second),
+	fs.DurationVar(&f.confirmMissing, "confirm-missing", cli.EnvDuration("CAA_CONFIRM_MISSING", 30*time.Second),
 		"how long a recorded VM must stay not found before it is recreated (env CAA_CONFIRM_MISSING)")
-	fs.IntVar(&f.concurrency, "create-concurrency", envInt("CAA_CREATE_CONCURRENCY", 8), "pods reconciled at once (env CAA_CREATE_CONCURRENCY)")
-	fs.Float64Var(&f.createRate, "create-rate", float64(envInt("CAA_CREATE_RATE", 5)), "cloud writes per second (env CAA_CREATE_RATE)")
-	fs.IntVar(&f.createBurst, "create-burst", envInt("CAA_CREATE_BURST", 10), "burst of cloud writes (env CAA_CREATE_BURST)")
+	fs.IntVar(&f.concurrency, "create-concurrency", cli.EnvInt("CAA_CREATE_CONCURRENCY", 8), "pods reconciled at once (env CAA_CREATE_CONCURRENCY)")
+	fs.Float64Var(&f.createRate, "create-rate", float64(cli.EnvInt("CAA_CREATE_RATE", 5)), "cloud writes per second (env CAA_CREATE_RATE)")
+	fs.IntVar(&f.createBurst, "create-burst", cli.EnvInt("CAA_CREATE_BURST", 10), "burst of cloud writes (env CAA_CREATE_BURST)")
 	fs.StringVar(&f.clusterID, "cluster-id", os.Getenv("CAA_CLUSTER_ID"), "cluster id in VM tags (env CAA_CLUSTER_ID; default: the kube-system namespace UID)")
 	fs.StringVar(&f.kubeconfig, "kubeconfig", os.Getenv("KUBECONFIG"), "kubeconfig file (env KUBECONFIG; default: in-cluster config)")
-	fs.StringVar(&f.logFormat, "log-format", envOr("CAA_LOG_FORMAT", "text"), "log format: text or json (env CAA_LOG_FORMAT)")
-	fs.StringVar(&f.logLevel, "log-level", envOr("CAA_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env CAA_LOG_LEVEL)")
-	fs.DurationVar(&f.shutdownGrace, "shutdown-grace", envDuration("CAA_SHUTDOWN_GRACE", 20*time.Second),
+	fs.StringVar(&f.logFormat, "log-format", cli.EnvOr("CAA_LOG_FORMAT", "text"), "log format: text or json (env CAA_LOG_FORMAT)")
+	fs.StringVar(&f.logLevel, "log-level", cli.EnvOr("CAA_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env CAA_LOG_LEVEL)")
+	fs.DurationVar(&f.shutdownGrace, "shutdown-grace", cli.EnvDuration("CAA_SHUTDOWN_GRACE", 20*time.Second),
 		"on SIGTERM, how long cloud calls in flight may finish (env CAA_SHUTDOWN_GRACE)")
 	fs.StringVar(&f.userDataFile, "user-data-file", os.Getenv("CAA_USER_DATA_FILE"), "file whose bytes every VM gets as user data; never logged (env CAA_USER_DATA_FILE)")
 	fs.StringVar(&f.instanceTypes, "instance-types", os.Getenv("CAA_INSTANCE_TYPES"),
@@ -199,7 +171,7 @@ func addRunFlags(cmd *cobra.Command, f *runFlags) {
 			"Suggested: aws m6a.large,m6a.xlarge,m6a.2xlarge,m6a.4xlarge; "+
 			"azure Standard_DC2as_v5,Standard_DC4as_v5,Standard_DC8as_v5; "+
 			"ibmcloud bx3dc-2x10,bx3dc-4x20,bx3dc-8x40 (env CAA_INSTANCE_TYPES)")
-	fs.BoolVar(&f.confidential, "confidential", envOr("CAA_CONFIDENTIAL", "true") != "false",
+	fs.BoolVar(&f.confidential, "confidential", cli.EnvOr("CAA_CONFIDENTIAL", "true") != "false",
 		"make every VM a confidential VM (AMD SEV-SNP on EC2 m6a/c6a/r6a; Azure DCas/ECas v5 (SEV-SNP) and DCes/ECes v5 (TDX); "+
 			"Intel TDX or SGX on IBM Cloud bx3dc/cx3dc/mx3dc, TDX unless the pod's "+provider.AnnotationTEE+" annotation asks for sgx), "+
 			"and never serve a pod from a VM the cloud reports as not confidential. The default type and every listed type must "+
@@ -209,24 +181,24 @@ func addRunFlags(cmd *cobra.Command, f *runFlags) {
 	fs.StringSliceVar(&f.allowedImages, "allowed-images", provider.SplitList(os.Getenv("CAA_ALLOWED_IMAGES")),
 		"images a pod may ask for with the image annotation; the user data goes to every VM, so only trusted images "+
 			"(env CAA_ALLOWED_IMAGES; default: the cloud's configured image only)")
-	fs.DurationVar(&f.retention, "history-retention", envDuration("CAA_HISTORY_RETENTION", 7*24*time.Hour),
+	fs.DurationVar(&f.retention, "history-retention", cli.EnvDuration("CAA_HISTORY_RETENTION", 7*24*time.Hour),
 		"how long the ledger keeps the history of deleted pods (env CAA_HISTORY_RETENTION)")
-	fs.DurationVar(&f.cloudTimeout, "cloud-timeout", envDuration("CAA_CLOUD_TIMEOUT", 5*time.Minute),
+	fs.DurationVar(&f.cloudTimeout, "cloud-timeout", cli.EnvDuration("CAA_CLOUD_TIMEOUT", 5*time.Minute),
 		"deadline of each cloud call, a create's whole long-running operation included (env CAA_CLOUD_TIMEOUT)")
-	fs.BoolVar(&f.clusterView, "cluster-view", envOr("CAA_CLUSTER_VIEW", "true") == "true",
+	fs.BoolVar(&f.clusterView, "cluster-view", cli.EnvOr("CAA_CLUSTER_VIEW", "true") == "true",
 		"audit against the cluster caa's view on this Node while it is fresh, listing the cloud only without it (env CAA_CLUSTER_VIEW)")
 	for _, c := range f.clouds {
-		c.addFlags(fs)
+		c.AddFlags(fs)
 	}
 }
 
 // check validates the flags that need no cloud or cluster.
-func (f *runFlags) check() error {
+func (f *Options) check() error {
 	var errs []error
 	if f.node == "" {
 		errs = append(errs, errors.New("--node-name is empty: set it, or NODE_NAME from the downward API (spec.nodeName)"))
 	}
-	if _, err := findCloud(f.clouds, f.providerName); err != nil {
+	if _, err := clouds.Find(f.clouds, f.providerName); err != nil {
 		errs = append(errs, err)
 	}
 	if len(f.runtimeClasses) == 0 {
@@ -260,82 +232,45 @@ func (f *runFlags) check() error {
 	if f.maxPodVMsErr != nil {
 		errs = append(errs, f.maxPodVMsErr)
 	}
-	if _, err := newLogger(io.Discard, f.logFormat, f.logLevel); err != nil {
+	if _, err := cli.NewLogger(io.Discard, f.logFormat, f.logLevel); err != nil {
 		errs = append(errs, err)
 	}
-	return joinLine(errs)
-}
-
-// joinLine joins errors into one line, so a usage error is one line on
-// stderr like every other failure.
-func joinLine(errs []error) error {
-	if len(errs) == 0 {
-		return nil
-	}
-	msgs := make([]string, len(errs))
-	for i, err := range errs {
-		msgs[i] = err.Error()
-	}
-	return errors.New(strings.Join(msgs, "; "))
+	return cli.JoinLine(errs)
 }
 
 // types reads --instance-types against the chosen cloud's table of sizes
 // (none when the cloud is unknown: its error is reported on its own).
-func (f *runFlags) types() ([]provider.InstanceType, error) {
+func (f *Options) types() ([]provider.InstanceType, error) {
 	return provider.ParseInstanceTypes(f.instanceTypes, f.knownTypes())
 }
 
 // knownTypes is the chosen cloud's table of instance type sizes.
-func (f *runFlags) knownTypes() []provider.InstanceType {
-	if c, err := findCloud(f.clouds, f.providerName); err == nil && c.types != nil {
-		return c.types()
+func (f *Options) knownTypes() []provider.InstanceType {
+	if c, err := clouds.Find(f.clouds, f.providerName); err == nil && c.Types != nil {
+		return c.Types()
 	}
 	return nil
 }
 
-func newLogger(w io.Writer, format, level string) (*slog.Logger, error) {
-	var lvl slog.Level
-	if err := lvl.UnmarshalText([]byte(level)); err != nil {
-		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
-	}
-	opts := &slog.HandlerOptions{Level: lvl, ReplaceAttr: readableDurations}
-	switch format {
-	case "text":
-		return slog.New(slog.NewTextHandler(w, opts)), nil
-	case "json":
-		return slog.New(slog.NewJSONHandler(w, opts)), nil
-	}
-	return nil, fmt.Errorf("--log-format %q: want text or json", format)
-}
-
-// readableDurations writes durations as "1.5s", not integer nanoseconds
-// (what slog's JSON handler does by default).
-func readableDurations(_ []string, a slog.Attr) slog.Attr {
-	if a.Value.Kind() == slog.KindDuration {
-		return slog.String(a.Key, a.Value.Duration().String())
-	}
-	return a
-}
-
 // newProvider builds the chosen cloud's provider and the node's defaults
 // for spec selection.
-func (f *runFlags) newProvider(ctx context.Context, log *slog.Logger) (provider.Provider, provider.SpecConfig, error) {
+func (f *Options) newProvider(ctx context.Context, log *slog.Logger) (provider.Provider, provider.SpecConfig, error) {
 	types, err := f.types()
 	if err != nil {
 		return nil, provider.SpecConfig{}, err
 	}
 	spec := provider.SpecConfig{Types: types, Known: f.knownTypes(), AllowedTypes: f.allowedTypes, AllowedImages: f.allowedImages,
 		Confidential: f.confidential}
-	c, err := findCloud(f.clouds, f.providerName)
+	c, err := clouds.Find(f.clouds, f.providerName)
 	if err != nil {
 		return nil, spec, err
 	}
-	spec.TEEs = c.tees
-	p, defaults, err := c.open(ctx, log)
+	spec.TEEs = c.TEEs
+	p, defaults, err := c.Open(ctx, log)
 	if err != nil {
 		return nil, spec, err
 	}
-	spec.DefaultType, spec.DefaultImage = defaults.instanceType, defaults.image
+	spec.DefaultType, spec.DefaultImage = defaults.InstanceType, defaults.Image
 	if len(spec.AllowedImages) > 0 && spec.DefaultImage != "" && !slices.Contains(spec.AllowedImages, spec.DefaultImage) {
 		// The configured image is the operator's own choice: always allowed.
 		spec.AllowedImages = append(spec.AllowedImages, spec.DefaultImage)
@@ -345,8 +280,8 @@ func (f *runFlags) newProvider(ctx context.Context, log *slog.Logger) (provider.
 
 // cluster returns the Kubernetes client and the cluster id (--cluster-id,
 // else the kube-system namespace's UID).
-func (f *runFlags) cluster(ctx context.Context) (kubernetes.Interface, string, error) {
-	client, err := kubeClient(f.kubeconfig)
+func (f *Options) cluster(ctx context.Context) (kubernetes.Interface, string, error) {
+	client, err := f.kubeClient()
 	if err != nil {
 		return nil, "", err
 	}
@@ -355,62 +290,40 @@ func (f *runFlags) cluster(ctx context.Context) (kubernetes.Interface, string, e
 }
 
 // clusterOf is --cluster-id, else the kube-system namespace's UID.
-func (f *runFlags) clusterOf(ctx context.Context, client kubernetes.Interface) (string, error) {
+func (f *Options) clusterOf(ctx context.Context, client kubernetes.Interface) (string, error) {
 	if f.clusterID != "" {
 		return f.clusterID, nil
 	}
-	return reconcile.ClusterID(ctx, client)
+	return cluster.ID(ctx, client)
 }
 
-// restConfig is the apiserver client configuration: from the kubeconfig
-// file when one is given, else the pod's in-cluster service account.
-func restConfig(kubeconfig string) (*rest.Config, error) {
-	if kubeconfig != "" {
-		return clientcmd.BuildConfigFromFlags("", kubeconfig)
+// kubeClient is the node's apiserver client. Its client-side limit is the
+// kubelet's own (kubeAPIQPS 50, kubeAPIBurst 100) rather than client-go's
+// 5 and 10: in the remote hypervisor mode each StartVM reads its pod and
+// service account and writes an event, so a burst of sandboxes queued
+// here for longer than for the cloud budget (bench S10).
+func (f *Options) kubeClient() (kubernetes.Interface, error) {
+	return cli.KubeClient(f.kubeconfig, "caa/"+f.version, 50)
+}
+
+// Run is `caa run`. It returns nil after a clean SIGTERM shutdown, which
+// never deletes a VM (invariant I4); a cli.UsageError for settings that
+// cannot work, and a cli.LoggedError for a failure it logged.
+func Run(ctx context.Context, f *Options, stderr io.Writer) error {
+	if err := f.applyAdaptorConfig(stderr); err != nil {
+		return err
 	}
-	return rest.InClusterConfig()
-}
-
-func kubeClient(kubeconfig string) (kubernetes.Interface, error) {
-	cfg, err := restConfig(kubeconfig)
-	if err != nil {
-		return nil, fmt.Errorf("kubernetes client config (set --kubeconfig outside a cluster): %w", err)
-	}
-	cfg.UserAgent = "caa/" + version
-	// Protobuf, as the kubelet speaks: decoding a node's pods (thousands,
-	// on a busy node) costs a fraction of the CPU and garbage of JSON.
-	cfg.ContentType = "application/vnd.kubernetes.protobuf"
-	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
-	// The kubelet's own client-side limit (kubeAPIQPS 50, kubeAPIBurst
-	// 100) rather than client-go's 5 and 10: in the remote hypervisor mode
-	// each StartVM reads its pod and service account and writes an event,
-	// so a burst of sandboxes queued here for longer than for the cloud
-	// budget (bench S10).
-	cfg.QPS, cfg.Burst = 50, 100
-	return kubernetes.NewForConfig(cfg)
-}
-
-// loggedError is a failure the daemon has already logged in its own format
-// (--log-format); main prints nothing more, only exits non-zero.
-type loggedError struct{ err error }
-
-func (e loggedError) Error() string { return e.err.Error() }
-func (e loggedError) Unwrap() error { return e.err }
-
-// runDaemon is `caa run`. It returns nil after a clean SIGTERM shutdown,
-// which never deletes a VM (invariant I4).
-func runDaemon(ctx context.Context, f *runFlags, stderr io.Writer) error {
 	if err := f.check(); err != nil {
-		return usageError{err}
+		return cli.UsageError{Err: err}
 	}
 	if err := f.limits().Check(); err != nil {
-		return usageError{err}
+		return cli.UsageError{Err: err}
 	}
-	log, _ := newLogger(stderr, f.logFormat, f.logLevel)
+	log, _ := cli.NewLogger(stderr, f.logFormat, f.logLevel)
 	log = log.With("node", f.node)
 	if err := daemon(ctx, f, log); err != nil {
 		log.Error("caa cannot run", "err", err)
-		return loggedError{err}
+		return cli.LoggedError{Err: err}
 	}
 	return nil
 }
@@ -420,7 +333,7 @@ func runDaemon(ctx context.Context, f *runFlags, stderr io.Writer) error {
 // there yet), and the apiserver is retried with a capped backoff rather
 // than crash-looping; no cloud call is made before the Node guard passed
 // and the pod cache synced.
-func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
+func daemon(ctx context.Context, f *Options, log *slog.Logger) error {
 	started := time.Now()
 	reg := prometheus.NewRegistry()
 	metrics, err := health.NewMetrics(reg)
@@ -446,7 +359,7 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 		}
 		userData = data
 	}
-	client, err := kubeClient(f.kubeconfig)
+	client, err := f.kubeClient()
 	if err != nil {
 		return err
 	}
@@ -472,7 +385,9 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	mux.Handle("/", health.Handler(status, reg))
 	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
 		w.Header().Set("Content-Type", "application/json")
-		_ = jsonEncode(w, status.Snapshot())
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(status.Snapshot())
 	})
 	srv, err := health.Listen(stopCtx, f.healthAddr, mux, log)
 	if err != nil {
@@ -498,7 +413,7 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 		}
 		serve("profile server", func() error { return psrv.Serve(stopCtx) })
 	}
-	log.Info("caa starting", "version", version, "provider", f.providerName, "ledger", f.ledgerPath, "health", srv.Addr().String(),
+	log.Info("caa starting", "version", f.version, "provider", f.providerName, "ledger", f.ledgerPath, "health", srv.Addr().String(),
 		"confidential", f.confidentialMode())
 
 	// The pod cache starts syncing at once: it needs nothing read below.
@@ -590,7 +505,7 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 	n := &nodeDaemon{
 		f: f, log: log, status: status, client: client, events: events, pods: pods,
 		prov: prov, specCfg: specCfg, userData: userData, clusterID: clusterID, nodeLedger: nodeLedger,
-		me: handover.Peer{Pod: f.podName, Version: version, PID: os.Getpid()}, started: started,
+		me: handover.Peer{Pod: f.podName, Version: f.version, PID: os.Getpid()}, started: started,
 		serve: serve, preflight: passed, gate: holder.Gate{Cooldown: f.handoverCool}, early: early,
 		adaptor: f.adaptorCollector(raw, prov, client, log),
 	}
@@ -611,7 +526,7 @@ func daemon(ctx context.Context, f *runFlags, log *slog.Logger) error {
 // preflight; a guess the apiserver then contradicts is for another
 // selector, and the pass lists as usual. fp is this start's preflight
 // fingerprint. nil: no listing started.
-func (f *runFlags) startEarly(ctx context.Context, p provider.Provider, recorded recordedMeta, fp, cluster string) *reconcile.Prefetch {
+func (f *Options) startEarly(ctx context.Context, p provider.Provider, recorded recordedMeta, fp, cluster string) *reconcile.Prefetch {
 	if f.hv.socket != "" {
 		return nil
 	}

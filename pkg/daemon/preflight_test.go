@@ -1,4 +1,4 @@
-package main
+package daemon
 
 import (
 	"errors"
@@ -8,10 +8,11 @@ import (
 	"testing"
 	"time"
 
-	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/caa-project/caa/internal/clouds"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/pkg/reconcile"
@@ -22,10 +23,10 @@ import (
 // settings for the --provider given, in environ.
 func fingerprintOf(t *testing.T, environ []string, args ...string) string {
 	t.Helper()
-	f := &runFlags{clouds: compiledClouds()}
-	cmd := &cobra.Command{Use: "run"}
-	addRunFlags(cmd, f)
-	require.NoError(t, cmd.Flags().Parse(args))
+	f := &Options{clouds: clouds.Compiled()}
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+	f.AddFlags(fs)
+	require.NoError(t, fs.Parse(args))
 	files := map[string]string{"/keys/a": "key-a\n", "/keys/b": "key-b"}
 	read := func(p string) ([]byte, error) {
 		if v, ok := files[p]; ok {
@@ -104,14 +105,14 @@ func TestPreflightFingerprint(t *testing.T) {
 // TestPreflightFingerprintIdentityOfOtherClouds: the identity that changes
 // an Azure or IBM Cloud fingerprint, and what does not.
 func TestPreflightFingerprintIdentityOfOtherClouds(t *testing.T) {
-	for _, c := range compiledClouds() {
-		if c.name == "aws" {
+	for _, c := range clouds.Compiled() {
+		if c.Name == "aws" {
 			continue
 		}
-		t.Run(c.name, func(t *testing.T) {
-			args := []string{"--provider", c.name}
+		t.Run(c.Name, func(t *testing.T) {
+			args := []string{"--provider", c.Name}
 			var env, other, rotated []string
-			switch c.name {
+			switch c.Name {
 			case "azure":
 				env = []string{"AZURE_CLIENT_ID=c1", "AZURE_TENANT_ID=t1", "AZURE_CLIENT_SECRET=s1"}
 				other = []string{"AZURE_CLIENT_ID=c2", "AZURE_TENANT_ID=t1", "AZURE_CLIENT_SECRET=s1"}
@@ -125,7 +126,7 @@ func TestPreflightFingerprintIdentityOfOtherClouds(t *testing.T) {
 			assert.NotEqual(t, base, fingerprintOf(t, other, args...), "another identity")
 			assert.Equal(t, base, fingerprintOf(t, rotated, args...))
 			assert.NotContains(t, base, "k1")
-			if c.name == "ibmcloud" {
+			if c.Name == "ibmcloud" {
 				a := fingerprintOf(t, nil, "--provider", "ibmcloud", "--ibmcloud-api-key-file", "/keys/a")
 				b := fingerprintOf(t, nil, "--provider", "ibmcloud", "--ibmcloud-api-key-file", "/keys/b")
 				assert.NotEqual(t, a, b, "another key in the key file")
@@ -168,10 +169,10 @@ func writeLedger(t *testing.T, path, node, cluster, fp string) string {
 // ledger; otherwise it waits for the cluster id (and hypervisor mode and
 // a held ledger never list early).
 func TestStartEarly(t *testing.T) {
-	f := &runFlags{clouds: compiledClouds()}
-	cmd := &cobra.Command{Use: "run"}
-	addRunFlags(cmd, f)
-	require.NoError(t, cmd.Flags().Parse([]string{"--provider", "aws", "--aws-region", "us-east-1"}))
+	f := &Options{clouds: clouds.Compiled()}
+	fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+	f.AddFlags(fs)
+	require.NoError(t, fs.Parse([]string{"--provider", "aws", "--aws-region", "us-east-1"}))
 	f.node = "n1"
 	f.ledgerPath = filepath.Join(t.TempDir(), "ledger.db")
 	fp := preflightFingerprint(f.providerName, f.flags, os.Environ(), os.ReadFile)

@@ -1,0 +1,85 @@
+package main
+
+import (
+	"github.com/spf13/cobra"
+
+	"github.com/caa-project/caa/pkg/cluster"
+	"github.com/caa-project/caa/pkg/daemon"
+	"github.com/caa-project/caa/pkg/relayd"
+)
+
+// The commands that run a daemon: their settings and work live in the
+// package each one drives; here they only meet the command line.
+
+func newRunCommand() *cobra.Command {
+	o := daemon.NewOptions(version)
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the daemon: keep this node's peer-pod VMs alive and recorded",
+		Long: "Run the per-node daemon. On start it opens the ledger, lists this node's peer pods and\n" +
+			"the cloud's VMs, adopts the live ones, recreates the missing, and only then reports\n" +
+			"ready on /readyz. Every flag also reads the environment variable named in its help.",
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return daemon.Run(cmd.Context(), o, cmd.ErrOrStderr()) },
+	}
+	o.AddFlags(cmd.Flags())
+	o.AddDaemonFlags(cmd.Flags())
+	return cmd
+}
+
+// newLedgerRebuildCommand is `caa ledger rebuild`: it takes the daemon's
+// flags, since it needs the same cloud and cluster.
+func newLedgerRebuildCommand() *cobra.Command {
+	o := daemon.NewOptions(version)
+	var dryRun bool
+	cmd := &cobra.Command{
+		Use:   "rebuild",
+		Short: "Rebuild the ledger's records from the cloud's VM tags and this node's pods (run with the daemon stopped)",
+		Long: "Rebuild the ledger from what the cloud and the cluster know: every VM tagged for this\n" +
+			"cluster and node whose pod still exists gets a Running record; a VM of a kata sandbox (remote\n" +
+			"hypervisor mode) gets a sandbox record in phase Lost (its tunnel and agent socket are not in\n" +
+			"the tags), kept until its pod goes or a newer sandbox runs. Nothing is created or deleted in\n" +
+			"the cloud; VMs whose pod is gone are listed, for the daemon's orphan collection.\n" +
+			"It needs the same flags (or environment) as `caa run`, and the ledger must not be held.",
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return daemon.Rebuild(cmd.Context(), o, dryRun, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	o.AddFlags(cmd.Flags())
+	cmd.Flags().BoolVar(&dryRun, "dry-run", false, "print what would be recorded, write nothing")
+	return cmd
+}
+
+func newClusterCommand() *cobra.Command {
+	o := cluster.NewOptions(version)
+	cmd := &cobra.Command{
+		Use:   "cluster",
+		Short: "Run the cluster scope: collect the VMs of departed nodes, publish one audit for every node",
+		Long: "Run the cluster-scope caa (a Deployment of two replicas). The replica holding the Lease lists\n" +
+			"every VM tagged for this cluster once per --interval, deletes the VMs of nodes gone from the\n" +
+			"cluster (absent in two listings --node-gone-grace apart, and confirmed absent by the apiserver),\n" +
+			"and writes on each Node what the cloud showed for it, which that node's caa audits against.",
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return cluster.Run(cmd.Context(), o, cmd.ErrOrStderr()) },
+	}
+	o.AddFlags(cmd.Flags())
+	return cmd
+}
+
+// newRelayCommand is `caa relay`: the agent relay daemon (package relayd).
+func newRelayCommand() *cobra.Command {
+	o := relayd.NewOptions(version)
+	cmd := &cobra.Command{
+		Use:   "relay",
+		Short: "Serve the sandboxes' agent sockets for caa, outliving caa's upgrades",
+		Long: "caa relay owns the kata shims' agent sockets and connections and relays them to the pod VMs\n" +
+			"over mutual TLS, so that caa's restarts and upgrades never cut a shim's connection. caa\n" +
+			"(run with --relay-socket) tells it what to serve. It keeps no state of its own: after its\n" +
+			"own restart caa registers every live sandbox again (connections open at that moment are lost).",
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return relayd.Run(cmd.Context(), o, cmd.ErrOrStderr()) },
+	}
+	o.AddFlags(cmd.Flags())
+	return cmd
+}
