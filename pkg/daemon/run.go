@@ -79,6 +79,9 @@ type Options struct {
 
 	// clouds are the providers built into this binary, with their settings.
 	clouds []*clouds.Cloud
+	// client, when set, is the apiserver client instead of --kubeconfig's
+	// (the package's tests run daemons on a fake clientset).
+	client kubernetes.Interface
 	// adaptorDirs are --adaptor-config-dir's directories (adaptorcfg.go).
 	adaptorDirs []string
 	// flags is the command's flag set, which the preflight's fingerprint
@@ -303,6 +306,9 @@ func (f *Options) clusterOf(ctx context.Context, client kubernetes.Interface) (s
 // service account and writes an event, so a burst of sandboxes queued
 // here for longer than for the cloud budget (bench S10).
 func (f *Options) kubeClient() (kubernetes.Interface, error) {
+	if f.client != nil {
+		return f.client, nil
+	}
 	return cli.KubeClient(f.kubeconfig, "caa/"+f.version, 50)
 }
 
