@@ -416,6 +416,7 @@ func logSync(log *slog.Logger, rep sandbox.Report, err error) {
 		"cloudReads", rep.CloudReads, "cloudWrites", rep.CloudWrites, "err", err)
 }
 
+// sleepCtx waits d, or returns ctx's error as soon as ctx is done.
 func sleepCtx(ctx context.Context, d time.Duration) error {
 	t := time.NewTimer(d)
 	defer t.Stop()

@@ -228,12 +228,8 @@ func (r preflightRun) untilPassed(ctx context.Context, first string) error {
 			r.event(reason)
 			last = reason
 		}
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := sleepCtx(ctx, backoff); err != nil {
+			return err
 		}
 		backoff = min(2*backoff, 5*time.Minute)
 	}

@@ -582,12 +582,8 @@ func retryAPI(ctx context.Context, log *slog.Logger, status *health.Status, fn f
 			level = slog.LevelError
 		}
 		log.Log(ctx, level, "Kubernetes API not usable yet; retrying", "attempt", attempt, "retryIn", backoff, "err", err)
-		t := time.NewTimer(backoff)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return ctx.Err()
-		case <-t.C:
+		if err := sleepCtx(ctx, backoff); err != nil {
+			return err
 		}
 		backoff = min(2*backoff, 30*time.Second)
 	}
