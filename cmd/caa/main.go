@@ -1,6 +1,9 @@
 // Command caa keeps peer-pod VMs alive across restarts and upgrades of the
-// per-node agent. `caa ledger …` inspects the on-node ledger; `caa version`
-// prints the build.
+// per-node agent. This package is its command line only: `caa run`, `caa
+// cluster` and `caa relay` hand their flags to the package each one drives
+// (pkg/daemon, pkg/cluster, pkg/relayd); `caa ledger …` inspects the
+// on-node ledger, `caa status` and `caa probe` ask a running daemon, and
+// `caa version` prints the build.
 package main
 
 import (

@@ -9,4 +9,7 @@
 // ever deleted by that node's caa; this package deletes only VMs whose node
 // is absent from the apiserver, and never acts on an unsynced Node cache, an
 // apiserver it cannot read, or a Lease it no longer holds.
+//
+// Run is `caa cluster` itself (run.go): its settings (Options, AddFlags),
+// the Lease, the Node cache and the health endpoints around the sweeper.
 package cluster

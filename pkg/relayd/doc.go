@@ -20,4 +20,7 @@
 // TLS: the daemon never holds the agent CA's key. It reads caa's client
 // certificates and the CA certificates from ClientFile in the agent CA's
 // directory, which caa writes at start, and reads it again when it changes.
+//
+// Run is `caa relay` itself (run.go): its settings (Options, AddFlags) and
+// the wait for caa's client file before the control socket is served.
 package relayd
