@@ -116,10 +116,7 @@ func logTime(t *testing.T, logs, msg string) time.Time {
 	return time.Time{}
 }
 
-func (f *front) args() []string {
-	return []string{"--provider", "aws", "--aws-endpoint", f.url, "--aws-region", "us-east-1",
-		"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", ec2Image, "--aws-instance-type", ec2Type}
-}
+func (f *front) args() []string { return ec2Args(f.url) }
 
 // writes are the calls that change the cloud, in order of arrival.
 func (f *front) writes() []call {
