@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -27,8 +26,7 @@ import (
 // passes (no second create, no delete), and reports each pod's VM as
 // degraded: on /status, in the metric and with one warning event per pod.
 func TestAzureVMsWhoseExtensionFailsAreKept(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 5*time.Minute)
 	fc := newAzureFake(t, armfake.WithFailingPolicyExtension())
 	c := cluster.Start(ctx, t)
 	const node, n = "worker-1", 3
@@ -76,8 +74,7 @@ func TestAzureVMsWhoseExtensionFailsAreKept(t *testing.T) {
 // orphan rule (seen twice, --gc-grace apart), retrying the refused delete
 // after the reservation, and makes no VM for the deleted pod.
 func TestAzureLeftoverNICIsCollected(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 5*time.Minute)
 	const reservation = 4 * time.Second
 	fc := newAzureFake(t, armfake.WithNICReservation(reservation))
 	fc.args = append(fc.args, "--gc-grace", "2s")

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"crypto/rand"
 	"fmt"
 	"maps"
@@ -89,8 +88,7 @@ func TestIBMCloudStartRestartAndRecreate(t *testing.T) {
 // for any cloud: first start, restart with every VM alive (zero cloud
 // writes), restart after VMs were killed behind caa's back.
 func runStartRestartAndRecreate(t *testing.T, fc *fakeCloud) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	const node, n = "worker-1", 12
 	_, err := c.CreateNode(ctx, node)

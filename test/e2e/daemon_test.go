@@ -190,8 +190,7 @@ func liveVMs(core *cloud.Cloud) map[string]string {
 // on AWS: first start, restart with every VM alive, restart after VMs were
 // killed behind caa's back.
 func TestStartRestartAndRecreate(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	aws := newAWSCloud(t)
 	const node, n = "worker-1", 12
@@ -274,8 +273,7 @@ func runBin(t *testing.T, bin string, args ...string) string {
 // down, (f) terminal pods, (g) a bad annotation, and I6: a lost ledger
 // refused by the Node guard, then rebuilt from the cloud's tags.
 func TestGonePodsBadSpecsAndALostLedger(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	aws := newAWSCloud(t)
 	const node = "worker-1"

@@ -273,8 +273,7 @@ func (h handoverNode) waitLeaseHeldBy(t *testing.T, v *daemon, what string) {
 // live and inert; no VM is touched; the node is without a reconciler only
 // for the gap; and the new caa serves new pods.
 func TestSurgeHandOver(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 5*time.Minute)
 	h := newHandoverNode(ctx, t)
 	core := h.core
 	f1, f2 := newFront(t, h.ec2), newFront(t, h.ec2)
@@ -339,8 +338,7 @@ func TestHandOverWithACreateInFlight(t *testing.T) {
 		{"abandoned after the grace", "300ms"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
+			ctx := testContext(t, 5*time.Minute)
 			h := newHandoverNode(ctx, t)
 			core := h.core
 			f1, f2 := newFront(t, h.ec2), newFront(t, h.ec2)
@@ -384,8 +382,7 @@ func TestHandOverWithACreateInFlight(t *testing.T) {
 // released to it, or that does not turn ready in time, leaves the node with
 // the old caa reconciling again.
 func TestHandbackWhenTheNewCaaFails(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 6*time.Minute)
 	h := newHandoverNode(ctx, t)
 	f1, f2 := newFront(t, h.ec2), newFront(t, h.ec2)
 	v1, pods, before := h.holding(ctx, t, f1, 5, "--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "2s")
@@ -442,8 +439,7 @@ func TestHandbackWhenTheNewCaaFails(t *testing.T) {
 // fail the preflight, which also runs before the ask) never disturbs the
 // running one.
 func TestBrokenNewVersionNeverAsks(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 4*time.Minute)
 	h := newHandoverNode(ctx, t)
 	f1 := newFront(t, h.ec2)
 	v1, pods, _ := h.holding(ctx, t, f1, 0)
@@ -471,8 +467,7 @@ func TestSigkillDuringHandOver(t *testing.T) {
 	if testing.Short() {
 		iterations = 4
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 12*time.Minute)
 	h := newHandoverNode(ctx, t)
 	c, core, ledgerPath := h.c, h.core, h.ledgerPath
 	const node = handoverNodeName
@@ -579,8 +574,7 @@ const e2eStale = 3 * 2 * time.Second
 // lock, never breaking it; once the hung process ends (the kubelet's probe
 // restarts it) the old caa takes the ledger back and reconciles.
 func TestHungNewCaaAfterItTookTheLedger(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 4*time.Minute)
 	h := newHandoverNode(ctx, t)
 	f1, f2 := newFront(t, h.ec2), newFront(t, h.ec2)
 	v1, pods, before := h.holding(ctx, t, f1, 3, "--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "1s")
@@ -615,8 +609,7 @@ func TestHungNewCaaAfterItTookTheLedger(t *testing.T) {
 // socket, retires, and the new caa serves the hand-over socket: a third caa
 // takes the ledger from it.
 func TestFrozenHolderAfterTheRelease(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 4*time.Minute)
 	h := newHandoverNode(ctx, t)
 	f1, f2, f3 := newFront(t, h.ec2), newFront(t, h.ec2), newFront(t, h.ec2)
 	v1, pods, _ := h.holding(ctx, t, f1, 3, "--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "1s")
@@ -650,8 +643,7 @@ func TestFrozenHolderAfterTheRelease(t *testing.T) {
 // saying the holder's lease expired; when the holder thaws it hands over
 // to the new caa, without a cooldown, and the new caa serves the socket.
 func TestFrozenHolderBeforeTheRelease(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 4*time.Minute)
 	h := newHandoverNode(ctx, t)
 	f1, f2 := newFront(t, h.ec2), newFront(t, h.ec2)
 	v1, pods, _ := h.holding(ctx, t, f1, 3)
@@ -677,8 +669,7 @@ func TestFrozenHolderBeforeTheRelease(t *testing.T) {
 // ledger back through the lock, turns ready and serves new pods with no
 // VM replaced; and it hands the ledger over again to the next caa.
 func TestInertCaaTakesTheLedgerBackWhenItsSuccessorIsGone(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 4*time.Minute)
 	h := newHandoverNode(ctx, t)
 	f1, f2, f3 := newFront(t, h.ec2), newFront(t, h.ec2), newFront(t, h.ec2)
 	v1, pods, before := h.holding(ctx, t, f1, 3, "--handover-inert-check", "300ms")

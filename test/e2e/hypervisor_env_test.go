@@ -63,10 +63,13 @@ type hvEnv struct {
 	pods                        atomic.Int32
 }
 
-func newHVEnv(ctx context.Context, t *testing.T) *hvEnv {
+// newHVEnv is a hypervisor test's start: its context, ending at the
+// timeout, and node worker-1 on a cluster of its own.
+func newHVEnv(t *testing.T, timeout time.Duration) (context.Context, *hvEnv) {
 	t.Helper()
+	ctx := testContext(t, timeout)
 	cn := podvmfake.NewCloudNetwork(t) // skips only where the kernel lacks netns or VXLAN
-	return newHVEnvOn(ctx, t, cluster.Start(ctx, t), cn, "worker-1")
+	return ctx, newHVEnvOn(ctx, t, cluster.Start(ctx, t), cn, "worker-1")
 }
 
 // newHVEnvOn is node on cluster c (several nodes may share one apiserver),
@@ -188,6 +191,14 @@ func (e *hvEnv) start(t *testing.T, extra ...string) *daemon {
 	cmd.Env = append(slices.Clone(e.cloudEnv), "CAA_HANDOVER_ALLOW_UNVERIFIED=true")
 	// A child forked from a thread inside the node's namespace is born there.
 	return spawn(t, cmd, func() error { return podvmfake.InNetNS(e.cn.NodeNS, cmd.Start) }, "http://"+outer, "caa (hypervisor mode)")
+}
+
+// startReady is start, then waits until the daemon is ready.
+func (e *hvEnv) startReady(t *testing.T, extra ...string) *daemon {
+	t.Helper()
+	d := e.start(t, extra...)
+	d.waitReady(t, func() {})
+	return d
 }
 
 // loopbackAddr finds the test's loopback servers in a daemon's flags.

@@ -88,8 +88,7 @@ stringData:
 // beside the first (no port clash), the running sandboxes are served by
 // v2 afterwards, and every churned sandbox's VM is gone.
 func TestKataDaemonSetSurgeRollout(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 5*time.Minute)
 	c := cluster.Start(ctx, t)
 	require.NoError(t, c.StartControlPlane(ctx))
 	require.NoError(t, c.StartKwok(ctx))

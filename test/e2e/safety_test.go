@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"maps"
@@ -115,8 +114,7 @@ func newRecordedAWSCloud(t *testing.T) (*awsCloud, *arrivals) {
 // flight finish; caa exits 0 without deleting a VM for the shutdown (I4);
 // and the next caa finishes the work with one VM per pod (I1).
 func TestSigtermMidPassStartsNoCloudCall(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 8*time.Minute)
 	c := cluster.Start(ctx, t)
 	aws, calls := newRecordedAWSCloud(t)
 	const node = "worker-1"
@@ -183,8 +181,7 @@ func TestSigtermMidPassStartsNoCloudCall(t *testing.T) {
 // /status and in metrics; restarted with the right flag, it adopts them all
 // without a cloud write (I3: configuration never deletes a VM).
 func TestRestartWithAnotherRuntimeClassDeletesNothing(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 6*time.Minute)
 	c := cluster.Start(ctx, t)
 	aws := newAWSCloud(t)
 	const node = "worker-1"
@@ -233,8 +230,7 @@ func TestRestartWithAnotherRuntimeClassDeletesNothing(t *testing.T) {
 // the fake EC2: one RunInstances and at most two reads per create, one
 // TerminateInstances and at most one read per delete, and no listing.
 func TestPodChurnCostsNoListing(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 6*time.Minute)
 	c := cluster.Start(ctx, t)
 	aws, calls := newRecordedAWSCloud(t)
 	const node = "worker-1"

@@ -48,6 +48,14 @@ func startCaa(t *testing.T, c *cluster.Cluster, aws *awsCloud, node, ledgerPath,
 	return launchCaa(t, c, node, ledgerPath, label, append(aws.awsArgs(), extra...), awsEnv())
 }
 
+// testContext is a test's context: it ends at the timeout, or with the
+// test, before the test's cleanups run.
+func testContext(t *testing.T, timeout time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	t.Cleanup(cancel)
+	return ctx
+}
+
 func tailLines(s string, n int) string {
 	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
 	if len(lines) > n {
@@ -227,8 +235,7 @@ func exportLedger(t *testing.T, ledgerPath string) map[string]ledger.Record {
 // cluster and node whose pod does not exist is deleted, but only once caa
 // has known it as an orphan for the grace period (I3), and only it.
 func TestOrphanVMCollectedAfterGrace(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 5*time.Minute)
 	c := cluster.Start(ctx, t)
 	aws := newAWSCloud(t)
 	const node, grace = "worker-1", 6 * time.Second
@@ -300,8 +307,7 @@ func TestOrphanVMCollectedAfterGrace(t *testing.T) {
 // duplicated (I1), nothing is left over, and the ledger verifies.
 // CAA_E2E_SEED replays a run's kill schedule.
 func TestCrashSafetyUnderRandomKills(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 10*time.Minute)
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("CAA_E2E_SEED"); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
@@ -397,8 +403,7 @@ func TestCrashSafetyUnderRandomKills(t *testing.T) {
 // errors and eventual consistency on, caa still gives each of 20 pods one
 // VM, and deletes nothing on a NotFound (I3).
 func TestConvergesThroughCloudFaults(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 5*time.Minute)
 	c := cluster.Start(ctx, t)
 	aws := newAWSCloud(t)
 	const node, n = "worker-1", 20
@@ -441,8 +446,7 @@ func TestConvergesThroughCloudFaults(t *testing.T) {
 // while. Neither the replacement's NotFound nor the dead VM, still listed as
 // terminated, may start a third VM (I1, I3).
 func TestRecreateUnderEventualConsistency(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 5*time.Minute)
 	c := cluster.Start(ctx, t)
 	aws := newAWSCloud(t)
 	const node, n, invisible = "worker-1", 3, 3 * time.Second
@@ -496,8 +500,7 @@ func TestRecreateUnderEventualConsistency(t *testing.T) {
 // still follows pod deletions. Before that, with caa running, the CLI reads
 // the ledger through the daemon's socket and the status and metrics answer.
 func TestAPIServerRestartAndTheCLI(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 5*time.Minute)
 	c := cluster.Start(ctx, t)
 	aws := newAWSCloud(t)
 	const node, n = "worker-1", 10

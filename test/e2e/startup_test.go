@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -98,8 +97,7 @@ func ledgerEpoch(t *testing.T, path string) uint64 {
 // ledger, so a failing preflight leaves a pod that needs a VM without one
 // and makes no cloud write.
 func TestPreflightFingerprintGatesWritesNotReadiness(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 5*time.Minute)
 	c := cluster.Start(ctx, t)
 	ec2 := newStrictEC2(t)
 	const node = "worker-warm"
@@ -246,8 +244,7 @@ func assertLiveThrough(t *testing.T, d *daemon, window time.Duration, blocked fu
 func TestLiveWhileThePreflightRetries(t *testing.T) {
 	t.Parallel()
 	window := livenessWindow(t)
-	ctx, cancel := context.WithTimeout(context.Background(), window+3*time.Minute)
-	defer cancel()
+	ctx := testContext(t, window+3*time.Minute)
 	c := cluster.Start(ctx, t)
 	ec2 := newStrictEC2(t)
 	const node = "worker-refused"
