@@ -18,6 +18,7 @@ import (
 
 	"github.com/caa-project/caa/test/e2e/cluster"
 	"github.com/caa-project/caa/test/e2e/nodeagent"
+	"github.com/caa-project/caa/test/e2e/rollout"
 	katafake "github.com/caa-project/caa/test/mocks/kata"
 	podvmfake "github.com/caa-project/caa/test/mocks/podvm"
 )
@@ -49,34 +50,7 @@ configMapGenerator:
       # directory (kata's default is /run/peerpod/pods).
       - CAA_AGENT_SOCKET_DIR={{AGENTS}}
 patches:
-  # Probe periods of 1s: the controller moves on when a pod turns Ready.
-  - patch: |-
-      apiVersion: apps/v1
-      kind: DaemonSet
-      metadata:
-        name: caa
-        namespace: caa-system
-      spec:
-        template:
-          spec:
-            containers:
-              - name: caa
-                startupProbe:
-                  periodSeconds: 1
-                readinessProbe:
-                  periodSeconds: 1
-`
-
-const kataCredentials = `apiVersion: v1
-kind: Secret
-metadata:
-  name: caa-cloud-credentials
-  namespace: caa-system
-type: Opaque
-stringData:
-  AWS_ACCESS_KEY_ID: AKIDE2ETEST
-  AWS_SECRET_ACCESS_KEY: e2e-secret-key
-`
+` + rollout.FastProbesPatch
 
 // TestKataDaemonSetSurgeRollout (issue 31): the kata-mode DaemonSet as
 // deploy/ ships it (host network, exec probes on a unix socket, no host
@@ -153,7 +127,7 @@ func TestKataDaemonSetSurgeRollout(t *testing.T) {
 		k := strings.NewReplacer("{{BASE}}", rel("overlays/aws"), "{{KATA}}", rel("components/kata-remote-hypervisor"),
 			"{{TAG}}", tag, "{{ENDPOINT}}", endpoint, "{{AGENTS}}", sockets).Replace(kataOverlay)
 		require.NoError(t, os.WriteFile(filepath.Join(kust, "kustomization.yaml"), []byte(k), 0o600))
-		require.NoError(t, os.WriteFile(filepath.Join(kust, "credentials.yaml"), []byte(kataCredentials), 0o600))
+		require.NoError(t, os.WriteFile(filepath.Join(kust, "credentials.yaml"), []byte(rollout.CredentialsSecret("AKIDE2ETEST", "e2e-secret-key")), 0o600))
 		bins, err := cluster.EnsureBinaries(ctx)
 		require.NoError(t, err)
 		out, err := exec.CommandContext(ctx, bins.Kubectl, "--kubeconfig", c.Kubeconfig(), "apply", "-k", kust).CombinedOutput()

@@ -1,0 +1,41 @@
+package rollout
+
+// The pieces of a test overlay on deploy/overlays/aws that the rollout
+// tests of this package and the kata rollout test of test/e2e share.
+
+// FastProbesPatch is an entry of a kustomization's patches: list: the caa
+// DaemonSet's startup and readiness probes run every second instead of
+// every 10s and 5s, so the DaemonSet controller moves on as soon as a pod
+// turns Ready, and a 5s period adds nothing to a test but up to 5s per
+// node. Thresholds are unchanged.
+const FastProbesPatch = `  - patch: |-
+      apiVersion: apps/v1
+      kind: DaemonSet
+      metadata:
+        name: caa
+        namespace: caa-system
+      spec:
+        template:
+          spec:
+            containers:
+              - name: caa
+                startupProbe:
+                  periodSeconds: 1
+                readinessProbe:
+                  periodSeconds: 1
+`
+
+// CredentialsSecret is the overlay's credentials.yaml: the Secret the
+// shipped DaemonSet reads its AWS keys from, with these (fake) keys.
+func CredentialsSecret(accessKey, secretKey string) string {
+	return `apiVersion: v1
+kind: Secret
+metadata:
+  name: caa-cloud-credentials
+  namespace: caa-system
+type: Opaque
+stringData:
+  AWS_ACCESS_KEY_ID: ` + accessKey + `
+  AWS_SECRET_ACCESS_KEY: ` + secretKey + `
+`
+}
