@@ -187,12 +187,10 @@ func mustGet(t *testing.T, core *cloud.Cloud, id string) cloud.Instance {
 // lines and /status entries that report a VM name the flag.
 func TestConfidentialOptOutIsNamed(t *testing.T) {
 	ctx := testContext(t, 5*time.Minute)
-	c := cluster.Start(ctx, t)
-	fc := newAWSFakeCloud(t)
 	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
-	_, err = c.CreatePeerPod(ctx, "team", "plain", node, nil)
+	c := startWithNode(ctx, t, node)
+	fc := newAWSFakeCloud(t)
+	_, err := c.CreatePeerPod(ctx, "team", "plain", node, nil)
 	require.NoError(t, err)
 	d := startCloudDaemon(t, c, fc, node, filepath.Join(t.TempDir(), "caa", "ledger.db"),
 		"--aws-instance-type", "t3.small", "--confidential=false")

@@ -162,6 +162,12 @@ func (d *daemon) stop(t *testing.T) {
 // waitReady polls /readyz and checks, at the first 200, that check holds.
 func (d *daemon) waitReady(t *testing.T, check func()) {
 	t.Helper()
+	d.waitReadyPolling(t, 50*time.Millisecond, check)
+}
+
+// waitReadyPolling is waitReady polling every poll.
+func (d *daemon) waitReadyPolling(t *testing.T, poll time.Duration, check func()) {
+	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
 		select {
@@ -173,7 +179,7 @@ func (d *daemon) waitReady(t *testing.T, check func()) {
 			check()
 			return
 		}
-		time.Sleep(50 * time.Millisecond) // a poll interval, not a synchronisation
+		time.Sleep(poll) // a poll interval, not a synchronisation
 	}
 	t.Fatal("caa never became ready")
 }
@@ -191,17 +197,15 @@ func liveVMs(core *cloud.Cloud) map[string]string {
 // killed behind caa's back.
 func TestStartRestartAndRecreate(t *testing.T) {
 	ctx := testContext(t, 10*time.Minute)
-	c := cluster.Start(ctx, t)
-	aws := newAWSCloud(t)
 	const node, n = "worker-1", 12
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	aws := newAWSCloud(t)
 	for i := range n {
 		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%02d", i), node, nil)
 		require.NoError(t, err)
 	}
 	// Another node's pod: never touched by this node's caa.
-	_, err = c.CreateNode(ctx, "worker-2")
+	_, err := c.CreateNode(ctx, "worker-2")
 	require.NoError(t, err)
 	_, err = c.CreatePeerPod(ctx, "team", "elsewhere", "worker-2", nil)
 	require.NoError(t, err)
@@ -274,16 +278,14 @@ func runBin(t *testing.T, bin string, args ...string) string {
 // refused by the Node guard, then rebuilt from the cloud's tags.
 func TestGonePodsBadSpecsAndALostLedger(t *testing.T) {
 	ctx := testContext(t, 10*time.Minute)
-	c := cluster.Start(ctx, t)
-	aws := newAWSCloud(t)
 	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	aws := newAWSCloud(t)
 	for i := range 6 {
 		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%d", i), node, nil)
 		require.NoError(t, err)
 	}
-	_, err = c.CreatePeerPod(ctx, "team", "bad", node, map[string]string{provider.AnnotationMachineType: "x99.colossal"})
+	_, err := c.CreatePeerPod(ctx, "team", "bad", node, map[string]string{provider.AnnotationMachineType: "x99.colossal"})
 	require.NoError(t, err)
 	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
 

@@ -203,10 +203,8 @@ const handoverNodeName = "worker-1"
 func newHandoverNode(t *testing.T, timeout time.Duration) (context.Context, handoverNode) {
 	t.Helper()
 	ctx := testContext(t, timeout)
-	c := cluster.Start(ctx, t)
+	c := startWithNode(ctx, t, handoverNodeName)
 	core := cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{ec2Image}}))
-	_, err := c.CreateNode(ctx, handoverNodeName)
-	require.NoError(t, err)
 	return ctx, handoverNode{c: c, core: core, ec2: sharedEC2(core), ledgerPath: filepath.Join(t.TempDir(), "caa", "ledger.db")}
 }
 

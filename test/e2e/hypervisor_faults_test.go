@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -228,19 +227,7 @@ func isEC2Write(kind string) bool {
 // runs right as /readyz flips.
 func (d *daemon) waitReadyFast(t *testing.T, check func()) {
 	t.Helper()
-	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); {
-		select {
-		case err := <-d.done:
-			t.Fatalf("caa exited before ready: %v", err)
-		default:
-		}
-		if d.readyz() == http.StatusOK {
-			check()
-			return
-		}
-		time.Sleep(5 * time.Millisecond) // a poll interval, not a synchronisation
-	}
-	t.Fatal("caa never became ready")
+	d.waitReadyPolling(t, 5*time.Millisecond, check)
 }
 
 // TestHypervisorVMKilledBehindCaasBack: a running sandbox's VM fails in the

@@ -43,11 +43,9 @@ func TestRollForwardAndBack(t *testing.T) {
 	v2Bin := filepath.Join(t.TempDir(), "caa-v2")
 	require.NoError(t, cluster.BuildCaa(ctx, v2Bin, "v2-test", "caa_ledger_v2test"))
 
-	c := cluster.Start(ctx, t)
-	aws, calls := newRecordedAWSCloud(t)
 	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	aws, calls := newRecordedAWSCloud(t)
 	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
 	pods := createPods(ctx, t, c, "team", "web", node, 6)
 

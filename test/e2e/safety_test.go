@@ -20,7 +20,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/caa-project/caa/pkg/health"
-	"github.com/caa-project/caa/test/e2e/cluster"
 	ec2fake "github.com/caa-project/caa/test/mocks/aws"
 	"github.com/caa-project/caa/test/mocks/cloud"
 )
@@ -115,11 +114,9 @@ func newRecordedAWSCloud(t *testing.T) (*awsCloud, *arrivals) {
 // and the next caa finishes the work with one VM per pod (I1).
 func TestSigtermMidPassStartsNoCloudCall(t *testing.T) {
 	ctx := testContext(t, 8*time.Minute)
-	c := cluster.Start(ctx, t)
-	aws, calls := newRecordedAWSCloud(t)
 	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	aws, calls := newRecordedAWSCloud(t)
 	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
 
 	// First, six pods with their VMs.
@@ -182,11 +179,9 @@ func TestSigtermMidPassStartsNoCloudCall(t *testing.T) {
 // without a cloud write (I3: configuration never deletes a VM).
 func TestRestartWithAnotherRuntimeClassDeletesNothing(t *testing.T) {
 	ctx := testContext(t, 6*time.Minute)
-	c := cluster.Start(ctx, t)
-	aws := newAWSCloud(t)
 	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	aws := newAWSCloud(t)
 	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
 	uids := createPods(ctx, t, c, "team", "web", node, 5)
 
@@ -231,11 +226,9 @@ func TestRestartWithAnotherRuntimeClassDeletesNothing(t *testing.T) {
 // TerminateInstances and at most one read per delete, and no listing.
 func TestPodChurnCostsNoListing(t *testing.T) {
 	ctx := testContext(t, 6*time.Minute)
-	c := cluster.Start(ctx, t)
-	aws, calls := newRecordedAWSCloud(t)
 	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	aws, calls := newRecordedAWSCloud(t)
 	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
 	first := createPods(ctx, t, c, "team", "first", node, 6)
 

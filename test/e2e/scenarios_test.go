@@ -48,6 +48,15 @@ func startCaa(t *testing.T, c *cluster.Cluster, aws *awsCloud, node, ledgerPath,
 	return launchCaa(t, c, node, ledgerPath, label, append(aws.awsArgs(), extra...), awsEnv())
 }
 
+// startWithNode starts a cluster with the node.
+func startWithNode(ctx context.Context, t *testing.T, node string) *cluster.Cluster {
+	t.Helper()
+	c := cluster.Start(ctx, t)
+	_, err := c.CreateNode(ctx, node)
+	require.NoError(t, err)
+	return c
+}
+
 // testContext is a test's context: it ends at the timeout, or with the
 // test, before the test's cleanups run.
 func testContext(t *testing.T, timeout time.Duration) context.Context {
@@ -404,11 +413,9 @@ func TestCrashSafetyUnderRandomKills(t *testing.T) {
 // VM, and deletes nothing on a NotFound (I3).
 func TestConvergesThroughCloudFaults(t *testing.T) {
 	ctx := testContext(t, 5*time.Minute)
-	c := cluster.Start(ctx, t)
-	aws := newAWSCloud(t)
 	const node, n = "worker-1", 20
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	aws := newAWSCloud(t)
 	uids := createPods(ctx, t, c, "faulty", "pod", node, n)
 	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
 	aws.core.SetFaults(cloud.Faults{
@@ -501,11 +508,9 @@ func TestRecreateUnderEventualConsistency(t *testing.T) {
 // the ledger through the daemon's socket and the status and metrics answer.
 func TestAPIServerRestartAndTheCLI(t *testing.T) {
 	ctx := testContext(t, 5*time.Minute)
-	c := cluster.Start(ctx, t)
-	aws := newAWSCloud(t)
 	const node, n = "worker-1", 10
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	aws := newAWSCloud(t)
 	uids := createPods(ctx, t, c, "team", "pod", node, n)
 	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
 	aws.core.SetFaults(cloud.Faults{Latency: 10 * time.Millisecond})

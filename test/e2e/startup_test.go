@@ -98,11 +98,9 @@ func ledgerEpoch(t *testing.T, path string) uint64 {
 // and makes no cloud write.
 func TestPreflightFingerprintGatesWritesNotReadiness(t *testing.T) {
 	ctx := testContext(t, 5*time.Minute)
-	c := cluster.Start(ctx, t)
-	ec2 := newStrictEC2(t)
 	const node = "worker-warm"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	ec2 := newStrictEC2(t)
 	for i := range 2 {
 		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("warm-%d", i), node, nil)
 		require.NoError(t, err)
@@ -245,11 +243,9 @@ func TestLiveWhileThePreflightRetries(t *testing.T) {
 	t.Parallel()
 	window := livenessWindow(t)
 	ctx := testContext(t, window+3*time.Minute)
-	c := cluster.Start(ctx, t)
-	ec2 := newStrictEC2(t)
 	const node = "worker-refused"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	ec2 := newStrictEC2(t)
 	d := ec2.start(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"),
 		settings{goodSettings.image, goodSettings.subnet, "AKIDREFUSED", "refused-secret"})
 	require.Eventually(t, func() bool {
