@@ -22,7 +22,6 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/e2e/cluster"
@@ -125,15 +124,7 @@ func (d *daemon) get(t *testing.T, path string) string {
 // passes is how many passes the daemon has reported (0 when it does not
 // answer).
 func (d *daemon) passes() int {
-	resp, err := http.Get(d.health + "/status")
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
-	var snap health.Snapshot
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&snap) != nil {
-		return 0
-	}
+	snap, _ := d.snapshot()
 	return snap.Passes
 }
 

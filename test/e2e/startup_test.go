@@ -72,13 +72,11 @@ func (s *strictEC2) start(t *testing.T, c *cluster.Cluster, node, ledgerPath str
 
 // readyzBody returns /readyz's code and body.
 func (d *daemon) readyzBody() (int, string) {
-	resp, err := http.Get(d.health + "/readyz")
+	code, body, err := d.fetch("/readyz")
 	if err != nil {
 		return 0, err.Error()
 	}
-	defer func() { _ = resp.Body.Close() }()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return code, body
 }
 
 // ledgerEpoch is the number of writable opens the ledger has seen.
