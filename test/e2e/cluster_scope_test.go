@@ -354,10 +354,7 @@ func TestClusterAuditReplacesTheNodeListing(t *testing.T) {
 	const node = "worker-1"
 	_, err := c.CreateNode(ctx, node)
 	require.NoError(t, err)
-	for i := range 3 {
-		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%d", i), node, nil)
-		require.NoError(t, err)
-	}
+	createPods(ctx, t, c, "team", "pod", node, 3)
 	d := launchCaa(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"), "node", append(nodeFront.args(), "--audit-interval", "1s"), awsEnv())
 	d.waitReady(t, func() {})
 
@@ -529,10 +526,7 @@ func TestClusterAuditReplacesTheNodeListingOnIBMCloud(t *testing.T) {
 	const node = "worker-1"
 	_, err = c.CreateNode(ctx, node)
 	require.NoError(t, err)
-	for i := range 3 {
-		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%d", i), node, nil)
-		require.NoError(t, err)
-	}
+	createPods(ctx, t, c, "team", "pod", node, 3)
 	d := launchCaa(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"), "node", append(nodeArgs, "--audit-interval", "1s"), env)
 	d.waitReady(t, func() {})
 	require.Eventually(t, func() bool { return len(ibm.live()) == 3 }, 30*time.Second, condPoll, "three VMs")

@@ -26,7 +26,7 @@ import (
 // kataOverlay is the test's kustomization over deploy/overlays/aws with
 // components/kata-remote-hypervisor: the shipped manifests, only pointed
 // at this node's fake EC2.
-const kataOverlay = `apiVersion: kustomize.config.k8s.io/v1beta1
+var kataOverlay = `apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
   - {{BASE}}
@@ -40,12 +40,7 @@ configMapGenerator:
   - name: caa-config
     behavior: merge
     literals:
-      - CAA_AWS_REGION=us-east-1
-      - CAA_AWS_SUBNET_ID=subnet-0123456789abcdef0
-      - CAA_AWS_IMAGE=` + ec2Image + `
-      - CAA_AWS_INSTANCE_TYPE=` + ec2Type + `
-      - CAA_AWS_ENDPOINT={{ENDPOINT}}
-      - AWS_EC2_METADATA_DISABLED=true
+` + rollout.FakeEC2Literals(ec2Image, ec2Type) + `
       # A socket path short enough for a unix address under the test's
       # directory (kata's default is /run/peerpod/pods).
       - CAA_AGENT_SOCKET_DIR={{AGENTS}}

@@ -486,7 +486,7 @@ func (e *env) eventually(ctx context.Context, within time.Duration, what string,
 
 // kustomization is the test's overlay on deploy/overlays/aws: only what
 // this environment needs, the manifests themselves are not forked.
-const kustomization = `apiVersion: kustomize.config.k8s.io/v1beta1
+var kustomization = `apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
   - {{BASE}}
@@ -498,14 +498,7 @@ configMapGenerator:
   - name: caa-config
     behavior: merge
     literals:
-      - CAA_AWS_REGION=us-east-1
-      - CAA_AWS_SUBNET_ID=subnet-0123456789abcdef0
-      - CAA_AWS_IMAGE=` + ec2Image + `
-      - CAA_AWS_INSTANCE_TYPE=m6a.large
-      # The fake EC2 of this test, in-process on the loopback.
-      - CAA_AWS_ENDPOINT={{ENDPOINT}}
-      # No instance metadata service here; credentials come from the Secret.
-      - AWS_EC2_METADATA_DISABLED=true
+` + FakeEC2Literals(ec2Image, "m6a.large") + `
       # A resync far beyond the test's length: a running caa never notices
       # the VMs killed behind its back, so the new caa's startup pass is
       # what recreates them, which is the behaviour under test.
