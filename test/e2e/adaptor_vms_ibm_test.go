@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -21,8 +20,7 @@ import (
 // deleted; the live one, the untied one and the one a forged record ties
 // to a pod alive on another node stay.
 func TestAdaptorVMsOnIBMCloud(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	fc := newIBMCloudFake(t)
 	vpc, err := vpcv1.NewVpcV1(&vpcv1.VpcV1Options{URL: fc.url + "/v1",

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"path/filepath"
 	"strings"
@@ -13,7 +12,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 
 	"github.com/caa-project/caa/pkg/provider"
-	"github.com/caa-project/caa/test/e2e/cluster"
 	armfake "github.com/caa-project/caa/test/mocks/azure"
 	"github.com/caa-project/caa/test/mocks/cloud"
 )
@@ -27,13 +25,10 @@ import (
 // passes (no second create, no delete), and reports each pod's VM as
 // degraded: on /status, in the metric and with one warning event per pod.
 func TestAzureVMsWhoseExtensionFailsAreKept(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 5*time.Minute)
 	fc := newAzureFake(t, armfake.WithFailingPolicyExtension())
-	c := cluster.Start(ctx, t)
 	const node, n = "worker-1", 3
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
 	var names []string
 	for i := range n {
 		name := fmt.Sprintf("pod-%02d", i)
@@ -76,15 +71,12 @@ func TestAzureVMsWhoseExtensionFailsAreKept(t *testing.T) {
 // orphan rule (seen twice, --gc-grace apart), retrying the refused delete
 // after the reservation, and makes no VM for the deleted pod.
 func TestAzureLeftoverNICIsCollected(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 5*time.Minute)
 	const reservation = 4 * time.Second
 	fc := newAzureFake(t, armfake.WithNICReservation(reservation))
 	fc.args = append(fc.args, "--gc-grace", "2s")
-	c := cluster.Start(ctx, t)
 	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
 	keep, err := c.CreatePeerPod(ctx, "team", "keep", node, nil)
 	require.NoError(t, err)
 	d := startCloudDaemon(t, c, fc, node, filepath.Join(t.TempDir(), "caa", "ledger.db"))

@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"crypto/rand"
 	"fmt"
 	"maps"
@@ -89,12 +88,9 @@ func TestIBMCloudStartRestartAndRecreate(t *testing.T) {
 // for any cloud: first start, restart with every VM alive (zero cloud
 // writes), restart after VMs were killed behind caa's back.
 func runStartRestartAndRecreate(t *testing.T, fc *fakeCloud) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	c := cluster.Start(ctx, t)
+	ctx := testContext(t, 10*time.Minute)
 	const node, n = "worker-1", 12
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
 	pods := map[string]bool{}
 	for i := range n {
 		pod, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%02d", i), node, nil)
@@ -102,7 +98,7 @@ func runStartRestartAndRecreate(t *testing.T, fc *fakeCloud) {
 		pods[string(pod.UID)] = true
 	}
 	// Another node's pod: never touched by this node's caa.
-	_, err = c.CreateNode(ctx, "worker-2")
+	_, err := c.CreateNode(ctx, "worker-2")
 	require.NoError(t, err)
 	_, err = c.CreatePeerPod(ctx, "team", "elsewhere", "worker-2", nil)
 	require.NoError(t, err)

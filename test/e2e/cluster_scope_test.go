@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
-	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -45,38 +44,29 @@ const (
 // url; extra flags come last and override.
 func launchClusterCaa(t *testing.T, c *cluster.Cluster, url, identity string, extra ...string) *daemon {
 	t.Helper()
-	cloudArgs := []string{"--provider", "aws", "--aws-endpoint", url, "--aws-region", "us-east-1",
-		"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", ec2Image, "--aws-instance-type", ec2Type}
-	return launchClusterCaaOn(t, c, identity, append(cloudArgs, extra...), awsEnv())
+	return launchClusterCaaOn(t, c, identity, append(ec2Args(url), extra...), awsEnv())
 }
 
 // launchClusterCaaOn starts one `caa cluster` replica with the cloud's
 // flags (and any others, last) in env.
 func launchClusterCaaOn(t *testing.T, c *cluster.Cluster, identity string, cloudArgs, env []string) *daemon {
 	t.Helper()
-	port, err := cluster.FreePort()
-	require.NoError(t, err)
-	logs := &cluster.SyncBuffer{}
+	health := freeHealthAddr(t)
 	args := []string{"cluster", "--kubeconfig", c.Kubeconfig(), "--identity", identity, "--lease-namespace", scopeNamespace,
-		"--health-addr", "127.0.0.1:" + strconv.Itoa(port), "--log-format", "json",
+		"--health-addr", health, "--log-format", "json",
 		"--interval", "1s", "--node-gone-grace", scopeGrace.String(),
 		"--lease-duration", "3s", "--lease-renew-deadline", "2s", "--lease-retry", "500ms"}
 	cmd := exec.Command(caaBin, append(args, cloudArgs...)...)
 	cmd.Env = env
-	cmd.Stdout, cmd.Stderr = logs, logs
-	require.NoError(t, cmd.Start())
-	d := &daemon{cmd: cmd, health: fmt.Sprintf("http://127.0.0.1:%d", port), logs: logs, done: make(chan error, 1)}
-	go func() { d.done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			<-d.done
-		}
-		if t.Failed() {
-			t.Logf("caa cluster %s output (last 60 lines):\n%s", identity, tailLines(logs.String(), 60))
-		}
-	})
-	return d
+	return spawn(t, cmd, cmd.Start, "http://"+health, "caa cluster "+identity)
+}
+
+// startScopeCluster starts a cluster with the cluster caa's namespace.
+func startScopeCluster(ctx context.Context, t *testing.T) *cluster.Cluster {
+	t.Helper()
+	c := cluster.Start(ctx, t)
+	require.NoError(t, c.EnsureNamespace(ctx, scopeNamespace))
+	return c
 }
 
 // seedVMs puts n live VMs tagged for node into the cloud, as a node's caa
@@ -122,13 +112,114 @@ func states(core *cloud.Cloud, ids []string) map[string]provider.State {
 	return out
 }
 
-func allIn(m map[string]provider.State, st provider.State) bool {
+// allIn reports whether every state of m is one of sts.
+func allIn(m map[string]provider.State, sts ...provider.State) bool {
 	for _, s := range m {
-		if s != st {
+		if !slices.Contains(sts, s) {
 			return false
 		}
 	}
 	return true
+}
+
+// seedNodes creates each node and seeds n live VMs of the cluster on it;
+// it returns each node's VMs.
+func seedNodes(ctx context.Context, t *testing.T, c *cluster.Cluster, core *cloud.Cloud, clusterID string, nodes []string, n int, instanceType, image string) map[string][]string {
+	t.Helper()
+	vms := map[string][]string{}
+	for _, node := range nodes {
+		_, err := c.CreateNode(ctx, node)
+		require.NoError(t, err)
+		vms[node] = seedVMsOf(t, core, clusterID, node, n, instanceType, image)
+	}
+	return vms
+}
+
+// makeSick cordons the node and marks it NotReady: unhealthy, but there.
+func makeSick(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) {
+	t.Helper()
+	sick, err := c.Client().CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+	require.NoError(t, err)
+	sick.Spec.Unschedulable = true
+	sick, err = c.Client().CoreV1().Nodes().Update(ctx, sick, metav1.UpdateOptions{})
+	require.NoError(t, err)
+	sick.Status.Conditions[0].Status = corev1.ConditionFalse
+	_, err = c.Client().CoreV1().Nodes().UpdateStatus(ctx, sick, metav1.UpdateOptions{})
+	require.NoError(t, err)
+}
+
+// waitViewPublished waits until the leader has put a cloud view on node.
+func waitViewPublished(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		n, err := c.Client().CoreV1().Nodes().Get(ctx, node, metav1.GetOptions{})
+		return err == nil && n.Annotations["caa.dev/cloud-view"] != ""
+	}, 30*time.Second, condPoll, "views published")
+}
+
+// waitAuditsFromView waits until the node caa d audits against the
+// cluster caa's view.
+func waitAuditsFromView(t *testing.T, d *daemon, what string) {
+	t.Helper()
+	require.Eventually(t, func() bool { return strings.Contains(d.logs.String(), "auditing from the cluster caa's cloud view") },
+		30*time.Second, condPoll, what)
+}
+
+// requireCollectedAfterGrace waits until every VM of the departed node is
+// in one of the deleted states, and checks that none of the cluster's VMs
+// on that node ended sooner than the grace after deletedAt.
+func requireCollectedAfterGrace(t *testing.T, core *cloud.Cloud, clusterID, node string, vms []string, deletedAt time.Time, deleted ...provider.State) {
+	t.Helper()
+	require.Eventually(t, func() bool { return allIn(states(core, vms), deleted...) },
+		30*time.Second, condPoll, "the departed node's VMs deleted")
+	for _, in := range core.Instances() {
+		if in.Tags[provider.TagNode] == node && in.Tags[provider.TagCluster] == clusterID {
+			assert.GreaterOrEqual(t, in.EndedAt.Sub(deletedAt), scopeGrace, "VM %s deleted before the grace", in.ID)
+		}
+	}
+}
+
+// requireUntouchedFor checks, for the span, that the VMs of each of the
+// nodes and the foreign ones all stay running.
+func requireUntouchedFor(t *testing.T, span time.Duration, core *cloud.Cloud, vms map[string][]string, nodes, foreign []string) {
+	t.Helper()
+	deadline := time.Now().Add(span)
+	for time.Now().Before(deadline) {
+		for _, n := range nodes {
+			require.True(t, allIn(states(core, vms[n]), provider.StateRunning), "node %s's VMs untouched: %v", n, states(core, vms[n]))
+		}
+		require.True(t, allIn(states(core, foreign), provider.StateRunning), "another cluster's VM untouched")
+		time.Sleep(condPoll)
+	}
+}
+
+// requireReplacedThroughView kills one of the node's live VMs behind its
+// caa's back and waits for the replacement, then lets three more audits
+// of a second each pass; live maps the node's pod UIDs to their VMs.
+func requireReplacedThroughView(t *testing.T, core *cloud.Cloud, live func() map[string]string) {
+	t.Helper()
+	var killedUID, killedID string
+	for uid, id := range live() {
+		killedUID, killedID = uid, id
+		break
+	}
+	killedAt := time.Now()
+	require.NoError(t, core.Kill(killedID))
+	require.Eventually(t, func() bool {
+		id, ok := live()[killedUID]
+		return ok && id != killedID
+	}, 30*time.Second, condPoll, "the killed VM replaced")
+	t.Logf("replaced %s after %s", killedID, time.Since(killedAt).Round(time.Millisecond))
+	time.Sleep(3 * time.Second) // three more audits: the window measured, not a synchronisation
+}
+
+// retarget is args with the URL from replaced by to.
+func retarget(args []string, from, to string) []string {
+	out := slices.Clone(args)
+	for i, a := range out {
+		out[i] = strings.Replace(a, from, to, 1)
+	}
+	return out
 }
 
 func leaseHolder(ctx context.Context, c *cluster.Cluster) string {
@@ -144,20 +235,12 @@ func leaseHolder(ctx context.Context, c *cluster.Cluster) string {
 // however unhealthy (NotReady, cordoned, its caa killed), and of a node
 // deleted and re-created within the grace, are never touched.
 func TestClusterScopeCollectsDepartedNodes(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c := cluster.Start(ctx, t)
-	require.NoError(t, c.EnsureNamespace(ctx, scopeNamespace))
+	ctx := testContext(t, 5*time.Minute)
+	c := startScopeCluster(ctx, t)
 	aws := newAWSCloud(t)
 	id := clusterUID(ctx, t, c)
 
-	nodes := []string{"gone", "sick", "flapping", "healthy"}
-	vms := map[string][]string{}
-	for _, n := range nodes {
-		_, err := c.CreateNode(ctx, n)
-		require.NoError(t, err)
-		vms[n] = seedVMs(t, aws.core, id, n, 3)
-	}
+	vms := seedNodes(ctx, t, c, aws.core, id, []string{"gone", "sick", "flapping", "healthy"}, 3, ec2Type, ec2Image)
 	// A VM of another cluster under the departed node's name: never ours.
 	foreign := seedVMs(t, aws.core, "another-cluster", "gone", 1)
 
@@ -167,48 +250,25 @@ func TestClusterScopeCollectsDepartedNodes(t *testing.T) {
 	healthy.waitReady(t, func() {})
 
 	// "sick": NotReady and cordoned, longer than the grace.
-	sick, err := c.Client().CoreV1().Nodes().Get(ctx, "sick", metav1.GetOptions{})
-	require.NoError(t, err)
-	sick.Spec.Unschedulable = true
-	sick, err = c.Client().CoreV1().Nodes().Update(ctx, sick, metav1.UpdateOptions{})
-	require.NoError(t, err)
-	sick.Status.Conditions[0].Status = corev1.ConditionFalse
-	_, err = c.Client().CoreV1().Nodes().UpdateStatus(ctx, sick, metav1.UpdateOptions{})
-	require.NoError(t, err)
+	makeSick(ctx, t, c, "sick")
 
 	a := launchClusterCaa(t, c, aws.url, "replica-a")
 	b := launchClusterCaa(t, c, aws.url, "replica-b")
 	require.Eventually(t, func() bool { return leaseHolder(ctx, c) != "" }, 30*time.Second, condPoll, "a leader")
 
 	// The leader has listed (the views are on the Nodes) before any node goes.
-	require.Eventually(t, func() bool {
-		n, err := c.Client().CoreV1().Nodes().Get(ctx, "gone", metav1.GetOptions{})
-		return err == nil && n.Annotations["caa.dev/cloud-view"] != ""
-	}, 30*time.Second, condPoll, "views published")
+	waitViewPublished(ctx, t, c, "gone")
 
 	require.NoError(t, c.Client().CoreV1().Nodes().Delete(ctx, "gone", metav1.DeleteOptions{}))
 	deletedAt := time.Now()
 	require.NoError(t, c.Client().CoreV1().Nodes().Delete(ctx, "flapping", metav1.DeleteOptions{}))
 	time.Sleep(scopeGrace / 4) // the node stays away for a while: the scenario, not a synchronisation
-	_, err = c.CreateNode(ctx, "flapping")
+	_, err := c.CreateNode(ctx, "flapping")
 	require.NoError(t, err)
 
-	require.Eventually(t, func() bool { return allIn(states(aws.core, vms["gone"]), provider.StateTerminated) },
-		30*time.Second, condPoll, "the departed node's VMs deleted")
-	for _, in := range aws.core.Instances() {
-		if in.Tags[provider.TagNode] == "gone" && in.Tags[provider.TagCluster] == id {
-			assert.GreaterOrEqual(t, in.EndedAt.Sub(deletedAt), scopeGrace, "VM %s deleted before the grace", in.ID)
-		}
-	}
+	requireCollectedAfterGrace(t, aws.core, id, "gone", vms["gone"], deletedAt, provider.StateTerminated)
 	// Three more graces: nothing else goes.
-	deadline := time.Now().Add(3 * scopeGrace)
-	for time.Now().Before(deadline) {
-		for _, n := range []string{"sick", "flapping", "healthy"} {
-			require.True(t, allIn(states(aws.core, vms[n]), provider.StateRunning), "node %s's VMs untouched: %v", n, states(aws.core, vms[n]))
-		}
-		require.True(t, allIn(states(aws.core, foreign), provider.StateRunning), "another cluster's VM untouched")
-		time.Sleep(condPoll)
-	}
+	requireUntouchedFor(t, 3*scopeGrace, aws.core, vms, []string{"sick", "flapping", "healthy"}, foreign)
 	assert.Equal(t, int64(3), aws.core.Counters()["deleted"], "exactly the departed node's three VMs")
 
 	evs, err := c.Client().CoreV1().Events(scopeNamespace).List(ctx, metav1.ListOptions{})
@@ -232,10 +292,8 @@ func TestClusterScopeCollectsDepartedNodes(t *testing.T) {
 // deletes a departed node's VMs; the other replica takes the Lease over
 // and deletes the rest after its own grace; no VM is deleted twice.
 func TestClusterScopeLeaderKilledMidSweep(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c := cluster.Start(ctx, t)
-	require.NoError(t, c.EnsureNamespace(ctx, scopeNamespace))
+	ctx := testContext(t, 5*time.Minute)
+	c := startScopeCluster(ctx, t)
 	aws := newAWSCloud(t)
 	id := clusterUID(ctx, t, c)
 	const n = 30
@@ -289,42 +347,25 @@ func TestClusterScopeLeaderKilledMidSweep(t *testing.T) {
 // own, and a VM killed behind its back is still replaced; once the leader
 // is gone for two intervals, the node lists the cloud again.
 func TestClusterAuditReplacesTheNodeListing(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c := cluster.Start(ctx, t)
-	require.NoError(t, c.EnsureNamespace(ctx, scopeNamespace))
+	ctx := testContext(t, 5*time.Minute)
+	c := startScopeCluster(ctx, t)
 	aws := newAWSCloud(t)
 	nodeFront := newFront(t, sharedEC2(aws.core))
 	const node = "worker-1"
 	_, err := c.CreateNode(ctx, node)
 	require.NoError(t, err)
-	for i := range 3 {
-		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%d", i), node, nil)
-		require.NoError(t, err)
-	}
+	createPods(ctx, t, c, "team", "pod", node, 3)
 	d := launchCaa(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"), "node", append(nodeFront.args(), "--audit-interval", "1s"), awsEnv())
 	d.waitReady(t, func() {})
 
 	clusterSrv := httptest.NewServer(sharedEC2(aws.core))
 	t.Cleanup(clusterSrv.Close)
 	leader := launchClusterCaa(t, c, clusterSrv.URL, "replica-a")
-	require.Eventually(t, func() bool { return strings.Contains(d.logs.String(), "auditing from the cluster caa's cloud view") },
-		30*time.Second, condPoll, "the node audits against the view")
+	waitAuditsFromView(t, d, "the node audits against the view")
 	listings := nodeFront.nodeListings()
 
-	first := liveVMs(aws.core)
-	require.Len(t, first, 3)
-	var killedUID, killedID string
-	for uid, id := range first {
-		killedUID, killedID = uid, id
-		break
-	}
-	require.NoError(t, aws.core.Kill(killedID))
-	require.Eventually(t, func() bool {
-		id, ok := liveVMs(aws.core)[killedUID]
-		return ok && id != killedID
-	}, 30*time.Second, condPoll, "the killed VM replaced")
-	time.Sleep(3 * time.Second) // three more audits: the window measured, not a synchronisation
+	require.Len(t, liveVMs(aws.core), 3)
+	requireReplacedThroughView(t, aws.core, func() map[string]string { return liveVMs(aws.core) })
 	assert.Equal(t, listings, nodeFront.nodeListings(), "no listing of the node's VMs while the view is fresh")
 	assert.Len(t, liveVMs(aws.core), 3)
 
@@ -354,10 +395,8 @@ func (f *front) nodeListings() int {
 // synced Node cache, so it lists no VM and deletes nothing, however long
 // the VMs of a node that was never there wait.
 func TestClusterScopeWithoutANodeListDeletesNothing(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c := cluster.Start(ctx, t)
-	require.NoError(t, c.EnsureNamespace(ctx, scopeNamespace))
+	ctx := testContext(t, 5*time.Minute)
+	c := startScopeCluster(ctx, t)
 	aws := newAWSCloud(t)
 	id := clusterUID(ctx, t, c)
 	ghost := seedVMs(t, aws.core, id, "ghost", 3)
@@ -389,11 +428,7 @@ func TestClusterScopeWithoutANodeListDeletesNothing(t *testing.T) {
 	front := newFront(t, sharedEC2(aws.core))
 	d := launchClusterCaa(t, c, front.url, "replica-a", "--kubeconfig", kubeconfig, "--cluster-id", id)
 	require.Eventually(t, func() bool { return leaseHolder(ctx, c) == "replica-a" }, 30*time.Second, condPoll, "it leads")
-	deadline := time.Now().Add(3 * scopeGrace)
-	for time.Now().Before(deadline) {
-		require.True(t, allIn(states(aws.core, ghost), provider.StateRunning), "nothing deleted: %v", states(aws.core, ghost))
-		time.Sleep(condPoll)
-	}
+	requireUntouchedFor(t, 3*scopeGrace, aws.core, map[string][]string{"ghost": ghost}, []string{"ghost"}, nil)
 	assert.Zero(t, front.count(), "no cloud call at all without a synced Node cache")
 	assert.Equal(t, 503, d.readyz(), "not ready: the Node cache never synced")
 	d.stop(t)
@@ -406,33 +441,19 @@ func TestClusterScopeWithoutANodeListDeletesNothing(t *testing.T) {
 // those, never a cordoned NotReady node's nor another cluster's; and the
 // node caa of a live node audits against the view it publishes.
 func TestClusterScopeOnIBMCloud(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c := cluster.Start(ctx, t)
-	require.NoError(t, c.EnsureNamespace(ctx, scopeNamespace))
+	ctx := testContext(t, 5*time.Minute)
+	c := startScopeCluster(ctx, t)
 	ibm := newIBMCloudFake(t)
 	id := clusterUID(ctx, t, c)
 	env := append(hermeticEnv(), ibm.env...)
 
-	vms := map[string][]string{}
-	for _, n := range []string{"gone", "sick", "healthy"} {
-		_, err := c.CreateNode(ctx, n)
-		require.NoError(t, err)
-		vms[n] = seedVMsOf(t, ibm.core, id, n, 2, ibmProfile, ibmImage)
-	}
+	vms := seedNodes(ctx, t, c, ibm.core, id, []string{"gone", "sick", "healthy"}, 2, ibmProfile, ibmImage)
 	foreign := seedVMsOf(t, ibm.core, "another-cluster", "gone", 1, ibmProfile, ibmImage)
 
 	healthy := launchCaa(t, c, "healthy", filepath.Join(t.TempDir(), "healthy", "ledger.db"), "ibmcloud", ibm.args, env)
 	healthy.waitReady(t, func() {})
 
-	sick, err := c.Client().CoreV1().Nodes().Get(ctx, "sick", metav1.GetOptions{})
-	require.NoError(t, err)
-	sick.Spec.Unschedulable = true
-	sick, err = c.Client().CoreV1().Nodes().Update(ctx, sick, metav1.UpdateOptions{})
-	require.NoError(t, err)
-	sick.Status.Conditions[0].Status = corev1.ConditionFalse
-	_, err = c.Client().CoreV1().Nodes().UpdateStatus(ctx, sick, metav1.UpdateOptions{})
-	require.NoError(t, err)
+	makeSick(ctx, t, c, "sick")
 
 	// The leader has a front of its own on the same cloud, to count its
 	// calls apart from the node caa's.
@@ -449,43 +470,15 @@ func TestClusterScopeOnIBMCloud(t *testing.T) {
 		leaderFake.ServeHTTP(w, r)
 	}))
 	t.Cleanup(leaderSrv.Close)
-	leaderArgs := slices.Clone(ibm.args)
-	for i, a := range leaderArgs {
-		leaderArgs[i] = strings.Replace(a, ibm.url, leaderSrv.URL, 1)
-	}
-	launchClusterCaaOn(t, c, "replica-a", leaderArgs, env)
-	require.Eventually(t, func() bool {
-		n, err := c.Client().CoreV1().Nodes().Get(ctx, "gone", metav1.GetOptions{})
-		return err == nil && n.Annotations["caa.dev/cloud-view"] != ""
-	}, 30*time.Second, condPoll, "views published")
-	require.Eventually(t, func() bool {
-		return strings.Contains(healthy.logs.String(), "auditing from the cluster caa's cloud view")
-	},
-		30*time.Second, condPoll, "the live node audits against the view")
+	launchClusterCaaOn(t, c, "replica-a", retarget(ibm.args, ibm.url, leaderSrv.URL), env)
+	waitViewPublished(ctx, t, c, "gone")
+	waitAuditsFromView(t, healthy, "the live node audits against the view")
 
 	require.NoError(t, c.Client().CoreV1().Nodes().Delete(ctx, "gone", metav1.DeleteOptions{}))
 	deletedAt := time.Now()
-	require.Eventually(t, func() bool {
-		for _, s := range states(ibm.core, vms["gone"]) {
-			if s != provider.StateTerminated && s != "missing" { // VPC shows no deleted instance
-				return false
-			}
-		}
-		return true
-	}, 30*time.Second, condPoll, "the departed node's VMs deleted")
-	for _, in := range ibm.core.Instances() {
-		if in.Tags[provider.TagNode] == "gone" && in.Tags[provider.TagCluster] == id {
-			assert.GreaterOrEqual(t, in.EndedAt.Sub(deletedAt), scopeGrace, "VM %s deleted before the grace", in.ID)
-		}
-	}
-	deadline := time.Now().Add(2 * scopeGrace)
-	for time.Now().Before(deadline) {
-		for _, n := range []string{"sick", "healthy"} {
-			require.True(t, allIn(states(ibm.core, vms[n]), provider.StateRunning), "node %s's VMs untouched: %v", n, states(ibm.core, vms[n]))
-		}
-		require.True(t, allIn(states(ibm.core, foreign), provider.StateRunning), "another cluster's VM untouched")
-		time.Sleep(condPoll)
-	}
+	// VPC shows no deleted instance: it may be missing rather than terminated.
+	requireCollectedAfterGrace(t, ibm.core, id, "gone", vms["gone"], deletedAt, provider.StateTerminated, "missing")
+	requireUntouchedFor(t, 2*scopeGrace, ibm.core, vms, []string{"sick", "healthy"}, foreign)
 	assert.Equal(t, int64(2), ibm.core.Counters()["deleted"], "exactly the departed node's two VMs")
 	// The leader's listings are searches and nothing else: every VM is
 	// alive in the index, with its tags on the instance; its only other
@@ -509,10 +502,8 @@ func TestClusterScopeOnIBMCloud(t *testing.T) {
 // through the view (the node reads only that instance, by id); once the
 // leader is gone for two intervals, the node searches again.
 func TestClusterAuditReplacesTheNodeListingOnIBMCloud(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c := cluster.Start(ctx, t)
-	require.NoError(t, c.EnsureNamespace(ctx, scopeNamespace))
+	ctx := testContext(t, 5*time.Minute)
+	c := startScopeCluster(ctx, t)
 	ibm := newIBMCloudFake(t)
 	env := append(hermeticEnv(), ibm.env...)
 
@@ -530,41 +521,21 @@ func TestClusterAuditReplacesTheNodeListingOnIBMCloud(t *testing.T) {
 		proxy.ServeHTTP(w, r)
 	}))
 	t.Cleanup(front.Close)
-	nodeArgs := slices.Clone(ibm.args)
-	for i, a := range nodeArgs {
-		nodeArgs[i] = strings.Replace(a, ibm.url, front.URL, 1)
-	}
+	nodeArgs := retarget(ibm.args, ibm.url, front.URL)
 
 	const node = "worker-1"
 	_, err = c.CreateNode(ctx, node)
 	require.NoError(t, err)
-	for i := range 3 {
-		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%d", i), node, nil)
-		require.NoError(t, err)
-	}
+	createPods(ctx, t, c, "team", "pod", node, 3)
 	d := launchCaa(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"), "node", append(nodeArgs, "--audit-interval", "1s"), env)
 	d.waitReady(t, func() {})
 	require.Eventually(t, func() bool { return len(ibm.live()) == 3 }, 30*time.Second, condPoll, "three VMs")
 
 	leader := launchClusterCaaOn(t, c, "replica-a", ibm.args, env)
-	require.Eventually(t, func() bool { return strings.Contains(d.logs.String(), "auditing from the cluster caa's cloud view") },
-		30*time.Second, condPoll, "the node audits against the view")
+	waitAuditsFromView(t, d, "the node audits against the view")
 	before := searches.Load()
 
-	first := ibm.live()
-	var killedUID, killedID string
-	for uid, id := range first {
-		killedUID, killedID = uid, id
-		break
-	}
-	killedAt := time.Now()
-	require.NoError(t, ibm.core.Kill(killedID))
-	require.Eventually(t, func() bool {
-		id, ok := ibm.live()[killedUID]
-		return ok && id != killedID
-	}, 30*time.Second, condPoll, "the killed VM replaced")
-	t.Logf("replaced %s after %s", killedID, time.Since(killedAt).Round(time.Millisecond))
-	time.Sleep(3 * time.Second) // three more audits: the window measured, not a synchronisation
+	requireReplacedThroughView(t, ibm.core, ibm.live)
 	assert.Equal(t, before, searches.Load(), "no search of the node's own while the view is fresh")
 	assert.Len(t, ibm.live(), 3)
 
@@ -582,20 +553,13 @@ func TestClusterAuditReplacesTheNodeListingOnIBMCloud(t *testing.T) {
 // after the grace and only those, never another node's nor another
 // cluster's; and the node caa of a live node audits against the view.
 func TestClusterScopeOnAzure(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c := cluster.Start(ctx, t)
-	require.NoError(t, c.EnsureNamespace(ctx, scopeNamespace))
+	ctx := testContext(t, 5*time.Minute)
+	c := startScopeCluster(ctx, t)
 	az := newAzureFake(t, armfake.WithGraphPageSize(2))
 	id := clusterUID(ctx, t, c)
 	env := append(hermeticEnv(), az.env...)
 
-	vms := map[string][]string{}
-	for _, n := range []string{"gone", "other-1", "other-2", "healthy"} {
-		_, err := c.CreateNode(ctx, n)
-		require.NoError(t, err)
-		vms[n] = seedVMsOf(t, az.core, id, n, 2, azureSize, azureImage)
-	}
+	vms := seedNodes(ctx, t, c, az.core, id, []string{"gone", "other-1", "other-2", "healthy"}, 2, azureSize, azureImage)
 	foreign := seedVMsOf(t, az.core, "another-cluster", "gone", 1, azureSize, azureImage)
 
 	healthy := launchCaa(t, c, "healthy", filepath.Join(t.TempDir(), "healthy", "ledger.db"), "azure", az.args, env)
@@ -610,32 +574,11 @@ func TestClusterScopeOnAzure(t *testing.T) {
 		}
 		return true
 	}, 30*time.Second, condPoll, "every node's view published, its VMs in it")
-	require.Eventually(t, func() bool {
-		return strings.Contains(healthy.logs.String(), "auditing from the cluster caa's cloud view")
-	}, 30*time.Second, condPoll, "the live node audits against the view")
+	waitAuditsFromView(t, healthy, "the live node audits against the view")
 
 	require.NoError(t, c.Client().CoreV1().Nodes().Delete(ctx, "gone", metav1.DeleteOptions{}))
 	deletedAt := time.Now()
-	require.Eventually(t, func() bool {
-		for _, s := range states(az.core, vms["gone"]) {
-			if s != provider.StateTerminated && s != "missing" {
-				return false
-			}
-		}
-		return true
-	}, 30*time.Second, condPoll, "the departed node's VMs deleted")
-	for _, in := range az.core.Instances() {
-		if in.Tags[provider.TagNode] == "gone" && in.Tags[provider.TagCluster] == id {
-			assert.GreaterOrEqual(t, in.EndedAt.Sub(deletedAt), scopeGrace, "VM %s deleted before the grace", in.ID)
-		}
-	}
-	deadline := time.Now().Add(2 * scopeGrace)
-	for time.Now().Before(deadline) {
-		for _, n := range []string{"other-1", "other-2", "healthy"} {
-			require.True(t, allIn(states(az.core, vms[n]), provider.StateRunning), "node %s's VMs untouched: %v", n, states(az.core, vms[n]))
-		}
-		require.True(t, allIn(states(az.core, foreign), provider.StateRunning), "another cluster's VM untouched")
-		time.Sleep(condPoll)
-	}
+	requireCollectedAfterGrace(t, az.core, id, "gone", vms["gone"], deletedAt, provider.StateTerminated, "missing")
+	requireUntouchedFor(t, 2*scopeGrace, az.core, vms, []string{"other-1", "other-2", "healthy"}, foreign)
 	assert.Equal(t, int64(2), az.core.Counters()["deleted"], "exactly the departed node's two VMs")
 }

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -29,13 +28,10 @@ import (
 //   - after a restart: the running sandbox is not served again (its agent
 //     socket stays closed), the event, the VM deleted, the record gone.
 func TestHypervisorNeverServesAVMTheCloudReportsNotConfidential(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	e := newHVEnv(ctx, t)
+	ctx, e := newHVEnv(t, 4*time.Minute)
 	web := e.newPod(ctx, t, "shop", "web", nil)
 	api := e.newPod(ctx, t, "shop", "api", nil)
-	d := e.start(t)
-	d.waitReady(t, func() {})
+	d := e.startReady(t)
 	// downgrade has the fake EC2 report the VM as an ordinary one, through
 	// its control endpoint.
 	downgrade := func(id string) {

@@ -51,8 +51,7 @@ func newAWSFakeCloud(t *testing.T) *fakeCloud {
 }
 
 func TestConfidentialByDefaultOnEveryCloud(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	for _, tc := range []confidentialCase{
 		{fc: newAWSFakeCloud(t), tee: provider.TEESEVSNP, typeFlag: "--aws-instance-type", ordinary: "t3.small", fix: "m6a.large"},
@@ -187,14 +186,11 @@ func mustGet(t *testing.T, core *cloud.Cloud, id string) cloud.Instance {
 // opt-out: an ordinary type starts, its VMs are ordinary, and the log
 // lines and /status entries that report a VM name the flag.
 func TestConfidentialOptOutIsNamed(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c := cluster.Start(ctx, t)
-	fc := newAWSFakeCloud(t)
+	ctx := testContext(t, 5*time.Minute)
 	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
-	_, err = c.CreatePeerPod(ctx, "team", "plain", node, nil)
+	c := startWithNode(ctx, t, node)
+	fc := newAWSFakeCloud(t)
+	_, err := c.CreatePeerPod(ctx, "team", "plain", node, nil)
 	require.NoError(t, err)
 	d := startCloudDaemon(t, c, fc, node, filepath.Join(t.TempDir(), "caa", "ledger.db"),
 		"--aws-instance-type", "t3.small", "--confidential=false")

@@ -66,9 +66,12 @@ type daemon struct {
 }
 
 // awsArgs point caa at the fake EC2; awsEnv gives it test credentials.
-func (a *awsCloud) awsArgs() []string {
-	return []string{"--provider", "aws", "--aws-endpoint", a.url, "--aws-region", "us-east-1",
-		"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", "ami-0123456789abcdef0", "--aws-instance-type", ec2Type}
+func (a *awsCloud) awsArgs() []string { return ec2Args(a.url) }
+
+// ec2Args point caa at the fake EC2 served at url.
+func ec2Args(url string) []string {
+	return []string{"--provider", "aws", "--aws-endpoint", url, "--aws-region", "us-east-1",
+		"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", ec2Image, "--aws-instance-type", ec2Type}
 }
 
 func awsEnv() []string {
@@ -93,18 +96,34 @@ func launchCaa(t *testing.T, c *cluster.Cluster, node, ledgerPath, label string,
 // launchCaaBin is launchCaa with another caa build.
 func launchCaaBin(t *testing.T, bin string, c *cluster.Cluster, node, ledgerPath, label string, args, env []string) *daemon {
 	t.Helper()
-	port, err := cluster.FreePort()
-	require.NoError(t, err)
-	logs := &cluster.SyncBuffer{}
+	health := freeHealthAddr(t)
 	common := []string{"run", "--node-name", node, "--kubeconfig", c.Kubeconfig(), "--ledger", ledgerPath,
-		"--health-addr", "127.0.0.1:" + strconv.Itoa(port), "--resync", "2s", "--audit-interval", "2s", "--confirm-missing", "2s", "--log-format", "json"}
+		"--health-addr", health, "--resync", "2s", "--audit-interval", "2s", "--confirm-missing", "2s", "--log-format", "json"}
 	cmd := exec.Command(bin, append(common, args...)...)
 	// These caa processes run outside pods: nothing can verify a hand-over
 	// asker, so the hand-over is opted into explicitly (fail closed otherwise).
 	cmd.Env = append(slices.Clone(env), "CAA_HANDOVER_ALLOW_UNVERIFIED=true")
+	return spawn(t, cmd, cmd.Start, "http://"+health, "caa "+label)
+}
+
+// freeHealthAddr is a free loopback address for a caa's --health-addr.
+func freeHealthAddr(t *testing.T) string {
+	t.Helper()
+	port, err := cluster.FreePort()
+	require.NoError(t, err)
+	return "127.0.0.1:" + strconv.Itoa(port)
+}
+
+// spawn starts cmd through start (cmd.Start, or a start that forks it
+// elsewhere) as a daemon whose health endpoint is the URL health, keeping
+// its output. At the test's end it is killed if still running, and on a
+// failure the test's log gets the last 80 lines of its output, labelled.
+func spawn(t *testing.T, cmd *exec.Cmd, start func() error, health, label string) *daemon {
+	t.Helper()
+	logs := &cluster.SyncBuffer{}
 	cmd.Stdout, cmd.Stderr = logs, logs
-	require.NoError(t, cmd.Start())
-	d := &daemon{cmd: cmd, health: fmt.Sprintf("http://127.0.0.1:%d", port), logs: logs, done: make(chan error, 1)}
+	require.NoError(t, start())
+	d := &daemon{cmd: cmd, health: health, logs: logs, done: make(chan error, 1)}
 	go func() { d.done <- cmd.Wait() }()
 	t.Cleanup(func() {
 		if cmd.ProcessState == nil {
@@ -112,7 +131,7 @@ func launchCaaBin(t *testing.T, bin string, c *cluster.Cluster, node, ledgerPath
 			<-d.done
 		}
 		if t.Failed() {
-			t.Logf("caa %s output (last 80 lines):\n%s", label, tailLines(logs.String(), 80))
+			t.Logf("%s output (last 80 lines):\n%s", label, tailLines(logs.String(), 80))
 		}
 	})
 	return d
@@ -143,6 +162,12 @@ func (d *daemon) stop(t *testing.T) {
 // waitReady polls /readyz and checks, at the first 200, that check holds.
 func (d *daemon) waitReady(t *testing.T, check func()) {
 	t.Helper()
+	d.waitReadyPolling(t, 50*time.Millisecond, check)
+}
+
+// waitReadyPolling is waitReady polling every poll.
+func (d *daemon) waitReadyPolling(t *testing.T, poll time.Duration, check func()) {
+	t.Helper()
 	deadline := time.Now().Add(2 * time.Minute)
 	for time.Now().Before(deadline) {
 		select {
@@ -154,7 +179,7 @@ func (d *daemon) waitReady(t *testing.T, check func()) {
 			check()
 			return
 		}
-		time.Sleep(50 * time.Millisecond) // a poll interval, not a synchronisation
+		time.Sleep(poll) // a poll interval, not a synchronisation
 	}
 	t.Fatal("caa never became ready")
 }
@@ -171,19 +196,16 @@ func liveVMs(core *cloud.Cloud) map[string]string {
 // on AWS: first start, restart with every VM alive, restart after VMs were
 // killed behind caa's back.
 func TestStartRestartAndRecreate(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	c := cluster.Start(ctx, t)
-	aws := newAWSCloud(t)
+	ctx := testContext(t, 10*time.Minute)
 	const node, n = "worker-1", 12
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	aws := newAWSCloud(t)
 	for i := range n {
 		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%02d", i), node, nil)
 		require.NoError(t, err)
 	}
 	// Another node's pod: never touched by this node's caa.
-	_, err = c.CreateNode(ctx, "worker-2")
+	_, err := c.CreateNode(ctx, "worker-2")
 	require.NoError(t, err)
 	_, err = c.CreatePeerPod(ctx, "team", "elsewhere", "worker-2", nil)
 	require.NoError(t, err)
@@ -255,18 +277,15 @@ func runBin(t *testing.T, bin string, args ...string) string {
 // down, (f) terminal pods, (g) a bad annotation, and I6: a lost ledger
 // refused by the Node guard, then rebuilt from the cloud's tags.
 func TestGonePodsBadSpecsAndALostLedger(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	c := cluster.Start(ctx, t)
-	aws := newAWSCloud(t)
+	ctx := testContext(t, 10*time.Minute)
 	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	aws := newAWSCloud(t)
 	for i := range 6 {
 		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("pod-%d", i), node, nil)
 		require.NoError(t, err)
 	}
-	_, err = c.CreatePeerPod(ctx, "team", "bad", node, map[string]string{provider.AnnotationMachineType: "x99.colossal"})
+	_, err := c.CreatePeerPod(ctx, "team", "bad", node, map[string]string{provider.AnnotationMachineType: "x99.colossal"})
 	require.NoError(t, err)
 	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
 

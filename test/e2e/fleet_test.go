@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -47,8 +46,7 @@ func TestFleetChurnStaysWithinPublishedBudgets(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a fleet of five daemons for about two minutes")
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 6*time.Minute)
 	seed := uint64(fleetSeed)
 	if s := os.Getenv("CAA_E2E_SEED"); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)

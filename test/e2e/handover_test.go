@@ -116,10 +116,7 @@ func logTime(t *testing.T, logs, msg string) time.Time {
 	return time.Time{}
 }
 
-func (f *front) args() []string {
-	return []string{"--provider", "aws", "--aws-endpoint", f.url, "--aws-region", "us-east-1",
-		"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", ec2Image, "--aws-instance-type", ec2Type}
-}
+func (f *front) args() []string { return ec2Args(f.url) }
 
 // writes are the calls that change the cloud, in order of arrival.
 func (f *front) writes() []call {
@@ -201,13 +198,20 @@ type handoverNode struct {
 
 const handoverNodeName = "worker-1"
 
-func newHandoverNode(ctx context.Context, t *testing.T) handoverNode {
+// newHandoverNode is a hand-over test's start: its context, ending at the
+// timeout, and the node on a cluster of its own.
+func newHandoverNode(t *testing.T, timeout time.Duration) (context.Context, handoverNode) {
 	t.Helper()
-	c := cluster.Start(ctx, t)
+	ctx := testContext(t, timeout)
+	c := startWithNode(ctx, t, handoverNodeName)
 	core := cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{ec2Image}}))
-	_, err := c.CreateNode(ctx, handoverNodeName)
-	require.NoError(t, err)
-	return handoverNode{c: c, core: core, ec2: sharedEC2(core), ledgerPath: filepath.Join(t.TempDir(), "caa", "ledger.db")}
+	return ctx, handoverNode{c: c, core: core, ec2: sharedEC2(core), ledgerPath: filepath.Join(t.TempDir(), "caa", "ledger.db")}
+}
+
+// front is a new door of a caa to the node's cloud.
+func (h handoverNode) front(t *testing.T) *front {
+	t.Helper()
+	return newFront(t, h.ec2)
 }
 
 // launch starts a caa on the node, through front f, as the DaemonSet's pod
@@ -216,6 +220,23 @@ func (h handoverNode) launch(t *testing.T, f *front, label, pod string, extra ..
 	t.Helper()
 	args := append(append(f.args(), "--pod-name", pod), extra...)
 	return launchCaa(t, h.c, handoverNodeName, h.ledgerPath, label, args, awsEnv())
+}
+
+// launchStuck starts a caa as launch does, with its node listings through
+// f hanging: once released the ledger, it stays in its startup pass,
+// holding the ledger, until the test lets f go.
+func (h handoverNode) launchStuck(t *testing.T, f *front, label, pod string, extra ...string) *daemon {
+	t.Helper()
+	f.hangList.Store(true)
+	return h.launch(t, f, label, pod, extra...)
+}
+
+// waitReleased waits until the old caa has released the ledger to the new
+// caa v, the DaemonSet's pod named pod, and v holds the ledger's lease.
+func (h handoverNode) waitReleased(t *testing.T, old, v *daemon, pod string) {
+	t.Helper()
+	old.waitHandoverWith(t, health.HandoverUnderway, pod, time.Minute, "the old caa released the ledger")
+	h.waitLeaseHeldBy(t, v, "the new caa holds the ledger and its lease")
 }
 
 // holding creates n peer pods and starts the caa "v1" (pod caa-v1) that
@@ -276,11 +297,9 @@ func (h handoverNode) waitLeaseHeldBy(t *testing.T, v *daemon, what string) {
 // live and inert; no VM is touched; the node is without a reconciler only
 // for the gap; and the new caa serves new pods.
 func TestSurgeHandOver(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	h := newHandoverNode(ctx, t)
+	ctx, h := newHandoverNode(t, 5*time.Minute)
 	core := h.core
-	f1, f2 := newFront(t, h.ec2), newFront(t, h.ec2)
+	f1, f2 := h.front(t), h.front(t)
 	v1, pods, before := h.holding(ctx, t, f1, 10)
 
 	v2 := h.launch(t, f2, "v2", "caa-v2")
@@ -342,11 +361,9 @@ func TestHandOverWithACreateInFlight(t *testing.T) {
 		{"abandoned after the grace", "300ms"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-			defer cancel()
-			h := newHandoverNode(ctx, t)
+			ctx, h := newHandoverNode(t, 5*time.Minute)
 			core := h.core
-			f1, f2 := newFront(t, h.ec2), newFront(t, h.ec2)
+			f1, f2 := h.front(t), h.front(t)
 			v1 := h.launch(t, f1, "v1", "caa-v1", "--shutdown-grace", tc.grace)
 			v1.waitReady(t, func() {})
 
@@ -387,16 +404,13 @@ func TestHandOverWithACreateInFlight(t *testing.T) {
 // released to it, or that does not turn ready in time, leaves the node with
 // the old caa reconciling again.
 func TestHandbackWhenTheNewCaaFails(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
-	defer cancel()
-	h := newHandoverNode(ctx, t)
-	f1, f2 := newFront(t, h.ec2), newFront(t, h.ec2)
+	ctx, h := newHandoverNode(t, 6*time.Minute)
+	f1, f2 := h.front(t), h.front(t)
 	v1, pods, before := h.holding(ctx, t, f1, 5, "--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "2s")
 
 	// A new version whose node listing hangs never finishes its startup
 	// pass: it is released the ledger, then aborted, and gives it back.
-	f2.hangList.Store(true)
-	v2 := h.launch(t, f2, "v2-hangs", "caa-v2", "--shutdown-grace", "1s")
+	v2 := h.launchStuck(t, f2, "v2-hangs", "caa-v2", "--shutdown-grace", "1s")
 	back := v1.waitHandover(t, health.HandoverHandedBack, time.Minute)
 	assert.Contains(t, back.Reason, "not ready within 4s")
 	v1.waitReady(t, func() {})
@@ -425,9 +439,8 @@ func TestHandbackWhenTheNewCaaFails(t *testing.T) {
 
 	// A new version killed after the release: the old caa sees the
 	// connection drop and takes the ledger back at once.
-	f3 := newFront(t, h.ec2)
-	f3.hangList.Store(true)
-	v3 := h.launch(t, f3, "v3-killed", "caa-v3")
+	f3 := h.front(t)
+	v3 := h.launchStuck(t, f3, "v3-killed", "caa-v3")
 	v1.waitHandoverWith(t, health.HandoverUnderway, "caa-v3", time.Minute, "the old caa released the ledger")
 	assert.Equal(t, http.StatusOK, v1.readyz(), "the old caa stays Ready while the new one starts, or the DaemonSet controller would delete it")
 	v3.kill(t)
@@ -445,10 +458,8 @@ func TestHandbackWhenTheNewCaaFails(t *testing.T) {
 // fail the preflight, which also runs before the ask) never disturbs the
 // running one.
 func TestBrokenNewVersionNeverAsks(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	h := newHandoverNode(ctx, t)
-	f1 := newFront(t, h.ec2)
+	ctx, h := newHandoverNode(t, 4*time.Minute)
+	f1 := h.front(t)
 	v1, pods, _ := h.holding(ctx, t, f1, 0)
 
 	// An unknown runtime-class flag value is fine, a bad flag is not: the
@@ -474,9 +485,7 @@ func TestSigkillDuringHandOver(t *testing.T) {
 	if testing.Short() {
 		iterations = 4
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Minute)
-	defer cancel()
-	h := newHandoverNode(ctx, t)
+	ctx, h := newHandoverNode(t, 12*time.Minute)
 	c, core, ledgerPath := h.c, h.core, h.ledgerPath
 	const node = handoverNodeName
 	all := createPods(ctx, t, c, "team", "web", node, 6)
@@ -484,7 +493,7 @@ func TestSigkillDuringHandOver(t *testing.T) {
 	seed := uint64(time.Now().UnixNano())
 	t.Logf("seed %d", seed)
 	rng := rand.New(rand.NewPCG(seed, 7))
-	f := newFront(t, h.ec2)
+	f := h.front(t)
 	args := func(name string) []string {
 		return append(f.args(), "--pod-name", name, "--shutdown-grace", "2s", "--handover-ready-timeout", "20s", "--boot-timeout", "10s")
 	}
@@ -569,6 +578,14 @@ func (d *daemon) signal(t *testing.T, sig syscall.Signal) {
 	require.NoError(t, d.cmd.Process.Signal(sig))
 }
 
+// freeze SIGSTOPs d (SIGCONT thaws it); a d still frozen at the test's
+// end is SIGKILLed.
+func (d *daemon) freeze(t *testing.T) {
+	t.Helper()
+	d.signal(t, syscall.SIGSTOP)
+	t.Cleanup(func() { _ = d.cmd.Process.Signal(syscall.SIGKILL) })
+}
+
 // e2eStale is /healthz's stale bound under launchCaa's --resync 2s; a
 // wait that keeps /healthz 200 three times that long outlives the liveness
 // probe's failure window scaled the same way (the shipped window is the
@@ -582,18 +599,13 @@ const e2eStale = 3 * 2 * time.Second
 // lock, never breaking it; once the hung process ends (the kubelet's probe
 // restarts it) the old caa takes the ledger back and reconciles.
 func TestHungNewCaaAfterItTookTheLedger(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	h := newHandoverNode(ctx, t)
-	f1, f2 := newFront(t, h.ec2), newFront(t, h.ec2)
+	ctx, h := newHandoverNode(t, 4*time.Minute)
+	f1, f2 := h.front(t), h.front(t)
 	v1, pods, before := h.holding(ctx, t, f1, 3, "--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "1s")
 
-	f2.hangList.Store(true) // keeps v2 in its startup pass, the ledger open
-	v2 := h.launch(t, f2, "v2-hangs", "caa-v2")
-	v1.waitHandoverWith(t, health.HandoverUnderway, "caa-v2", time.Minute, "the old caa released the ledger")
-	h.waitLeaseHeldBy(t, v2, "the new caa holds the ledger and its lease")
-	v2.signal(t, syscall.SIGSTOP)
-	t.Cleanup(func() { _ = v2.cmd.Process.Signal(syscall.SIGKILL) })
+	v2 := h.launchStuck(t, f2, "v2-hangs", "caa-v2") // in its startup pass, the ledger open
+	h.waitReleased(t, v1, v2, "caa-v2")
+	v2.freeze(t)
 
 	require.Eventually(t, func() bool { return strings.Contains(v1.readyBody(), "the ledger lock is held by caa-v2") }, time.Minute, condPoll,
 		"the old caa says who holds the lock")
@@ -618,18 +630,13 @@ func TestHungNewCaaAfterItTookTheLedger(t *testing.T) {
 // socket, retires, and the new caa serves the hand-over socket: a third caa
 // takes the ledger from it.
 func TestFrozenHolderAfterTheRelease(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	h := newHandoverNode(ctx, t)
-	f1, f2, f3 := newFront(t, h.ec2), newFront(t, h.ec2), newFront(t, h.ec2)
+	ctx, h := newHandoverNode(t, 4*time.Minute)
+	f1, f2, f3 := h.front(t), h.front(t), h.front(t)
 	v1, pods, _ := h.holding(ctx, t, f1, 3, "--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "1s")
 
-	f2.hangList.Store(true)
-	v2 := h.launch(t, f2, "v2", "caa-v2", "--cloud-timeout", "2s")
-	v1.waitHandoverWith(t, health.HandoverUnderway, "caa-v2", time.Minute, "the old caa was asked")
-	h.waitLeaseHeldBy(t, v2, "the old caa released the ledger: the new caa holds it and its lease")
-	v1.signal(t, syscall.SIGSTOP)
-	t.Cleanup(func() { _ = v1.cmd.Process.Signal(syscall.SIGKILL) })
+	v2 := h.launchStuck(t, f2, "v2", "caa-v2", "--cloud-timeout", "2s")
+	h.waitReleased(t, v1, v2, "caa-v2")
+	v1.freeze(t)
 	f2.hangList.Store(false)
 	// Ready after 10s of the old caa's silence: past v1's 4s ready
 	// timeout, so its timer has fired when it thaws.
@@ -653,14 +660,11 @@ func TestFrozenHolderAfterTheRelease(t *testing.T) {
 // saying the holder's lease expired; when the holder thaws it hands over
 // to the new caa, without a cooldown, and the new caa serves the socket.
 func TestFrozenHolderBeforeTheRelease(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	h := newHandoverNode(ctx, t)
-	f1, f2 := newFront(t, h.ec2), newFront(t, h.ec2)
+	ctx, h := newHandoverNode(t, 4*time.Minute)
+	f1, f2 := h.front(t), h.front(t)
 	v1, pods, _ := h.holding(ctx, t, f1, 3)
 
-	v1.signal(t, syscall.SIGSTOP)
-	t.Cleanup(func() { _ = v1.cmd.Process.Signal(syscall.SIGKILL) })
+	v1.freeze(t)
 	v2 := h.launch(t, f2, "v2", "caa-v2", "--shutdown-grace", "1s")
 	require.Eventually(t, func() bool { return strings.Contains(v2.readyBody(), "asking the caa that holds the ledger") }, time.Minute, condPoll)
 	v2.requireLiveFor(t, 3*e2eStale, "the new caa asking a frozen holder")
@@ -680,10 +684,8 @@ func TestFrozenHolderBeforeTheRelease(t *testing.T) {
 // ledger back through the lock, turns ready and serves new pods with no
 // VM replaced; and it hands the ledger over again to the next caa.
 func TestInertCaaTakesTheLedgerBackWhenItsSuccessorIsGone(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	h := newHandoverNode(ctx, t)
-	f1, f2, f3 := newFront(t, h.ec2), newFront(t, h.ec2), newFront(t, h.ec2)
+	ctx, h := newHandoverNode(t, 4*time.Minute)
+	f1, f2, f3 := h.front(t), h.front(t), h.front(t)
 	v1, pods, before := h.holding(ctx, t, f1, 3, "--handover-inert-check", "300ms")
 
 	v2 := h.launch(t, f2, "v2", "caa-v2")

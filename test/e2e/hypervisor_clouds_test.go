@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"testing"
 	"time"
 
@@ -16,15 +15,13 @@ import (
 // the cidata volume. The real SDK providers against the fakes; one
 // apiserver, one node and cloud network per cloud.
 func TestHypervisorOnAzureAndIBMCloud(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 4*time.Minute)
 	c := cluster.Start(ctx, t)
 	for i, name := range []string{"azure", "ibmcloud"} {
 		t.Run(name, func(t *testing.T) {
 			e := newHVEnvIn(ctx, t, c, podvmfake.NewCloudNetwork(t), "worker-"+name, name)
 			pod := e.newPod(ctx, t, "shop", "web-"+name, nil)
-			d := e.start(t)
-			d.waitReady(t, func() {})
+			d := e.startReady(t)
 			e.serveOnePod(ctx, t, pod, sandboxID(100+i))
 			d.stop(t)
 		})

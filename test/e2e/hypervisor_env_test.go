@@ -63,10 +63,13 @@ type hvEnv struct {
 	pods                        atomic.Int32
 }
 
-func newHVEnv(ctx context.Context, t *testing.T) *hvEnv {
+// newHVEnv is a hypervisor test's start: its context, ending at the
+// timeout, and node worker-1 on a cluster of its own.
+func newHVEnv(t *testing.T, timeout time.Duration) (context.Context, *hvEnv) {
 	t.Helper()
+	ctx := testContext(t, timeout)
 	cn := podvmfake.NewCloudNetwork(t) // skips only where the kernel lacks netns or VXLAN
-	return newHVEnvOn(ctx, t, cluster.Start(ctx, t), cn, "worker-1")
+	return ctx, newHVEnvOn(ctx, t, cluster.Start(ctx, t), cn, "worker-1")
 }
 
 // newHVEnvOn is node on cluster c (several nodes may share one apiserver),
@@ -180,27 +183,21 @@ func (e *hvEnv) start(t *testing.T, extra ...string) *daemon {
 		return l.Close()
 	}))
 	outer := forward(t, "", "127.0.0.1:0", e.cn.NodeNS, inner)
-	logs := &cluster.SyncBuffer{}
 	args := katanode.RunArgs(e.node, e.c.Kubeconfig(), e.ledger, inner, e.socket, e.agents, e.cn.NodeIP.Addr().String())
 	args = append(args, e.cloudArgs...)
 	cmd := exec.Command(caaBin, append(args, extra...)...)
 	// Outside a pod nothing can verify a hand-over asker: these runs take
 	// askers at their word, as launchCaaBin's do.
 	cmd.Env = append(slices.Clone(e.cloudEnv), "CAA_HANDOVER_ALLOW_UNVERIFIED=true")
-	cmd.Stdout, cmd.Stderr = logs, logs
 	// A child forked from a thread inside the node's namespace is born there.
-	require.NoError(t, podvmfake.InNetNS(e.cn.NodeNS, cmd.Start))
-	d := &daemon{cmd: cmd, health: "http://" + outer, logs: logs, done: make(chan error, 1)}
-	go func() { d.done <- cmd.Wait() }()
-	t.Cleanup(func() {
-		if cmd.ProcessState == nil {
-			_ = cmd.Process.Kill()
-			<-d.done
-		}
-		if t.Failed() {
-			t.Logf("caa (hypervisor mode) output (last 80 lines):\n%s", tailLines(logs.String(), 80))
-		}
-	})
+	return spawn(t, cmd, func() error { return podvmfake.InNetNS(e.cn.NodeNS, cmd.Start) }, "http://"+outer, "caa (hypervisor mode)")
+}
+
+// startReady is start, then waits until the daemon is ready.
+func (e *hvEnv) startReady(t *testing.T, extra ...string) *daemon {
+	t.Helper()
+	d := e.start(t, extra...)
+	d.waitReady(t, func() {})
 	return d
 }
 

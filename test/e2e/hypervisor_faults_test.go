@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"net/http"
 	"os"
 	"strings"
 	"sync"
@@ -32,12 +31,9 @@ import (
 // deletes it. Killed so again, and answered with kata's StopVM instead,
 // caa finds the VM by its key and deletes it: nothing leaks.
 func TestHypervisorSigkillMidStartVM(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	e := newHVEnv(ctx, t)
+	ctx, e := newHVEnv(t, 3*time.Minute)
 	pod := e.newPod(ctx, t, "shop", "web-0", nil)
-	d := e.start(t)
-	d.waitReady(t, func() {})
+	d := e.startReady(t)
 	id := sandboxID(2)
 	sock, err := e.shim.CreateVM(ctx, id, pod.annotations(nil), pod.net.NSPath)
 	require.NoError(t, err)
@@ -64,8 +60,7 @@ func TestHypervisorSigkillMidStartVM(t *testing.T) {
 	assert.Equal(t, []ledger.SandboxPhase{ledger.SandboxCreated, ledger.SandboxCreating}, phases)
 	t.Logf("record after the kill: phase %s, reason %s, message %q, key %s", rec.Phase, rec.Reason, rec.Message, rec.Key)
 
-	d = e.start(t)
-	d.waitReady(t, func() {})
+	d = e.startReady(t)
 	require.NoError(t, e.shim.StartVM(ctx, id), "failed boots: %v", e.fleet.Failed())
 	assert.Equal(t, []string{first}, instanceIDs(e.sandboxVMs(id)),
 		"no duplicate VM for the sandbox (I1): the repeated create, same key, returned the VM the first made")
@@ -88,8 +83,7 @@ func TestHypervisorSigkillMidStartVM(t *testing.T) {
 	e.hold.on.Store(false)
 	leaked := instanceIDs(e.sandboxVMs(id2))
 	require.Len(t, leaked, 1)
-	d = e.start(t)
-	d.waitReady(t, func() {})
+	d = e.startReady(t)
 	require.NoError(t, e.shim.StopVM(ctx, id2))
 	require.Eventually(t, func() bool { return len(e.liveSandboxVMs(id2)) == 0 }, 30*time.Second, 20*time.Millisecond,
 		"the VM made by the create whose answer was lost is deleted (no leak)")
@@ -111,16 +105,13 @@ func TestHypervisorSigkillMidStartVM(t *testing.T) {
 // fake EC2's door, and every agent socket is served (a health check answers
 // through it) by the moment /readyz first says 200.
 func TestHypervisorRestartWith20Sandboxes(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	e := newHVEnv(ctx, t)
+	ctx, e := newHVEnv(t, 3*time.Minute)
 	const n = 20
 	pods := make([]*peerPod, n)
 	for i := range n {
 		pods[i] = e.newPod(ctx, t, "shop", fmt.Sprintf("web-%02d", i), nil)
 	}
-	d := e.start(t)
-	d.waitReady(t, func() {})
+	d := e.startReady(t)
 	socks := make([]string, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -195,13 +186,10 @@ func TestHypervisorRestartWith20Sandboxes(t *testing.T) {
 // cache is the positive evidence (I3): the sandbox's socket closes and its VM
 // is deleted; the other pod's sandbox keeps its VM and its agent.
 func TestHypervisorPodGoneRetiresItsSandbox(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	e := newHVEnv(ctx, t)
+	ctx, e := newHVEnv(t, 3*time.Minute)
 	gone := e.newPod(ctx, t, "team", "gone", nil)
 	stays := e.newPod(ctx, t, "team", "stays", nil)
-	d := e.start(t)
-	d.waitReady(t, func() {})
+	d := e.startReady(t)
 	a, b := sandboxID(9), sandboxID(10)
 	sockA, err := e.shim.CreateVM(ctx, a, gone.annotations(nil), gone.net.NSPath)
 	require.NoError(t, err)
@@ -239,19 +227,7 @@ func isEC2Write(kind string) bool {
 // runs right as /readyz flips.
 func (d *daemon) waitReadyFast(t *testing.T, check func()) {
 	t.Helper()
-	for deadline := time.Now().Add(2 * time.Minute); time.Now().Before(deadline); {
-		select {
-		case err := <-d.done:
-			t.Fatalf("caa exited before ready: %v", err)
-		default:
-		}
-		if d.readyz() == http.StatusOK {
-			check()
-			return
-		}
-		time.Sleep(5 * time.Millisecond) // a poll interval, not a synchronisation
-	}
-	t.Fatal("caa never became ready")
+	d.waitReadyPolling(t, 5*time.Millisecond, check)
 }
 
 // TestHypervisorVMKilledBehindCaasBack: a running sandbox's VM fails in the
@@ -262,12 +238,9 @@ func (d *daemon) waitReadyFast(t *testing.T, check func()) {
 // kubelet's next sandbox for the pod gets a new VM through StartVM; and the
 // old VM is deleted, once the new sandbox runs.
 func TestHypervisorVMKilledBehindCaasBack(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	e := newHVEnv(ctx, t)
+	ctx, e := newHVEnv(t, 3*time.Minute)
 	pod := e.newPod(ctx, t, "team", "web-0", nil)
-	d := e.start(t)
-	d.waitReady(t, func() {})
+	d := e.startReady(t)
 	a := sandboxID(3)
 	sockA, err := e.shim.CreateVM(ctx, a, pod.annotations(nil), pod.net.NSPath)
 	require.NoError(t, err)
@@ -330,13 +303,10 @@ func TestHypervisorVMKilledBehindCaasBack(t *testing.T) {
 // intent stays recorded; the next caa gives the shim's repeated StartVM the
 // VM that create made, and no other.
 func TestHypervisorSigtermMidStartVM(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	e := newHVEnv(ctx, t)
+	ctx, e := newHVEnv(t, 3*time.Minute)
 	pod := e.newPod(ctx, t, "shop", "web-0", nil)
 	const grace = 2 * time.Second
-	d := e.start(t, "--shutdown-grace", grace.String())
-	d.waitReady(t, func() {})
+	d := e.startReady(t, "--shutdown-grace", grace.String())
 	id := sandboxID(11)
 	sock, err := e.shim.CreateVM(ctx, id, pod.annotations(nil), pod.net.NSPath)
 	require.NoError(t, err)
@@ -359,8 +329,7 @@ func TestHypervisorSigtermMidStartVM(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, ledger.SandboxCreating, rec.Phase, "the intent stays; the shutdown retired nothing")
 
-	d = e.start(t)
-	d.waitReady(t, func() {})
+	d = e.startReady(t)
 	require.NoError(t, e.shim.StartVM(ctx, id), "failed boots: %v", e.fleet.Failed())
 	assert.Equal(t, first, instanceIDs(e.sandboxVMs(id)), "the repeated StartVM got the VM the first create made (I1)")
 	require.NoError(t, katafake.CheckAgent(ctx, sock))

@@ -33,14 +33,11 @@ import (
 //   - a pod of a runtime class caa does not serve (kata-qemu): refused,
 //     naming the class and --runtime-class, and no VM is made.
 func TestHypervisorEveryRuntimesIdentityAndSizing(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	e := newHVEnv(ctx, t)
+	ctx, e := newHVEnv(t, 3*time.Minute)
 	web := e.newPod(ctx, t, "shop", "web-0", nil)
 	big := e.newPod(ctx, t, "shop", "big", nil)
 	qemu := createPodOfClass(ctx, t, e, "shop", "local", "kata-qemu")
-	d := e.start(t, "--runtime-class", "kata-remote,kata-remote-gpu")
-	d.waitReady(t, func() {})
+	d := e.startReady(t, "--runtime-class", "kata-remote,kata-remote-gpu")
 	webPod, err := e.c.Client().CoreV1().Pods("shop").Get(ctx, "web-0", metav1.GetOptions{})
 	require.NoError(t, err)
 

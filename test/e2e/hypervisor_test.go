@@ -39,12 +39,9 @@ import (
 // comes back to the pod's gateway on the node; StopVM answers fast and the
 // VM is deleted.
 func TestHypervisorKataPodEndToEnd(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	e := newHVEnv(ctx, t)
+	ctx, e := newHVEnv(t, 3*time.Minute)
 	pod := e.newPod(ctx, t, "shop", "web-0", nil)
-	d := e.start(t)
-	d.waitReady(t, func() {})
+	d := e.startReady(t)
 	v, err := e.shim.Version(ctx)
 	require.NoError(t, err)
 	assert.NotEmpty(t, v)
@@ -195,14 +192,11 @@ func pemBody(t *testing.T, b []byte) string {
 // and the fix; nothing reaches the cloud; the running sandbox stays served
 // (its shim's connection too) and the ledger verifies clean.
 func TestHypervisorHostileInput(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	e := newHVEnv(ctx, t)
+	ctx, e := newHVEnv(t, 3*time.Minute)
 	good := e.newPod(ctx, t, "shop", "good", nil)
 	big := strings.Repeat("x", sandbox.MaxInitData+1)
 	hostile := e.newPod(ctx, t, "shop", "bad", map[string]string{sandbox.AnnotationInitData: big})
-	d := e.start(t)
-	d.waitReady(t, func() {})
+	d := e.startReady(t)
 	ok := sandboxID(5)
 	sock, err := e.shim.CreateVM(ctx, ok, good.annotations(nil), good.net.NSPath)
 	require.NoError(t, err)

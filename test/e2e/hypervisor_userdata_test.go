@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"compress/gzip"
-	"context"
 	"encoding/base64"
 	"encoding/json"
 	"os"
@@ -31,9 +30,7 @@ import (
 // process-user-data refuses it encoded twice) and the pod's credentials as
 // /run/peerpod/auth.json, and the sandbox works.
 func TestHypervisorPrivateImageAndInitDataAcrossARestart(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	e := newHVEnv(ctx, t)
+	ctx, e := newHVEnv(t, 3*time.Minute)
 	const ns, name = "vault", "private-0"
 	const doc = "algorithm = \"sha384\"\nversion = \"0.1.0\"\n[data]\n\"policy.rego\" = \"e2e-restart-policy-51c2\"\n"
 	encoded := gzipBase64(t, doc)
@@ -58,15 +55,13 @@ func TestHypervisorPrivateImageAndInitDataAcrossARestart(t *testing.T) {
 	require.NoError(t, err)
 	pod := e.podNetFor(t, ns, name)
 
-	d := e.start(t)
-	d.waitReady(t, func() {})
+	d := e.startReady(t)
 	id := sandboxID(7)
 	// kata's shim decodes the pod's annotation and sends the document.
 	sock, err := e.shim.CreateVM(ctx, id, pod.annotations(map[string]string{sandbox.AnnotationInitData: doc}), pod.net.NSPath)
 	require.NoError(t, err)
 	d.kill(t)
-	d = e.start(t)
-	d.waitReady(t, func() {})
+	d = e.startReady(t)
 	require.NoError(t, e.shim.StartVM(ctx, id), "failed boots: %v", e.fleet.Failed())
 
 	vms := e.liveSandboxVMs(id)

@@ -199,8 +199,7 @@ func TestAWSIdentityPodIdentity(t *testing.T) { runIdentity(t, podIdentity()) }
 // restart; no token or key appears in caa's output, events, /status or
 // ledger.
 func runIdentity(t *testing.T, r *route) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	ic := newIdentityCloud(t)
 	r.setup(ctx, t, c, ic)
@@ -271,8 +270,7 @@ func staticKeyCloud(t *testing.T) *identityCloud {
 // killed VM recreated, a deleted pod's VM deleted, an orphan collected,
 // and `caa ledger rebuild`. No call is refused.
 func TestAWSLeastPrivilegeLife(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	ic := staticKeyCloud(t)
 	leastPrivilegeLife(ctx, t, c, leastPrivilege{label: "aws least privilege", args: ic.args, env: ic.env,
@@ -287,8 +285,7 @@ func TestAWSLeastPrivilegeLife(t *testing.T) {
 // given back (no restart) it turns ready. Then a subnet EC2 does not know:
 // the reason names the setting.
 func TestAWSPreflightNamesTheMissingPermission(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	full := shippedAWSPolicy(t)
 	for i, action := range full.Actions() {

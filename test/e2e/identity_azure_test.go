@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"encoding/pem"
 	"fmt"
 	"net/http/httptest"
@@ -91,8 +90,7 @@ func newAzureRoleCloud(t *testing.T, auth armfake.Option) *azureRoleCloud {
 // a deleted pod loses its VM, without a restart; no token appears in caa's
 // output, events, /status or ledger.
 func TestAzureIdentityWorkloadIdentity(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 
 	// The fake Entra ID trusts the apiserver's service-account issuer.
@@ -156,8 +154,7 @@ func TestAzureIdentityWorkloadIdentity(t *testing.T) {
 // the role is whole again (no restart) it turns ready. Then a resource
 // group and a subnet that do not exist: the reason names the setting.
 func TestAzurePreflightNamesTheMissingAction(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	full := shippedAzureRole(t)
 	start := func(t *testing.T, node string, role *armfake.Role, extra ...string) (*azureRoleCloud, *daemon) {
@@ -195,8 +192,7 @@ func TestAzurePreflightNamesTheMissingAction(t *testing.T) {
 // restart and adopt, a killed VM recreated, a deleted pod's VM deleted, an
 // orphan collected, and `caa ledger rebuild`. No call is refused.
 func TestAzureLeastPrivilegeLife(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	token := secret("e2e-arm-token-")
 	ac := newAzureRoleCloud(t, armfake.WithBearerToken(token))

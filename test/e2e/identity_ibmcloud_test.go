@@ -150,8 +150,7 @@ func (ic *ibmIdentityCloud) usedSince(from int) int {
 // from the new CR token, without a restart; no token appears in caa's
 // output, the events, /status or the ledger.
 func TestIBMCloudIdentityTrustedProfile(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	ic := newIBMIdentityCloud(ctx, t, c)
 	run := startIdentityRun(ctx, t, c, "ibmcloud trusted profile", ic.args, ic.env, func() map[string]string { return ibmLiveVMs(t, ic.core) })
@@ -194,8 +193,7 @@ func TestIBMCloudIdentityTrustedProfile(t *testing.T) {
 // the grant is back (no restart) it turns ready. Then a subnet VPC does
 // not know: the reason names the setting.
 func TestIBMCloudPreflightNamesTheMissingGrant(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	full := shippedIBMPolicies(t)
 	reads := map[string]string{"subnet": "is.subnet.subnet.read", "vpc": "is.vpc.vpc.read",
@@ -239,8 +237,7 @@ func TestIBMCloudPreflightNamesTheMissingGrant(t *testing.T) {
 // deleted, an orphan collected, and `caa ledger rebuild`. No call is
 // refused.
 func TestIBMCloudLeastPrivilegeLife(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	ic := newIBMIdentityCloud(ctx, t, c)
 	leastPrivilegeLife(ctx, t, c, leastPrivilege{label: "ibmcloud least privilege", args: ic.args, env: ic.env,

@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"maps"
 	"net/http"
 	"os"
@@ -113,29 +112,6 @@ func (s *secretSet) all() map[string]string {
 	return maps.Clone(s.m)
 }
 
-// httpGet returns the body of a 200 answer.
-func httpGet(t *testing.T, url string) []byte {
-	t.Helper()
-	resp, err := http.Get(url)
-	require.NoError(t, err)
-	defer resp.Body.Close()
-	body, err := io.ReadAll(resp.Body)
-	require.NoError(t, err)
-	require.Equal(t, http.StatusOK, resp.StatusCode, "GET %s: %s", url, body)
-	return body
-}
-
-// readyzBody returns /readyz's status and body.
-func readyzBody(d *daemon) (int, string) {
-	resp, err := http.Get(d.health + "/readyz")
-	if err != nil {
-		return 0, ""
-	}
-	defer resp.Body.Close()
-	body, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(body)
-}
-
 func firstUID(ctx context.Context, t *testing.T, c *cluster.Cluster, name string) string {
 	t.Helper()
 	pod, err := c.Client().CoreV1().Pods("team").Get(ctx, name, metav1.GetOptions{})
@@ -212,7 +188,7 @@ func (r *identityRun) churn(ctx context.Context, t *testing.T, msg string) {
 func (r *identityRun) status(t *testing.T) []byte {
 	t.Helper()
 	assert.Equal(t, http.StatusOK, r.d.readyz(), "still ready")
-	return httpGet(t, r.d.health+"/status")
+	return []byte(r.d.get(t, "/status"))
 }
 
 // assertNoSecrets checks invariant I7 once caa stopped: none of secrets
@@ -248,7 +224,7 @@ func preflightNamesMissing(ctx context.Context, t *testing.T, c *cluster.Cluster
 	t.Helper()
 	var reason string
 	require.Eventually(t, func() bool {
-		code, body := readyzBody(d)
+		code, body := d.readyzBody()
 		reason = body
 		return code == http.StatusServiceUnavailable && strings.Contains(body, "preflight failed") && strings.Contains(body, action)
 	}, time.Minute, 100*time.Millisecond, "the readiness reason names %s", action)
@@ -282,7 +258,7 @@ func nodeWithPod(ctx context.Context, t *testing.T, c *cluster.Cluster, node str
 func settingNamed(t *testing.T, d *daemon, core *cloud.Cloud, want ...string) {
 	t.Helper()
 	require.Eventually(t, func() bool {
-		code, body := readyzBody(d)
+		code, body := d.readyzBody()
 		if code != http.StatusServiceUnavailable {
 			return false
 		}

@@ -18,6 +18,7 @@ import (
 
 	"github.com/caa-project/caa/test/e2e/cluster"
 	"github.com/caa-project/caa/test/e2e/nodeagent"
+	"github.com/caa-project/caa/test/e2e/rollout"
 	katafake "github.com/caa-project/caa/test/mocks/kata"
 	podvmfake "github.com/caa-project/caa/test/mocks/podvm"
 )
@@ -25,7 +26,7 @@ import (
 // kataOverlay is the test's kustomization over deploy/overlays/aws with
 // components/kata-remote-hypervisor: the shipped manifests, only pointed
 // at this node's fake EC2.
-const kataOverlay = `apiVersion: kustomize.config.k8s.io/v1beta1
+var kataOverlay = `apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
   - {{BASE}}
@@ -39,44 +40,12 @@ configMapGenerator:
   - name: caa-config
     behavior: merge
     literals:
-      - CAA_AWS_REGION=us-east-1
-      - CAA_AWS_SUBNET_ID=subnet-0123456789abcdef0
-      - CAA_AWS_IMAGE=` + ec2Image + `
-      - CAA_AWS_INSTANCE_TYPE=` + ec2Type + `
-      - CAA_AWS_ENDPOINT={{ENDPOINT}}
-      - AWS_EC2_METADATA_DISABLED=true
+` + rollout.FakeEC2Literals(ec2Image, ec2Type) + `
       # A socket path short enough for a unix address under the test's
       # directory (kata's default is /run/peerpod/pods).
       - CAA_AGENT_SOCKET_DIR={{AGENTS}}
 patches:
-  # Probe periods of 1s: the controller moves on when a pod turns Ready.
-  - patch: |-
-      apiVersion: apps/v1
-      kind: DaemonSet
-      metadata:
-        name: caa
-        namespace: caa-system
-      spec:
-        template:
-          spec:
-            containers:
-              - name: caa
-                startupProbe:
-                  periodSeconds: 1
-                readinessProbe:
-                  periodSeconds: 1
-`
-
-const kataCredentials = `apiVersion: v1
-kind: Secret
-metadata:
-  name: caa-cloud-credentials
-  namespace: caa-system
-type: Opaque
-stringData:
-  AWS_ACCESS_KEY_ID: AKIDE2ETEST
-  AWS_SECRET_ACCESS_KEY: e2e-secret-key
-`
+` + rollout.FastProbesPatch
 
 // TestKataDaemonSetSurgeRollout (issue 31): the kata-mode DaemonSet as
 // deploy/ ships it (host network, exec probes on a unix socket, no host
@@ -88,8 +57,7 @@ stringData:
 // beside the first (no port clash), the running sandboxes are served by
 // v2 afterwards, and every churned sandbox's VM is gone.
 func TestKataDaemonSetSurgeRollout(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 5*time.Minute)
 	c := cluster.Start(ctx, t)
 	require.NoError(t, c.StartControlPlane(ctx))
 	require.NoError(t, c.StartKwok(ctx))
@@ -154,7 +122,7 @@ func TestKataDaemonSetSurgeRollout(t *testing.T) {
 		k := strings.NewReplacer("{{BASE}}", rel("overlays/aws"), "{{KATA}}", rel("components/kata-remote-hypervisor"),
 			"{{TAG}}", tag, "{{ENDPOINT}}", endpoint, "{{AGENTS}}", sockets).Replace(kataOverlay)
 		require.NoError(t, os.WriteFile(filepath.Join(kust, "kustomization.yaml"), []byte(k), 0o600))
-		require.NoError(t, os.WriteFile(filepath.Join(kust, "credentials.yaml"), []byte(kataCredentials), 0o600))
+		require.NoError(t, os.WriteFile(filepath.Join(kust, "credentials.yaml"), []byte(rollout.CredentialsSecret("AKIDE2ETEST", "e2e-secret-key")), 0o600))
 		bins, err := cluster.EnsureBinaries(ctx)
 		require.NoError(t, err)
 		out, err := exec.CommandContext(ctx, bins.Kubectl, "--kubeconfig", c.Kubeconfig(), "apply", "-k", kust).CombinedOutput()

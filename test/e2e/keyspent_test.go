@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"net/http/httptest"
 	"os"
 	"path/filepath"
@@ -27,8 +26,7 @@ import (
 // IdempotentInstanceTerminated. caa must take the next attempt's key and
 // converge, rather than retry the spent key for ever.
 func TestARebuiltLedgerNeverReusesASpentKey(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	core := cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{"ami-0123456789abcdef0"}, KeepTerminated: time.Millisecond}))
 	srv := httptest.NewServer(ec2fake.NewServer(core))

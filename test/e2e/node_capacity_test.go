@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"encoding/json"
 	"testing"
 	"time"
@@ -22,9 +21,7 @@ import (
 // restart with another --max-pod-vms advertises the new number; -1
 // advertises nothing and leaves what is there.
 func TestNodeAdvertisesPeerPodCapacity(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
-	e := newHVEnv(ctx, t)
+	ctx, e := newHVEnv(t, 4*time.Minute)
 	nodes := e.c.Client().CoreV1().Nodes()
 	capacity := func() (capacity, allocatable int64, ok bool) {
 		n, err := nodes.Get(ctx, e.node, metav1.GetOptions{})
@@ -39,8 +36,7 @@ func TestNodeAdvertisesPeerPodCapacity(t *testing.T) {
 	_, _, ok := capacity()
 	require.False(t, ok, "a new Node has no peer-pod capacity")
 
-	d := e.start(t)
-	d.waitReady(t, func() {})
+	d := e.startReady(t)
 	require.Eventually(t, advertises(nodecap.DefaultMax), 30*time.Second, 50*time.Millisecond, "upstream's default, 10")
 
 	// Zeroed by someone else (as a kubelet re-registering a recreated Node
@@ -55,13 +51,11 @@ func TestNodeAdvertisesPeerPodCapacity(t *testing.T) {
 	d.stop(t)
 	assert.True(t, advertises(nodecap.DefaultMax)(), "a stopping caa leaves the capacity (a hand-over's new caa needs it)")
 
-	d = e.start(t, "--max-pod-vms", "7")
-	d.waitReady(t, func() {})
+	d = e.startReady(t, "--max-pod-vms", "7")
 	require.Eventually(t, advertises(7), 30*time.Second, 50*time.Millisecond, "the restart's own number")
 	d.stop(t)
 
-	d = e.start(t, "--max-pod-vms", "-1")
-	d.waitReady(t, func() {})
+	d = e.startReady(t, "--max-pod-vms", "-1")
 	_, err = nodes.Patch(ctx, e.node, types.MergePatchType, zero, metav1.PatchOptions{}, "status")
 	require.NoError(t, err)
 	// Two resyncs: caa with -1 leaves the Node's status alone.

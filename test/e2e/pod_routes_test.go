@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"net"
 	"net/netip"
 	"testing"
@@ -26,9 +25,7 @@ import (
 // gateway), the agent answers through caa, and the tunnel carries the pod's
 // traffic.
 func TestHypervisorPodWithRoutesTheVMCannotInstall(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
-	e := newHVEnv(ctx, t)
+	ctx, e := newHVEnv(t, 3*time.Minute)
 	pod := e.newPod(ctx, t, "routes", "web-0", nil)
 	gw := pod.net.GatewayIP
 	withPodNetlink(t, pod.net.NSPath, func(h *netlink.Handle) {
@@ -44,8 +41,7 @@ func TestHypervisorPodWithRoutesTheVMCannotInstall(t *testing.T) {
 			require.NoError(t, h.RouteAdd(&r), "%v", r)
 		}
 	})
-	d := e.start(t, "--start-vm-timeout", "20s")
-	d.waitReady(t, func() {})
+	d := e.startReady(t, "--start-vm-timeout", "20s")
 
 	id := sandboxID(1)
 	sock, err := e.shim.CreateVM(ctx, id, pod.annotations(nil), pod.net.NSPath)

@@ -251,8 +251,7 @@ func stallSpan(nodes []*rollNode, during func()) (time.Duration, time.Duration) 
 // cloud sees no create or delete, and every VM is adopted.
 func TestRelayRolloutKeepsEverySandbox(t *testing.T) {
 	const nodes, perNode = 3, 10
-	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 4*time.Minute)
 	c := cluster.Start(ctx, t)
 	all := make([]*rollNode, nodes)
 	for i := range all {
@@ -318,8 +317,7 @@ func TestRelayRolloutKeepsEverySandbox(t *testing.T) {
 // check, the long call completes, the stream loses no byte; the caa after
 // the kill adopts every VM, with no cloud write and no VM leaked.
 func TestRelayRolloutFaults(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 3*time.Minute)
 	n := newRollNode(ctx, t, cluster.Start(ctx, t), "worker-1")
 	n.caa = n.startCaa(t, "--handover-ready-timeout", "4s", "--sandbox-ready-timeout", "2s", "--boot-timeout", "3s")
 	n.caa.waitReady(t, func() {})

@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"path/filepath"
@@ -40,16 +39,13 @@ func schemaOf(t *testing.T, path string) int {
 // deleted, new pods get their VMs, v1 uses the schema-2 file as it is, and
 // `caa ledger verify` of both builds is clean.
 func TestRollForwardAndBack(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 8*time.Minute)
 	v2Bin := filepath.Join(t.TempDir(), "caa-v2")
 	require.NoError(t, cluster.BuildCaa(ctx, v2Bin, "v2-test", "caa_ledger_v2test"))
 
-	c := cluster.Start(ctx, t)
-	aws, calls := newRecordedAWSCloud(t)
 	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	aws, calls := newRecordedAWSCloud(t)
 	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
 	pods := createPods(ctx, t, c, "team", "web", node, 6)
 

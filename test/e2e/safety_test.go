@@ -2,7 +2,6 @@ package e2e
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"maps"
@@ -21,7 +20,6 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/caa-project/caa/pkg/health"
-	"github.com/caa-project/caa/test/e2e/cluster"
 	ec2fake "github.com/caa-project/caa/test/mocks/aws"
 	"github.com/caa-project/caa/test/mocks/cloud"
 )
@@ -115,13 +113,10 @@ func newRecordedAWSCloud(t *testing.T) (*awsCloud, *arrivals) {
 // flight finish; caa exits 0 without deleting a VM for the shutdown (I4);
 // and the next caa finishes the work with one VM per pod (I1).
 func TestSigtermMidPassStartsNoCloudCall(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-	defer cancel()
-	c := cluster.Start(ctx, t)
-	aws, calls := newRecordedAWSCloud(t)
+	ctx := testContext(t, 8*time.Minute)
 	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	aws, calls := newRecordedAWSCloud(t)
 	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
 
 	// First, six pods with their VMs.
@@ -183,13 +178,10 @@ func TestSigtermMidPassStartsNoCloudCall(t *testing.T) {
 // /status and in metrics; restarted with the right flag, it adopts them all
 // without a cloud write (I3: configuration never deletes a VM).
 func TestRestartWithAnotherRuntimeClassDeletesNothing(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
-	defer cancel()
-	c := cluster.Start(ctx, t)
-	aws := newAWSCloud(t)
+	ctx := testContext(t, 6*time.Minute)
 	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	aws := newAWSCloud(t)
 	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
 	uids := createPods(ctx, t, c, "team", "web", node, 5)
 
@@ -233,13 +225,10 @@ func TestRestartWithAnotherRuntimeClassDeletesNothing(t *testing.T) {
 // the fake EC2: one RunInstances and at most two reads per create, one
 // TerminateInstances and at most one read per delete, and no listing.
 func TestPodChurnCostsNoListing(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 6*time.Minute)
-	defer cancel()
-	c := cluster.Start(ctx, t)
-	aws, calls := newRecordedAWSCloud(t)
+	ctx := testContext(t, 6*time.Minute)
 	const node = "worker-1"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	aws, calls := newRecordedAWSCloud(t)
 	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
 	first := createPods(ctx, t, c, "team", "first", node, 6)
 

@@ -22,7 +22,6 @@ import (
 	"github.com/stretchr/testify/require"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
-	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/e2e/cluster"
@@ -46,6 +45,23 @@ const (
 func startCaa(t *testing.T, c *cluster.Cluster, aws *awsCloud, node, ledgerPath, label string, extra ...string) *daemon {
 	t.Helper()
 	return launchCaa(t, c, node, ledgerPath, label, append(aws.awsArgs(), extra...), awsEnv())
+}
+
+// startWithNode starts a cluster with the node.
+func startWithNode(ctx context.Context, t *testing.T, node string) *cluster.Cluster {
+	t.Helper()
+	c := cluster.Start(ctx, t)
+	_, err := c.CreateNode(ctx, node)
+	require.NoError(t, err)
+	return c
+}
+
+// testContext is a test's context: it ends at the timeout, or with the
+// test, before the test's cleanups run.
+func testContext(t *testing.T, timeout time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(t.Context(), timeout)
+	t.Cleanup(cancel)
+	return ctx
 }
 
 func tailLines(s string, n int) string {
@@ -108,15 +124,7 @@ func (d *daemon) get(t *testing.T, path string) string {
 // passes is how many passes the daemon has reported (0 when it does not
 // answer).
 func (d *daemon) passes() int {
-	resp, err := http.Get(d.health + "/status")
-	if err != nil {
-		return 0
-	}
-	defer resp.Body.Close()
-	var snap health.Snapshot
-	if resp.StatusCode != http.StatusOK || json.NewDecoder(resp.Body).Decode(&snap) != nil {
-		return 0
-	}
+	snap, _ := d.snapshot()
 	return snap.Passes
 }
 
@@ -227,8 +235,7 @@ func exportLedger(t *testing.T, ledgerPath string) map[string]ledger.Record {
 // cluster and node whose pod does not exist is deleted, but only once caa
 // has known it as an orphan for the grace period (I3), and only it.
 func TestOrphanVMCollectedAfterGrace(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 5*time.Minute)
 	c := cluster.Start(ctx, t)
 	aws := newAWSCloud(t)
 	const node, grace = "worker-1", 6 * time.Second
@@ -300,8 +307,7 @@ func TestOrphanVMCollectedAfterGrace(t *testing.T) {
 // duplicated (I1), nothing is left over, and the ledger verifies.
 // CAA_E2E_SEED replays a run's kill schedule.
 func TestCrashSafetyUnderRandomKills(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 10*time.Minute)
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("CAA_E2E_SEED"); s != "" {
 		v, err := strconv.ParseUint(s, 10, 64)
@@ -397,13 +403,10 @@ func TestCrashSafetyUnderRandomKills(t *testing.T) {
 // errors and eventual consistency on, caa still gives each of 20 pods one
 // VM, and deletes nothing on a NotFound (I3).
 func TestConvergesThroughCloudFaults(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c := cluster.Start(ctx, t)
-	aws := newAWSCloud(t)
+	ctx := testContext(t, 5*time.Minute)
 	const node, n = "worker-1", 20
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	aws := newAWSCloud(t)
 	uids := createPods(ctx, t, c, "faulty", "pod", node, n)
 	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
 	aws.core.SetFaults(cloud.Faults{
@@ -441,8 +444,7 @@ func TestConvergesThroughCloudFaults(t *testing.T) {
 // while. Neither the replacement's NotFound nor the dead VM, still listed as
 // terminated, may start a third VM (I1, I3).
 func TestRecreateUnderEventualConsistency(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
+	ctx := testContext(t, 5*time.Minute)
 	c := cluster.Start(ctx, t)
 	aws := newAWSCloud(t)
 	const node, n, invisible = "worker-1", 3, 3 * time.Second
@@ -496,13 +498,10 @@ func TestRecreateUnderEventualConsistency(t *testing.T) {
 // still follows pod deletions. Before that, with caa running, the CLI reads
 // the ledger through the daemon's socket and the status and metrics answer.
 func TestAPIServerRestartAndTheCLI(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c := cluster.Start(ctx, t)
-	aws := newAWSCloud(t)
+	ctx := testContext(t, 5*time.Minute)
 	const node, n = "worker-1", 10
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	aws := newAWSCloud(t)
 	uids := createPods(ctx, t, c, "team", "pod", node, n)
 	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
 	aws.core.SetFaults(cloud.Faults{Latency: 10 * time.Millisecond})

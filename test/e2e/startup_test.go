@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
 	"io"
 	"net"
@@ -73,13 +72,11 @@ func (s *strictEC2) start(t *testing.T, c *cluster.Cluster, node, ledgerPath str
 
 // readyzBody returns /readyz's code and body.
 func (d *daemon) readyzBody() (int, string) {
-	resp, err := http.Get(d.health + "/readyz")
+	code, body, err := d.fetch("/readyz")
 	if err != nil {
 		return 0, err.Error()
 	}
-	defer func() { _ = resp.Body.Close() }()
-	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return code, body
 }
 
 // ledgerEpoch is the number of writable opens the ledger has seen.
@@ -98,13 +95,10 @@ func ledgerEpoch(t *testing.T, path string) uint64 {
 // ledger, so a failing preflight leaves a pod that needs a VM without one
 // and makes no cloud write.
 func TestPreflightFingerprintGatesWritesNotReadiness(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Minute)
-	defer cancel()
-	c := cluster.Start(ctx, t)
-	ec2 := newStrictEC2(t)
+	ctx := testContext(t, 5*time.Minute)
 	const node = "worker-warm"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	ec2 := newStrictEC2(t)
 	for i := range 2 {
 		_, err := c.CreatePeerPod(ctx, "team", fmt.Sprintf("warm-%d", i), node, nil)
 		require.NoError(t, err)
@@ -246,13 +240,10 @@ func assertLiveThrough(t *testing.T, d *daemon, window time.Duration, blocked fu
 func TestLiveWhileThePreflightRetries(t *testing.T) {
 	t.Parallel()
 	window := livenessWindow(t)
-	ctx, cancel := context.WithTimeout(context.Background(), window+3*time.Minute)
-	defer cancel()
-	c := cluster.Start(ctx, t)
-	ec2 := newStrictEC2(t)
+	ctx := testContext(t, window+3*time.Minute)
 	const node = "worker-refused"
-	_, err := c.CreateNode(ctx, node)
-	require.NoError(t, err)
+	c := startWithNode(ctx, t, node)
+	ec2 := newStrictEC2(t)
 	d := ec2.start(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"),
 		settings{goodSettings.image, goodSettings.subnet, "AKIDREFUSED", "refused-secret"})
 	require.Eventually(t, func() bool {

@@ -8,10 +8,10 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"time"
 
+	"github.com/caa-project/caa/internal/unixsock"
 	"github.com/caa-project/caa/pkg/ledger"
 )
 
@@ -208,24 +208,14 @@ func Serve(ctx context.Context, path string, r Reader, log *slog.Logger) error {
 	if log == nil {
 		log = slog.New(slog.DiscardHandler)
 	}
-	if _, err := os.Stat(path); err == nil {
-		if conn, err := net.DialTimeout("unix", path, time.Second); err == nil {
-			_ = conn.Close()
-			return fmt.Errorf("serve ledger API: %s is answered by another process", path)
-		}
-		if err := os.Remove(path); err != nil {
-			return fmt.Errorf("serve ledger API: remove stale socket: %w", err)
-		}
-	}
 	// The ledger directory is 0700, so the socket is private from its first
-	// instant; the chmod states the intent even where the directory is not.
-	ln, err := net.Listen("unix", path)
+	// instant; the mode states the intent even where the directory is not.
+	ln, err := unixsock.Listen(path, unixsock.Options{Mode: 0o600, RefuseServed: true})
+	if errors.Is(err, unixsock.ErrServed) {
+		return fmt.Errorf("serve ledger API: %s is answered by another process: %w", path, err)
+	}
 	if err != nil {
 		return fmt.Errorf("serve ledger API on %s: %w", path, err)
-	}
-	if err := os.Chmod(path, 0o600); err != nil {
-		_ = ln.Close()
-		return fmt.Errorf("serve ledger API: chmod %s: %w", path, err)
 	}
 	srv := &http.Server{
 		Handler:           NewHandler(r, log),
@@ -233,6 +223,8 @@ func Serve(ctx context.Context, path string, r Reader, log *slog.Logger) error {
 		BaseContext:       func(net.Listener) context.Context { return ctx },
 	}
 	log.Info("serving ledger API", "socket", path)
+	// Serve closes ln when it returns, and ln's Close removes the socket
+	// file while it is still the one ln bound.
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	select {
@@ -243,7 +235,6 @@ func Serve(ctx context.Context, path string, r Reader, log *slog.Logger) error {
 		err = <-errc
 	case err = <-errc:
 	}
-	_ = os.Remove(path)
 	if errors.Is(err, http.ErrServerClosed) {
 		return nil
 	}

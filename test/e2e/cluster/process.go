@@ -67,21 +67,28 @@ func (p *process) exitErr() error {
 // stop sends SIGTERM and waits up to grace, then SIGKILLs and waits for the
 // kill to land. It reports whether the kill was needed.
 func (p *process) stop(grace time.Duration) (killed bool) {
+	return Stop(p.cmd, p.done, grace)
+}
+
+// Stop ends the started cmd, whose waiter closes done once it is reaped:
+// SIGTERM, up to grace to exit, then SIGKILL, and it waits for done. It
+// reports whether the kill was needed (false, too, when cmd had exited).
+func Stop(cmd *exec.Cmd, done <-chan struct{}, grace time.Duration) (killed bool) {
 	select {
-	case <-p.done:
+	case <-done:
 		return false
 	default:
 	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
+	_ = cmd.Process.Signal(syscall.SIGTERM)
 	timer := time.NewTimer(grace)
 	defer timer.Stop()
 	select {
-	case <-p.done:
+	case <-done:
 		return false
 	case <-timer.C:
 	}
-	_ = p.cmd.Process.Kill()
-	<-p.done
+	_ = cmd.Process.Kill()
+	<-done
 	return true
 }
 

@@ -133,20 +133,7 @@ func (p *Process) Exited() bool {
 
 // Status is `caa run`'s /status.
 func (p *Process) Status(ctx context.Context) (health.Snapshot, error) {
-	var snap health.Snapshot
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.Health+"/status", nil)
-	if err != nil {
-		return snap, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return snap, err
-	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return snap, fmt.Errorf("/status answered %s", resp.Status)
-	}
-	return snap, json.NewDecoder(resp.Body).Decode(&snap)
+	return ReadStatus(ctx, p.Health)
 }
 
 // WaitReady waits until caa reports ready, for up to within.
@@ -252,4 +239,23 @@ func poll(ctx context.Context, within time.Duration, cond func() (bool, error)) 
 // Poll is poll for the package's users.
 func Poll(ctx context.Context, within time.Duration, cond func() (bool, error)) error {
 	return poll(ctx, within, cond)
+}
+
+// ReadStatus reads the /status of the caa whose health endpoint is the
+// URL healthURL.
+func ReadStatus(ctx context.Context, healthURL string) (health.Snapshot, error) {
+	var snap health.Snapshot
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, healthURL+"/status", nil)
+	if err != nil {
+		return snap, err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return snap, err
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		return snap, fmt.Errorf("/status answered %s", resp.Status)
+	}
+	return snap, json.NewDecoder(resp.Body).Decode(&snap)
 }

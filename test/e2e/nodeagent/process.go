@@ -11,6 +11,8 @@ import (
 
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+
+	"github.com/caa-project/caa/test/e2e/cluster"
 )
 
 // process is one run of a pod's container.
@@ -59,22 +61,7 @@ func (p *process) pid() int { return p.cmd.Process.Pid }
 // stop sends SIGTERM, waits up to grace, then SIGKILLs and waits for the
 // process to be reaped. It reports whether the kill was needed.
 func (p *process) stop(grace time.Duration) (killed bool) {
-	select {
-	case <-p.done:
-		return false
-	default:
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGTERM)
-	timer := time.NewTimer(grace)
-	defer timer.Stop()
-	select {
-	case <-p.done:
-		return false
-	case <-timer.C:
-	}
-	_ = p.cmd.Process.Kill()
-	<-p.done
-	return true
+	return cluster.Stop(p.cmd, p.done, grace)
 }
 
 // terminated describes the ended process as a container state; only call

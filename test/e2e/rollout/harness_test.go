@@ -486,7 +486,7 @@ func (e *env) eventually(ctx context.Context, within time.Duration, what string,
 
 // kustomization is the test's overlay on deploy/overlays/aws: only what
 // this environment needs, the manifests themselves are not forked.
-const kustomization = `apiVersion: kustomize.config.k8s.io/v1beta1
+var kustomization = `apiVersion: kustomize.config.k8s.io/v1beta1
 kind: Kustomization
 resources:
   - {{BASE}}
@@ -498,49 +498,13 @@ configMapGenerator:
   - name: caa-config
     behavior: merge
     literals:
-      - CAA_AWS_REGION=us-east-1
-      - CAA_AWS_SUBNET_ID=subnet-0123456789abcdef0
-      - CAA_AWS_IMAGE=` + ec2Image + `
-      - CAA_AWS_INSTANCE_TYPE=m6a.large
-      # The fake EC2 of this test, in-process on the loopback.
-      - CAA_AWS_ENDPOINT={{ENDPOINT}}
-      # No instance metadata service here; credentials come from the Secret.
-      - AWS_EC2_METADATA_DISABLED=true
+` + FakeEC2Literals(ec2Image, "m6a.large") + `
       # A resync far beyond the test's length: a running caa never notices
       # the VMs killed behind its back, so the new caa's startup pass is
       # what recreates them, which is the behaviour under test.
       - CAA_RESYNC=10m
 {{SETTINGS}}patches:
-  # Probe periods of 1s instead of 10s and 5s: the controller moves on
-  # when a pod turns Ready, and a 5s period would add up to 5s per node to
-  # the test without testing anything more. Thresholds are unchanged.
-  - patch: |-
-      apiVersion: apps/v1
-      kind: DaemonSet
-      metadata:
-        name: caa
-        namespace: caa-system
-      spec:
-        template:
-          spec:
-            containers:
-              - name: caa
-                startupProbe:
-                  periodSeconds: 1
-                readinessProbe:
-                  periodSeconds: 1
-`
-
-const credentials = `apiVersion: v1
-kind: Secret
-metadata:
-  name: caa-cloud-credentials
-  namespace: caa-system
-type: Opaque
-stringData:
-  AWS_ACCESS_KEY_ID: ` + accessKey + `
-  AWS_SECRET_ACCESS_KEY: ` + secretKey + `
-`
+` + FastProbesPatch
 
 // apply renders the overlay for tag and runs kubectl apply -k on it.
 func (e *env) apply(ctx context.Context, tag string) { e.applyRelease(ctx, release{tag: tag}) }
@@ -572,7 +536,7 @@ func (e *env) applyRelease(ctx context.Context, r release) {
 	k := strings.NewReplacer("{{BASE}}", rel("overlays/aws"), "{{TAG}}", r.tag, "{{ENDPOINT}}", endpoint,
 		"{{COMPONENTS}}", components, "{{SETTINGS}}", settings).Replace(kustomization)
 	require.NoError(e.t, os.WriteFile(filepath.Join(e.kustDir, "kustomization.yaml"), []byte(k), 0o600))
-	require.NoError(e.t, os.WriteFile(filepath.Join(e.kustDir, "credentials.yaml"), []byte(credentials), 0o600))
+	require.NoError(e.t, os.WriteFile(filepath.Join(e.kustDir, "credentials.yaml"), []byte(CredentialsSecret(accessKey, secretKey)), 0o600))
 	out := e.kubectl(ctx, "apply", "-k", e.kustDir)
 	e.t.Logf("kubectl apply -k (caa:%s):\n%s", r.tag, out)
 }

@@ -48,6 +48,21 @@ func grant(role string, attrs ...string) string {
 		`"resources":[{"attributes":[` + strings.Join(a, ",") + `]}]}`
 }
 
+// everythingCaaNeeds is the policy document that grants caa every action
+// it takes on the test's subnet, VPC, security group, image and group.
+func everythingCaaNeeds() string {
+	return policyDoc(
+		grant("Editor", "serviceName", "is", "instanceId", "*", "resourceGroupId", vpcfake.DefaultResourceGroup),
+		grant("Editor", "serviceName", "is", "volumeId", "*", "resourceGroupId", vpcfake.DefaultResourceGroup),
+		grant("Editor", "serviceName", "is", "virtualNetworkInterfaceId", "*", "resourceGroupId", vpcfake.DefaultResourceGroup),
+		grant("Operator", "serviceName", "is", "subnetId", "0717-subnet-a"),
+		grant("Operator", "serviceName", "is", "vpcId", "r006-vpc-a"),
+		grant("Operator", "serviceName", "is", "securityGroupId", "r006-sg-a"),
+		grant("Viewer", "serviceName", "is", "imageId", image),
+		grant("Viewer", "resourceType", "resource-group", "resource", vpcfake.DefaultResourceGroup),
+	)
+}
+
 func TestRolesExpandToTheirActions(t *testing.T) {
 	for _, tc := range []struct {
 		role  string
@@ -235,16 +250,7 @@ func TestAccessTokensExpireAndAreRevoked(t *testing.T) {
 // the same calls pass; listings and search leave out what the caller may
 // not read.
 func TestPoliciesGateEveryRoute(t *testing.T) {
-	full, err := vpcfake.ParsePolicies([]byte(policyDoc(
-		grant("Editor", "serviceName", "is", "instanceId", "*", "resourceGroupId", vpcfake.DefaultResourceGroup),
-		grant("Editor", "serviceName", "is", "volumeId", "*", "resourceGroupId", vpcfake.DefaultResourceGroup),
-		grant("Editor", "serviceName", "is", "virtualNetworkInterfaceId", "*", "resourceGroupId", vpcfake.DefaultResourceGroup),
-		grant("Operator", "serviceName", "is", "subnetId", "0717-subnet-a"),
-		grant("Operator", "serviceName", "is", "vpcId", "r006-vpc-a"),
-		grant("Operator", "serviceName", "is", "securityGroupId", "r006-sg-a"),
-		grant("Viewer", "serviceName", "is", "imageId", image),
-		grant("Viewer", "resourceType", "resource-group", "resource", vpcfake.DefaultResourceGroup),
-	)), nil)
+	full, err := vpcfake.ParsePolicies([]byte(everythingCaaNeeds()), nil)
 	require.NoError(t, err)
 	var policy atomic.Pointer[vpcfake.Policies]
 	policy.Store(full)
@@ -313,16 +319,7 @@ func TestPoliciesGateEveryRoute(t *testing.T) {
 // each security group and the VPC it names, read on the image, create on
 // the boot volume and network interface, and Viewer on the group.
 func TestCreateNeedsEveryAttachment(t *testing.T) {
-	p, err := vpcfake.ParsePolicies([]byte(policyDoc(
-		grant("Editor", "serviceName", "is", "instanceId", "*", "resourceGroupId", vpcfake.DefaultResourceGroup),
-		grant("Editor", "serviceName", "is", "volumeId", "*", "resourceGroupId", vpcfake.DefaultResourceGroup),
-		grant("Editor", "serviceName", "is", "virtualNetworkInterfaceId", "*", "resourceGroupId", vpcfake.DefaultResourceGroup),
-		grant("Operator", "serviceName", "is", "subnetId", "0717-subnet-a"),
-		grant("Operator", "serviceName", "is", "vpcId", "r006-vpc-a"),
-		grant("Operator", "serviceName", "is", "securityGroupId", "r006-sg-a"),
-		grant("Viewer", "serviceName", "is", "imageId", image),
-		grant("Viewer", "resourceType", "resource-group", "resource", vpcfake.DefaultResourceGroup),
-	)), nil)
+	p, err := vpcfake.ParsePolicies([]byte(everythingCaaNeeds()), nil)
 	require.NoError(t, err)
 	for _, g := range p.Grants() {
 		pe := newProfileEnv(t, p.Without(g), time.Hour)

@@ -166,35 +166,10 @@ func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
 			return
 		}
 		r.Body = io.NopCloser(bytes.NewReader(body))
-		if !s.admit(w, r, cloud.OpList, false, false) || !s.metered(w, cloud.OpList, ClassSearch) {
-			return
-		}
-		if !s.authorized(r) {
-			writeSearchProblem(w, http.StatusUnauthorized, "not_authorized", "The request is not authorized: the IAM token is missing, expired or invalid.")
-			return
-		}
-		s.search(w, r)
+		s.globalRoute(cloud.OpList, false, ClassSearch, s.search)(w, r)
 	})
-	s.mux.HandleFunc("POST "+tagAttachPath, func(w http.ResponseWriter, r *http.Request) {
-		if !s.admit(w, r, OpTagAttach, true, false) || !s.metered(w, OpTagAttach, ClassTagging) {
-			return
-		}
-		if !s.authorized(r) {
-			writeSearchProblem(w, http.StatusUnauthorized, "not_authorized", "The request is not authorized: the IAM token is missing, expired or invalid.")
-			return
-		}
-		s.attachTags(w, r)
-	})
-	s.mux.HandleFunc("GET "+tagListPath, func(w http.ResponseWriter, r *http.Request) {
-		if !s.admit(w, r, OpTagList, false, false) || !s.metered(w, OpTagList, ClassTagging) {
-			return
-		}
-		if !s.authorized(r) {
-			writeSearchProblem(w, http.StatusUnauthorized, "not_authorized", "The request is not authorized: the IAM token is missing, expired or invalid.")
-			return
-		}
-		s.listTags(w, r)
-	})
+	s.mux.HandleFunc("POST "+tagAttachPath, s.globalRoute(OpTagAttach, true, ClassTagging, s.attachTags))
+	s.mux.HandleFunc("GET "+tagListPath, s.globalRoute(OpTagList, false, ClassTagging, s.listTags))
 	s.mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		writeProblem(w, http.StatusNotFound, "invalid_route", "The requested route does not exist.", nil)
 	})
@@ -215,6 +190,22 @@ func (s *Server) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		defer s.gen.Add(1)
 	}
 	s.mux.ServeHTTP(w, r)
+}
+
+// globalRoute serves a call of op to Global Search or Global Tagging:
+// admitted as a write or a read, metered under class, then refused with
+// the services' own error body unless its IAM token is good, and handled.
+func (s *Server) globalRoute(op string, write bool, class string, handle http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if !s.admit(w, r, op, write, false) || !s.metered(w, op, class) {
+			return
+		}
+		if !s.authorized(r) {
+			writeSearchProblem(w, http.StatusUnauthorized, "not_authorized", "The request is not authorized: the IAM token is missing, expired or invalid.")
+			return
+		}
+		handle(w, r)
+	}
 }
 
 // route mounts a VPC API handler behind the checks every VPC call passes:

@@ -62,14 +62,9 @@ func TestPodVMEndToEnd(t *testing.T) {
 	require.Equal(t, cfg.InitData, vm.Files.Config.InitData)
 	require.Equal(t, fmt.Sprintf("[::]:%d", podvm.ForwarderPort), vm.Addr().String())
 
-	tc, err := ca.ClientTLS()
-	require.NoError(t, err)
 	addr := net.JoinHostPort(vmIP.String(), fmt.Sprint(podvm.ForwarderPort))
 	sock := filepath.Join(t.TempDir(), "pods", cfg.SandboxID, "agent.ttrpc")
-	r, err := relay.Start(ctx, relay.Config{SocketPath: sock, Addr: addr, TLS: tc, ServerName: vmName, Dial: podvmfake.DialIn(cn.NodeNS)})
-	require.NoError(t, err)
-	defer r.Close()
-	require.NoError(t, r.WaitReachable(ctx))
+	startRelay(ctx, t, cn, ca, sock, addr, vmName)
 
 	// The shim's side: one long-lived connection, a health check, a wait.
 	conn, err := net.Dial("unix", sock)
@@ -144,25 +139,10 @@ func TestVMAtACloudsAddress(t *testing.T) {
 	host := cn.AddVMAt(t, netip.MustParseAddr("10.0.0.7"))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	ca, err := pki.LoadOrCreateCA(t.TempDir())
-	require.NoError(t, err)
-	certPEM, keyPEM, _, err := ca.IssueServer(nil, []string{"podvm-x"}, time.Hour)
-	require.NoError(t, err)
-	ud, err := podvm.UserData(podvm.Config{
-		PodName: "x", PodNamespace: "default", SandboxID: "sb-x",
-		Network: podvm.Network{VXLANID: podvm.VXLANIDBase, VXLANPort: podvm.DefaultVXLANPort, WorkerIP: cn.NodeIP,
-			Interface: "eth0", PodIP: netip.MustParsePrefix("10.244.9.5/24"), PodMAC: "02:00:00:00:09:05", MTU: 1450},
-		TLSServerCertPEM: certPEM, TLSServerKeyPEM: keyPEM, TLSClientCAPEM: ca.CertPEM(),
-	})
-	require.NoError(t, err)
+	ca, ud := podVMUserData(t, cn, "x", "10.244.9.5/24", "02:00:00:00:09:05")
 	vm, err := podvmfake.Boot(ctx, podvmfake.Options{UserData: ud, NetNS: host.NS})
 	require.NoError(t, err)
-	tc, err := ca.ClientTLS()
-	require.NoError(t, err)
-	r, err := relay.Start(ctx, relay.Config{SocketPath: filepath.Join(t.TempDir(), "a.ttrpc"), Addr: "10.0.0.7:15150", TLS: tc, ServerName: "podvm-x", Dial: podvmfake.DialIn(cn.NodeNS)})
-	require.NoError(t, err)
-	defer r.Close()
-	require.NoError(t, r.WaitReachable(ctx))
+	r := startRelay(ctx, t, cn, ca, filepath.Join(t.TempDir(), "a.ttrpc"), "10.0.0.7:15150", "podvm-x")
 
 	vm.Close()
 	require.NoError(t, cn.RemoveVM(host))
@@ -196,17 +176,7 @@ func TestFleetPlaysTheFakeCloudsInstances(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
-	ca, err := pki.LoadOrCreateCA(t.TempDir())
-	require.NoError(t, err)
-	certPEM, keyPEM, _, err := ca.IssueServer(nil, []string{"podvm-a"}, time.Hour)
-	require.NoError(t, err)
-	ud, err := podvm.UserData(podvm.Config{
-		PodName: "a", PodNamespace: "default", SandboxID: "sb-a",
-		Network: podvm.Network{VXLANID: podvm.VXLANIDBase, VXLANPort: podvm.DefaultVXLANPort, WorkerIP: cn.NodeIP,
-			Interface: "eth0", PodIP: netip.MustParsePrefix("10.244.7.5/24"), PodMAC: "02:00:00:00:07:05", MTU: 1450},
-		TLSServerCertPEM: certPEM, TLSServerKeyPEM: keyPEM, TLSClientCAPEM: ca.CertPEM(),
-	})
-	require.NoError(t, err)
+	ca, ud := podVMUserData(t, cn, "a", "10.244.7.5/24", "02:00:00:00:07:05")
 	good, err := c.Create(cloud.CreateRequest{Name: "podvm-a", UserData: ud})
 	require.NoError(t, err)
 	bad, err := c.Create(cloud.CreateRequest{Name: "podvm-b", UserData: []byte("#cloud-config\nruncmd: [x]\n")})
@@ -216,12 +186,7 @@ func TestFleetPlaysTheFakeCloudsInstances(t *testing.T) {
 	require.Nil(t, fleet.VM(bad.ID))
 	require.Contains(t, fleet.Failed(), bad.ID)
 
-	tc, err := ca.ClientTLS()
-	require.NoError(t, err)
-	r, err := relay.Start(ctx, relay.Config{SocketPath: filepath.Join(t.TempDir(), "a.ttrpc"), Addr: net.JoinHostPort(good.IPs[0], "15150"), TLS: tc, ServerName: "podvm-a", Dial: podvmfake.DialIn(cn.NodeNS)})
-	require.NoError(t, err)
-	defer r.Close()
-	require.NoError(t, r.WaitReachable(ctx))
+	r := startRelay(ctx, t, cn, ca, filepath.Join(t.TempDir(), "a.ttrpc"), net.JoinHostPort(good.IPs[0], "15150"), "podvm-a")
 	require.Equal(t, 1, fleet.VM(good.ID).Agent.Checks())
 
 	require.NoError(t, c.Kill(good.ID))
@@ -230,4 +195,38 @@ func TestFleetPlaysTheFakeCloudsInstances(t *testing.T) {
 	pctx, pcancel := context.WithTimeout(ctx, 3*time.Second)
 	defer pcancel()
 	require.Error(t, r.Probe(pctx), "a killed instance's VM must not answer")
+}
+
+// podVMUserData is caa's user data for the pod VM podvm-<name> (pod
+// default/<name>, sandbox sb-<name>) on the pod address podIP and MAC,
+// with a server certificate from a new CA; it returns the CA too.
+func podVMUserData(t *testing.T, cn *podvmfake.CloudNetwork, name, podIP, mac string) (*pki.CA, []byte) {
+	t.Helper()
+	ca, err := pki.LoadOrCreateCA(t.TempDir())
+	require.NoError(t, err)
+	certPEM, keyPEM, _, err := ca.IssueServer(nil, []string{"podvm-" + name}, time.Hour)
+	require.NoError(t, err)
+	ud, err := podvm.UserData(podvm.Config{
+		PodName: name, PodNamespace: "default", SandboxID: "sb-" + name,
+		Network: podvm.Network{VXLANID: podvm.VXLANIDBase, VXLANPort: podvm.DefaultVXLANPort, WorkerIP: cn.NodeIP,
+			Interface: "eth0", PodIP: netip.MustParsePrefix(podIP), PodMAC: mac, MTU: 1450},
+		TLSServerCertPEM: certPEM, TLSServerKeyPEM: keyPEM, TLSClientCAPEM: ca.CertPEM(),
+	})
+	require.NoError(t, err)
+	return ca, ud
+}
+
+// startRelay starts caa's relay from socket to the forwarder at addr,
+// dialled from the node's namespace, with a client certificate of ca and
+// the server name serverName; it is closed when the test ends, and the
+// forwarder answers once it returns.
+func startRelay(ctx context.Context, t *testing.T, cn *podvmfake.CloudNetwork, ca *pki.CA, socket, addr, serverName string) *relay.Relay {
+	t.Helper()
+	tc, err := ca.ClientTLS()
+	require.NoError(t, err)
+	r, err := relay.Start(ctx, relay.Config{SocketPath: socket, Addr: addr, TLS: tc, ServerName: serverName, Dial: podvmfake.DialIn(cn.NodeNS)})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = r.Close() })
+	require.NoError(t, r.WaitReachable(ctx))
+	return r
 }

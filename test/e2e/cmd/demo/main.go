@@ -8,10 +8,8 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"net/http/httptest"
 	"os"
 	"os/exec"
@@ -23,6 +21,7 @@ import (
 
 	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/test/e2e/cluster"
+	"github.com/caa-project/caa/test/e2e/katanode"
 	ec2fake "github.com/caa-project/caa/test/mocks/aws"
 	armfake "github.com/caa-project/caa/test/mocks/azure"
 	"github.com/caa-project/caa/test/mocks/cloud"
@@ -270,17 +269,7 @@ func (d *daemon) watchReady(ctx context.Context) (health.Snapshot, error) {
 }
 
 func (d *daemon) status(ctx context.Context) (health.Snapshot, error) {
-	var snap health.Snapshot
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.health+"/status", nil)
-	if err != nil {
-		return snap, err
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		return snap, err
-	}
-	defer resp.Body.Close()
-	return snap, json.NewDecoder(resp.Body).Decode(&snap)
+	return katanode.ReadStatus(ctx, d.health)
 }
 
 func (d *daemon) stop() error {
