@@ -77,9 +77,10 @@ type fakeSide struct {
 	// unreachable makes WaitReachable wait for ctx (a forwarder that never answers).
 	unreachable bool
 	serial      int
-	// gate, when set, runs first in SetupTunnel ("tunnel"), StartRelay
-	// ("relay"), TeardownTunnel ("teardown") and a relay's Close
-	// ("close"), outside the side's lock: a test holds a call there.
+	// gate, when set, runs first in UserData ("userdata"), SetupTunnel
+	// ("tunnel"), StartRelay ("relay"), TeardownTunnel ("teardown") and a
+	// relay's Close ("close"), outside the side's lock: a test holds a call
+	// there.
 	gate func(stage string)
 }
 
@@ -111,6 +112,7 @@ func newFakeSide() *fakeSide {
 }
 
 func (f *fakeSide) UserData(_ context.Context, in UserDataInput) ([]byte, string, error) {
+	f.pass("userdata")
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	in.AuthJSON = slices.Clone(in.AuthJSON) // the caller wipes its copy after the call

@@ -237,7 +237,7 @@ func (m *Manager) StartVM(ctx context.Context, id string) error {
 	})
 	if err != nil {
 		m.closeRelay(id)
-		if err := m.cfg.Side.TeardownTunnel(s.NetNS, s.Tunnel); err != nil {
+		if err := m.teardownTunnel(s); err != nil {
 			m.cfg.Log.Warn("tearing the tunnel down failed", "sandbox", id, "err", err)
 		}
 		return err
@@ -266,8 +266,18 @@ func (m *Manager) intend(ctx context.Context, l *live, s ledger.Sandbox) (ledger
 		return s, fmt.Errorf("%w: sandbox %s: %w", ErrNotStartable, s.ID, err)
 	}
 	authJSON := m.authJSON(ctx, s)
-	data, serial, err := m.cfg.Side.UserData(ctx, UserDataInput{Sandbox: s, Tunnel: s.Tunnel, InitData: initData, AuthJSON: authJSON})
+	// The user data reads the pod network from its namespace (netlink): a
+	// tunnel operation.
+	var data []byte
+	var serial string
+	err = m.tunnelOp(ctx, func() (err error) {
+		data, serial, err = m.cfg.Side.UserData(ctx, UserDataInput{Sandbox: s, Tunnel: s.Tunnel, InitData: initData, AuthJSON: authJSON})
+		return err
+	})
 	clear(authJSON)
+	if errors.Is(err, errNoTurn) {
+		return s, m.startErr(s, "build the VM's user data", err)
+	}
 	if err != nil {
 		m.fail(s.ID, "UserData", err)
 		return s, fmt.Errorf("%w: sandbox %s: build the VM's user data: %w", ErrNotStartable, s.ID, err)
@@ -426,15 +436,20 @@ func (m *Manager) mode(t provider.TEE) string { return provider.Mode(m.cfg.Spec.
 // relay yet, and its teardown may run before the setup. So once both are
 // made, serve reads the record again and undoes them if the sandbox was
 // retired meanwhile. Either StopVM's close comes after l.relay is set and
-// closes it, or its Deleting write came before this read.
+// closes it, or its Deleting write came before this read. A serve cut short
+// before its setup had a turn (TunnelOps) made no tunnel: StopVM's own
+// teardown is all there is to do, and the cancelled StartVM answers at once.
 func (m *Manager) serve(ctx context.Context, l *live, s ledger.Sandbox) (err error) {
+	var setUp bool // a tunnel setup ran (or was cut short inside the kernel)
 	defer func() {
 		if !m.retired(s.ID) {
 			return
 		}
 		m.closeRelay(s.ID)
-		if terr := m.cfg.Side.TeardownTunnel(s.NetNS, s.Tunnel); terr != nil {
-			m.cfg.Log.Warn("tearing the tunnel down failed", "sandbox", s.ID, "err", terr)
+		if setUp {
+			if terr := m.teardownTunnel(s); terr != nil {
+				m.cfg.Log.Warn("tearing the tunnel down failed", "sandbox", s.ID, "err", terr)
+			}
 		}
 		m.removeSocketDir(s.ID)
 		if err == nil {
@@ -444,7 +459,7 @@ func (m *Manager) serve(ctx context.Context, l *live, s ledger.Sandbox) (err err
 	if err := m.tunnelTurn(ctx, s.NetNS); err != nil {
 		return fmt.Errorf("sandbox %s: %w", s.ID, err)
 	}
-	if err := m.cfg.Side.SetupTunnel(s.NetNS, s.Tunnel); err != nil {
+	if err := m.tunnelOp(ctx, func() error { setUp = true; return m.cfg.Side.SetupTunnel(s.NetNS, s.Tunnel) }); err != nil {
 		return fmt.Errorf("sandbox %s: set up the pod network tunnel: %w", s.ID, err)
 	}
 	m.mu.Lock()
@@ -624,7 +639,7 @@ func (m *Manager) retire(id, reason, msg string) (ledger.Sandbox, error) {
 		if prev != nil {
 			<-prev
 		}
-		if err := m.cfg.Side.TeardownTunnel(s.NetNS, s.Tunnel); err != nil {
+		if err := m.teardownTunnel(s); err != nil {
 			m.cfg.Log.Warn("tearing the tunnel down failed", "sandbox", id, "err", err)
 		}
 		m.mu.Lock()

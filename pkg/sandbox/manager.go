@@ -102,6 +102,15 @@ type Config struct {
 	// StartTimeout bounds a StartVM (default 5 min; kata's shim waits
 	// remote_hypervisor_timeout, 600 s by default, at least 60 s).
 	StartTimeout time.Duration
+	// TunnelOps bounds the tunnel operations that run at once (0:
+	// DefaultTunnelOps): a sandbox's tunnel setup and teardown and the
+	// reading of its pod network for the VM's user data, the netlink and
+	// flock calls of package tunnel. Each such call waiting in the kernel
+	// holds an OS thread, and the kernel runs them one after another
+	// (rtnl_lock, the NOTRACK table's flock), so a node's burst of 100
+	// sandboxes made 100 threads, which the Go runtime keeps for the
+	// process's life, to finish no sooner.
+	TunnelOps int
 	// PodWait is how long CreateVM waits for the sandbox's pod to reach the
 	// pod cache (default 10 s).
 	PodWait time.Duration
@@ -150,7 +159,16 @@ type Manager struct {
 	// steady: a sync has listed the cloud itself (the startup sync); later
 	// syncs may use cfg.Audit.
 	steady atomic.Bool
+	// tunnelOps holds a token per tunnel operation under way (TunnelOps).
+	tunnelOps chan struct{}
 }
+
+// DefaultTunnelOps is Config.TunnelOps's default. The kernel serialises
+// most of a tunnel operation (rtnl_lock, the NOTRACK flock), so a few at
+// once keep it busy: S10's 100 StartVM at once and S11's 1,000 cycles on
+// 100 slots take no longer with 4 than unbounded (docs/bench/results.md),
+// while caa's threads stay near GOMAXPROCS plus 4.
+const DefaultTunnelOps = 4
 
 // live is what a sandbox has in memory only: its relay, the secrets it
 // carries to its VM (never in the ledger, I7), its StartVM in flight.
@@ -194,13 +212,39 @@ func New(cfg Config) *Manager {
 	if cfg.OrphanGrace <= 0 {
 		cfg.OrphanGrace = orphanGrace
 	}
+	if cfg.TunnelOps <= 0 {
+		cfg.TunnelOps = DefaultTunnelOps
+	}
 	exec := &reconcile.Executor{
 		Ledger: cfg.Ledger, Provider: cfg.Provider, Writes: cfg.Writes, Reads: cfg.Reads,
 		Cluster: cfg.Cluster, Node: cfg.Node, CallTimeout: cfg.CallTimeout, Stop: cfg.Stop, Log: cfg.Log, Now: cfg.Now,
 		Events: cfg.Events,
 	}
 	return &Manager{cfg: cfg, live: map[string]*live{}, missing: map[string]time.Time{}, tearing: map[string]chan struct{}{},
-		orphans: reconcile.NewOrphanTracker(cfg.OrphanGrace), exec: exec}
+		orphans: reconcile.NewOrphanTracker(cfg.OrphanGrace), exec: exec, tunnelOps: make(chan struct{}, cfg.TunnelOps)}
+}
+
+// tunnelOp runs fn, a tunnel operation (TunnelOps), once fewer than
+// TunnelOps others run; ctx bounds the wait for that turn. A waiting caller
+// is a parked goroutine, not a thread blocked in the kernel.
+func (m *Manager) tunnelOp(ctx context.Context, fn func() error) error {
+	select {
+	case m.tunnelOps <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("%w (%d at once): %w", errNoTurn, cap(m.tunnelOps), ctx.Err())
+	}
+	defer func() { <-m.tunnelOps }()
+	return fn()
+}
+
+// errNoTurn: a tunnel operation's caller gave up waiting for its turn; the
+// operation did not run.
+var errNoTurn = errors.New("gave up waiting for a turn among the node's tunnel operations")
+
+// teardownTunnel is the PodSide's, a tunnel operation whose turn is waited
+// for however long it takes: a teardown always runs.
+func (m *Manager) teardownTunnel(s ledger.Sandbox) error {
+	return m.tunnelOp(context.Background(), func() error { return m.cfg.Side.TeardownTunnel(s.NetNS, s.Tunnel) })
 }
 
 // Wait returns once the background deletes have finished or given up

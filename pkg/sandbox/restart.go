@@ -79,7 +79,7 @@ func (m *Manager) Sync(ctx context.Context, wait time.Duration) (Report, error) 
 		case ledger.SandboxDeleting:
 			if !m.deleting(s.ID) {
 				m.closeRelay(s.ID)
-				if err := m.cfg.Side.TeardownTunnel(s.NetNS, s.Tunnel); err != nil {
+				if err := m.teardownTunnel(s); err != nil {
 					m.cfg.Log.Warn("tearing the tunnel down failed", "sandbox", s.ID, "err", err)
 				}
 				m.deleteLater(s.ID, nil)
@@ -261,7 +261,7 @@ func (m *Manager) lose(s ledger.Sandbox, why string) {
 	}
 	m.closeRelay(s.ID)
 	m.removeSocketDir(s.ID)
-	if err := m.cfg.Side.TeardownTunnel(s.NetNS, s.Tunnel); err != nil {
+	if err := m.teardownTunnel(s); err != nil {
 		m.cfg.Log.Warn("tearing the tunnel down failed", "sandbox", s.ID, "err", err)
 	}
 	m.event(stored, true, EventVMLost, fmt.Sprintf("the VM of sandbox %s is gone (%s); its agent socket is closed and kata will start a new sandbox", short(s.ID), why))

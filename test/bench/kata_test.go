@@ -33,9 +33,9 @@ func TestThrottleTextFindsWhatKataWouldSee(t *testing.T) {
 func TestS11RowsPerSandboxAndGrowth(t *testing.T) {
 	samples := map[int][2]procSample{
 		0:   {{anon: 10000, rss: 30000, fds: 20, goroutines: 50}, {anon: 3000, rss: 9000, fds: 8}},
-		100: {{anon: 20000, rss: 45000, fds: 320, goroutines: 450}, {anon: 13000, rss: 20000, fds: 308}},
+		100: {{anon: 20000, rss: 45000, fds: 320, goroutines: 450, heapAlloc: 6000, heapKept: 11000}, {anon: 13000, rss: 20000, fds: 308}},
 	}
-	after := [2]procSample{{anon: 21000, rss: 46000, fds: 321, goroutines: 452}, {anon: 13500, rss: 20000, fds: 308}}
+	after := [2]procSample{{anon: 21000, rss: 46000, fds: 321, goroutines: 452, heapAlloc: 6100, heapKept: 14000}, {anon: 13500, rss: 20000, fds: 308}}
 	rows := s11Rows([]int{0, 100}, samples, 100, 1000, after, 0)
 	byName := map[string]Row{}
 	for _, r := range rows {
@@ -48,4 +48,6 @@ func TestS11RowsPerSandboxAndGrowth(t *testing.T) {
 	assert.Equal(t, []float64{1000}, byName["caa, growth over 1000 cycles (100 slots): RSS anonymous"].Runs)
 	assert.Equal(t, []float64{2}, byName["caa, growth over 1000 cycles (100 slots): goroutines"].Runs)
 	assert.Equal(t, "pass", byName["caa, growth over 1000 cycles (100 slots): goroutines"].Result())
+	assert.Equal(t, []float64{100}, byName["caa, growth over 1000 cycles (100 slots): Go heap allocated (go_memstats_heap_alloc_bytes)"].Runs)
+	assert.Equal(t, []float64{3000}, byName["caa, growth over 1000 cycles (100 slots): Go heap kept from the OS (heap_sys - heap_released)"].Runs)
 }

@@ -34,8 +34,13 @@ const (
 // caa its goroutines from /metrics.
 type procSample struct {
 	anon, rss, fds, threads, goroutines float64
-	// heapInuse and heapObjects: caa's live heap, from /metrics.
-	heapInuse, heapObjects float64
+	// heapInuse and heapObjects: caa's heap spans in use and its objects,
+	// from /metrics, read right after a collection (the spans not swept yet
+	// count as in use). heapAlloc is the bytes of its objects a second
+	// later, once the sweep is done: the live heap and a second's garbage;
+	// heapKept the heap's pages the runtime then holds from the OS
+	// (heap_sys minus heap_released): in use, or free and not yet returned.
+	heapInuse, heapObjects, heapAlloc, heapKept float64
 }
 
 func sampleProc(pid int) (procSample, error) {
@@ -82,7 +87,9 @@ func (b *bench) s11(ctx context.Context) (sc Scenario, err error) {
 			"sandbox for the same pod, and opens a new shim connection; the %d slots cycle side by side. Once every stopped sandbox's VM is "+
 			"terminated, the same reading is taken again with %d sandboxes running: the growth is the difference. The cycles run in two halves "+
 			"with a reading between them: a cost per cycle grows over the second half too, a high-water mark reached once in the first (threads "+
-			"and buffers of 100 calls side by side, where the setup starts 10 at a time) does not. One run (the cycles are the repetition).",
+			"and heap pages of 100 calls side by side, where the setup starts 10 at a time) does not. caa's Go heap is read apart, a second after that collection: the bytes of "+
+			"its objects (what a cost per cycle grows) and the heap pages the runtime keeps from the OS (what a peak leaves as well). "+
+			"One run (the cycles are the repetition).",
 			joinInts(ns), s11CheckPeriod, b.s11Cycles, slots, slots, slots)}
 	if b.notRoot(&sc, "S11") {
 		return sc, nil
@@ -244,16 +251,16 @@ func (b *bench) s11(ctx context.Context) (sc Scenario, err error) {
 		cycles, took.Round(time.Second), slots, len(r.fleet.Failed())))
 	for _, k := range order {
 		s := samples[k]
-		sc.Details = append(sc.Details, fmt.Sprintf("%d sandboxes: caa anon %s KiB, rss %s KiB, Go heap in use %s KiB, %s files, %s threads, %s goroutines; caa relay anon %s KiB, rss %s KiB, %s files, %s threads",
-			k, Num(s[0].anon), Num(s[0].rss), Num(s[0].heapInuse), Num(s[0].fds), Num(s[0].threads), Num(s[0].goroutines), Num(s[1].anon), Num(s[1].rss), Num(s[1].fds), Num(s[1].threads)))
+		sc.Details = append(sc.Details, fmt.Sprintf("%d sandboxes: caa anon %s KiB, rss %s KiB, Go heap in use %s KiB, allocated %s KiB, kept from the OS %s KiB, %s files, %s threads, %s goroutines; caa relay anon %s KiB, rss %s KiB, %s files, %s threads",
+			k, Num(s[0].anon), Num(s[0].rss), Num(s[0].heapInuse), Num(s[0].heapAlloc), Num(s[0].heapKept), Num(s[0].fds), Num(s[0].threads), Num(s[0].goroutines), Num(s[1].anon), Num(s[1].rss), Num(s[1].fds), Num(s[1].threads)))
 	}
 	for _, at := range []struct {
 		what string
 		s    [2]procSample
 	}{{fmt.Sprintf("after %d cycles", firstHalf), mid}, {fmt.Sprintf("after all %d cycles", cycles), after}} {
 		s := at.s
-		sc.Details = append(sc.Details, fmt.Sprintf("%s, %d sandboxes: caa anon %s KiB, rss %s KiB, Go heap in use %s KiB, %s heap objects, %s threads, %s goroutines; caa relay anon %s KiB, rss %s KiB, %s threads",
-			at.what, slots, Num(s[0].anon), Num(s[0].rss), Num(s[0].heapInuse), Num(s[0].heapObjects), Num(s[0].threads), Num(s[0].goroutines), Num(s[1].anon), Num(s[1].rss), Num(s[1].threads)))
+		sc.Details = append(sc.Details, fmt.Sprintf("%s, %d sandboxes: caa anon %s KiB, rss %s KiB, Go heap in use %s KiB, allocated %s KiB, kept from the OS %s KiB, %s heap objects, %s threads, %s goroutines; caa relay anon %s KiB, rss %s KiB, %s threads",
+			at.what, slots, Num(s[0].anon), Num(s[0].rss), Num(s[0].heapInuse), Num(s[0].heapAlloc), Num(s[0].heapKept), Num(s[0].heapObjects), Num(s[0].threads), Num(s[0].goroutines), Num(s[1].anon), Num(s[1].rss), Num(s[1].threads)))
 	}
 	return sc, nil
 }
@@ -296,6 +303,16 @@ func (b *bench) s11Sample(ctx context.Context, r *kataRig) ([2]procSample, error
 	}
 	c.goroutines = m["go_goroutines"]
 	c.heapInuse, c.heapObjects = m["go_memstats_heap_inuse_bytes"]/1024, m["go_memstats_heap_objects"]
+	// The heap's objects once the collection's sweep is done (until then
+	// the dead ones count as allocated), and the pages kept then.
+	if err := sleepCtx(ctx, time.Second); err != nil {
+		return out, err
+	}
+	if m, err = r.d.Metrics(ctx); err != nil {
+		return out, err
+	}
+	c.heapAlloc = m["go_memstats_heap_alloc_bytes"] / 1024
+	c.heapKept = (m["go_memstats_heap_sys_bytes"] - m["go_memstats_heap_released_bytes"]) / 1024
 	rl, err := sampleProc(r.relay.Process.Pid)
 	if err != nil {
 		return out, err
@@ -338,6 +355,8 @@ func s11Rows(order []int, samples map[int][2]procSample, slots, cycles int, afte
 				HasLimit: true, AtMost: true, Limit: s11GrowthCount},
 				Row{Case: c, Metric: "Go heap in use (go_memstats_heap_inuse_bytes)", Unit: "KiB", Runs: []float64{after[p].heapInuse - top[p].heapInuse}},
 				Row{Case: c, Metric: "Go heap objects", Unit: "objects", Runs: []float64{after[p].heapObjects - top[p].heapObjects}},
+				Row{Case: c, Metric: "Go heap allocated (go_memstats_heap_alloc_bytes)", Unit: "KiB", Runs: []float64{after[p].heapAlloc - top[p].heapAlloc}},
+				Row{Case: c, Metric: "Go heap kept from the OS (heap_sys - heap_released)", Unit: "KiB", Runs: []float64{after[p].heapKept - top[p].heapKept}},
 				Row{Case: c, Metric: "threads", Unit: "threads", Runs: []float64{after[p].threads - top[p].threads}})
 		} else {
 			rows = append(rows, Row{Case: c, Metric: "threads", Unit: "threads", Runs: []float64{after[p].threads - top[p].threads}})
@@ -379,7 +398,9 @@ func s11HalfRows(mid, after [2]procSample, slots, cycles int) []Row {
 			Row{Case: c, Metric: "threads", Unit: "threads", Runs: []float64{after[p].threads - mid[p].threads}})
 		if p == 0 {
 			rows = append(rows, Row{Case: c, Metric: "Go heap in use (go_memstats_heap_inuse_bytes)", Unit: "KiB", Runs: []float64{after[p].heapInuse - mid[p].heapInuse}},
-				Row{Case: c, Metric: "Go heap objects", Unit: "objects", Runs: []float64{after[p].heapObjects - mid[p].heapObjects}})
+				Row{Case: c, Metric: "Go heap objects", Unit: "objects", Runs: []float64{after[p].heapObjects - mid[p].heapObjects}},
+				Row{Case: c, Metric: "Go heap allocated (go_memstats_heap_alloc_bytes)", Unit: "KiB", Runs: []float64{after[p].heapAlloc - mid[p].heapAlloc}},
+				Row{Case: c, Metric: "Go heap kept from the OS (heap_sys - heap_released)", Unit: "KiB", Runs: []float64{after[p].heapKept - mid[p].heapKept}})
 		}
 	}
 	return rows

@@ -170,9 +170,9 @@ func (b *bench) s8(ctx context.Context) (sc Scenario, err error) {
 		served := Row{Case: c, Metric: "every agent socket served again", Unit: "ms", MaxRatio: 1.5,
 			Bound: ms(SandboxRestartBound(exec, podList, s8Latency, tunnels, hs, n, cpus)),
 			BoundNote: fmt.Sprintf("process start %s + the node's pod list %s + one listing of the node's VMs %s + the kernel's check of the %d "+
-				"tunnels, side by side as caa runs them (%s: tunnel.Setup on each surviving tunnel, from the bench while caa is stopped; "+
+				"tunnels, %d at once as caa runs them (%s: tunnel.Setup on each surviving tunnel, from the bench while caa is stopped; "+
 				"it changes nothing) + %d relayed agent calls in a row (%d calls of %s each, both ends of every mutual-TLS handshake on %d CPUs)",
-				round(exec), round(podList), s8Latency, n, round(tunnels), (n+cpus-1)/cpus, n, round(hs), cpus)}
+				round(exec), round(podList), s8Latency, n, sandbox.DefaultTunnelOps, round(tunnels), (n+cpus-1)/cpus, n, round(hs), cpus)}
 		ready := Row{Case: c, Metric: "ready (/readyz 200)", Unit: "ms"}
 		writes := Row{Case: c, Metric: "cloud writes at restart", Unit: "calls", HasLimit: true, AtMost: true, EveryRun: true}
 		for range b.count {
@@ -339,8 +339,9 @@ func (n *s8Node) restart(ctx context.Context, sandboxes []s8Sandbox) (served, re
 }
 
 // tunnelCheckTime is the median of runs passes of tunnel.Setup over every
-// recorded sandbox's tunnel at once, from the node's namespace, as caa's
-// restart runs them: the kernel's share of serving the sandboxes again.
+// recorded sandbox's tunnel, sandbox.DefaultTunnelOps at once, from the
+// node's namespace, as caa's restart runs them: the kernel's share of
+// serving the sandboxes again.
 // caa must be stopped (the ledger is read from the file); the tunnels
 // exist, so Setup only inspects them.
 func (n *s8Node) tunnelCheckTime(ctx context.Context, runs int) (time.Duration, error) {
@@ -360,9 +361,12 @@ func (n *s8Node) tunnelCheckTime(ctx context.Context, runs int) (time.Duration, 
 	for range runs {
 		errs := make(chan error, len(ss))
 		var wg sync.WaitGroup
+		turns := make(chan struct{}, sandbox.DefaultTunnelOps)
 		t0 := time.Now()
 		for _, s := range ss {
 			wg.Go(func() {
+				turns <- struct{}{}
+				defer func() { <-turns }()
 				errs <- tunnel.Setup(tunnel.Config{NetNSPath: s.NetNS, VXLANID: s.Tunnel.VXLANID, Port: s.Tunnel.Port,
 					RemoteIP: net.ParseIP(s.Tunnel.RemoteIP), LocalIP: net.ParseIP(s.Tunnel.LocalIP), HostNetNSPath: n.cn.NodeNS})
 			})
