@@ -1,3 +1,5 @@
+//go:build measure
+
 package tunnel_test
 
 import (
@@ -17,14 +19,11 @@ import (
 // (sandbox.DefaultTunnelOps is chosen from it): 100 pods' tunnels read
 // (Inspect), set up, checked (Setup on whole tunnels, a restart's share) and
 // torn down, 1, 2, 4, 8, 16 and 100 at a time, with the process's OS threads
-// after each. A measurement, not a check: it runs only when asked, as root
-// (a few minutes):
+// after each. A measurement, not a check: it asserts nothing, so it is built
+// only with the measure tag, as root (a few minutes):
 //
-//	CAA_MEASURE_TUNNEL_OPS=1 go test -run TestMeasureTunnelOperationsAtOnce -v ./pkg/tunnel
+//	go test -tags measure -run TestMeasureTunnelOperationsAtOnce -v ./pkg/tunnel
 func TestMeasureTunnelOperationsAtOnce(t *testing.T) {
-	if os.Getenv("CAA_MEASURE_TUNNEL_OPS") == "" {
-		t.Skip("a measurement: set CAA_MEASURE_TUNNEL_OPS=1 to run it (as root)")
-	}
 	cn := podvmfake.NewCloudNetwork(t)
 	var cfgs []tunnel.Config
 	for i := range 100 {
