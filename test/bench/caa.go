@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strconv"
 	"strings"
 	"syscall"
@@ -244,6 +245,9 @@ func (d *Daemon) saveHeapProfile(ctx context.Context, addr, path string) error {
 	}
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
+		return fmt.Errorf("caa's heap profile: %w", err)
+	}
+	if err := os.MkdirAll(filepath.Dir(path), 0o755); err != nil {
 		return fmt.Errorf("caa's heap profile: %w", err)
 	}
 	return os.WriteFile(path, data, 0o644)

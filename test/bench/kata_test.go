@@ -35,8 +35,11 @@ func TestS11RowsPerSandboxAndGrowth(t *testing.T) {
 		0:   {{anon: 10000, rss: 30000, fds: 20, goroutines: 50}, {anon: 3000, rss: 9000, fds: 8}},
 		100: {{anon: 20000, rss: 45000, fds: 320, goroutines: 450, heapAlloc: 6000, heapKept: 11000}, {anon: 13000, rss: 20000, fds: 308}},
 	}
-	after := [2]procSample{{anon: 21000, rss: 46000, fds: 321, goroutines: 452, heapAlloc: 6100, heapKept: 14000}, {anon: 13500, rss: 20000, fds: 308}}
-	rows := s11Rows([]int{0, 100}, samples, 100, 1000, after, 0)
+	// The warm-up left 3,000 KiB more in caa (a high-water mark); the
+	// measured cycles add 1,000 KiB above that.
+	warm := [2]procSample{{anon: 23000, rss: 48000, fds: 320, goroutines: 450, heapAlloc: 6050, heapKept: 13000}, {anon: 13200, rss: 20000, fds: 308}}
+	after := [2]procSample{{anon: 24000, rss: 49000, fds: 321, goroutines: 452, heapAlloc: 6150, heapKept: 16000}, {anon: 13500, rss: 20000, fds: 308}}
+	rows := s11Rows([]int{0, 100}, samples, 100, 1000, warm, after, 0)
 	byName := map[string]Row{}
 	for _, r := range rows {
 		byName[r.Case+": "+r.Metric] = r
@@ -45,9 +48,30 @@ func TestS11RowsPerSandboxAndGrowth(t *testing.T) {
 	assert.Equal(t, "pass", byName["caa, per sandbox (0 to 100): RSS anonymous"].Result())
 	assert.Equal(t, []float64{4}, byName["caa, per sandbox (0 to 100): goroutines"].Runs)
 	assert.Equal(t, []float64{3}, byName["caa relay, per sandbox (0 to 100): open files"].Runs)
-	assert.Equal(t, []float64{1000}, byName["caa, growth over 1000 cycles (100 slots): RSS anonymous"].Runs)
-	assert.Equal(t, []float64{2}, byName["caa, growth over 1000 cycles (100 slots): goroutines"].Runs)
-	assert.Equal(t, "pass", byName["caa, growth over 1000 cycles (100 slots): goroutines"].Result())
-	assert.Equal(t, []float64{100}, byName["caa, growth over 1000 cycles (100 slots): Go heap allocated (go_memstats_heap_alloc_bytes)"].Runs)
-	assert.Equal(t, []float64{3000}, byName["caa, growth over 1000 cycles (100 slots): Go heap kept from the OS (heap_sys - heap_released)"].Runs)
+	growth := "caa, growth over 1000 cycles (100 slots), from after the warm-up: "
+	assert.Equal(t, []float64{1000}, byName[growth+"RSS anonymous"].Runs)
+	assert.Equal(t, "pass", byName[growth+"RSS anonymous"].Result())
+	assert.Equal(t, []float64{2}, byName[growth+"goroutines"].Runs)
+	assert.Equal(t, "pass", byName[growth+"goroutines"].Result())
+	assert.Equal(t, []float64{100}, byName[growth+"Go heap allocated (go_memstats_heap_alloc_bytes)"].Runs)
+	assert.Equal(t, []float64{3000}, byName[growth+"Go heap kept from the OS (heap_sys - heap_released)"].Runs)
+
+	// A cost per cycle shows above the warm-up's mark and misses.
+	leak := after
+	leak[0].anon = warm[0].anon + 3000
+	rows = s11Rows([]int{0, 100}, samples, 100, 1000, warm, leak, 0)
+	for _, r := range rows {
+		if r.Case+": "+r.Metric == growth+"RSS anonymous" {
+			assert.Equal(t, "MISS", r.Result())
+		}
+	}
+
+	// The warm-up's rise is reported against the reading before it.
+	wr := map[string]Row{}
+	for _, r := range s11WarmRows(samples[100], warm, 100, 200) {
+		wr[r.Case+": "+r.Metric] = r
+	}
+	assert.Equal(t, []float64{3000}, wr["caa, rise over the warm-up (200 cycles, 100 side by side): RSS anonymous"].Runs)
+	assert.Equal(t, []float64{200}, wr["caa relay, rise over the warm-up (200 cycles, 100 side by side): RSS anonymous"].Runs)
+	assert.False(t, wr["caa, rise over the warm-up (200 cycles, 100 side by side): RSS anonymous"].HasLimit)
 }
