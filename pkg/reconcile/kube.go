@@ -65,6 +65,13 @@ func NewPodSource(client kubernetes.Interface, node string, runtimeClasses []str
 		changes:        make(chan struct{}, 1),
 		synced:         make(chan struct{}),
 	}
+	// The cache keeps a pod without its managed fields: caa never reads
+	// them and never writes a pod, and each field manager's entry (the
+	// creator's, the kubelet's status) is about as large as the rest of a
+	// small pod's metadata.
+	if err := s.informer.SetTransform(stripManagedFields); err != nil {
+		return nil, fmt.Errorf("pod source: %w", err)
+	}
 	// The field selector also brings the node's other pods (caa's own
 	// among them); their changes start no pass, except a delete or a move
 	// to a terminal phase, which may free a VM recorded before a
@@ -93,6 +100,15 @@ func NewPodSource(client kubernetes.Interface, node string, runtimeClasses []str
 		return nil, fmt.Errorf("pod source: %w", err)
 	}
 	return s, nil
+}
+
+// stripManagedFields drops a pod's managed fields before the cache keeps
+// it; anything else passes unchanged.
+func stripManagedFields(obj any) (any, error) {
+	if p, ok := obj.(*corev1.Pod); ok {
+		p.ManagedFields = nil
+	}
+	return obj, nil
 }
 
 // Run runs the informer until ctx is done. The moment the first list is

@@ -96,6 +96,26 @@ func TestPodSourceSignalsItsSync(t *testing.T) {
 	assert.True(t, src.Pods()[0].NotPeer)
 }
 
+func TestPodSourceKeepsNoManagedFields(t *testing.T) {
+	p := kubePod("u1", "peer", "kata-remote", corev1.PodRunning)
+	p.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubelet", Operation: metav1.ManagedFieldsOperationUpdate,
+		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:status":{"f:phase":{}}}`)}}}
+	client := fake.NewClientset(p)
+	src, err := NewPodSource(client, "n", []string{"kata-remote"}, 0)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go src.Run(ctx)
+	require.True(t, src.WaitSynced(ctx))
+	objs := src.informer.GetStore().List()
+	require.Len(t, objs, 1)
+	cached := objs[0].(*corev1.Pod)
+	assert.Nil(t, cached.ManagedFields, "the cache drops managed fields")
+	assert.Equal(t, "kata-remote", *cached.Spec.RuntimeClassName, "and keeps what caa reads")
+	require.NotNil(t, src.Pod("u1"))
+	assert.False(t, src.Pod("u1").NotPeer)
+}
+
 func TestPodSourceNeedsNodeAndRuntimeClass(t *testing.T) {
 	_, err := NewPodSource(fake.NewClientset(), "", []string{"kata-remote"}, 0)
 	assert.ErrorContains(t, err, "NODE_NAME")
