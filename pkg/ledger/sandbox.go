@@ -30,6 +30,31 @@ import (
 // certificates issued for it. Never a private key, user data or initdata
 // (invariant I7).
 
+// MaxSandboxIDLen is the longest sandbox id caa accepts.
+const MaxSandboxIDLen = 128
+
+// ValidSandboxID reports whether id can name a sandbox: 1 to 128 ASCII
+// letters, digits, '.', '_' or '-', starting with a letter or digit, so
+// that it is usable as a directory name and a cloud tag value (kata sends
+// 64 hex digits). Written out rather than as a regular expression: the
+// compiled form of a bounded repetition of 127 costs about 100 KiB of heap
+// in every process that holds it.
+func ValidSandboxID(id string) bool {
+	if id == "" || len(id) > MaxSandboxIDLen {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case i > 0 && (c == '.' || c == '_' || c == '-'):
+		default:
+			return false
+		}
+	}
+	return true
+}
+
 // SandboxPhase is where a sandbox stands.
 type SandboxPhase string
 

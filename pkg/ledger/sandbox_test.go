@@ -2,6 +2,7 @@ package ledger
 
 import (
 	"encoding/binary"
+	"strings"
 	"testing"
 	"time"
 
@@ -236,4 +237,30 @@ func TestVerifyNamesAVMOfBothAPodAndASandbox(t *testing.T) {
 	require.Len(t, probs, 1)
 	assert.Equal(t, "sandboxes/sb-1", probs[0].Where)
 	assert.Contains(t, probs[0].What, "also recorded for pod uid-1")
+}
+
+func TestValidSandboxID(t *testing.T) {
+	long := strings.Repeat("a", MaxSandboxIDLen)
+	for _, tc := range []struct {
+		id   string
+		want bool
+	}{
+		{"0123456789abcdef0123456789abcdef0123456789abcdef0123456789abcdef", true},
+		{"a", true},
+		{"Pod-1_x.y", true},
+		{long, true},
+		{long + "a", false},
+		{"", false},
+		{"-a", false},
+		{".a", false},
+		{"_a", false},
+		{"a/b", false},
+		{"../x", false},
+		{"a b", false},
+		{"a\x00", false},
+		{"é", false},
+		{"a:b", false},
+	} {
+		assert.Equal(t, tc.want, ValidSandboxID(tc.id), "%q", tc.id)
+	}
 }

@@ -12,13 +12,13 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"regexp"
 	"slices"
 	"sort"
 	"sync"
 	"time"
 
 	"github.com/caa-project/caa/internal/unixsock"
+	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/relay"
 )
 
@@ -233,11 +233,9 @@ func (s *Server) Do(ctx context.Context, req Request) Response {
 	return resp
 }
 
-var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
-
 func checkServe(req Request) error {
 	switch {
-	case !validID.MatchString(req.Sandbox):
+	case !ledger.ValidSandboxID(req.Sandbox):
 		return fmt.Errorf("sandbox %q: want 1-128 letters, digits, '.', '_' or '-'", req.Sandbox)
 	case req.Socket == "" || !filepath.IsAbs(req.Socket):
 		return fmt.Errorf("socket %q: want the agent socket's absolute path", req.Socket)

@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
-	"regexp"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -253,11 +252,8 @@ func (m *Manager) Wait() { m.bg.Wait() }
 
 func (m *Manager) stopping() bool { return m.cfg.Stop != nil && m.cfg.Stop.Err() != nil }
 
-// validID keeps a sandbox id usable as a directory name and a tag value.
-var validID = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9_.-]{0,127}$`)
-
 func checkID(id string) error {
-	if !validID.MatchString(id) {
+	if !ledger.ValidSandboxID(id) {
 		return fmt.Errorf("%w: sandbox id %q: want 1-128 letters, digits, '.', '_' or '-' (kata sends a 64-hex-digit id)", ErrInvalid, id)
 	}
 	return nil
