@@ -99,7 +99,7 @@ func TestPodSourceSignalsItsSync(t *testing.T) {
 func TestPodSourceKeepsNoManagedFields(t *testing.T) {
 	p := kubePod("u1", "peer", "kata-remote", corev1.PodRunning)
 	p.ManagedFields = []metav1.ManagedFieldsEntry{{Manager: "kubelet", Operation: metav1.ManagedFieldsOperationUpdate,
-		FieldsType: "FieldsV1", FieldsV1: &metav1.FieldsV1{Raw: []byte(`{"f:status":{"f:phase":{}}}`)}}}
+		FieldsType: "FieldsV1", FieldsV1: metav1.NewFieldsV1(`{"f:status":{"f:phase":{}}}`)}}
 	client := fake.NewClientset(p)
 	src, err := NewPodSource(client, "n", []string{"kata-remote"}, 0)
 	require.NoError(t, err)
