@@ -74,4 +74,17 @@ func TestS11RowsPerSandboxAndGrowth(t *testing.T) {
 	assert.Equal(t, []float64{3000}, wr["caa, rise over the warm-up (200 cycles, 100 side by side): RSS anonymous"].Runs)
 	assert.Equal(t, []float64{200}, wr["caa relay, rise over the warm-up (200 cycles, 100 side by side): RSS anonymous"].Runs)
 	assert.False(t, wr["caa, rise over the warm-up (200 cycles, 100 side by side): RSS anonymous"].HasLimit)
+	_, hasObjects := wr["caa, rise over the warm-up (200 cycles, 100 side by side): Go heap objects"]
+	assert.False(t, hasObjects)
+
+	// The last half's rows: the same differences, with caa's heap objects.
+	hr := map[string]Row{}
+	for _, r := range s11HalfRows(warm, after, 100, 500) {
+		hr[r.Case+": "+r.Metric] = r
+	}
+	assert.Equal(t, []float64{1000}, hr["caa, growth over the last 500 cycles (100 slots): RSS anonymous"].Runs)
+	assert.Equal(t, []float64{100}, hr["caa, growth over the last 500 cycles (100 slots): Go heap allocated (go_memstats_heap_alloc_bytes)"].Runs)
+	assert.Contains(t, hr, "caa, growth over the last 500 cycles (100 slots): Go heap objects")
+	assert.Equal(t, []float64{300}, hr["caa relay, growth over the last 500 cycles (100 slots): RSS anonymous"].Runs)
+	assert.NotContains(t, hr, "caa relay, growth over the last 500 cycles (100 slots): Go heap objects")
 }

@@ -435,33 +435,33 @@ func firstErr(n int, fn func(i int) error) error {
 // judged: a high-water mark, which the growth rows then show is not
 // exceeded.
 func s11WarmRows(top, warm [2]procSample, slots, cycles int) []Row {
-	var rows []Row
-	for p, name := range []string{"caa", "caa relay"} {
-		c := fmt.Sprintf("%s, rise over the warm-up (%d cycles, %d side by side)", name, cycles, slots)
-		rows = append(rows, Row{Case: c, Metric: "RSS anonymous", Unit: "KiB", Runs: []float64{warm[p].anon - top[p].anon}},
-			Row{Case: c, Metric: "threads", Unit: "threads", Runs: []float64{warm[p].threads - top[p].threads}})
-		if p == 0 {
-			rows = append(rows, Row{Case: c, Metric: "Go heap allocated (go_memstats_heap_alloc_bytes)", Unit: "KiB", Runs: []float64{warm[p].heapAlloc - top[p].heapAlloc}},
-				Row{Case: c, Metric: "Go heap kept from the OS (heap_sys - heap_released)", Unit: "KiB", Runs: []float64{warm[p].heapKept - top[p].heapKept}})
-		}
-	}
-	return rows
+	return s11DiffRows("%s, rise over the warm-up ("+strconv.Itoa(cycles)+" cycles, "+strconv.Itoa(slots)+" side by side)", top, warm, false)
 }
 
 // s11HalfRows: the growth over the second half of the cycles, which a cost
 // per cycle shows and a high-water mark reached in the first half does not.
 func s11HalfRows(mid, after [2]procSample, slots, cycles int) []Row {
+	return s11DiffRows("%s, growth over the last "+strconv.Itoa(cycles)+" cycles ("+strconv.Itoa(slots)+" slots)", mid, after, true)
+}
+
+// s11DiffRows: each process's change from one reading to a later one,
+// unjudged; caseFmt takes the process's name. objects adds caa's heap in
+// use and its objects.
+func s11DiffRows(caseFmt string, from, to [2]procSample, objects bool) []Row {
 	var rows []Row
 	for p, name := range []string{"caa", "caa relay"} {
-		c := fmt.Sprintf("%s, growth over the last %d cycles (%d slots)", name, cycles, slots)
-		rows = append(rows, Row{Case: c, Metric: "RSS anonymous", Unit: "KiB", Runs: []float64{after[p].anon - mid[p].anon}},
-			Row{Case: c, Metric: "threads", Unit: "threads", Runs: []float64{after[p].threads - mid[p].threads}})
-		if p == 0 {
-			rows = append(rows, Row{Case: c, Metric: "Go heap in use (go_memstats_heap_inuse_bytes)", Unit: "KiB", Runs: []float64{after[p].heapInuse - mid[p].heapInuse}},
-				Row{Case: c, Metric: "Go heap objects", Unit: "objects", Runs: []float64{after[p].heapObjects - mid[p].heapObjects}},
-				Row{Case: c, Metric: "Go heap allocated (go_memstats_heap_alloc_bytes)", Unit: "KiB", Runs: []float64{after[p].heapAlloc - mid[p].heapAlloc}},
-				Row{Case: c, Metric: "Go heap kept from the OS (heap_sys - heap_released)", Unit: "KiB", Runs: []float64{after[p].heapKept - mid[p].heapKept}})
+		c := fmt.Sprintf(caseFmt, name)
+		rows = append(rows, Row{Case: c, Metric: "RSS anonymous", Unit: "KiB", Runs: []float64{to[p].anon - from[p].anon}},
+			Row{Case: c, Metric: "threads", Unit: "threads", Runs: []float64{to[p].threads - from[p].threads}})
+		if p != 0 {
+			continue
 		}
+		if objects {
+			rows = append(rows, Row{Case: c, Metric: "Go heap in use (go_memstats_heap_inuse_bytes)", Unit: "KiB", Runs: []float64{to[p].heapInuse - from[p].heapInuse}},
+				Row{Case: c, Metric: "Go heap objects", Unit: "objects", Runs: []float64{to[p].heapObjects - from[p].heapObjects}})
+		}
+		rows = append(rows, Row{Case: c, Metric: "Go heap allocated (go_memstats_heap_alloc_bytes)", Unit: "KiB", Runs: []float64{to[p].heapAlloc - from[p].heapAlloc}},
+			Row{Case: c, Metric: "Go heap kept from the OS (heap_sys - heap_released)", Unit: "KiB", Runs: []float64{to[p].heapKept - from[p].heapKept}})
 	}
 	return rows
 }
