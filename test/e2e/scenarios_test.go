@@ -409,9 +409,15 @@ func TestConvergesThroughCloudFaults(t *testing.T) {
 	aws := newAWSCloud(t)
 	uids := createPods(ctx, t, c, "faulty", "pod", node, n)
 	ledgerPath := filepath.Join(t.TempDir(), "caa", "ledger.db")
+	// Every 7th call throttled, not every 4th: once one pod is left, a
+	// pass that tries it makes 3 calls in a row (the listing, the lookup of
+	// its idempotency key, the create), so every 4th call failed 3 tries in
+	// 4 whatever caa did, and the last pod could stay throttled for the
+	// whole deadline (CI saw it). A real cloud's bucket does not lock onto
+	// a call pattern like that.
 	aws.core.SetFaults(cloud.Faults{
 		Latency:       10 * time.Millisecond,
-		ThrottleEvery: 4, RetryAfter: time.Second,
+		ThrottleEvery: 7, RetryAfter: time.Second,
 		ServerErrorRate: 0.1,
 		InvisibleFor:    2 * time.Second,
 	})
