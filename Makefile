@@ -1,13 +1,15 @@
 # caa — build, test and measure. `make help` lists the targets.
 
 GO          ?= go
+# bash for pipefail: `make test` pipes go test -json through testtimes.
+SHELL       := /bin/bash
 VERSION     ?= $(shell git describe --tags --always --dirty 2>/dev/null || echo dev)
 LDFLAGS     := -s -w -X main.version=$(VERSION)
 STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCH_COUNT ?= 5
 BENCH_OUT   ?= .cache/bench
 
-.PHONY: proto help build demo demo-kata test test-unit test-integration e2e-binaries lint fmt bench bench-quick fuzz clean image static
+.PHONY: proto help build demo demo-kata test test-unit test-integration test-times e2e-binaries lint fmt bench bench-quick fuzz clean image static
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -82,9 +84,18 @@ test-unit: ## fast tests only: no e2e packages, and -short skips the crash loop 
 	$(GO) test -short -count=1 $$($(GO) list ./... | grep -v /test/e2e)
 	cd $(CHART_MOD) && $(GO) test -short -count=1 ./...
 
-test-integration: e2e-binaries ## every test, with the race detector (the chart's module too)
-	$(GO) test -race -count=1 -timeout 40m ./...
-	cd $(CHART_MOD) && $(GO) test -race -count=1 -timeout 20m ./...
+# Each run's per-package and slowest-test times land in $(TIMES_OUT)
+# (internal/testtimes; docs/test-times.md keeps a dated copy).
+TIMES_OUT ?= .cache/test-times
+
+test-integration: e2e-binaries ## every test, with the race detector (the chart's module too); where the time went: $(TIMES_OUT)
+	@mkdir -p $(TIMES_OUT) && cat /proc/loadavg > $(TIMES_OUT)/load-before
+	$(GO) build -o $(TIMES_OUT)/testtimes ./internal/testtimes
+	set -o pipefail; $(GO) test -race -count=1 -timeout 40m -json ./... | $(TIMES_OUT)/testtimes -report $(TIMES_OUT)/main.md -load-before $(TIMES_OUT)/load-before
+	set -o pipefail; cd $(CHART_MOD) && $(GO) test -race -count=1 -timeout 20m -json ./... | ../../$(TIMES_OUT)/testtimes -report ../../$(TIMES_OUT)/chart.md
+
+test-times: ## print where the last `make test` spent its time (per package, the 30 slowest tests)
+	@cat $(TIMES_OUT)/main.md $(TIMES_OUT)/chart.md
 
 test-upstream-podvm: e2e-binaries ## the remote hypervisor e2e with upstream's real process-user-data and agent-protocol-forwarder in the pod VMs: CAA_UPSTREAM_PODVM_BIN=<their directory>, as root, iptables installed (not part of `make test`: CI cannot build them)
 	@if [ -z "$$CAA_UPSTREAM_PODVM_BIN" ]; then echo "CAA_UPSTREAM_PODVM_BIN is not set: build upstream's pod-VM programs with hack/build-upstream-podvm.sh (README, Running caa as kata's remote hypervisor) and point it at their bin directory"; exit 2; fi
