@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/http/httptest"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -131,4 +132,48 @@ func freeAddr(t *testing.T) string {
 	addr := l.Addr().String()
 	require.NoError(t, l.Close())
 	return addr
+}
+
+// TestClientGoLogsInCaasFormat: what client-go logs (here the apiserver's
+// Warning header, which client-go writes through klog) comes out as one of
+// caa's JSON lines, not as klog's text among them.
+func TestClientGoLogsInCaasFormat(t *testing.T) {
+	api := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Warning", `299 - "test-warning-from-apiserver"`)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusServiceUnavailable)
+		_, _ = io.WriteString(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"not yet","code":503}`)
+	}))
+	defer api.Close()
+	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: %q}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+users: [{name: u, user: {}}]
+current-context: c
+`, api.URL)), 0o600))
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, caaBin, "run", "--node-name", "n", "--provider", "aws", "--cluster-id", "cluster-x",
+		"--kubeconfig", kubeconfig, "--ledger", shortPath(t), "--health-addr", "127.0.0.1:0", "--log-format", "json",
+		"--aws-region", "us-east-1", "--aws-subnet-id", "subnet-1", "--aws-image", "ami-1", "--aws-instance-type", "m6a.large")
+	cmd.Env = append(os.Environ(), "CAA_LEDGER=")
+	stderr, err := cmd.StderrPipe()
+	require.NoError(t, err)
+	require.NoError(t, cmd.Start())
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	sc := bufio.NewScanner(stderr)
+	for sc.Scan() {
+		line := sc.Text()
+		if !strings.Contains(line, "test-warning-from-apiserver") {
+			continue
+		}
+		var entry map[string]any
+		require.NoError(t, json.Unmarshal([]byte(line), &entry), "client-go's line is one of caa's JSON lines: %q", line)
+		assert.Equal(t, "client-go", entry["source"])
+		assert.Equal(t, "n", entry["node"], "with caa's own attributes")
+		return
+	}
+	t.Fatalf("caa exited or closed stderr before client-go logged the apiserver's warning (ctx: %v)", ctx.Err())
 }

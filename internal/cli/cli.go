@@ -16,6 +16,7 @@ import (
 
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/rest"
+	"k8s.io/klog/v2"
 	"k8s.io/client-go/tools/clientcmd"
 )
 
@@ -127,4 +128,13 @@ func KubeClient(kubeconfig, userAgent string, qps float64) (kubernetes.Interface
 	cfg.AcceptContentTypes = "application/vnd.kubernetes.protobuf,application/json"
 	cfg.QPS, cfg.Burst = float32(qps), int(2*qps)
 	return kubernetes.NewForConfig(cfg)
+}
+
+// RouteKlog sends client-go's klog lines through log, so that they come
+// out in caa's format (one JSON object a line with --log-format json)
+// instead of klog's own text in the middle of caa's log. klog's logger is
+// the process's: only a command's Run calls this, once, before its first
+// apiserver call; tests that drive the daemon's parts in-process do not.
+func RouteKlog(log *slog.Logger) {
+	klog.SetSlogLogger(log.With("source", "client-go"))
 }

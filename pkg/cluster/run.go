@@ -116,6 +116,7 @@ func Run(ctx context.Context, f *Options, stderr io.Writer) error {
 	}
 	log, _ := cli.NewLogger(stderr, f.logFormat, f.logLevel)
 	log = log.With("scope", "cluster", "identity", f.identity)
+	cli.RouteKlog(log)
 	if err := clusterScope(ctx, f, log); err != nil {
 		log.Error("caa cluster cannot run", "err", err)
 		return cli.LoggedError{Err: err}

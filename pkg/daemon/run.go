@@ -327,6 +327,7 @@ func Run(ctx context.Context, f *Options, stderr io.Writer) error {
 	}
 	log, _ := cli.NewLogger(stderr, f.logFormat, f.logLevel)
 	log = log.With("node", f.node)
+	cli.RouteKlog(log)
 	if err := daemon(ctx, f, log); err != nil {
 		log.Error("caa cannot run", "err", err)
 		return cli.LoggedError{Err: err}

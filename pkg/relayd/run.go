@@ -103,6 +103,7 @@ func Run(ctx context.Context, f *Options, stderr io.Writer) error {
 	}
 	log, _ := cli.NewLogger(stderr, f.logFormat, f.logLevel)
 	log = log.With("component", "relay")
+	cli.RouteKlog(log)
 	fail := func(err error) error {
 		log.Error("caa relay cannot run", "err", err)
 		return cli.LoggedError{Err: err}
