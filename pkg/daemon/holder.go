@@ -58,6 +58,8 @@ type nodeDaemon struct {
 	early *reconcile.Prefetch
 	// adaptor collects the VMs upstream's adaptor left (adaptorvms.go).
 	adaptor *adaptorvm.Collector
+	// metrics counts kata's calls in the remote hypervisor mode.
+	metrics *health.Metrics
 
 	readyOnce sync.Once
 

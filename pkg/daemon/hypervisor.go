@@ -280,7 +280,7 @@ func (n *nodeDaemon) runSandboxes(ctx, quit context.Context, led *ledger.Ledger,
 		// Stopping (SIGTERM, a hand-over) lets the calls in flight finish
 		// within the grace; calls arriving meanwhile wait in the socket's
 		// backlog for the next holder (hypervisor.Socket).
-		if err := sock.Serve(ctx, &hypervisor.Service{Sandboxes: m, CaaVersion: f.version, Log: log}, f.shutdownGrace); err != nil {
+		if err := sock.Serve(ctx, &hypervisor.Service{Sandboxes: m, CaaVersion: f.version, Log: log, Calls: n.metrics}, f.shutdownGrace); err != nil {
 			log.Error("remote hypervisor service stopped", "err", err)
 		}
 	}()

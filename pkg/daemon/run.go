@@ -514,7 +514,7 @@ func daemon(ctx context.Context, f *Options, log *slog.Logger) error {
 		prov: prov, specCfg: specCfg, userData: userData, clusterID: clusterID, nodeLedger: nodeLedger,
 		me: handover.Peer{Pod: f.podName, Version: f.version, PID: os.Getpid()}, started: started,
 		serve: serve, preflight: passed, gate: holder.Gate{Cooldown: f.handoverCool}, early: early,
-		adaptor: f.adaptorCollector(raw, prov, client, log),
+		adaptor: f.adaptorCollector(raw, prov, client, log), metrics: metrics,
 	}
 	alive()
 	err = n.run(ctx, stopCtx)

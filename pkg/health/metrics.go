@@ -54,8 +54,11 @@ type Metrics struct {
 	handoverTook   prometheus.Gauge
 	handoverGap    prometheus.Gauge
 	preflights     *prometheus.CounterVec
+	kataCalls      *prometheus.CounterVec
+	kataDuration   *prometheus.HistogramVec
 
 	kinds, ops, results, phases *labelBound
+	kataMethods, kataCodes      *labelBound
 
 	mu         sync.Mutex
 	phasesSeen map[string]bool // every phase label ever set, to zero the absent
@@ -150,17 +153,28 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 			Name: "caa_preflight_runs_total",
 			Help: "Runs of the cloud preflight (credentials, permissions, resource ids), by result (passed, failed); a warm restart runs it after ready.",
 		}, []string{"result"}),
-		kinds:      newLabelBound(16),
-		ops:        newLabelBound(16),
-		results:    newLabelBound(16),
-		phases:     newLabelBound(8),
-		phasesSeen: map[string]bool{},
+		kataCalls: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "caa_hypervisor_calls_total",
+			Help: "kata's remote hypervisor calls (CreateVM, StartVM, StopVM, Version) answered, by method and status code (OK, InvalidArgument, Unavailable, ...).",
+		}, []string{"method", "code"}),
+		kataDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "caa_hypervisor_call_duration_seconds",
+			Help:    "How long caa took to answer kata's remote hypervisor calls, by method, whatever the answer (StartVM includes the VM's boot).",
+			Buckets: durationBuckets(),
+		}, []string{"method"}),
+		kinds:       newLabelBound(16),
+		ops:         newLabelBound(16),
+		results:     newLabelBound(16),
+		phases:      newLabelBound(8),
+		kataMethods: newLabelBound(8),
+		kataCodes:   newLabelBound(20),
+		phasesSeen:  map[string]bool{},
 	}
 	cs := []prometheus.Collector{
 		m.passes, m.passDuration, m.actions, m.cloudCalls, m.cloudDuration, m.records,
 		m.orphansDeleted, m.timeToReady, m.ready, m.podsPending, m.podsFailed,
 		m.notWatched, m.vmsDegraded, m.agentsSilent, m.orphansPending, m.orphanOldest,
-		m.handovers, m.handoverTook, m.handoverGap, m.preflights,
+		m.handovers, m.handoverTook, m.handoverGap, m.preflights, m.kataCalls, m.kataDuration,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	}
@@ -182,6 +196,18 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 	}
 	m.setRecords(nil)
 	return m, nil
+}
+
+// ObserveHypervisorCall counts one answered call of kata's remote
+// hypervisor API and how long it took. method is the API's method name and
+// code the status code's name, both from fixed sets: never a sandbox id.
+func (m *Metrics) ObserveHypervisorCall(method, code string, d time.Duration) {
+	if m == nil {
+		return
+	}
+	method = m.kataMethods.value(method)
+	m.kataCalls.WithLabelValues(method, m.kataCodes.value(code)).Inc()
+	m.kataDuration.WithLabelValues(method).Observe(d.Seconds())
 }
 
 // ObserveCloudCall counts one call to the cloud and how long it took. op

@@ -26,6 +26,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	r := newRig(t, Config{})
 	r.m.ObserveCloudCall(OpCreate, CallOK, 2*time.Second)
 	r.m.ObserveCloudCall(OpList, CloudResult(provider.ErrThrottled), 50*time.Millisecond)
+	r.m.ObserveHypervisorCall("StartVM", "OK", 40*time.Second)
 	r.status.PassDone(Pass{At: r.clock.Now(), Duration: 3 * time.Second, Pending: notes(2), Failed: notes(1),
 		Actions: map[string]int{"Create": 2, "Adopt": 1}, CloudWrites: 3, OrphansDeleted: 1,
 		Records: map[ledger.Phase]int{ledger.PhaseCreating: 2, ledger.PhaseRunning: 1, ledger.PhaseFailed: 1}})
@@ -39,28 +40,30 @@ func TestMetricsEndpoint(t *testing.T) {
 	require.NoError(t, err)
 
 	want := map[string]dto.MetricType{
-		"caa_reconcile_passes_total":          dto.MetricType_COUNTER,
-		"caa_reconcile_pass_duration_seconds": dto.MetricType_HISTOGRAM,
-		"caa_reconcile_actions_total":         dto.MetricType_COUNTER,
-		"caa_cloud_calls_total":               dto.MetricType_COUNTER,
-		"caa_cloud_call_duration_seconds":     dto.MetricType_HISTOGRAM,
-		"caa_ledger_records":                  dto.MetricType_GAUGE,
-		"caa_orphans_deleted_total":           dto.MetricType_COUNTER,
-		"caa_time_to_ready_seconds":           dto.MetricType_GAUGE,
-		"caa_ready":                           dto.MetricType_GAUGE,
-		"caa_pods_pending":                    dto.MetricType_GAUGE,
-		"caa_pods_failed":                     dto.MetricType_GAUGE,
-		"caa_records_not_watched":             dto.MetricType_GAUGE,
-		"caa_vms_degraded":                    dto.MetricType_GAUGE,
-		"caa_sandboxes_silent":                dto.MetricType_GAUGE,
-		"caa_orphans_pending":                 dto.MetricType_GAUGE,
-		"caa_orphan_oldest_seconds":           dto.MetricType_GAUGE,
-		"caa_handovers_total":                 dto.MetricType_COUNTER,
-		"caa_handover_duration_seconds":       dto.MetricType_GAUGE,
-		"caa_handover_gap_seconds":            dto.MetricType_GAUGE,
-		"caa_preflight_runs_total":            dto.MetricType_COUNTER,
-		"go_goroutines":                       dto.MetricType_GAUGE,
-		"process_start_time_seconds":          dto.MetricType_GAUGE,
+		"caa_reconcile_passes_total":           dto.MetricType_COUNTER,
+		"caa_reconcile_pass_duration_seconds":  dto.MetricType_HISTOGRAM,
+		"caa_reconcile_actions_total":          dto.MetricType_COUNTER,
+		"caa_cloud_calls_total":                dto.MetricType_COUNTER,
+		"caa_cloud_call_duration_seconds":      dto.MetricType_HISTOGRAM,
+		"caa_ledger_records":                   dto.MetricType_GAUGE,
+		"caa_orphans_deleted_total":            dto.MetricType_COUNTER,
+		"caa_time_to_ready_seconds":            dto.MetricType_GAUGE,
+		"caa_ready":                            dto.MetricType_GAUGE,
+		"caa_pods_pending":                     dto.MetricType_GAUGE,
+		"caa_pods_failed":                      dto.MetricType_GAUGE,
+		"caa_records_not_watched":              dto.MetricType_GAUGE,
+		"caa_vms_degraded":                     dto.MetricType_GAUGE,
+		"caa_sandboxes_silent":                 dto.MetricType_GAUGE,
+		"caa_orphans_pending":                  dto.MetricType_GAUGE,
+		"caa_orphan_oldest_seconds":            dto.MetricType_GAUGE,
+		"caa_handovers_total":                  dto.MetricType_COUNTER,
+		"caa_handover_duration_seconds":        dto.MetricType_GAUGE,
+		"caa_handover_gap_seconds":             dto.MetricType_GAUGE,
+		"caa_hypervisor_calls_total":           dto.MetricType_COUNTER,
+		"caa_hypervisor_call_duration_seconds": dto.MetricType_HISTOGRAM,
+		"caa_preflight_runs_total":             dto.MetricType_COUNTER,
+		"go_goroutines":                        dto.MetricType_GAUGE,
+		"process_start_time_seconds":           dto.MetricType_GAUGE,
 	}
 	for name, typ := range want {
 		f, ok := families[name]
@@ -85,6 +88,7 @@ func TestMetricsEndpoint(t *testing.T) {
 	assert.Equal(t, 1.0, testutil.ToFloat64(r.m.cloudCalls.WithLabelValues(OpList, CallThrottled)))
 	assert.Equal(t, 0.0, testutil.ToFloat64(r.m.podsPending))
 	assert.Equal(t, 60.0, testutil.ToFloat64(r.m.timeToReady))
+	assert.Equal(t, 1.0, testutil.ToFloat64(r.m.kataCalls.WithLabelValues("StartVM", "OK")))
 	assert.Equal(t, uint64(2), families["caa_reconcile_pass_duration_seconds"].GetMetric()[0].GetHistogram().GetSampleCount())
 
 	// The gauge follows the last pass; phases it no longer names read 0.

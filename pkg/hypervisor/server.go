@@ -40,18 +40,27 @@ type Lifecycle interface {
 	StopVM(ctx context.Context, id string) error
 }
 
+// Calls observes every answered call: its method, its status code's name
+// and how long caa took (health.Metrics.ObserveHypervisorCall).
+type Calls interface {
+	ObserveHypervisorCall(method, code string, took time.Duration)
+}
+
 // Service implements hypervisorpb.HypervisorService.
 type Service struct {
 	Sandboxes Lifecycle
 	// CaaVersion answers the Version call.
 	CaaVersion string
 	Log        *slog.Logger
+	// Calls, when set, is told of every call answered.
+	Calls Calls
 }
 
 var _ hypervisorpb.HypervisorService = (*Service)(nil)
 
 // CreateVM records the sandbox and returns its agent socket path.
-func (s *Service) CreateVM(ctx context.Context, req *hypervisorpb.CreateVMRequest) (*hypervisorpb.CreateVMResponse, error) {
+func (s *Service) CreateVM(ctx context.Context, req *hypervisorpb.CreateVMRequest) (_ *hypervisorpb.CreateVMResponse, err error) {
+	defer s.observe("CreateVM", time.Now(), &err)
 	path, err := s.Sandboxes.CreateVM(ctx, req.GetId(), req.GetAnnotations(), req.GetNetworkNamespacePath())
 	if err != nil {
 		return nil, s.fail("CreateVM", req.GetId(), err)
@@ -60,8 +69,9 @@ func (s *Service) CreateVM(ctx context.Context, req *hypervisorpb.CreateVMReques
 }
 
 // StartVM boots the sandbox's VM and returns once its agent is reachable.
-func (s *Service) StartVM(ctx context.Context, req *hypervisorpb.StartVMRequest) (*hypervisorpb.StartVMResponse, error) {
+func (s *Service) StartVM(ctx context.Context, req *hypervisorpb.StartVMRequest) (_ *hypervisorpb.StartVMResponse, err error) {
 	t0 := time.Now()
+	defer s.observe("StartVM", t0, &err)
 	if err := s.Sandboxes.StartVM(ctx, req.GetId()); err != nil {
 		return nil, s.fail("StartVM", req.GetId(), err)
 	}
@@ -70,7 +80,8 @@ func (s *Service) StartVM(ctx context.Context, req *hypervisorpb.StartVMRequest)
 }
 
 // StopVM stops the sandbox; its VM is deleted in the background.
-func (s *Service) StopVM(ctx context.Context, req *hypervisorpb.StopVMRequest) (*hypervisorpb.StopVMResponse, error) {
+func (s *Service) StopVM(ctx context.Context, req *hypervisorpb.StopVMRequest) (_ *hypervisorpb.StopVMResponse, err error) {
+	defer s.observe("StopVM", time.Now(), &err)
 	if err := s.Sandboxes.StopVM(ctx, req.GetId()); err != nil {
 		return nil, s.fail("StopVM", req.GetId(), err)
 	}
@@ -79,7 +90,17 @@ func (s *Service) StopVM(ctx context.Context, req *hypervisorpb.StopVMRequest) (
 
 // Version answers with caa's version.
 func (s *Service) Version(context.Context, *hypervisorpb.VersionRequest) (*hypervisorpb.VersionResponse, error) {
+	s.observe("Version", time.Now(), new(error))
 	return &hypervisorpb.VersionResponse{Version: s.CaaVersion}, nil
+}
+
+// observe tells s.Calls of one answered call; *err is what it returned
+// (a status error from fail, or nil).
+func (s *Service) observe(method string, t0 time.Time, err *error) {
+	if s.Calls == nil {
+		return
+	}
+	s.Calls.ObserveHypervisorCall(method, status.Code(*err).String(), time.Since(t0))
 }
 
 // fail logs a refused call and turns err into a ttrpc status whose code
