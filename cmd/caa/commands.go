@@ -3,6 +3,8 @@ package main
 import (
 	"github.com/spf13/cobra"
 
+	"github.com/caa-project/caa/internal/cli"
+
 	"github.com/caa-project/caa/pkg/cluster"
 	"github.com/caa-project/caa/pkg/daemon"
 	"github.com/caa-project/caa/pkg/relayd"
@@ -13,6 +15,7 @@ import (
 
 func newRunCommand() *cobra.Command {
 	o := daemon.NewOptions(version)
+	o.KlogTo = cli.RouteKlog
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the daemon: keep this node's peer-pod VMs alive and recorded",
@@ -53,6 +56,7 @@ func newLedgerRebuildCommand() *cobra.Command {
 
 func newClusterCommand() *cobra.Command {
 	o := cluster.NewOptions(version)
+	o.KlogTo = cli.RouteKlog
 	cmd := &cobra.Command{
 		Use:   "cluster",
 		Short: "Run the cluster scope: collect the VMs of departed nodes, publish one audit for every node",
@@ -70,6 +74,7 @@ func newClusterCommand() *cobra.Command {
 // newRelayCommand is `caa relay`: the agent relay daemon (package relayd).
 func newRelayCommand() *cobra.Command {
 	o := relayd.NewOptions(version)
+	o.KlogTo = cli.RouteKlog
 	cmd := &cobra.Command{
 		Use:   "relay",
 		Short: "Serve the sandboxes' agent sockets for caa, outliving caa's upgrades",

@@ -133,8 +133,8 @@ func KubeClient(kubeconfig, userAgent string, qps float64) (kubernetes.Interface
 // RouteKlog sends client-go's klog lines through log, so that they come
 // out in caa's format (one JSON object a line with --log-format json)
 // instead of klog's own text in the middle of caa's log. klog's logger is
-// the process's: only a command's Run calls this, once, before its first
-// apiserver call; tests that drive the daemon's parts in-process do not.
+// the process's: only the binary's commands call this (their Options'
+// KlogTo), once, before their first apiserver call.
 func RouteKlog(log *slog.Logger) {
 	klog.SetSlogLogger(log.With("source", "client-go"))
 }

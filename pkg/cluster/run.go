@@ -30,6 +30,11 @@ import (
 // Options are `caa cluster`'s settings (AddFlags); like `caa run`, every
 // flag has an environment fallback.
 type Options struct {
+	// KlogTo, when set, is given the command's logger before its first
+	// apiserver call. The binary sets it to cli.RouteKlog; tests that run
+	// the command in-process leave it nil, since klog's logger is the
+	// process's and is not safe to swap while client-go uses it.
+	KlogTo       func(*slog.Logger)
 	version      string
 	providerName string
 	clusterID    string
@@ -116,7 +121,9 @@ func Run(ctx context.Context, f *Options, stderr io.Writer) error {
 	}
 	log, _ := cli.NewLogger(stderr, f.logFormat, f.logLevel)
 	log = log.With("scope", "cluster", "identity", f.identity)
-	cli.RouteKlog(log)
+	if f.KlogTo != nil {
+		f.KlogTo(log)
+	}
 	if err := clusterScope(ctx, f, log); err != nil {
 		log.Error("caa cluster cannot run", "err", err)
 		return cli.LoggedError{Err: err}

@@ -34,6 +34,12 @@ import (
 // Options is the daemon's command line; every flag has an environment
 // fallback so the DaemonSet can configure it from a ConfigMap.
 type Options struct {
+	// KlogTo, when set, is given the command's logger before its first
+	// apiserver call. The binary sets it to cli.RouteKlog; tests that run
+	// the command in-process leave it nil, since klog's logger is the
+	// process's and is not safe to swap while client-go uses it.
+	KlogTo func(*slog.Logger)
+
 	version        string
 	node           string
 	providerName   string
@@ -327,7 +333,9 @@ func Run(ctx context.Context, f *Options, stderr io.Writer) error {
 	}
 	log, _ := cli.NewLogger(stderr, f.logFormat, f.logLevel)
 	log = log.With("node", f.node)
-	cli.RouteKlog(log)
+	if f.KlogTo != nil {
+		f.KlogTo(log)
+	}
 	if err := daemon(ctx, f, log); err != nil {
 		log.Error("caa cannot run", "err", err)
 		return cli.LoggedError{Err: err}

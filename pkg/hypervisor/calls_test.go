@@ -49,7 +49,9 @@ func TestEveryAnsweredCallIsObserved(t *testing.T) {
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- sock.Serve(ctx, &Service{Sandboxes: lc, CaaVersion: "caa-test", Calls: obs}, time.Second) }()
+	go func() {
+		done <- sock.Serve(ctx, &Service{Sandboxes: lc, CaaVersion: "caa-test", Calls: obs}, time.Second)
+	}()
 	t.Cleanup(func() {
 		cancel()
 		assert.NoError(t, <-done)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"math"
 	"os"
 	"path/filepath"
@@ -27,6 +28,11 @@ const DefaultSocket = "/var/lib/caa/relay/relay.sock"
 // Options are `caa relay`'s settings (AddFlags); every flag has an
 // environment fallback.
 type Options struct {
+	// KlogTo, when set, is given the command's logger before its first
+	// apiserver call. The binary sets it to cli.RouteKlog; tests that run
+	// the command in-process leave it nil, since klog's logger is the
+	// process's and is not safe to swap while client-go uses it.
+	KlogTo    func(*slog.Logger)
 	version   string
 	flags     *pflag.FlagSet
 	socket    string
@@ -103,7 +109,9 @@ func Run(ctx context.Context, f *Options, stderr io.Writer) error {
 	}
 	log, _ := cli.NewLogger(stderr, f.logFormat, f.logLevel)
 	log = log.With("component", "relay")
-	cli.RouteKlog(log)
+	if f.KlogTo != nil {
+		f.KlogTo(log)
+	}
 	fail := func(err error) error {
 		log.Error("caa relay cannot run", "err", err)
 		return cli.LoggedError{Err: err}
