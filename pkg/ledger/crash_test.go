@@ -145,7 +145,10 @@ type ack struct {
 // killAfter writes, and returns every acknowledgement it printed.
 func runAndKill(t *testing.T, path string, seed uint64, killAfter int) []ack {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	// A hang guard only: the kill comes from the acks. Under a loaded -race
+	// run a child took over 30s to reach its kill point and was killed by
+	// this timeout instead, which the test rightly refuses.
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	defer cancel()
 	cmd := childTest(ctx, "TestCrashChild", crashChildEnv+"="+path, crashSeedEnv+"="+strconv.FormatUint(seed, 10))
 	var stderr bytes.Buffer
