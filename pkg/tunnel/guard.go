@@ -200,7 +200,8 @@ func guardRules(t *nftables.Table, c *nftables.Chain, tunnels, peers, ids *nftab
 type guardState struct {
 	sets    map[string]bool
 	chain   bool
-	rulesOK bool // the chain holds exactly the three rules, in order
+	chainOK bool // a base chain of the input hook
+	rulesOK bool // it holds exactly the three rules, in order
 	tunnels []nftables.SetElement
 	peers   []nftables.SetElement
 	ids     []nftables.SetElement
@@ -257,16 +258,26 @@ func readGuard(c *nftables.Conn) (guardState, error) {
 			return g, fmt.Errorf("tunnel: list set %s of table ip %s: %w", s.Name, NoTrackTable, err)
 		}
 	}
-	rules, err := c.GetRules(t, guardChainOf(t))
-	if errors.Is(err, unix.ENOENT) {
+	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
+	if err != nil {
+		return g, fmt.Errorf("tunnel: list the chains of table ip %s: %w", NoTrackTable, err)
+	}
+	for _, ch := range chains {
+		if ch.Table.Name != NoTrackTable || ch.Name != GuardChain {
+			continue
+		}
+		g.chain = true
+		g.chainOK = ch.Type == nftables.ChainTypeFilter && ch.Hooknum != nil && *ch.Hooknum == *nftables.ChainHookInput
+	}
+	if !g.chain {
 		return g, nil
 	}
+	rules, err := c.GetRules(t, guardChainOf(t))
 	if err != nil {
 		return g, fmt.Errorf("tunnel: list %s %s: %w", NoTrackTable, GuardChain, err)
 	}
-	g.chain = true
 	want := []string{guardAccept, guardPeer, guardID}
-	g.rulesOK = len(rules) == len(want)
+	g.rulesOK = g.chainOK && len(rules) == len(want)
 	for i := 0; g.rulesOK && i < len(rules); i++ {
 		g.rulesOK = ruleComment(rules[i]) == want[i]
 	}
@@ -336,7 +347,11 @@ func planGuard(c *nftables.Conn, cur guardState, want []guardEntry) (bool, error
 		ch := guardChainOf(t)
 		if cur.chain {
 			c.FlushChain(ch)
-		} else {
+		}
+		if cur.chain && !cur.chainOK {
+			c.DelChain(ch) // another chain of the name: made again as the guard's
+		}
+		if !cur.chainOK {
 			c.AddChain(ch)
 		}
 		for _, r := range guardRules(t, ch, tunnels, peers, ids) {

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"net/netip"
+	"slices"
 	"testing"
 	"time"
 
@@ -95,7 +96,11 @@ func vxlanPacket(vni int, s guardSandbox, msg string) []byte {
 // that namespace's address) to the node's VXLAN port.
 func (g *guardNode) sendVXLAN(t *testing.T, ns string, pkt []byte) {
 	t.Helper()
-	require.NoError(t, podvmfake.InNetNS(ns, func() error {
+	require.NoError(t, g.send(ns, pkt))
+}
+
+func (g *guardNode) send(ns string, pkt []byte) error {
+	return podvmfake.InNetNS(ns, func() error {
 		c, err := net.DialUDP("udp4", nil, &net.UDPAddr{IP: g.cn.NodeIP.Addr().AsSlice(), Port: 4789})
 		if err != nil {
 			return err
@@ -103,7 +108,7 @@ func (g *guardNode) sendVXLAN(t *testing.T, ns string, pkt []byte) {
 		defer c.Close()
 		_, err = c.Write(pkt)
 		return err
-	}))
+	})
 }
 
 // arrives sends, from ns, a VXLAN packet with id vni that carries a frame
@@ -191,4 +196,210 @@ func TestTunnelPacketsComeOnlyFromTheirOwnVM(t *testing.T) {
 		})
 	}
 	require.True(t, g.arrives(t, a.vm.NS, a.cfg.VXLANID, a, 10*time.Second), "the VM's own packets still pass")
+}
+
+// guardTunnels reads the guard's tunnels set: "VM:port id" per element,
+// with each element's comment; nil when the set is not there.
+func guardTunnels(t *testing.T, nodeNS string) map[string]string {
+	t.Helper()
+	c, err := nftables.New(nftables.WithNetNSFd(int(mustNS(t, nodeNS))))
+	require.NoError(t, err)
+	tbl := &nftables.Table{Name: tunnel.NoTrackTable, Family: nftables.TableFamilyIPv4}
+	s, err := c.GetSetByName(tbl, "tunnels")
+	if err != nil {
+		return nil
+	}
+	els, err := c.GetSetElements(s)
+	require.NoError(t, err)
+	out := map[string]string{}
+	for _, e := range els {
+		require.Len(t, e.Key, 12)
+		k := fmt.Sprintf("%s:%d %d", netip.AddrFrom4([4]byte(e.Key[:4])), binary.BigEndian.Uint16(e.Key[4:]), binary.BigEndian.Uint32(e.Key[8:]))
+		out[k] = e.Comment
+	}
+	return out
+}
+
+func (s guardSandbox) element() string {
+	return fmt.Sprintf("%s:4789 %d", s.vm.IP.Addr(), s.cfg.VXLANID)
+}
+
+func (s guardSandbox) recorded() tunnel.Recorded {
+	return tunnel.Recorded{VXLANID: s.cfg.VXLANID, Port: 4789, RemoteIP: s.cfg.RemoteIP}
+}
+
+// TestGuardFollowsTheTunnels: one element per tunnel from its Setup, one
+// copy however often Setup runs; a tunnel's id given to another VM replaces
+// the element, so the earlier VM's packets stop; Teardown removes only its
+// tunnel's, and Check reports a guard that lost the tunnel's element.
+func TestGuardFollowsTheTunnels(t *testing.T) {
+	g := newGuardNode(t)
+	a, b := g.sbs[0], g.sbs[1]
+	comment := func(s guardSandbox) string {
+		return fmt.Sprintf("caa-vxlan %d %s:4789", s.cfg.VXLANID, s.vm.IP.Addr())
+	}
+	both := map[string]string{a.element(): comment(a), b.element(): comment(b)}
+	require.Equal(t, both, guardTunnels(t, g.cn.NodeNS))
+	require.NoError(t, tunnel.Setup(a.cfg), "a restart's Setup")
+	require.NoError(t, tunnel.Setup(b.cfg))
+	require.Equal(t, both, guardTunnels(t, g.cn.NodeNS), "one element per tunnel after Setups again")
+	st, err := tunnel.Check(a.cfg)
+	require.NoError(t, err)
+	require.True(t, st.Guard && st.Complete(), "%+v", st)
+
+	// The guard rebuilt from records that lack a: Check sees a's element
+	// gone, Setup puts it back.
+	require.NoError(t, tunnel.RebuildGuard(g.cn.NodeNS, func() ([]tunnel.Recorded, error) {
+		return []tunnel.Recorded{b.recorded()}, nil
+	}))
+	require.Equal(t, map[string]string{b.element(): comment(b)}, guardTunnels(t, g.cn.NodeNS))
+	st, err = tunnel.Check(a.cfg)
+	require.NoError(t, err)
+	require.False(t, st.Guard)
+	require.False(t, st.Complete())
+	require.NoError(t, tunnel.Setup(a.cfg))
+	require.Equal(t, both, guardTunnels(t, g.cn.NodeNS))
+	require.True(t, g.arrives(t, a.vm.NS, a.cfg.VXLANID, a, 10*time.Second))
+	require.False(t, g.arrives(t, g.stranger.NS, a.cfg.VXLANID, a, 300*time.Millisecond))
+
+	// a's id with another VM (the stranger): its element replaces a's.
+	moved := a.cfg
+	moved.RemoteIP = g.stranger.IP.Addr().AsSlice()
+	require.NoError(t, tunnel.Setup(moved))
+	require.Equal(t, map[string]string{
+		fmt.Sprintf("%s:4789 %d", g.stranger.IP.Addr(), a.cfg.VXLANID): fmt.Sprintf("caa-vxlan %d %s:4789", a.cfg.VXLANID, g.stranger.IP.Addr()),
+		b.element(): comment(b),
+	}, guardTunnels(t, g.cn.NodeNS))
+	require.False(t, g.arrives(t, a.vm.NS, a.cfg.VXLANID, a, 300*time.Millisecond), "the id's earlier VM is not passed")
+	require.True(t, g.arrives(t, g.stranger.NS, a.cfg.VXLANID, a, 10*time.Second), "the id's new VM is")
+	require.NoError(t, tunnel.Setup(a.cfg))
+
+	require.NoError(t, tunnel.Teardown(a.cfg))
+	require.Equal(t, map[string]string{b.element(): comment(b)}, guardTunnels(t, g.cn.NodeNS), "b keeps its element")
+	require.True(t, g.arrives(t, b.vm.NS, b.cfg.VXLANID, b, 10*time.Second))
+	require.NoError(t, tunnel.Teardown(a.cfg), "a second Teardown")
+	require.NoError(t, tunnel.Teardown(b.cfg))
+	require.Nil(t, guardTunnels(t, g.cn.NodeNS), "the guard goes with the table and the last tunnel")
+}
+
+// dropGuard takes the guard out of the node's table and leaves the NOTRACK
+// pairs, as a caa from before the guard left the table.
+func dropGuard(t *testing.T, nodeNS string) {
+	t.Helper()
+	c, err := nftables.New(nftables.WithNetNSFd(int(mustNS(t, nodeNS))))
+	require.NoError(t, err)
+	tbl := &nftables.Table{Name: tunnel.NoTrackTable, Family: nftables.TableFamilyIPv4}
+	c.DelChain(&nftables.Chain{Name: tunnel.GuardChain, Table: tbl})
+	for _, s := range []string{"tunnels", "peers", "ids"} {
+		c.DelSet(&nftables.Set{Table: tbl, Name: s})
+	}
+	require.NoError(t, c.Flush())
+	require.Nil(t, guardTunnels(t, nodeNS))
+	require.Len(t, noTrackRules(t, nodeNS)["prerouting"], 2, "the NOTRACK pairs stay")
+}
+
+// TestGuardFromAnEarlierCaaKeepsTheLiveTunnels: on a node whose table a caa
+// from before the guard made (NOTRACK pairs, no guard), the first Setup
+// after the update, of one tunnel, makes the guard with every tunnel of the
+// pairs, so the others, not set up again yet, keep their packets.
+func TestGuardFromAnEarlierCaaKeepsTheLiveTunnels(t *testing.T) {
+	g := newGuardNode(t)
+	a, b := g.sbs[0], g.sbs[1]
+	dropGuard(t, g.cn.NodeNS)
+	require.True(t, g.arrives(t, g.stranger.NS, b.cfg.VXLANID, b, 10*time.Second), "no guard: a stranger's packet passes")
+
+	require.NoError(t, tunnel.Setup(a.cfg))
+	require.Equal(t, []string{a.element(), b.element()}, keys(guardTunnels(t, g.cn.NodeNS)))
+	require.True(t, g.arrives(t, b.vm.NS, b.cfg.VXLANID, b, 10*time.Second), "b's VM, whose tunnel was not set up again, still passes")
+	require.False(t, g.arrives(t, g.stranger.NS, b.cfg.VXLANID, b, 300*time.Millisecond), "and b's id is guarded")
+
+	// The same through a Teardown: the guard is made with the pairs left.
+	dropGuard(t, g.cn.NodeNS)
+	require.NoError(t, tunnel.Teardown(a.cfg))
+	require.Equal(t, []string{b.element()}, keys(guardTunnels(t, g.cn.NodeNS)))
+	require.True(t, g.arrives(t, b.vm.NS, b.cfg.VXLANID, b, 10*time.Second))
+	require.False(t, g.arrives(t, a.vm.NS, b.cfg.VXLANID, b, 300*time.Millisecond))
+}
+
+func keys(m map[string]string) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// TestGuardRebuildLeavesNoGap: a restarted caa rebuilds the guard from its
+// records (RebuildGuard, each one changing the sets: a stale record comes
+// and goes) and sets every tunnel up again, while a VM sends its own packets
+// and a stranger sends with that VM's id, back to back. Not one of the
+// stranger's packets comes through, and every one of the VM's does: the
+// guard is never missing, half filled or without a live tunnel.
+func TestGuardRebuildLeavesNoGap(t *testing.T) {
+	g := newGuardNode(t)
+	a, b := g.sbs[0], g.sbs[1]
+	stale := tunnel.Recorded{VXLANID: vxlanID + 7, Port: 4789, RemoteIP: net.ParseIP("10.123.9.9")}
+	records := [][]tunnel.Recorded{{a.recorded(), b.recorded(), stale}, {b.recorded(), a.recorded()}}
+
+	got := make(chan string, 4096)
+	go func() {
+		buf := make([]byte, 256)
+		for {
+			_ = a.rx.SetReadDeadline(time.Now().Add(5 * time.Second))
+			n, _, err := a.rx.ReadFromUDP(buf)
+			if err != nil {
+				close(got)
+				return
+			}
+			got <- string(buf[:n])
+		}
+	}()
+	stop := make(chan struct{})
+	type result struct {
+		n   int
+		err error
+	}
+	sent := make(chan result, 1)
+	go func() {
+		n := 0
+		for {
+			select {
+			case <-stop:
+				sent <- result{n: n}
+				return
+			default:
+			}
+			for _, p := range []struct{ ns, msg string }{{g.stranger.NS, "spoof"}, {a.vm.NS, "own"}} {
+				if err := g.send(p.ns, vxlanPacket(a.cfg.VXLANID, a, fmt.Sprintf("%s %d", p.msg, n))); err != nil {
+					sent <- result{n: n, err: err}
+					return
+				}
+			}
+			n++
+			time.Sleep(time.Millisecond) // a steady stream, not a flood that overruns the socket
+		}
+	}()
+	for i := range 40 {
+		recs := records[i%2]
+		require.NoError(t, tunnel.RebuildGuard(g.cn.NodeNS, func() ([]tunnel.Recorded, error) { return recs, nil }))
+		require.Len(t, guardTunnels(t, g.cn.NodeNS), len(recs))
+		require.NoError(t, tunnel.Setup(a.cfg))
+		require.NoError(t, tunnel.Setup(b.cfg))
+	}
+	close(stop)
+	res := <-sent
+	require.NoError(t, res.err)
+	n := res.n
+	require.Greater(t, n, 10, "the senders ran through the rebuilds")
+	own := 0
+	for m := range got {
+		require.NotContains(t, m, "spoof", "a stranger's packet with a tunnel's id came through")
+		own++
+		if own == n {
+			break
+		}
+	}
+	require.Equal(t, n, own, "the VM's own packets were dropped during the rebuilds")
+	require.Greater(t, guardDrops(t, g.cn.NodeNS), uint64(n-1), "the stranger's packets were dropped by the guard")
 }
