@@ -575,3 +575,32 @@ func TestCallsForUnknownSandboxesLeaveNoEntry(t *testing.T) {
 	eventually(t, func() bool { _, err := r.led.GetSandbox(sbA); return err != nil }, "the record goes")
 	eventually(t, func() bool { return r.m.liveCount() == 0 }, "and its entry")
 }
+
+// TestSyncGuardsTheRecordedTunnels: each Sync, the startup one of a
+// restarted caa first, brings the node's VXLAN guard in line with the
+// ledger: every recorded tunnel that has its VM's address, and only those.
+func TestSyncGuardsTheRecordedTunnels(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	for i, name := range []string{"web", "db", "idle"} {
+		r.pod(fmt.Sprint("uid-", i), name)
+		_, err := r.m.CreateVM(ctx, sbID(i), shimAnnotations(name), fmt.Sprint("/ns", i))
+		require.NoError(t, err)
+		if name != "idle" { // idle never starts: no VM, no tunnel
+			require.NoError(t, r.m.StartVM(ctx, sbID(i)))
+		}
+	}
+	want := []ledger.Tunnel{r.sandbox(sbID(0)).Tunnel, r.sandbox(sbID(1)).Tunnel}
+	r.crash()
+	r.start()
+	_, err := r.m.Sync(ctx, time.Second)
+	require.NoError(t, err)
+	r.side.mu.Lock()
+	guarded := slices.Clone(r.side.guarded)
+	r.side.mu.Unlock()
+	require.NotEmpty(t, guarded, "the restarted caa's first Sync rebuilds the guard")
+	assert.ElementsMatch(t, want, guarded[0])
+	for _, tun := range guarded[0] {
+		assert.NotEmpty(t, tun.RemoteIP)
+	}
+}
