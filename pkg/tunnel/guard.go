@@ -199,16 +199,14 @@ func guardRules(t *nftables.Table, c *nftables.Chain, tunnels, peers, ids *nftab
 // guardState is what of the guard is in the kernel.
 type guardState struct {
 	sets    map[string]bool
-	chain   bool
-	chainOK bool // a base chain of the input hook
-	rulesOK bool // it holds exactly the three rules, in order
+	rulesOK bool // the chain holds exactly the three rules, in order
 	tunnels []nftables.SetElement
 	peers   []nftables.SetElement
 	ids     []nftables.SetElement
 }
 
 func (g guardState) complete() bool {
-	return g.sets[guardTunnels] && g.sets[guardPeers] && g.sets[guardIDs] && g.chain && g.rulesOK
+	return g.sets[guardTunnels] && g.sets[guardPeers] && g.sets[guardIDs] && g.rulesOK
 }
 
 // entries are the guard's tunnels.
@@ -258,26 +256,13 @@ func readGuard(c *nftables.Conn) (guardState, error) {
 			return g, fmt.Errorf("tunnel: list set %s of table ip %s: %w", s.Name, NoTrackTable, err)
 		}
 	}
-	chains, err := c.ListChainsOfTableFamily(nftables.TableFamilyIPv4)
-	if err != nil {
-		return g, fmt.Errorf("tunnel: list the chains of table ip %s: %w", NoTrackTable, err)
-	}
-	for _, ch := range chains {
-		if ch.Table.Name != NoTrackTable || ch.Name != GuardChain {
-			continue
-		}
-		g.chain = true
-		g.chainOK = ch.Type == nftables.ChainTypeFilter && ch.Hooknum != nil && *ch.Hooknum == *nftables.ChainHookInput
-	}
-	if !g.chain {
-		return g, nil
-	}
+	// A chain that is not there lists no rule, as an empty one.
 	rules, err := c.GetRules(t, guardChainOf(t))
-	if err != nil {
+	if err != nil && !errors.Is(err, unix.ENOENT) {
 		return g, fmt.Errorf("tunnel: list %s %s: %w", NoTrackTable, GuardChain, err)
 	}
 	want := []string{guardAccept, guardPeer, guardID}
-	g.rulesOK = g.chainOK && len(rules) == len(want)
+	g.rulesOK = len(rules) == len(want)
 	for i := 0; g.rulesOK && i < len(rules); i++ {
 		g.rulesOK = ruleComment(rules[i]) == want[i]
 	}
@@ -343,17 +328,11 @@ func planGuard(c *nftables.Conn, cur guardState, want []guardEntry) (bool, error
 			changed = true
 		}
 	}
-	if !cur.chain || !cur.rulesOK {
+	if !cur.rulesOK {
+		// Made if missing (an existing one is kept), emptied, filled.
 		ch := guardChainOf(t)
-		if cur.chain {
-			c.FlushChain(ch)
-		}
-		if cur.chain && !cur.chainOK {
-			c.DelChain(ch) // another chain of the name: made again as the guard's
-		}
-		if !cur.chainOK {
-			c.AddChain(ch)
-		}
+		c.AddChain(ch)
+		c.FlushChain(ch)
 		for _, r := range guardRules(t, ch, tunnels, peers, ids) {
 			c.AddRule(r)
 		}
@@ -414,8 +393,8 @@ type Recorded struct {
 // calls recorded while it holds the node's lock, so a Setup or Teardown of
 // this or another process does not interleave: a tunnel is recorded (in the
 // ledger) before its Setup, and stays recorded through its Teardown, so what
-// recorded returns includes every tunnel a Setup made. A record without a VM
-// address (no tunnel yet) is skipped. Nothing is written when the guard
+// recorded returns includes every tunnel a Setup made. A record without an
+// IPv4 VM address (no tunnel yet) is skipped. Nothing is written when the guard
 // already matches; with no tunnel recorded and no table, nothing is made.
 func RebuildGuard(hostNetNSPath string, recorded func() ([]Recorded, error)) error {
 	hostNS, err := openHostNS(hostNetNSPath)
@@ -434,8 +413,8 @@ func RebuildGuard(hostNetNSPath string, recorded func() ([]Recorded, error)) err
 	}
 	var want []guardEntry
 	for _, r := range rs {
-		if r.VXLANID < 1 || r.VXLANID > 1<<24-1 || r.RemoteIP == nil || r.RemoteIP.IsUnspecified() {
-			continue
+		if r.VXLANID < 1 || r.VXLANID > 1<<24-1 || r.RemoteIP.To4() == nil || r.RemoteIP.IsUnspecified() {
+			continue // no tunnel (yet), or none caa's IPv4 table could hold
 		}
 		e, err := entryOf(Config{VXLANID: r.VXLANID, Port: r.Port, RemoteIP: r.RemoteIP})
 		if err != nil {

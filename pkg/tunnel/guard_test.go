@@ -262,6 +262,23 @@ func TestGuardFollowsTheTunnels(t *testing.T) {
 	require.True(t, g.arrives(t, a.vm.NS, a.cfg.VXLANID, a, 10*time.Second))
 	require.False(t, g.arrives(t, g.stranger.NS, a.cfg.VXLANID, a, 300*time.Millisecond))
 
+	// The guard's rules lost (someone flushed its chain), the sets kept:
+	// Check sees it, Setup makes the rules again.
+	nc, err := nftables.New(nftables.WithNetNSFd(int(mustNS(t, g.cn.NodeNS))))
+	require.NoError(t, err)
+	nc.FlushChain(&nftables.Chain{Name: tunnel.GuardChain, Table: &nftables.Table{Name: tunnel.NoTrackTable, Family: nftables.TableFamilyIPv4}})
+	require.NoError(t, nc.Flush())
+	require.True(t, g.arrives(t, g.stranger.NS, b.cfg.VXLANID, b, 10*time.Second), "no rules, no guard")
+	st, err = tunnel.Check(b.cfg)
+	require.NoError(t, err)
+	require.False(t, st.Guard)
+	require.NoError(t, tunnel.Setup(b.cfg))
+	st, err = tunnel.Check(a.cfg)
+	require.NoError(t, err)
+	require.True(t, st.Guard, "%+v", st)
+	require.False(t, g.arrives(t, g.stranger.NS, b.cfg.VXLANID, b, 300*time.Millisecond))
+	require.Equal(t, both, guardTunnels(t, g.cn.NodeNS))
+
 	// a's id with another VM (the stranger): its element replaces a's.
 	moved := a.cfg
 	moved.RemoteIP = g.stranger.IP.Addr().AsSlice()
