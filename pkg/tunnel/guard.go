@@ -35,7 +35,7 @@ import (
 //	  set peers   { type ipv4_addr . inet_service }            VM . port
 //	  set ids     { type inet_service . integer }              port . id
 //	  chain vxlan-guard (filter, hook input, priority raw)
-//	    meta l4proto udp ip saddr . udp dport . <id> @tunnels accept
+//	    meta l4proto udp ip saddr . udp dport . <id> @tunnels counter accept
 //	    meta l4proto udp ip saddr . udp dport @peers counter drop
 //	    meta l4proto udp udp dport . <id> @ids counter drop
 //
@@ -45,7 +45,7 @@ import (
 // hook sees a datagram after reassembly, with its transport header. A
 // packet of neither a recorded VM nor a recorded id is not caa's (another
 // VXLAN user of the port, as Calico's id 4096 on 4789) and is left alone: for
-// a id with no device the kernel drops it anyway. The per-packet cost is
+// an id with no device the kernel drops it anyway. The per-packet cost is
 // three hash lookups at most, whatever the number of tunnels; one tunnel is
 // one element in each set.
 //
@@ -190,7 +190,7 @@ func guardRules(t *nftables.Table, c *nftables.Chain, tunnels, peers, ids *nftab
 	accept := append([]expr.Any{loadSaddr(reg1), loadDport(reg9)}, loadVNI(reg10)...)
 	byID := append([]expr.Any{loadDport(reg1)}, loadVNI(reg9)...)
 	return []*nftables.Rule{
-		rule(guardAccept, append(accept, lookup(tunnels), &expr.Verdict{Kind: expr.VerdictAccept})...),
+		rule(guardAccept, append(accept, lookup(tunnels), &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictAccept})...),
 		rule(guardPeer, loadSaddr(reg1), loadDport(reg9), lookup(peers), &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop}),
 		rule(guardID, append(byID, lookup(ids), &expr.Counter{}, &expr.Verdict{Kind: expr.VerdictDrop})...),
 	}
