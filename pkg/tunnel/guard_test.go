@@ -167,34 +167,6 @@ func guardCounters(t *testing.T, nodeNS string) []uint64 {
 	return out
 }
 
-// guardPassed reads the counter of the guard's accept rule: packets of
-// recorded tunnels.
-func guardPassed(t *testing.T, nodeNS string) uint64 {
-	t.Helper()
-	c, err := nftables.New(nftables.WithNetNSFd(int(mustNS(t, nodeNS))))
-	require.NoError(t, err)
-	tbl := &nftables.Table{Name: tunnel.NoTrackTable, Family: nftables.TableFamilyIPv4}
-	rs, err := c.GetRules(tbl, &nftables.Chain{Name: tunnel.GuardChain, Table: tbl})
-	require.NoError(t, err)
-	for _, r := range rs {
-		var accept bool
-		var count uint64
-		for _, e := range r.Exprs {
-			switch e := e.(type) {
-			case *expr.Counter:
-				count = e.Packets
-			case *expr.Verdict:
-				accept = e.Kind == expr.VerdictAccept
-			}
-		}
-		if accept {
-			return count
-		}
-	}
-	t.Fatal("no accept rule in the guard")
-	return 0
-}
-
 // guardDrops is the sum of guardCounters: packets the node dropped as not
 // of a recorded tunnel.
 func guardDrops(t *testing.T, nodeNS string) uint64 {
@@ -387,20 +359,86 @@ func keys(m map[string]string) []string {
 	return out
 }
 
+// witness counts, in a table of the test's own in the node's namespace, the
+// VXLAN packets vxlanPacket makes for sandbox s from each of sources, on the
+// node's input hook just before the guard (priority -350) and just after it
+// (100): nothing but the guard stands between. The count is of the test's
+// packets only (their inner UDP port), not of what else a VM's kernel sends.
+type witness struct {
+	nodeNS string
+	table  *nftables.Table
+}
+
+func newWitness(t *testing.T, nodeNS string, s guardSandbox, sources ...netip.Addr) *witness {
+	t.Helper()
+	c, err := nftables.New(nftables.WithNetNSFd(int(mustNS(t, nodeNS))))
+	require.NoError(t, err)
+	w := &witness{nodeNS: nodeNS, table: c.AddTable(&nftables.Table{Name: "caa-test-witness", Family: nftables.TableFamilyIPv4})}
+	// The inner UDP destination port: after the outer UDP header (8), the
+	// VXLAN header (8), the Ethernet header (14) and the inner IPv4 header (20).
+	inner := binary.BigEndian.AppendUint16(nil, uint16(s.rxPort))
+	count := func(ch *nftables.Chain, src netip.Addr) {
+		c.AddRule(&nftables.Rule{Table: w.table, Chain: ch, Exprs: []expr.Any{
+			&expr.Meta{Key: expr.MetaKeyL4PROTO, Register: 1},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{unix.IPPROTO_UDP}},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseNetworkHeader, Offset: 12, Len: 4},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: src.AsSlice()},
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 2, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: []byte{0x12, 0xb5}}, // 4789
+			&expr.Payload{DestRegister: 1, Base: expr.PayloadBaseTransportHeader, Offset: 8 + 8 + 14 + 20 + 2, Len: 2},
+			&expr.Cmp{Op: expr.CmpOpEq, Register: 1, Data: inner},
+			&expr.Counter{},
+		}})
+	}
+	pre := c.AddChain(&nftables.Chain{Name: "pre", Table: w.table, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityRef(-350)})
+	post := c.AddChain(&nftables.Chain{Name: "post", Table: w.table, Type: nftables.ChainTypeFilter,
+		Hooknum: nftables.ChainHookInput, Priority: nftables.ChainPriorityRef(100)})
+	for _, ch := range []*nftables.Chain{pre, post} {
+		for _, src := range sources {
+			count(ch, src)
+		}
+	}
+	require.NoError(t, c.Flush())
+	return w
+}
+
+// counts reads the counters, per source: arrived, and past the guard.
+func (w *witness) counts(t *testing.T) (arrived, past []uint64) {
+	t.Helper()
+	c, err := nftables.New(nftables.WithNetNSFd(int(mustNS(t, w.nodeNS))))
+	require.NoError(t, err)
+	read := func(chain string) []uint64 {
+		rs, err := c.GetRules(w.table, &nftables.Chain{Name: chain, Table: w.table})
+		require.NoError(t, err)
+		var out []uint64
+		for _, r := range rs {
+			for _, e := range r.Exprs {
+				if ctr, ok := e.(*expr.Counter); ok {
+					out = append(out, ctr.Packets)
+				}
+			}
+		}
+		return out
+	}
+	return read("pre"), read("post")
+}
+
 // TestGuardRebuildLeavesNoGap: a restarted caa rebuilds the guard from its
 // records (RebuildGuard, each one changing the sets: a stale record comes
 // and goes) and sets every tunnel up again, while a VM sends its own packets
-// and a stranger sends with that VM's id, back to back. By the guard's
-// counters in the kernel, every one of the stranger's packets is dropped and
-// every one of the VM's passes: the guard is never missing, half filled or
-// without a live tunnel.
+// and a stranger sends with that VM's id, back to back. By the kernel's
+// counters, every one of the stranger's packets that reached the node was
+// dropped by the guard and none got past it, and every one of the VM's got
+// past: the guard is never missing, half filled or without a live tunnel.
 func TestGuardRebuildLeavesNoGap(t *testing.T) {
 	g := newGuardNode(t)
 	a, b := g.sbs[0], g.sbs[1]
 	stale := tunnel.Recorded{VXLANID: vxlanID + 7, Port: 4789, RemoteIP: net.ParseIP("10.123.9.9")}
 	records := [][]tunnel.Recorded{{a.recorded(), b.recorded(), stale}, {b.recorded(), a.recorded()}}
 	require.Len(t, guardCounters(t, g.cn.NodeNS), 2)
-	before, passed := guardCounters(t, g.cn.NodeNS), guardPassed(t, g.cn.NodeNS)
+	w := newWitness(t, g.cn.NodeNS, a, g.stranger.IP.Addr(), a.vm.IP.Addr())
+	before := guardCounters(t, g.cn.NodeNS)
 
 	type result struct {
 		n   int
@@ -438,21 +476,26 @@ func TestGuardRebuildLeavesNoGap(t *testing.T) {
 	res := <-sent
 	require.NoError(t, res.err)
 	n := uint64(res.n)
-	require.Greater(t, n, uint64(10), "the senders ran through the rebuilds")
 	// The last packets may still be on their way through the kernel.
-	var after []uint64
-	var pass uint64
+	var arrived, past, after []uint64
 	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
-		after, pass = guardCounters(t, g.cn.NodeNS), guardPassed(t, g.cn.NodeNS)-passed
-		if after[1]-before[1] >= n && pass >= n {
+		arrived, past = w.counts(t)
+		after = guardCounters(t, g.cn.NodeNS)
+		if after[1]-before[1]+past[0] >= arrived[0] && past[1]+after[0]-before[0] >= arrived[1] {
 			break
 		}
 	}
-	t.Logf("sent %d pairs; dropped from VMs %d, with ids %d; passed %d", n, after[0]-before[0], after[1]-before[1], pass)
-	require.Equal(t, n, after[1]-before[1], "each of the stranger's packets dropped by the guard, none let through")
-	require.Zero(t, after[0]-before[0], "none of the VM's own packets dropped")
-	// The VM's own kernel may add a few packets of its own to the tunnel.
-	require.GreaterOrEqual(t, pass, n, "each of the VM's packets passed the guard")
+	t.Logf("sent %d pairs; arrived from the stranger %d, from the VM %d; past the guard %d and %d; dropped from VMs %d, with ids %d",
+		n, arrived[0], arrived[1], past[0], past[1], after[0]-before[0], after[1]-before[1])
+	// A packet may be lost on the way, before the guard: the test network
+	// loses some of the VM's (untracked) packets between prerouting and
+	// input, with or without the guard.
+	require.Greater(t, arrived[0], n/2, "the stranger's packets reached the node through the rebuilds")
+	require.Greater(t, arrived[1], n/2, "the VM's packets reached the node through the rebuilds")
+	require.Zero(t, past[0], "a stranger's packet with a tunnel's id got past the guard")
+	require.Equal(t, arrived[0], after[1]-before[1], "each of the stranger's packets dropped by the guard")
+	require.Zero(t, after[0]-before[0], "none of the VM's packets dropped")
+	require.Equal(t, arrived[1], past[1], "each of the VM's packets passed the guard")
 	_ = a.rx.SetReadDeadline(time.Now().Add(100 * time.Millisecond))
 	buf := make([]byte, 256)
 	for {
