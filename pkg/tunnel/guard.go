@@ -249,7 +249,7 @@ func readGuard(c *nftables.Conn) (guardState, error) {
 			continue
 		}
 		if s.KeyType.Bytes != want.KeyType.Bytes {
-			continue // not the guard's set: replaced below
+			continue // someone else's set of the name: making the guard's fails, saying so
 		}
 		g.sets[s.Name] = true
 		if *into, err = c.GetSetElements(s); err != nil {
