@@ -72,6 +72,7 @@ type fakeSide struct {
 	userData  []UserDataInput
 	tunnels   map[string]ledger.Tunnel // netns -> set up
 	teardowns int
+	guarded   [][]ledger.Tunnel     // each GuardTunnels's recorded tunnels
 	relays    map[string]*fakeRelay // socket -> live relay
 	started   int
 	// unreachable makes WaitReachable wait for ctx (a forwarder that never answers).
@@ -135,6 +136,17 @@ func (f *fakeSide) TeardownTunnel(netns string, _ ledger.Tunnel) error {
 	defer f.mu.Unlock()
 	delete(f.tunnels, netns)
 	f.teardowns++
+	return nil
+}
+
+func (f *fakeSide) GuardTunnels(recorded func() ([]ledger.Tunnel, error)) error {
+	ts, err := recorded()
+	if err != nil {
+		return err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.guarded = append(f.guarded, ts)
 	return nil
 }
 

@@ -2,9 +2,11 @@ package sandbox
 
 import (
 	"context"
+	crand "crypto/rand"
 	"errors"
 	"fmt"
 	"io/fs"
+	"math/big"
 	"math/rand/v2"
 	"net"
 	"os"
@@ -122,7 +124,11 @@ func (m *Manager) keepLocked(id, initData string) {
 	l.initData = initData
 }
 
-// freeVXLAN is the lowest VXLAN id no recorded sandbox uses. Caller holds mu.
+// freeVXLAN is a VXLAN id no recorded sandbox uses, drawn at random
+// (VXLANIDBase): a pod VM, or a host on the node's network, cannot tell
+// another sandbox's id from its own, which the node's guard (package tunnel)
+// backs by the VM's address. A record keeps the id it has (an earlier caa's
+// count from VXLANIDBase included). Caller holds mu.
 func (m *Manager) freeVXLAN() (int, error) {
 	all, err := m.cfg.Ledger.ListSandboxes()
 	if err != nil {
@@ -132,11 +138,36 @@ func (m *Manager) freeVXLAN() (int, error) {
 	for _, s := range all {
 		used[s.Tunnel.VXLANID] = true
 	}
-	for id := VXLANIDBase; ; id++ {
+	// With n ids in use a draw collides with chance n/16.2M: a few draws
+	// always do; the count up is for a node no draw serves.
+	for range 16 {
+		id, err := m.drawVXLAN()
+		if err != nil {
+			return 0, fmt.Errorf("draw a VXLAN id: %w", err)
+		}
+		if id < VXLANIDBase || id > VXLANIDMax {
+			return 0, fmt.Errorf("draw a VXLAN id: %d is outside %d..%d", id, VXLANIDBase, VXLANIDMax)
+		}
 		if !used[id] {
 			return id, nil
 		}
 	}
+	for id := VXLANIDBase; id <= VXLANIDMax; id++ {
+		if !used[id] {
+			return id, nil
+		}
+	}
+	return 0, fmt.Errorf("no VXLAN id left in %d..%d", VXLANIDBase, VXLANIDMax)
+}
+
+// drawVXLAN is a VXLAN id in VXLANIDBase..VXLANIDMax from the system's
+// random source.
+func drawVXLAN() (int, error) {
+	n, err := crand.Int(crand.Reader, big.NewInt(VXLANIDMax-VXLANIDBase+1))
+	if err != nil {
+		return 0, err
+	}
+	return VXLANIDBase + int(n.Int64()), nil
 }
 
 // waitPod finds the pod in the node's pod cache, waiting up to PodWait for

@@ -35,10 +35,16 @@ const (
 // the user data, which clouds cap at 16-64 KiB).
 const MaxInitData = 16 << 10
 
-// The pod network's VXLAN: ids from VXLANIDBase up, one per sandbox of
-// the node, on UDP port VXLANPort (upstream's values).
+// The pod network's VXLAN: one id per sandbox of the node, on UDP port
+// VXLANPort (upstream's). Upstream counts ids up from VXLANIDBase; caa draws
+// each at random from VXLANIDBase to VXLANIDMax (16.2 million), so a
+// sandbox's id says nothing about its neighbours' (freeVXLAN). The range
+// keeps upstream's floor: the user data's tunnel index (id - VXLANIDBase)
+// stays what upstream's readers expect, and the small ids other VXLAN users
+// of the port take (Calico's 4096) are never drawn.
 const (
 	VXLANIDBase = 555000
+	VXLANIDMax  = 1<<24 - 1
 	VXLANPort   = 4789
 )
 
@@ -160,6 +166,8 @@ type Manager struct {
 	steady atomic.Bool
 	// tunnelOps holds a token per tunnel operation under way (TunnelOps).
 	tunnelOps chan struct{}
+	// drawVXLAN draws a VXLAN id in VXLANIDBase..VXLANIDMax (tests replace it).
+	drawVXLAN func() (int, error)
 }
 
 // DefaultTunnelOps is Config.TunnelOps's default. The kernel serialises
@@ -220,7 +228,8 @@ func New(cfg Config) *Manager {
 		Events: cfg.Events,
 	}
 	return &Manager{cfg: cfg, live: map[string]*live{}, missing: map[string]time.Time{}, tearing: map[string]chan struct{}{},
-		orphans: reconcile.NewOrphanTracker(cfg.OrphanGrace), exec: exec, tunnelOps: make(chan struct{}, cfg.TunnelOps)}
+		orphans: reconcile.NewOrphanTracker(cfg.OrphanGrace), exec: exec, tunnelOps: make(chan struct{}, cfg.TunnelOps),
+		drawVXLAN: drawVXLAN}
 }
 
 // tunnelOp runs fn, a tunnel operation (TunnelOps), once fewer than

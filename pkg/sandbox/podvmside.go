@@ -96,6 +96,21 @@ func (p *PodVMSide) TeardownTunnel(netns string, t ledger.Tunnel) error {
 	return tunnel.Teardown(p.tunnelConfig(netns, t))
 }
 
+// GuardTunnels rebuilds the node's VXLAN guard from the recorded tunnels.
+func (p *PodVMSide) GuardTunnels(recorded func() ([]ledger.Tunnel, error)) error {
+	return tunnel.RebuildGuard(p.HostNetNS, func() ([]tunnel.Recorded, error) {
+		ts, err := recorded()
+		if err != nil {
+			return nil, err
+		}
+		out := make([]tunnel.Recorded, 0, len(ts))
+		for _, t := range ts {
+			out = append(out, tunnel.Recorded{VXLANID: t.VXLANID, Port: t.Port, RemoteIP: net.ParseIP(t.RemoteIP)})
+		}
+		return out, nil
+	})
+}
+
 // StartRelay serves the agent socket and relays it over mutual TLS.
 func (p *PodVMSide) StartRelay(ctx context.Context, socketPath, addr, serverName string) (Relay, error) {
 	p.mu.Lock()

@@ -61,6 +61,7 @@ func (r Report) Ready() bool { return len(r.Pending) == 0 }
 // listing misses. wait bounds the wait for the agents to answer.
 func (m *Manager) Sync(ctx context.Context, wait time.Duration) (Report, error) {
 	rep := Report{Pending: map[string]string{}}
+	m.guardTunnels(ctx)
 	all, err := m.cfg.Ledger.ListSandboxes()
 	if err != nil {
 		return rep, fmt.Errorf("read sandboxes: %w", err)
@@ -180,6 +181,32 @@ func (m *Manager) Sync(ctx context.Context, wait time.Duration) (Report, error) 
 		}
 	}
 	return rep, nil
+}
+
+// guardTunnels brings the node's VXLAN guard in line with the ledger (I13):
+// every tunnel a record holds, whatever its phase, and no other. At startup
+// this is the restarted caa's rebuild; the kernel kept the guard meanwhile,
+// and the rebuild replaces its elements in one transaction. A failure is
+// logged: each tunnel's Setup adds its own element anyway.
+func (m *Manager) guardTunnels(ctx context.Context) {
+	err := m.tunnelOp(ctx, func() error {
+		return m.cfg.Side.GuardTunnels(func() ([]ledger.Tunnel, error) {
+			all, err := m.cfg.Ledger.ListSandboxes()
+			if err != nil {
+				return nil, fmt.Errorf("read sandboxes: %w", err)
+			}
+			var ts []ledger.Tunnel
+			for _, s := range all {
+				if s.Tunnel.VXLANID != 0 && s.Tunnel.RemoteIP != "" {
+					ts = append(ts, s.Tunnel)
+				}
+			}
+			return ts, nil
+		})
+	})
+	if err != nil {
+		m.cfg.Log.Warn("the VXLAN guard could not be brought in line with the recorded tunnels", "err", err)
+	}
 }
 
 // serveOnce serves a running sandbox again unless a StartVM or StopVM of

@@ -34,7 +34,8 @@ func TestLifecycleCreateStartStop(t *testing.T) {
 	assert.Equal(t, ledger.SandboxCreated, s.Phase)
 	assert.Equal(t, "uid-1", s.PodUID)
 	assert.Equal(t, "small", s.InstanceType, "the shim's empty machine_type and 1 vCPU / 2048 MiB pick the smallest fit")
-	assert.Equal(t, VXLANIDBase, s.Tunnel.VXLANID)
+	assert.GreaterOrEqual(t, s.Tunnel.VXLANID, VXLANIDBase)
+	assert.LessOrEqual(t, s.Tunnel.VXLANID, VXLANIDMax)
 
 	again, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/var/run/netns/cni-1")
 	require.NoError(t, err, "a repeated CreateVM answers the same")
@@ -472,6 +473,45 @@ func TestConcurrentSandboxesGetDistinctVXLANIDs(t *testing.T) {
 	assert.Len(t, ids, 8)
 }
 
+// TestVXLANIDsAreDrawnAtRandom: a sandbox's VXLAN id is drawn from the
+// whole range, not counted up, so one pod VM's id tells nothing of its
+// neighbours'. A draw that hits a recorded id is drawn again, and the
+// record keeps its id.
+func TestVXLANIDsAreDrawnAtRandom(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	var ids []int
+	for i := range 8 {
+		r.pod(fmt.Sprint("uid-", i), fmt.Sprint("p", i))
+		_, err := r.m.CreateVM(ctx, sbID(i), shimAnnotations(fmt.Sprint("p", i)), "/ns")
+		require.NoError(t, err)
+		id := r.sandbox(sbID(i)).Tunnel.VXLANID
+		require.GreaterOrEqual(t, id, VXLANIDBase)
+		require.LessOrEqual(t, id, VXLANIDMax)
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	require.Len(t, ids, 8, "distinct ids")
+	// Eight draws from 16.2 million land within 10,000 of each other with
+	// chance below 10^-20; counted ids always do.
+	assert.Greater(t, ids[7]-ids[0], 10000, "the ids %v are counted, not drawn", ids)
+
+	old := r.sandbox(sbID(0))
+	draws := []int{old.Tunnel.VXLANID, ids[3], 7777777}
+	r.m.drawVXLAN = func() (int, error) {
+		d := draws[0]
+		draws = draws[1:]
+		return d, nil
+	}
+	r.pod("uid-new", "new")
+	_, err := r.m.CreateVM(ctx, sbID(100), shimAnnotations("new"), "/ns")
+	require.NoError(t, err)
+	assert.Equal(t, 7777777, r.sandbox(sbID(100)).Tunnel.VXLANID, "draws of recorded ids are drawn again")
+	assert.Equal(t, old.Tunnel.VXLANID, r.sandbox(sbID(0)).Tunnel.VXLANID, "a record keeps its id")
+	assert.Empty(t, draws)
+}
+
 // holdAt makes the side stop a StartVM at stage until release is closed;
 // reached is closed when it gets there.
 func holdAt(side *fakeSide, stage string) (reached, release chan struct{}) {
@@ -542,4 +582,33 @@ func TestCallsForUnknownSandboxesLeaveNoEntry(t *testing.T) {
 	require.NoError(t, r.m.StopVM(ctx, sbA))
 	eventually(t, func() bool { _, err := r.led.GetSandbox(sbA); return err != nil }, "the record goes")
 	eventually(t, func() bool { return r.m.liveCount() == 0 }, "and its entry")
+}
+
+// TestSyncGuardsTheRecordedTunnels: each Sync, the startup one of a
+// restarted caa first, brings the node's VXLAN guard in line with the
+// ledger: every recorded tunnel that has its VM's address, and only those.
+func TestSyncGuardsTheRecordedTunnels(t *testing.T) {
+	r := newRig(t)
+	ctx := context.Background()
+	for i, name := range []string{"web", "db", "idle"} {
+		r.pod(fmt.Sprint("uid-", i), name)
+		_, err := r.m.CreateVM(ctx, sbID(i), shimAnnotations(name), fmt.Sprint("/ns", i))
+		require.NoError(t, err)
+		if name != "idle" { // idle never starts: no VM, no tunnel
+			require.NoError(t, r.m.StartVM(ctx, sbID(i)))
+		}
+	}
+	want := []ledger.Tunnel{r.sandbox(sbID(0)).Tunnel, r.sandbox(sbID(1)).Tunnel}
+	r.crash()
+	r.start()
+	_, err := r.m.Sync(ctx, time.Second)
+	require.NoError(t, err)
+	r.side.mu.Lock()
+	guarded := slices.Clone(r.side.guarded)
+	r.side.mu.Unlock()
+	require.NotEmpty(t, guarded, "the restarted caa's first Sync rebuilds the guard")
+	assert.ElementsMatch(t, want, guarded[0])
+	for _, tun := range guarded[0] {
+		assert.NotEmpty(t, tun.RemoteIP)
+	}
 }

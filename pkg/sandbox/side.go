@@ -21,6 +21,10 @@ type PodSide interface {
 	SetupTunnel(netns string, t ledger.Tunnel) error
 	// TeardownTunnel removes the node's end of the tunnel; idempotent.
 	TeardownTunnel(netns string, t ledger.Tunnel) error
+	// GuardTunnels makes the node's VXLAN guard pass exactly the tunnels
+	// recorded returns, which it calls while no tunnel is set up or torn
+	// down on the node (package tunnel's RebuildGuard); idempotent.
+	GuardTunnels(recorded func() ([]ledger.Tunnel, error)) error
 	// StartRelay serves the agent socket at socketPath at once and relays
 	// every connection to the forwarder at addr over mutual TLS, checking
 	// the forwarder's certificate against serverName.

@@ -135,7 +135,8 @@ func tableRules(c *nftables.Conn) (pre, out []*nftables.Rule, exists bool, err e
 }
 
 // ensureNoTrack adds cfg's pair of rules unless exactly that pair is there,
-// removing other rules for cfg's id (an earlier VM's, or a second copy).
+// removing other rules for cfg's id (an earlier VM's, or a second copy), and
+// in the same transaction the guard's elements of cfg's tunnel (guard.go).
 func ensureNoTrack(hostNS netns.NsHandle, cfg Config) error {
 	unlock, err := lockNoTrack(hostNS)
 	if err != nil {
@@ -151,6 +152,15 @@ func ensureNoTrack(hostNS netns.NsHandle, cfg Config) error {
 	if err != nil {
 		return err
 	}
+	entry, err := entryOf(cfg)
+	if err != nil {
+		return err
+	}
+	guard, err := readGuard(c)
+	if err != nil {
+		return err
+	}
+	seed := seedGuard(guard, pre)
 	want := noTrackComment(cfg.VXLANID, cfg.RemoteIP, cfg.port())
 	prefix := noTrackIDPrefix(cfg.VXLANID)
 	changed := false
@@ -187,18 +197,23 @@ func ensureNoTrack(hostNS netns.NsHandle, cfg Config) error {
 		}
 		changed = true
 	}
-	if !changed {
+	// The guard's elements in the same transaction (guard.go).
+	guarded, err := planGuard(c, guard, guardWith(seed, entry))
+	if err != nil {
+		return err
+	}
+	if !changed && !guarded {
 		return nil
 	}
 	if err := c.Flush(); err != nil {
-		return fmt.Errorf("tunnel: add NOTRACK rules for the tunnel's UDP (%s, table ip %s): %w "+
+		return fmt.Errorf("tunnel: add NOTRACK rules and the VXLAN guard's elements for the tunnel's UDP (%s, table ip %s): %w "+
 			"(the kernel needs nf_tables with conntrack; caa needs NET_ADMIN in the node's namespace)", want, NoTrackTable, err)
 	}
 	return nil
 }
 
-// removeNoTrack removes the rules of VXLAN id and, when no tunnel's rule is
-// left, the table.
+// removeNoTrack removes the rules and the guard's elements of VXLAN id and,
+// when no tunnel is left, the table.
 func removeNoTrack(hostNS netns.NsHandle, id int) error {
 	unlock, err := lockNoTrack(hostNS)
 	if err != nil {
@@ -214,6 +229,11 @@ func removeNoTrack(hostNS netns.NsHandle, id int) error {
 	if err != nil || !exists {
 		return err
 	}
+	guard, err := readGuard(c)
+	if err != nil {
+		return err
+	}
+	rest := guardWithout(seedGuard(guard, pre), id)
 	prefix := noTrackIDPrefix(id)
 	left := 0
 	for _, r := range append(pre, out...) {
@@ -225,9 +245,12 @@ func removeNoTrack(hostNS netns.NsHandle, id int) error {
 			return fmt.Errorf("tunnel: remove NOTRACK rule %q: %w", ruleComment(r), err)
 		}
 	}
-	if left == 0 {
+	if left == 0 && len(rest) == 0 {
 		t, _, _ := noTrackObjects()
 		c.DelTable(t)
+	} else if _, err := planGuard(c, guard, rest); err != nil {
+		// The guard's elements of the id go in the same transaction.
+		return err
 	}
 	if err := c.Flush(); err != nil && !errors.Is(err, unix.ENOENT) {
 		return fmt.Errorf("tunnel: remove NOTRACK rules of VXLAN %d (table ip %s): %w", id, NoTrackTable, err)
@@ -235,16 +258,17 @@ func removeNoTrack(hostNS netns.NsHandle, id int) error {
 	return nil
 }
 
-// hasNoTrack reports whether cfg's pair is in place.
-func hasNoTrack(hostNS netns.NsHandle, cfg Config) (bool, error) {
+// hasNoTrack reports whether cfg's pair is in place, and whether the guard
+// is whole and passes cfg's tunnel.
+func hasNoTrack(hostNS netns.NsHandle, cfg Config) (noTrack, guard bool, err error) {
 	c, err := noTrackConn(hostNS)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	defer c.CloseLasting()
 	pre, out, _, err := tableRules(c)
 	if err != nil {
-		return false, err
+		return false, false, err
 	}
 	want := noTrackComment(cfg.VXLANID, cfg.RemoteIP, cfg.port())
 	has := func(rs []*nftables.Rule) bool {
@@ -255,5 +279,8 @@ func hasNoTrack(hostNS netns.NsHandle, cfg Config) (bool, error) {
 		}
 		return false
 	}
-	return has(pre) && has(out), nil
+	if guard, err = hasGuard(c, cfg); err != nil {
+		return false, false, err
+	}
+	return has(pre) && has(out), guard, nil
 }

@@ -108,7 +108,7 @@ func Check(cfg Config) (State, error) {
 	if _, err := h.host.LinkByName(cfg.hostLinkName()); err == nil {
 		s.HostLeftover = true
 	}
-	if s.NoTrack, err = hasNoTrack(h.hostNS, cfg); err != nil {
+	if s.NoTrack, s.Guard, err = hasNoTrack(h.hostNS, cfg); err != nil {
 		return s, err
 	}
 	if h.podNSMissing {

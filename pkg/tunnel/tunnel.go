@@ -107,11 +107,14 @@ type State struct {
 	// NoTrack: the worker's NOTRACK rules for the tunnel's UDP are there
 	// (notrack.go).
 	NoTrack bool
+	// Guard: the worker's VXLAN guard is whole and passes the tunnel's
+	// packets from its VM (guard.go).
+	Guard bool
 }
 
 // Complete reports whether the tunnel is whole.
 func (s State) Complete() bool {
-	return s.PodNetNS && s.Link && s.LinkMatches && s.ToTunnel && s.FromTunnel && !s.HostLeftover && !s.PodLeftover && s.NoTrack
+	return s.PodNetNS && s.Link && s.LinkMatches && s.ToTunnel && s.FromTunnel && !s.HostLeftover && !s.PodLeftover && s.NoTrack && s.Guard
 }
 
 type handles struct {
