@@ -269,6 +269,13 @@ func (f *Options) newProvider(ctx context.Context, log *slog.Logger) (provider.P
 		return nil, spec, err
 	}
 	spec.TEEs = c.TEEs
+	if c.UseCluster != nil {
+		client, err := f.kubeClient()
+		if err != nil {
+			return nil, spec, err
+		}
+		c.UseCluster(client, f.node)
+	}
 	p, defaults, err := c.Open(ctx, log)
 	if err != nil {
 		return nil, spec, err
