@@ -15,6 +15,7 @@ import (
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
+	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/util/intstr"
 	"sigs.k8s.io/yaml"
@@ -60,12 +61,18 @@ func TestRenderedManifests(t *testing.T) {
 	}
 }
 
-// checkObjects: the expected kinds, all in caa-system when namespaced, no
-// Secret (credentials are never committed), and nothing anywhere that
-// reaches into the host's network or process namespaces.
+// checkObjects: the expected kinds, all in caa-system when namespaced (but
+// the IBM overlay's Role and RoleBinding caa-cluster-info in kube-system,
+// checkClusterInfoRole), no Secret (credentials are never committed), and
+// nothing anywhere that reaches into the host's network or process
+// namespaces.
 func checkObjects(t *testing.T, m manifests) {
 	var kinds []string
 	for _, o := range m.all {
+		if o.GetName() == "caa-cluster-info" && o.GetNamespace() == "kube-system" {
+			checkClusterInfoRole(t, o)
+			continue
+		}
 		kinds = append(kinds, o.GetKind())
 		if o.GetKind() != "Namespace" && o.GetKind() != "ClusterRole" && o.GetKind() != "ClusterRoleBinding" {
 			assert.Equal(t, namespace, o.GetNamespace(), "%s %s", o.GetKind(), o.GetName())
@@ -78,6 +85,25 @@ func checkObjects(t *testing.T, m manifests) {
 		"the hostPath is outside Pod Security's baseline, so the namespace says so rather than being refused")
 	slices.Sort(kinds)
 	assert.Equal(t, []string{"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Namespace", "Role", "RoleBinding", "ServiceAccount"}, kinds)
+}
+
+// checkClusterInfoRole: the IBM overlay's one grant in kube-system is get
+// on the ConfigMap cluster-info, by name, bound to caa's ServiceAccount.
+func checkClusterInfoRole(t *testing.T, o *unstructured.Unstructured) {
+	switch o.GetKind() {
+	case "Role":
+		var role rbacv1.Role
+		require.NoError(t, k8sruntime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &role))
+		assert.Equal(t, []rbacv1.PolicyRule{{APIGroups: []string{""}, Resources: []string{"configmaps"},
+			ResourceNames: []string{"cluster-info"}, Verbs: []string{"get"}}}, role.Rules)
+	case "RoleBinding":
+		var b rbacv1.RoleBinding
+		require.NoError(t, k8sruntime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &b))
+		assert.Equal(t, []rbacv1.Subject{{Kind: "ServiceAccount", Name: "caa", Namespace: namespace}}, b.Subjects)
+		assert.Equal(t, "caa-cluster-info", b.RoleRef.Name)
+	default:
+		t.Errorf("%s caa-cluster-info in kube-system: only a Role and its RoleBinding belong there", o.GetKind())
+	}
 }
 
 // findKeys walks any decoded object and returns the paths of the keys

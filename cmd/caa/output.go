@@ -190,7 +190,7 @@ func writeSandboxDetail(w io.Writer, output string, s *ledger.Sandbox, hist []le
 }
 
 // teeCell names the TEE a record's VM was asked to be (or, adopted, was
-// reported to be): "sev-snp", "tdx", "sgx", or "none" for an ordinary VM
+// reported to be): "sev-snp", "tdx", "sgx" (an older record; not confidential), or "none" for an ordinary VM
 // and for a record written before caa recorded it.
 func teeCell(tee string) string { return provider.TEE(tee).String() }
 

@@ -11,6 +11,7 @@ import (
 	"strings"
 
 	"github.com/spf13/pflag"
+	"k8s.io/client-go/kubernetes"
 
 	"github.com/caa-project/caa/pkg/provider"
 )
@@ -41,6 +42,12 @@ type Cloud struct {
 	TypeFlag, ImageFlag string
 	// Open validates the cloud's flags and builds its provider.
 	Open func(ctx context.Context, log *slog.Logger) (provider.Provider, Defaults, error)
+	// UseCluster, when set, hands the cloud the apiserver client and the
+	// node's name before Open, for what it reads from the cluster (IBM
+	// Cloud: the node's placement labels, the cluster's security group).
+	// A command that makes VMs calls it; without it Open reads nothing
+	// from the cluster.
+	UseCluster func(client kubernetes.Interface, node string)
 }
 
 // Defaults are a cloud's answers for pods that name no type or image.

@@ -112,14 +112,14 @@ func TestMap(t *testing.T) {
 		keys: map[string]string{"CLOUD_PROVIDER": "ibmcloud", "IBMCLOUD_ZONE": "us-south-2", "IBMCLOUD_VPC_SUBNET_ID": "sn",
 			"IBMCLOUD_VPC_ID": "vpc", "IBMCLOUD_PODVM_IMAGE_ID": "r006-img", "IBMCLOUD_PODVM_INSTANCE_PROFILE_NAME": "bx2-2x8",
 			"IBMCLOUD_IAM_ENDPOINT": "https://iam.cloud.ibm.com/identity/token", "IBMCLOUD_SECURITY_GROUP_IDS": "sg1,sg2",
-			"IBMCLOUD_VPC_ENDPOINT": "https://us-south.iaas.cloud.ibm.com/v1", "IBMCLOUD_API_KEY": "key", "IBMCLOUD_CLUSTER_ID": ""},
+			"IBMCLOUD_VPC_ENDPOINT": "https://us-south.iaas.cloud.ibm.com/v1", "IBMCLOUD_API_KEY": "key", "IBMCLOUD_CLUSTER_ID": "c1a2b3",
+			"TAGS": "env:prod, team,owner:a:b"},
 		want: []string{"--confidential=false (default)", "--hypervisor-socket=/run/peerpod/hypervisor.sock (default)",
-			"--ibmcloud-api-key-file=/etc/peer-pods/IBMCLOUD_API_KEY",
+			"--ibmcloud-api-key-file=/etc/peer-pods/IBMCLOUD_API_KEY", "--ibmcloud-cluster-id=c1a2b3",
 			"--ibmcloud-endpoint=https://us-south.iaas.cloud.ibm.com/v1", "--ibmcloud-iam-endpoint=https://iam.cloud.ibm.com",
 			"--ibmcloud-image=r006-img", "--ibmcloud-instance-type=bx2-2x8", "--ibmcloud-region=us-south",
-			"--ibmcloud-security-group-ids=sg1,sg2", "--ibmcloud-subnet-id=sn", "--ibmcloud-vpc-id=vpc", "--ibmcloud-zone=us-south-2",
-			"--max-pod-vms=10 (default)", "--provider=ibmcloud"},
-		accepted: []string{"IBMCLOUD_CLUSTER_ID"},
+			"--ibmcloud-security-group-ids=sg1,sg2", "--ibmcloud-subnet-id=sn", "--ibmcloud-tags=env=prod,team=,owner=a:b",
+			"--ibmcloud-vpc-id=vpc", "--ibmcloud-zone=us-south-2", "--max-pod-vms=10 (default)", "--provider=ibmcloud"},
 	}} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := Map(entries(tc.keys))
@@ -190,6 +190,8 @@ func TestMapRefuses(t *testing.T) {
 		{map[string]string{"CLOUD_PROVIDER": "libvirt"}, `CLOUD_PROVIDER="libvirt": caa runs on aws, azure or ibmcloud`},
 		{map[string]string{"CLOUD_PROVIDER": "ibmcloud", "IBMCLOUD_PODVM_IMAGE_ID": "a,b"}, "names several images"},
 		{map[string]string{"CLOUD_PROVIDER": "ibmcloud", "IBMCLOUD_IAM_ENDPOINT": "http://iam"}, "is not an https URL"},
+		{map[string]string{"CLOUD_PROVIDER": "ibmcloud", "TAGS": "env=prod"}, `tag "env=prod" holds '=': IBM Cloud's tags are key:value`},
+		{map[string]string{"CLOUD_PROVIDER": "ibmcloud", "TAGS": ":prod"}, `tag ":prod" has no key`},
 		{map[string]string{"CLOUD_PROVIDER": "ibmcloud", "ROOT_VOLUME_SIZE": "30"}, "a key of"},
 		{map[string]string{"CLOUD_PROVIDER": "ibmcloud", "IBMCLOUD_IAM_PROFILE_ID": "Profile-1"}, `IBMCLOUD_IAM_PROFILE_ID="(secret)": unsupported`},
 	} {

@@ -133,8 +133,13 @@ func common(cloud string) map[string]rule {
 			"IBMCLOUD_SECURITY_GROUP_IDS":          {flag: "ibmcloud-security-group-ids", conv: list},
 			"IBMCLOUD_PODVM_IMAGE_ID":              {flag: "ibmcloud-image", conv: one},
 			"IBMCLOUD_SSH_KEY_ID":                  {why: "caa gives the pod VMs no SSH key"},
-			"IBMCLOUD_CLUSTER_ID": {why: "caa does not add the cluster's security group to the VMs: " +
-				"list it in IBMCLOUD_SECURITY_GROUP_IDS"},
+			// The IKS/ROKS cluster whose kube-<id> security group every VM
+			// gets; absent, caa reads it from kube-system/cluster-info, as
+			// upstream does.
+			"IBMCLOUD_CLUSTER_ID": {flag: "ibmcloud-cluster-id"},
+			// IBM Cloud's user tags are plain, "key:value" or "tag", not
+			// the key=value of the other clouds.
+			"TAGS":                              {flag: "ibmcloud-tags", conv: ibmTags},
 			"IBMCLOUD_DEDICATED_HOST_IDS":       {why: "caa places no VM on dedicated hosts"},
 			"IBMCLOUD_DEDICATED_HOST_GROUP_IDS": {why: "caa places no VM on dedicated hosts"},
 			// peer-pods-secret: the API key is handed over as its file.
@@ -244,6 +249,30 @@ func tags(v string) (string, error) {
 		}
 	}
 	return l, nil
+}
+
+// ibmTags turns upstream's IBM Cloud TAGS, a list of user tags as IBM
+// writes them ("env:prod,team"), into caa's key=value form: "k:v" is k=v,
+// a bare tag is tag= (caa attaches it as "tag:"). A "=" is refused: IBM's
+// tags cannot hold one, so the value was meant for another cloud.
+func ibmTags(v string) (string, error) {
+	l, _ := list(v)
+	if l == "" {
+		return "", nil
+	}
+	var out []string
+	for item := range strings.SplitSeq(l, ",") {
+		k, val, _ := strings.Cut(item, ":")
+		k, val = strings.TrimSpace(k), strings.TrimSpace(val)
+		switch {
+		case strings.Contains(item, "="):
+			return "", fmt.Errorf("tag %q holds '=': IBM Cloud's tags are key:value or a plain tag, e.g. env:prod,team", item)
+		case k == "":
+			return "", fmt.Errorf("tag %q has no key before ':'", item)
+		}
+		out = append(out, k+"="+val)
+	}
+	return strings.Join(out, ","), nil
 }
 
 // iamBase turns upstream's IAM token URL (https://iam.cloud.ibm.com/identity/token)

@@ -71,7 +71,7 @@ func (f *Options) checkConfidential() error {
 }
 
 // teesOffered names the TEEs the cloud's table offers: "AMD SEV-SNP",
-// "Intel TDX or Intel SGX".
+// "AMD SEV-SNP or Intel TDX".
 func teesOffered(c *clouds.Cloud) string {
 	var names []string
 	if c.Types != nil {

@@ -39,8 +39,8 @@ func TestConfidentialIsTheDefault(t *testing.T) {
 func TestConfidentialPreflightRefusesOrdinaryDefaults(t *testing.T) {
 	for _, tc := range []struct{ cloud, typ, want string }{
 		{"aws", "t3.small", "--aws-instance-type t3.small cannot run a confidential VM (AMD SEV-SNP); use m6a.large or set --confidential=false"},
-		{"azure", "Standard_D2as_v5", "--azure-instance-type Standard_D2as_v5 cannot run a confidential VM (AMD SEV-SNP); use Standard_DC2as_v5 or set --confidential=false"},
-		{"ibmcloud", "bx2-2x8", "--ibmcloud-instance-type bx2-2x8 cannot run a confidential VM (Intel TDX or Intel SGX); use bx3dc-2x10 or set --confidential=false"},
+		{"azure", "Standard_D2as_v5", "--azure-instance-type Standard_D2as_v5 cannot run a confidential VM (AMD SEV-SNP or Intel TDX); use Standard_DC2as_v5 or set --confidential=false"},
+		{"ibmcloud", "bx2-2x8", "--ibmcloud-instance-type bx2-2x8 cannot run a confidential VM (Intel TDX); use bx3dc-2x10 or set --confidential=false"},
 	} {
 		t.Run(tc.cloud, func(t *testing.T) {
 			f := parsedRunFlags(t, "--provider", tc.cloud, "--"+tc.cloud+"-instance-type", tc.typ)

@@ -182,7 +182,7 @@ func (f *Options) AddFlags(fs *pflag.FlagSet) {
 			"ibmcloud bx3dc-2x10,bx3dc-4x20,bx3dc-8x40 (env CAA_INSTANCE_TYPES)")
 	fs.BoolVar(&f.confidential, "confidential", cli.EnvOr("CAA_CONFIDENTIAL", "true") != "false",
 		"make every VM a confidential VM (AMD SEV-SNP on EC2 m6a/c6a/r6a; Azure DCas/ECas v5 (SEV-SNP) and DCes/ECes v5 (TDX); "+
-			"Intel TDX or SGX on IBM Cloud bx3dc/cx3dc/mx3dc, TDX unless the pod's "+provider.AnnotationTEE+" annotation asks for sgx), "+
+			"Intel TDX on IBM Cloud bx3dc/cx3dc/mx3dc; SGX, which is no confidential VM, is refused), "+
 			"and never serve a pod from a VM the cloud reports as not confidential. The default type and every listed type must "+
 			"be able to; false: ordinary VMs, the explicit opt-out (env CAA_CONFIDENTIAL)")
 	fs.StringSliceVar(&f.allowedTypes, "allowed-types", provider.SplitList(os.Getenv("CAA_ALLOWED_TYPES")),
@@ -275,6 +275,13 @@ func (f *Options) newProvider(ctx context.Context, log *slog.Logger) (provider.P
 		return nil, spec, err
 	}
 	spec.TEEs = c.TEEs
+	if c.UseCluster != nil {
+		client, err := f.kubeClient()
+		if err != nil {
+			return nil, spec, err
+		}
+		c.UseCluster(client, f.node)
+	}
 	p, defaults, err := c.Open(ctx, log)
 	if err != nil {
 		return nil, spec, err

@@ -110,7 +110,7 @@ type Pass struct {
 }
 
 // VMNote is one recorded VM and its confidential type: the TEE it was
-// asked to be ("sev-snp", "tdx", "sgx"), "none", or, on a node that opted
+// asked to be ("sev-snp", "tdx"; "sgx" on an older record), "none", or, on a node that opted
 // out, "off (--confidential=false)".
 type VMNote struct {
 	Pod          string `json:"pod"`

@@ -16,13 +16,24 @@ const (
 	TEENone   TEE = ""
 	TEESEVSNP TEE = "sev-snp" // AMD SEV-SNP: EC2 m6a/c6a/r6a, Azure DCasv5/ECasv5
 	TEETDX    TEE = "tdx"     // Intel TDX: Azure DCesv5/ECesv5, IBM Cloud *x3dc profiles
-	TEESGX    TEE = "sgx"     // Intel SGX: IBM Cloud *x3dc profiles
+	// TEESGX is what IBM Cloud reports for an instance made with
+	// confidential_compute_mode "sgx". It is not a confidential VM: SGX
+	// guards enclaves inside applications built for them, not the VM, and
+	// the pod VM image runs nothing in one. caa never asks for it (ParseTEE
+	// refuses it) and never serves a confidential pod from it.
+	TEESGX TEE = "sgx"
 )
 
-// AnnotationTEE is the pod annotation that asks for one TEE where the
-// instance type offers several (IBM Cloud's *x3dc profiles: tdx or sgx).
-// Without it a pod gets the type's first TEE.
+// AnnotationTEE is the pod annotation that names the TEE a pod's VM is to
+// be; the instance type must offer it. Without it a pod gets the type's
+// first TEE. Every type caa knows offers one TEE at most, so the
+// annotation only confirms the type's own.
 const AnnotationTEE = "caa.dev/tee"
+
+// SGXNotConfidential is why caa refuses to make an SGX instance, for the
+// refusals that meet one.
+const SGXNotConfidential = "Intel SGX protects enclaves inside applications built for them, not the VM, " +
+	"and the pod VM image runs nothing in an enclave, so an SGX instance is not a confidential VM"
 
 // String names the TEE for people: "none" for an ordinary VM.
 func (t TEE) String() string {
@@ -65,8 +76,9 @@ func (c SpecConfig) Capable(instanceType string) bool {
 	return c.TEEs != nil && len(c.TEEs(instanceType)) > 0
 }
 
-// Confidential reports whether the TEE is a confidential one.
-func (t TEE) Confidential() bool { return t != TEENone }
+// Confidential reports whether the TEE makes a confidential VM: SEV-SNP
+// and TDX. SGX does not (see TEESGX), nor an unknown name.
+func (t TEE) Confidential() bool { return t == TEESEVSNP || t == TEETDX }
 
 // ConfidentialCapable is implemented by a provider that can make
 // confidential VMs. TEEs returns the TEEs the cloud offers on an instance
@@ -112,15 +124,19 @@ func ChooseTEE(p ConfidentialCapable, confidential bool, instanceType string, wa
 	return want, nil
 }
 
-// ParseTEE reads a TEE name as a pod annotation or flag gives it.
+// ParseTEE reads a TEE name as a pod annotation or flag gives it. "sgx" is
+// refused with the reason (SGXNotConfidential) and the fix.
 func ParseTEE(s string) (TEE, error) {
 	switch t := TEE(strings.ToLower(strings.TrimSpace(s))); t {
-	case TEESEVSNP, TEETDX, TEESGX:
+	case TEESEVSNP, TEETDX:
 		return t, nil
+	case TEESGX:
+		return TEENone, fmt.Errorf("%w: TEE %q: %s; remove the annotation (IBM Cloud's bx3dc, cx3dc and mx3dc profiles then run Intel TDX) or set it to tdx",
+			ErrInvalidSpec, s, SGXNotConfidential)
 	case "", "none":
 		return TEENone, nil
 	}
-	return TEENone, fmt.Errorf("%w: TEE %q: want one of sev-snp, tdx, sgx", ErrInvalidSpec, s)
+	return TEENone, fmt.Errorf("%w: TEE %q: want sev-snp or tdx", ErrInvalidSpec, s)
 }
 
 // Downgraded reports why a VM cannot serve a pod that asked for TEE want:

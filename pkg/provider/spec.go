@@ -145,10 +145,11 @@ func (c SpecConfig) allowed() []string {
 }
 
 // defaultFor checks a request against DefaultType when there is no list to
-// fit it to. Upstream's adaptor gives the default type then; caa does too,
-// and says so on the pod when the type is known to be smaller. A GPU
-// request is the exception: a VM without the GPU cannot run the pod at
-// all, so it is refused unless the default type is known to have it.
+// fit it to. caa gives the default type then, and says so on the pod when
+// the type is known to be smaller (upstream's adaptor refuses a request of
+// both vCPUs and memory the default cannot meet: docs/design.md, Sizing). A
+// GPU request is refused unless the default type is known to have it: a
+// VM without the GPU cannot run the pod at all.
 func (c SpecConfig) defaultFor(req Request) (string, error) {
 	def, known := c.lookup(c.DefaultType)
 	if req.GPUs > 0 && (!known || !def.fits(req)) {

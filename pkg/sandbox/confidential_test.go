@@ -112,9 +112,10 @@ func TestRestartNeverAdoptsAVMTheCloudReportsNotConfidential(t *testing.T) {
 	assert.Len(t, r.live(), 1)
 }
 
-// TestCreateVMTakesThePodsTEEAnnotation: where the type offers several
-// TEEs, the pod's caa.dev/tee annotation (read from the pod: the shims do
-// not forward it) picks one; a TEE the type does not offer is refused.
+// TestCreateVMTakesThePodsTEEAnnotation: the pod's caa.dev/tee annotation
+// (read from the pod: the shims do not forward it) names the type's TEE or
+// is refused naming what the type offers; sgx is refused as not a
+// confidential VM, even where a table would offer it.
 func TestCreateVMTakesThePodsTEEAnnotation(t *testing.T) {
 	r := confidentialRig(t)
 	r.tweak = func(c *Config) {
@@ -124,12 +125,13 @@ func TestCreateVMTakesThePodsTEEAnnotation(t *testing.T) {
 	r.crash()
 	r.start()
 	ctx := context.Background()
-	r.pod("uid-1", "web").Annotations[provider.AnnotationTEE] = "sgx"
+	r.pod("uid-1", "web").Annotations[provider.AnnotationTEE] = "tdx"
 	r.pod("uid-2", "api")
 	r.pod("uid-3", "bad").Annotations[provider.AnnotationTEE] = "sev-snp"
+	r.pod("uid-4", "sgx").Annotations[provider.AnnotationTEE] = "sgx"
 	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns/1")
 	require.NoError(t, err)
-	assert.Equal(t, "sgx", r.sandbox(sbA).Confidential)
+	assert.Equal(t, "tdx", r.sandbox(sbA).Confidential)
 	_, err = r.m.CreateVM(ctx, sbID(2), shimAnnotations("api"), "/ns/2")
 	require.NoError(t, err)
 	assert.Equal(t, "tdx", r.sandbox(sbID(2)).Confidential, "the type's default TEE")
@@ -137,4 +139,7 @@ func TestCreateVMTakesThePodsTEEAnnotation(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalid)
 	assert.Contains(t, err.Error(), `caa.dev/tee="sev-snp"`)
 	assert.Contains(t, err.Error(), "offers tdx, sgx")
+	_, err = r.m.CreateVM(ctx, sbID(4), shimAnnotations("sgx"), "/ns/4")
+	require.ErrorIs(t, err, ErrInvalid)
+	assert.Contains(t, err.Error(), "not a confidential VM")
 }

@@ -245,7 +245,7 @@ func newManagedIdentity(t *testing.T, token string) (*armfake.ManagedIdentity, s
 
 const (
 	ibmImage   = "r006-e2e-image"
-	ibmProfile = "bx3dc-2x10" // Intel TDX (the default) or SGX
+	ibmProfile = "bx3dc-2x10" // Intel TDX
 	ibmZone    = "us-south-1"
 )
 

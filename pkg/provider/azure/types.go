@@ -21,6 +21,25 @@ func InstanceTypes() []provider.InstanceType {
 		// Confidential memory optimised.
 		{Name: "Standard_EC2as_v5", VCPUs: 2, MemoryMiB: 16 << 10},
 		{Name: "Standard_EC4as_v5", VCPUs: 4, MemoryMiB: 32 << 10},
+		// Confidential (Intel TDX): the DCesv5 and ECesv5 series, sizes as
+		// Microsoft's generated AKS size list gives them (Aspire's
+		// AksNodeVmSizes.cs: StandardDCEV5, StandardECEV5).
+		{Name: "Standard_DC2es_v5", VCPUs: 2, MemoryMiB: 8 << 10},
+		{Name: "Standard_DC4es_v5", VCPUs: 4, MemoryMiB: 16 << 10},
+		{Name: "Standard_DC8es_v5", VCPUs: 8, MemoryMiB: 32 << 10},
+		{Name: "Standard_DC16es_v5", VCPUs: 16, MemoryMiB: 64 << 10},
+		{Name: "Standard_DC32es_v5", VCPUs: 32, MemoryMiB: 128 << 10},
+		{Name: "Standard_DC48es_v5", VCPUs: 48, MemoryMiB: 192 << 10},
+		{Name: "Standard_DC64es_v5", VCPUs: 64, MemoryMiB: 256 << 10},
+		{Name: "Standard_DC96es_v5", VCPUs: 96, MemoryMiB: 384 << 10},
+		{Name: "Standard_EC2es_v5", VCPUs: 2, MemoryMiB: 16 << 10},
+		{Name: "Standard_EC4es_v5", VCPUs: 4, MemoryMiB: 32 << 10},
+		{Name: "Standard_EC8es_v5", VCPUs: 8, MemoryMiB: 64 << 10},
+		{Name: "Standard_EC16es_v5", VCPUs: 16, MemoryMiB: 128 << 10},
+		{Name: "Standard_EC32es_v5", VCPUs: 32, MemoryMiB: 256 << 10},
+		{Name: "Standard_EC48es_v5", VCPUs: 48, MemoryMiB: 384 << 10},
+		{Name: "Standard_EC64es_v5", VCPUs: 64, MemoryMiB: 512 << 10},
+		{Name: "Standard_EC128es_v5", VCPUs: 128, MemoryMiB: 768 << 10},
 		// General purpose.
 		{Name: "Standard_D2as_v5", VCPUs: 2, MemoryMiB: 8 << 10},
 		{Name: "Standard_D4as_v5", VCPUs: 4, MemoryMiB: 16 << 10},

@@ -50,6 +50,11 @@ type Config struct {
 	// SecurityGroupIDs for the VMs' network interface; empty means the
 	// VPC's default group.
 	SecurityGroupIDs []string
+	// ClusterID is the IBM Cloud Kubernetes service's id of the cluster
+	// (IKS or ROKS), whose security group kube-<id> every VM gets
+	// (cluster.go); empty: read from kube-system/cluster-info where that
+	// exists; ClusterIDNone: no cluster group.
+	ClusterID string
 	// ResourceGroupID for the VMs; empty means the account's default.
 	ResourceGroupID string
 	// Image and InstanceType (a VPC profile name) are the defaults for a
@@ -106,6 +111,9 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&c.VPCID, "ibmcloud-vpc-id", provider.FirstEnv("CAA_IBMCLOUD_VPC_ID"), "VPC of the VMs (env CAA_IBMCLOUD_VPC_ID)")
 	fs.StringVar(&c.SubnetID, "ibmcloud-subnet-id", provider.FirstEnv("CAA_IBMCLOUD_SUBNET_ID"), "subnet of the VMs (env CAA_IBMCLOUD_SUBNET_ID)")
 	fs.StringSliceVar(&c.SecurityGroupIDs, "ibmcloud-security-group-ids", provider.SplitList(provider.FirstEnv("CAA_IBMCLOUD_SECURITY_GROUP_IDS")), "security groups of the VMs, comma separated (env CAA_IBMCLOUD_SECURITY_GROUP_IDS)")
+	fs.StringVar(&c.ClusterID, "ibmcloud-cluster-id", provider.FirstEnv("CAA_IBMCLOUD_CLUSTER_ID"),
+		"IBM Cloud Kubernetes service cluster id whose security group kube-<id> every VM gets; empty: read from kube-system/cluster-info when the cluster has it; "+
+			ClusterIDNone+": add no cluster group (env CAA_IBMCLOUD_CLUSTER_ID)")
 	fs.StringVar(&c.ResourceGroupID, "ibmcloud-resource-group-id", provider.FirstEnv("CAA_IBMCLOUD_RESOURCE_GROUP_ID"), "resource group of the VMs (env CAA_IBMCLOUD_RESOURCE_GROUP_ID)")
 	fs.StringVar(&c.Image, "ibmcloud-image", provider.FirstEnv("CAA_IBMCLOUD_IMAGE"), "default image id (env CAA_IBMCLOUD_IMAGE)")
 	fs.StringVar(&c.InstanceType, "ibmcloud-instance-type", envOr("CAA_IBMCLOUD_INSTANCE_TYPE", "bx3dc-2x10"),
@@ -295,6 +303,10 @@ func (c Config) authenticator() (core.Authenticator, error) {
 	}
 	return a, nil
 }
+
+// ClusterIDNone as --ibmcloud-cluster-id turns the cluster's security
+// group off: --ibmcloud-security-group-ids must then admit the workers.
+const ClusterIDNone = "none"
 
 func envOr(key, def string) string {
 	if v := os.Getenv(key); v != "" {

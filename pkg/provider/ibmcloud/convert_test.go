@@ -78,6 +78,7 @@ func TestPrototype(t *testing.T) {
 		"vpc": {"id": "r010-vpc"},
 		"resource_group": {"id": "rg-1"},
 		"user_data": "#cloud-config\n",
+		"confidential_compute_mode": "disabled", "enable_secure_boot": false,
 		"primary_network_attachment": {"virtual_network_interface": {
 			"auto_delete": true, "subnet": {"id": "02b7-subnet"},
 			"security_groups": [{"id": "sg-1"}, {"id": "sg-2"}]}},

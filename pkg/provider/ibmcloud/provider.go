@@ -21,6 +21,11 @@ import (
 
 const providerName = "ibmcloud"
 
+// MaxUserData is the most user data VPC takes for an instance: "The size
+// limit of the User Data field (or file) is 64 K bytes" (IBM Cloud docs,
+// VPC, "User data"). Create refuses more before any call.
+const MaxUserData = 64 << 10
+
 // vpcAPI is the part of vpcv1.VpcV1 the provider uses, so a test can stand
 // in for it.
 type vpcAPI interface {
@@ -38,6 +43,8 @@ type vpcAPI interface {
 	// The SDK's pagers, which follow the collections' next links.
 	NewInstancesPager(*vpcv1.ListInstancesOptions) (*vpcv1.InstancesPager, error)
 	NewVolumesPager(*vpcv1.ListVolumesOptions) (*vpcv1.VolumesPager, error)
+	// The VPC's security groups, for the cluster's (cluster.go).
+	NewSecurityGroupsPager(*vpcv1.ListSecurityGroupsOptions) (*vpcv1.SecurityGroupsPager, error)
 }
 
 // Provider is provider.Provider on IBM Cloud VPC.
@@ -138,6 +145,13 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM,
 	}
 	if err := spec.Validate(); err != nil {
 		return provider.VM{}, invalidSpec(err)
+	}
+	if err := checkTEE(spec); err != nil {
+		return provider.VM{}, invalidSpec(err)
+	}
+	if n := len(spec.UserData); n > MaxUserData {
+		return provider.VM{}, invalidSpec(fmt.Errorf("%w: the user data of pod %s/%s is %d bytes; IBM Cloud VPC takes at most %d (64 KiB): "+
+			"shrink what goes into it (the initdata, the pod's secrets and config)", provider.ErrInvalidSpec, spec.PodNamespace, spec.PodName, n, MaxUserData))
 	}
 	if !utf8.Valid(spec.UserData) {
 		return provider.VM{}, invalidSpec(fmt.Errorf("%w: the user data of pod %s/%s is not UTF-8 text, which VPC requires",

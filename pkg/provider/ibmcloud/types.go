@@ -5,12 +5,12 @@ import "github.com/caa-project/caa/pkg/provider"
 // InstanceTypes are the IBM Cloud VPC instance profiles whose size caa
 // knows, from IBM's published profile tables: --instance-types may name
 // them without their size. A suitable list for confidential peer pods (the
-// default profile being bx3dc-2x10, TDX or SGX):
+// default profile being bx3dc-2x10, Intel TDX):
 // bx3dc-2x10,bx3dc-4x20,bx3dc-8x40,bx3dc-16x80. Other profiles are
 // written name:vcpus:memoryMiB[:gpus:model].
 func InstanceTypes() []provider.InstanceType {
 	return []provider.InstanceType{
-		// Confidential computing (Intel TDX and SGX; see TEEs).
+		// Confidential computing (Intel TDX; see TEEs).
 		{Name: "bx3dc-2x10", VCPUs: 2, MemoryMiB: 10 << 10},
 		{Name: "bx3dc-4x20", VCPUs: 4, MemoryMiB: 20 << 10},
 		{Name: "bx3dc-8x40", VCPUs: 8, MemoryMiB: 40 << 10},

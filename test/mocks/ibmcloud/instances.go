@@ -96,6 +96,7 @@ func (s *Server) createInstance(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	s.remember(in.ID, volumeFromResource(vol), p.Zone.Name)
+	s.record(in.ID, &p)
 	byID := map[string]cloud.Resource{nic.ID: nic, vol.ID: vol}
 	writeJSON(w, http.StatusCreated, instanceViewOf(baseURL(r), in, byID))
 }
@@ -448,4 +449,41 @@ func (s *Server) resourcesByID() map[string]cloud.Resource {
 	byID := s.cloud.ResourceIndex()
 	s.resources.Put("", stamp, byID)
 	return byID
+}
+
+// Requested is what the create of an instance asked for on the wire, as
+// the fake received it: the fields a profile's defaults fill when left out
+// (nil or empty here when the request left them out), and the primary
+// network attachment's security groups.
+type Requested struct {
+	// ConfidentialComputeMode is "" when the request left it out.
+	ConfidentialComputeMode string
+	// EnableSecureBoot is nil when the request left it out.
+	EnableSecureBoot *bool
+	SecurityGroups   []string
+}
+
+func (s *Server) record(instanceID string, p *instancePrototype) {
+	r := Requested{ConfidentialComputeMode: p.ConfidentialComputeMode, EnableSecureBoot: p.EnableSecureBoot}
+	switch a, n := p.PrimaryNetworkAttachment, p.PrimaryNetworkInterface; {
+	case a != nil && a.VirtualNetworkInterface != nil:
+		r.SecurityGroups = strings.Split(joinIDs(a.VirtualNetworkInterface.SecurityGroups), ",")
+	case n != nil:
+		r.SecurityGroups = strings.Split(joinIDs(n.SecurityGroups), ",")
+	}
+	if len(r.SecurityGroups) == 1 && r.SecurityGroups[0] == "" {
+		r.SecurityGroups = nil
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.requested[instanceID] = r
+}
+
+// CreateRequest is what the create of instance id asked for; false for an
+// instance the fake's API did not make.
+func (s *Server) CreateRequest(id string) (Requested, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	r, ok := s.requested[id]
+	return r, ok
 }

@@ -17,6 +17,8 @@
 //	GET    /v1/volumes          list, filter tag (op "volume.list")
 //	GET    /v1/volumes/{id}     (op "volume.get")
 //	DELETE /v1/volumes/{id}     (op "volume.delete")
+//	GET    /v1/security_groups  list, filter vpc.id (op "security_group.list";
+//	                            WithNetwork's groups, with their names)
 //	GET    /v1/subnets/{id}, /v1/vpcs/{id}, /v1/security_groups/{id},
 //	       /v1/images/{id}      reads of what caa's configuration names
 //	                            (WithNetwork; ops "subnet.get", ...)
@@ -123,7 +125,8 @@ type Server struct {
 	// instanceTags are the user tags attached to instances through Global
 	// Tagging (tagging.go), by instance id.
 	instanceTags map[string][]string
-	pinned       map[string]string // statuses the index shows, by instance id (PinIndexStatus)
+	pinned       map[string]string    // statuses the index shows, by instance id (PinIndexStatus)
+	requested    map[string]Requested // what each API-made instance's create asked, by instance id
 
 	// gen moves with every change the fake's own state may have seen (any
 	// request but a read or a search, PinIndexStatus). built is the last
@@ -140,7 +143,8 @@ type Server struct {
 // NewServer returns the VPC and IAM front end over c, with the core's
 // controls mounted at cloud.ControlPrefix.
 func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
-	s := &Server{cloud: c, mux: http.NewServeMux(), tokens: map[string]grantee{}, docs: map[string]searchDoc{}, instanceTags: map[string][]string{}, pinned: map[string]string{}}
+	s := &Server{cloud: c, mux: http.NewServeMux(), tokens: map[string]grantee{}, docs: map[string]searchDoc{}, instanceTags: map[string][]string{}, pinned: map[string]string{},
+		requested: map[string]Requested{}}
 	for _, o := range opts {
 		o(s)
 	}
@@ -156,6 +160,7 @@ func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
 	s.route("GET /v1/subnets/{id}", OpSubnetGet, false, s.getSubnet)
 	s.route("GET /v1/vpcs/{id}", OpVPCGet, false, s.getVPC)
 	s.route("GET /v1/security_groups/{id}", OpSecurityGroupGet, false, s.getSecurityGroup)
+	s.route("GET /v1/security_groups", OpSecurityGroupList, false, s.listSecurityGroups)
 	s.route("GET /v1/images/{id}", OpImageGet, false, s.getImage)
 	s.mux.HandleFunc("POST "+searchPath, func(w http.ResponseWriter, r *http.Request) {
 		// Read the body first: until it is read, the server cannot notice
