@@ -189,6 +189,9 @@ func (m *Manager) Sync(ctx context.Context, wait time.Duration) (Report, error) 
 // and the rebuild replaces its elements in one transaction. A failure is
 // logged: each tunnel's Setup adds its own element anyway.
 func (m *Manager) guardTunnels(ctx context.Context) {
+	if m.cfg.Side == nil { // a manager that serves no sandbox (a rebuild's check) makes no tunnel
+		return
+	}
 	err := m.tunnelOp(ctx, func() error {
 		return m.cfg.Side.GuardTunnels(func() ([]ledger.Tunnel, error) {
 			all, err := m.cfg.Ledger.ListSandboxes()
