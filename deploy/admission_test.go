@@ -24,6 +24,7 @@ import (
 	"k8s.io/client-go/kubernetes/scheme"
 	"k8s.io/client-go/rest"
 
+	"github.com/caa-project/caa/internal/cli"
 	"github.com/caa-project/caa/test/e2e/cluster"
 )
 
@@ -127,7 +128,14 @@ func TestNodeWritesOnTheAPIServer(t *testing.T) {
 		require.Error(t, err, "node A's caa writes a view on %s", target)
 		assert.True(t, apierrors.IsForbidden(err), "%v", err)
 	}
-	err = patch(nodeA, "node-a", viewPatch(`{"forged":true}`))
+	// Nor may node A's kubelet, which the Node authorizer and
+	// NodeRestriction let patch its own Node.
+	kubeconfig, err := c.NodeKubeconfig("node-a")
+	require.NoError(t, err)
+	kubeletA, err := cli.KubeClient(kubeconfig, "kubelet", 5)
+	require.NoError(t, err)
+	require.NoError(t, patch(kubeletA, "node-a", annotationPatch(t, "example.com/kubelet", "yes")), "the kubelet patches its Node")
+	err = patch(kubeletA, "node-a", viewPatch(`{"forged":true}`))
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "only the cluster caa (caa-system/caa-cluster) may write the caa.dev/cloud-view annotation")
 
