@@ -7,6 +7,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	appsv1 "k8s.io/api/apps/v1"
+	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
 	k8sruntime "k8s.io/apimachinery/pkg/runtime"
 )
@@ -48,6 +49,24 @@ func TestClusterScopeComponent(t *testing.T) {
 			assert.Equal(t, false, *c.SecurityContext.AllowPrivilegeEscalation)
 			assert.Equal(t, true, *c.SecurityContext.ReadOnlyRootFilesystem)
 			require.NotNil(t, pod.Affinity, "replicas spread over nodes")
+			// Control-plane nodes only (issue 42.3): a worker's root could
+			// take this token.
+			require.NotNil(t, pod.Affinity.NodeAffinity)
+			require.NotNil(t, pod.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution)
+			assert.Equal(t, []corev1.NodeSelectorTerm{{MatchExpressions: []corev1.NodeSelectorRequirement{
+				{Key: "node-role.kubernetes.io/control-plane", Operator: corev1.NodeSelectorOpExists}}}},
+				pod.Affinity.NodeAffinity.RequiredDuringSchedulingIgnoredDuringExecution.NodeSelectorTerms)
+			assert.Contains(t, pod.Tolerations, corev1.Toleration{Key: "node-role.kubernetes.io/control-plane",
+				Operator: corev1.TolerationOpExists, Effect: corev1.TaintEffectNoSchedule})
+			// The admission policies come with every install, not with
+			// this component (issue 42.2).
+			var policies []string
+			for _, o := range plain.ofKind("ValidatingAdmissionPolicy") {
+				policies = append(policies, o.GetName())
+			}
+			assert.ElementsMatch(t, []string{"caa-node-own-node", "caa-node-events", "caa-cluster-view-only", "caa-cloud-view-writer"}, policies,
+				"the overlay alone has the policies")
+			assert.Len(t, with.ofKind("ValidatingAdmissionPolicy"), 4, "the component adds none of its own")
 
 			var verbs []string
 			for _, kind := range []string{"ClusterRole", "Role"} {

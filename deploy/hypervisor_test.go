@@ -46,8 +46,22 @@ func TestKataRemoteHypervisorComponent(t *testing.T) {
 	}
 	assert.Equal(t, "/run/peerpod", paths["peerpod"])
 	assert.Equal(t, "/run/netns", paths["netns"])
-	assert.Contains(t, string(withComponent(t, bin, "overlays/aws", "components/kata-remote-hypervisor")), "name: caa-pull-secrets",
-		"the role that lets caa read the image-pull secrets its pods name")
+	// The image-pull secrets are read as the node (issue 42.1): its
+	// kubelet's kubeconfig and certificates, read-only; caa's own
+	// ServiceAccount gets no secret.
+	assert.NotContains(t, string(withComponent(t, bin, "overlays/aws", "components/kata-remote-hypervisor")), "caa-pull-secrets",
+		"a role that lets caa's own token read secrets")
+	assert.Equal(t, "/var/lib/kubelet/kubeconfig", env["CAA_PULL_SECRETS_KUBECONFIG"].Value)
+	readOnly := map[string]string{}
+	for _, m := range c.VolumeMounts {
+		if m.ReadOnly {
+			readOnly[m.Name] = m.MountPath
+		}
+	}
+	assert.Equal(t, "/var/lib/kubelet/kubeconfig", readOnly["kubelet-kubeconfig"])
+	assert.Equal(t, "/var/lib/kubelet/pki", readOnly["kubelet-pki"])
+	assert.Equal(t, "/var/lib/kubelet/kubeconfig", paths["kubelet-kubeconfig"])
+	assert.Equal(t, "/var/lib/kubelet/pki", paths["kubelet-pki"])
 
 	// Surge-safe on the host network: no declared port (it would be a host
 	// port, and the scheduler would not place the surge's second pod),

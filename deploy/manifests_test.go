@@ -74,7 +74,10 @@ func checkObjects(t *testing.T, m manifests) {
 			continue
 		}
 		kinds = append(kinds, o.GetKind())
-		if o.GetKind() != "Namespace" && o.GetKind() != "ClusterRole" && o.GetKind() != "ClusterRoleBinding" {
+		switch o.GetKind() {
+		case "Namespace", "ClusterRole", "ClusterRoleBinding", "ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding":
+			assert.Empty(t, o.GetNamespace(), "%s %s is cluster-scoped", o.GetKind(), o.GetName())
+		default:
 			assert.Equal(t, namespace, o.GetNamespace(), "%s %s", o.GetKind(), o.GetName())
 		}
 		for _, path := range findKeys(o.Object, "hostNetwork", "hostPort", "hostPID", "hostIPC") {
@@ -84,7 +87,15 @@ func checkObjects(t *testing.T, m manifests) {
 	assert.Equal(t, "privileged", m.one(t, "Namespace").GetLabels()["pod-security.kubernetes.io/enforce"],
 		"the hostPath is outside Pod Security's baseline, so the namespace says so rather than being refused")
 	slices.Sort(kinds)
-	assert.Equal(t, []string{"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Namespace", "Role", "RoleBinding", "ServiceAccount"}, kinds)
+	// The admission policies come with every install (issue 42.2).
+	var policies []string
+	for _, o := range m.ofKind("ValidatingAdmissionPolicy") {
+		policies = append(policies, o.GetName())
+	}
+	assert.ElementsMatch(t, []string{"caa-node-own-node", "caa-node-events", "caa-cluster-view-only", "caa-cloud-view-writer"}, policies)
+	kinds = slices.Compact(kinds)
+	assert.Equal(t, []string{"ClusterRole", "ClusterRoleBinding", "ConfigMap", "DaemonSet", "Namespace", "Role", "RoleBinding", "ServiceAccount",
+		"ValidatingAdmissionPolicy", "ValidatingAdmissionPolicyBinding"}, kinds)
 }
 
 // checkClusterInfoRole: the IBM overlay's one grant in kube-system is get

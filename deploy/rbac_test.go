@@ -92,7 +92,12 @@ func runUnderServiceAccount(ctx context.Context, t *testing.T, c *cluster.Cluste
 	_, err := runKubectl(ctx, kubectlBin, render(t, kubectlBin, "overlays/aws"), "--kubeconfig", c.Kubeconfig(),
 		"apply", "--server-side", "--field-manager=caa-deploy-test", "-f", "-")
 	require.NoError(t, err, "apply the AWS overlay")
-	saClient, saKubeconfig := serviceAccountClient(ctx, t, c)
+	// The token is bound to a caa pod on the node, as the kubelet's is:
+	// the admission policies every install has (base/admission.yaml) let
+	// caa's token change only the Node its token names.
+	_, err = c.CreateNode(ctx, node)
+	require.NoError(t, err)
+	saClient, saKubeconfig := serviceAccountClient(ctx, t, c, node)
 
 	for _, a := range granted {
 		assert.True(t, allowed(ctx, t, saClient, a), "the role allows %s", a)
@@ -103,8 +108,6 @@ func runUnderServiceAccount(ctx context.Context, t *testing.T, c *cluster.Cluste
 	_, err = saClient.CoreV1().Secrets("").List(ctx, metav1.ListOptions{})
 	assert.True(t, apierrors.IsForbidden(err), "the token is no admin: listing secrets is forbidden, got %v", err)
 
-	_, err = c.CreateNode(ctx, node)
-	require.NoError(t, err)
 	for i := range peers {
 		_, err := c.CreatePeerPod(ctx, team, fmt.Sprintf("pod-%d", i), node, nil)
 		require.NoError(t, err)
@@ -163,13 +166,22 @@ func runUnderServiceAccount(ctx context.Context, t *testing.T, c *cluster.Cluste
 }
 
 // serviceAccountClient takes a token for the overlay's ServiceAccount
-// through the TokenRequest API, as the kubelet would for the pod, and
-// returns a client and a kubeconfig file that use only that token.
-func serviceAccountClient(ctx context.Context, t *testing.T, c *cluster.Cluster) (kubernetes.Interface, string) {
+// through the TokenRequest API, bound to a caa pod on node as the kubelet
+// would take it for the pod, and returns a client and a kubeconfig file
+// that use only that token.
+func serviceAccountClient(ctx context.Context, t *testing.T, c *cluster.Cluster, node string) (kubernetes.Interface, string) {
 	t.Helper()
+	pod, err := c.Client().CoreV1().Pods(namespace).Create(ctx, &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: "caa-" + node, Namespace: namespace},
+		Spec: corev1.PodSpec{ServiceAccountName: "caa", NodeName: node,
+			Containers: []corev1.Container{{Name: "caa", Image: "caa"}}},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
 	expiry := int64(3600)
 	tok, err := c.Client().CoreV1().ServiceAccounts(namespace).CreateToken(ctx, "caa",
-		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry}}, metav1.CreateOptions{})
+		&authenticationv1.TokenRequest{Spec: authenticationv1.TokenRequestSpec{ExpirationSeconds: &expiry,
+			BoundObjectRef: &authenticationv1.BoundObjectReference{Kind: "Pod", APIVersion: "v1", Name: pod.Name, UID: pod.UID}}},
+		metav1.CreateOptions{})
 	require.NoError(t, err, "token for the caa ServiceAccount")
 	admin := c.RestConfig()
 	cfg := &rest.Config{Host: admin.Host, BearerToken: tok.Status.Token, TLSClientConfig: rest.TLSClientConfig{CAData: admin.CAData}}

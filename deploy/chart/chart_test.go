@@ -2,6 +2,7 @@ package chart_test
 
 import (
 	"context"
+	"fmt"
 	"path/filepath"
 	"strings"
 	"testing"
@@ -121,11 +122,44 @@ func TestChartSettings(t *testing.T) {
 	b := daemonSet(t, decode(t, mustRender(t, []string{valuesFile("aws")}, "settings.CAA_RESYNC=2m")))
 	assert.NotEqual(t, a.Spec.Template.Annotations["checksum/config"], b.Spec.Template.Annotations["checksum/config"])
 
-	// hypervisor.pullSecrets=false drops the role and tells caa so.
+	// The pull secrets are read as the node, with its kubelet's files
+	// mounted read-only; hypervisor.pullSecrets=false mounts nothing and
+	// tells caa so. caa's own token reads no secret either way.
 	objs := decode(t, mustRender(t, []string{valuesFile("aws"), valuesFile("kata")}, "hypervisor.pullSecrets=false"))
-	assert.Nil(t, find(objs, "ClusterRole", "caa-pull-secrets"))
 	assert.Contains(t, daemonSet(t, objs).Spec.Template.Spec.Containers[0].Env, envVar("CAA_PULL_SECRETS", "false"))
-	assert.NotNil(t, find(decode(t, mustRender(t, []string{valuesFile("aws"), valuesFile("kata")})), "ClusterRole", "caa-pull-secrets"))
+	for _, v := range daemonSet(t, objs).Spec.Template.Spec.Volumes {
+		assert.NotContains(t, v.Name, "kubelet", "pullSecrets=false mounts no kubelet file")
+	}
+	objs = decode(t, mustRender(t, []string{valuesFile("aws"), valuesFile("kata")}, "hypervisor.kubeletKubeconfig=/etc/kubernetes/kubelet.conf"))
+	assert.Nil(t, find(objs, "ClusterRole", "caa-pull-secrets"))
+	ctr0 := daemonSet(t, objs).Spec.Template.Spec.Containers[0]
+	assert.Contains(t, ctr0.Env, envVar("CAA_PULL_SECRETS_KUBECONFIG", "/etc/kubernetes/kubelet.conf"))
+	mounted := map[string]bool{}
+	for _, m := range ctr0.VolumeMounts {
+		mounted[m.MountPath] = m.ReadOnly
+	}
+	assert.Equal(t, map[string]bool{"/etc/kubernetes/kubelet.conf": true, "/var/lib/kubelet/pki": true},
+		map[string]bool{"/etc/kubernetes/kubelet.conf": mounted["/etc/kubernetes/kubelet.conf"], "/var/lib/kubelet/pki": mounted["/var/lib/kubelet/pki"]})
+
+	// The admission policies come with every install, the cluster scope
+	// or not (issue 42.2); the cluster caa runs on control-plane nodes
+	// unless told otherwise.
+	for _, files := range [][]string{{valuesFile("aws")}, {valuesFile("aws"), valuesFile("cluster-scope")}} {
+		objs := decode(t, mustRender(t, files))
+		for _, p := range []string{"caa-node-own-node", "caa-node-events", "caa-cluster-view-only", "caa-cloud-view-writer"} {
+			assert.NotNil(t, find(objs, "ValidatingAdmissionPolicy", p), "%v: %s", files, p)
+			assert.NotNil(t, find(objs, "ValidatingAdmissionPolicyBinding", p), "%v: %s", files, p)
+		}
+	}
+	dep := find(decode(t, mustRender(t, []string{valuesFile("aws"), valuesFile("cluster-scope")})), "Deployment", "caa-cluster")
+	require.NotNil(t, dep)
+	terms, _, _ := unstructured.NestedSlice(dep.Object, "spec", "template", "spec", "affinity", "nodeAffinity",
+		"requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
+	assert.Contains(t, fmt.Sprint(terms), "node-role.kubernetes.io/control-plane", "the cluster caa only on control-plane nodes")
+	dep = find(decode(t, mustRender(t, []string{valuesFile("aws"), valuesFile("cluster-scope")}, "clusterScope.controlPlaneOnly=false")), "Deployment", "caa-cluster")
+	require.NotNil(t, dep)
+	_, found, _ := unstructured.NestedMap(dep.Object, "spec", "template", "spec", "affinity", "nodeAffinity")
+	assert.False(t, found, "clusterScope.controlPlaneOnly=false: no node affinity")
 
 	// The adaptor's ConfigMap and Secret: mounted, named to caa, and the
 	// cloud settings of values-aws.yaml (placeholders) left out, since a
@@ -172,6 +206,8 @@ func TestChartRefusesBadValues(t *testing.T) {
 		{"irsa without a role", []string{"aws"}, []string{"identity.route=aws-irsa"}, "needs identity.awsRoleArn"},
 		{"workload identity without a client", []string{"azure"}, []string{"identity.route=azure-workload-identity"}, "needs identity.azureClientId"},
 		{"trusted profile without a profile", []string{"ibmcloud"}, []string{"identity.route=ibmcloud-trusted-profile"}, "needs identity.ibmcloudProfileId"},
+		{"a relative kubelet kubeconfig", []string{"aws", "kata"}, []string{"hypervisor.kubeletKubeconfig=kubeconfig"},
+			`hypervisor.kubeletKubeconfig="kubeconfig": give the host path`},
 		{"relay without the hypervisor", []string{"aws"}, []string{"relay.enabled=true"}, "relay.enabled=true needs hypervisor.enabled=true"},
 		{"another cloud's setting", []string{"aws"}, []string{"cloudSettings.CAA_AZURE_LOCATION=westeurope"},
 			"cloudSettings.CAA_AZURE_LOCATION is not a setting of cloud=aws"},

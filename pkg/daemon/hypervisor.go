@@ -51,6 +51,10 @@ type hypervisorFlags struct {
 	initDataFile string
 	initData     string
 	pullSecrets  bool
+	// pullKubeconfig is the node's kubelet kubeconfig the pull secrets are
+	// read with (pullsecrets.go); pullAsNode reads with it, made by check.
+	pullKubeconfig string
+	pullAsNode     sandbox.PullSecrets
 }
 
 func (h *hypervisorFlags) add(fs *pflag.FlagSet) {
@@ -70,8 +74,12 @@ func (h *hypervisorFlags) add(fs *pflag.FlagSet) {
 		"initdata for the pod VMs of pods that name none in "+sandbox.AnnotationInitData+
 			": a file holding the TOML document, or it gzipped then base64-encoded as in the annotation (env CAA_INITDATA_FILE)")
 	fs.BoolVar(&h.pullSecrets, "pull-secrets", cli.EnvOr("CAA_PULL_SECRETS", "true") == "true",
-		"give each pod VM its pod's image-pull credentials (the imagePullSecrets of the pod and its service account) as /run/peerpod/auth.json; "+
-			"needs get on pods, serviceaccounts and secrets (env CAA_PULL_SECRETS)")
+		"give each pod VM its pod's image-pull credentials (its imagePullSecrets) as /run/peerpod/auth.json, read with "+
+			"--pull-secrets-kubeconfig's identity (env CAA_PULL_SECRETS)")
+	fs.StringVar(&h.pullKubeconfig, "pull-secrets-kubeconfig", os.Getenv("CAA_PULL_SECRETS_KUBECONFIG"),
+		"the node's kubelet kubeconfig (e.g. /var/lib/kubelet/kubeconfig, mounted read-only with the certificates it names): the pull "+
+			"secrets are read as the node, which the Node authorizer allows only for pods bound to it. Empty: caa's own credentials, which "+
+			"deploy/ grants no secret (env CAA_PULL_SECRETS_KUBECONFIG)")
 	fs.DurationVar(&h.startLimit, "start-vm-timeout", cli.EnvDuration("CAA_START_VM_TIMEOUT", 5*time.Minute),
 		"how long a StartVM may take before it fails with the reason; keep it below kata's remote_hypervisor_timeout (600 s) (env CAA_START_VM_TIMEOUT)")
 	fs.DurationVar(&h.readyBound, "sandbox-ready-timeout", cli.EnvDuration("CAA_SANDBOX_READY_TIMEOUT", defaultSandboxReady),
@@ -107,6 +115,9 @@ func (h *hypervisorFlags) check() error {
 	}
 	if h.readyBound <= 0 {
 		return fmt.Errorf("--sandbox-ready-timeout %s: must be positive (the default is %s)", h.readyBound, defaultSandboxReady)
+	}
+	if err := h.checkPullSecrets(); err != nil {
+		return err
 	}
 	if h.clientTTL < pki.MinClientTTL {
 		return fmt.Errorf("--agent-client-cert-ttl %s: must be at least %s; the default is %s", h.clientTTL, pki.MinClientTTL, pki.DefaultClientTTL)
@@ -220,7 +231,7 @@ func (n *nodeDaemon) runSandboxes(ctx, quit context.Context, led *ledger.Ledger,
 	}
 	var pullSecrets sandbox.PullSecrets
 	if f.hv.pullSecrets {
-		pullSecrets = sandbox.KubePullSecrets{Client: n.client}
+		pullSecrets = f.hv.pullSecretsSource(n.client)
 	}
 	var audit reconcile.AuditSource
 	if f.clusterView { // the periodic sync uses the cluster caa's view when fresh, as the informer mode's audits do

@@ -104,14 +104,21 @@ func (m *Manager) authJSON(ctx context.Context, s ledger.Sandbox) []byte {
 	return b
 }
 
-// KubePullSecrets reads image-pull credentials from the API server, as
-// upstream's adaptor does: the secrets named by the pod's service account
-// (default "default"), then those named by the pod (a registry in both
-// takes the pod's). kubernetes.io/dockerconfigjson and dockercfg secrets
-// are read; entries with neither auth nor username and password are
-// skipped; a secret that is missing is skipped, as the kubelet does.
+// KubePullSecrets reads image-pull credentials from the API server: the
+// secrets the pod names in imagePullSecrets (which the ServiceAccount
+// admission plugin fills from its service account when the pod names none)
+// and, unless AsNode, those its service account (default "default") names,
+// as upstream's adaptor does; a registry in both takes the pod's.
+// kubernetes.io/dockerconfigjson and dockercfg secrets are read; entries
+// with neither auth nor username and password are skipped; a secret that
+// is missing is skipped, as the kubelet does.
 type KubePullSecrets struct {
 	Client kubernetes.Interface
+	// AsNode: Client is the node's kubelet identity (system:node:<name>),
+	// which reads what the kubelet reads to pull the pod's images: the pod
+	// and the secrets it names. The Node authorizer lets a node read only
+	// those of pods bound to it, and no service account.
+	AsNode bool
 }
 
 var _ PullSecrets = KubePullSecrets{}
@@ -132,18 +139,10 @@ func (k KubePullSecrets) AuthJSON(ctx context.Context, namespace, name, uid stri
 		return nil, fmt.Errorf("pod %s/%s is now %s, not the sandbox's %s", namespace, name, pod.UID, uid)
 	}
 	var names []string
-	sa := pod.Spec.ServiceAccountName
-	if sa == "" {
-		sa = "default"
-	}
-	acct, err := k.Client.CoreV1().ServiceAccounts(namespace).Get(ctx, sa, metav1.GetOptions{})
-	switch {
-	case err == nil:
-		for _, r := range acct.ImagePullSecrets {
-			names = append(names, r.Name)
+	if !k.AsNode {
+		if names, err = k.accountSecrets(ctx, namespace, pod.Spec.ServiceAccountName); err != nil {
+			return nil, err
 		}
-	case !apierrors.IsNotFound(err):
-		return nil, fmt.Errorf("read service account %s/%s: %w", namespace, sa, err)
 	}
 	for _, r := range pod.Spec.ImagePullSecrets {
 		names = append(names, r.Name)
@@ -168,6 +167,24 @@ func (k KubePullSecrets) AuthJSON(ctx context.Context, namespace, name, uid stri
 	return json.Marshal(struct {
 		Auths map[string]dockerAuth `json:"auths"`
 	}{auths})
+}
+
+// accountSecrets names the image-pull secrets of service account sa.
+func (k KubePullSecrets) accountSecrets(ctx context.Context, namespace, sa string) ([]string, error) {
+	if sa == "" {
+		sa = "default"
+	}
+	acct, err := k.Client.CoreV1().ServiceAccounts(namespace).Get(ctx, sa, metav1.GetOptions{})
+	if apierrors.IsNotFound(err) {
+		return nil, nil
+	} else if err != nil {
+		return nil, fmt.Errorf("read service account %s/%s: %w", namespace, sa, err)
+	}
+	var names []string
+	for _, r := range acct.ImagePullSecrets {
+		names = append(names, r.Name)
+	}
+	return names, nil
 }
 
 // registries reads one secret's credentials, each reduced to its auth

@@ -14,9 +14,12 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	kubefake "k8s.io/client-go/kubernetes/fake"
+	k8stesting "k8s.io/client-go/testing"
 
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/podvm"
@@ -201,4 +204,29 @@ func TestKubePullSecretsMergesServiceAccountAndPodSecrets(t *testing.T) {
 		AuthJSON(context.Background(), "team", "plain", "")
 	require.NoError(t, err, "no service account object: only the pod's secrets count")
 	assert.Nil(t, none)
+}
+
+// TestKubePullSecretsAsNodeReadsWhatTheKubeletReads: with the node's
+// identity caa reads the pod and the secrets it names, and never a service
+// account (the Node authorizer refuses every read of one).
+func TestKubePullSecretsAsNodeReadsWhatTheKubeletReads(t *testing.T) {
+	client := kubefake.NewClientset(
+		&corev1.Pod{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "web", UID: types.UID("uid-1")},
+			Spec: corev1.PodSpec{ServiceAccountName: "builder", ImagePullSecrets: []corev1.LocalObjectReference{{Name: "pod-secret"}}}},
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "builder"},
+			ImagePullSecrets: []corev1.LocalObjectReference{{Name: "sa-secret"}}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "sa-secret"}, Type: corev1.SecretTypeDockerConfigJson,
+			Data: map[string][]byte{corev1.DockerConfigJsonKey: []byte(`{"auths":{"sa.example":{"auth":"c2E6c2E="}}}`)}},
+		&corev1.Secret{ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "pod-secret"}, Type: corev1.SecretTypeDockerConfigJson,
+			Data: map[string][]byte{corev1.DockerConfigJsonKey: []byte(`{"auths":{"pod.example":{"auth":"cG9kOnBvZA=="}}}`)}},
+	)
+	client.PrependReactor("get", "serviceaccounts", func(k8stesting.Action) (bool, runtime.Object, error) {
+		return true, nil, apierrors.NewForbidden(corev1.Resource("serviceaccounts"), "builder", errors.New("nodes read no service account"))
+	})
+	got, err := KubePullSecrets{Client: client, AsNode: true}.AuthJSON(context.Background(), "team", "web", "uid-1")
+	require.NoError(t, err)
+	assert.JSONEq(t, `{"auths":{"pod.example":{"auth":"cG9kOnBvZA=="}}}`, string(got))
+	for _, a := range client.Actions() {
+		assert.NotEqual(t, "serviceaccounts", a.GetResource().Resource, "read as the node: %v", a)
+	}
 }

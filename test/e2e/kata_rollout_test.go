@@ -86,6 +86,14 @@ func TestKataDaemonSetSurgeRollout(t *testing.T) {
 		HostIP: func(string) string { return cn.NodeIP.Addr().String() },
 	})
 	require.NoError(t, err)
+	// The node's kubelet kubeconfig and certificate directory, which the
+	// component mounts read-only for the pull secrets (read as the node).
+	kubeletKubeconfig, err := c.NodeKubeconfig(node)
+	require.NoError(t, err)
+	kc, err := os.ReadFile(kubeletKubeconfig)
+	require.NoError(t, err)
+	require.NoError(t, os.MkdirAll(agent.HostDir(node, "/var/lib/kubelet/pki"), 0o700))
+	require.NoError(t, os.WriteFile(agent.HostDir(node, "/var/lib/kubelet/kubeconfig"), kc, 0o600))
 	agentCtx, stopAgent := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = agent.Run(agentCtx) })

@@ -5,12 +5,15 @@ import (
 	"crypto/elliptic"
 	"crypto/rand"
 	"crypto/x509"
+	"crypto/x509/pkix"
 	"encoding/hex"
 	"encoding/pem"
 	"errors"
 	"fmt"
+	"math/big"
 	"os"
 	"path/filepath"
+	"time"
 
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
@@ -27,6 +30,10 @@ type credentials struct {
 	saPub    string // service-account verification key
 	tokens   string // static token file
 	adminTok string
+	// clientCA signs client certificates (--client-ca-file), as a
+	// cluster's CA signs its kubelets' (NodeKubeconfig).
+	clientCA    string
+	clientCAKey string
 }
 
 // writeCredentials makes a fresh service-account key pair and a token file
@@ -49,10 +56,16 @@ func writeCredentials(dir string) (credentials, error) {
 		return credentials{}, fmt.Errorf("generate admin token: %w", err)
 	}
 	c := credentials{
-		saKey:    filepath.Join(dir, "sa.key"),
-		saPub:    filepath.Join(dir, "sa.pub"),
-		tokens:   filepath.Join(dir, "tokens.csv"),
-		adminTok: hex.EncodeToString(secret),
+		saKey:       filepath.Join(dir, "sa.key"),
+		saPub:       filepath.Join(dir, "sa.pub"),
+		tokens:      filepath.Join(dir, "tokens.csv"),
+		adminTok:    hex.EncodeToString(secret),
+		clientCA:    filepath.Join(dir, "client-ca.crt"),
+		clientCAKey: filepath.Join(dir, "client-ca.key"),
+	}
+	caPEM, caKeyPEM, err := newClientCA()
+	if err != nil {
+		return credentials{}, err
 	}
 	files := []struct {
 		path string
@@ -62,6 +75,8 @@ func writeCredentials(dir string) (credentials, error) {
 		{c.saPub, pem.EncodeToMemory(&pem.Block{Type: "PUBLIC KEY", Bytes: pubDER})},
 		// token,user,uid,"group[,group...]"
 		{c.tokens, fmt.Appendf(nil, "%s,%s,%s,\"system:masters\"\n", c.adminTok, adminUser, adminUser)},
+		{c.clientCA, caPEM},
+		{c.clientCAKey, caKeyPEM},
 	}
 	for _, f := range files {
 		if err := os.WriteFile(f.path, f.data, 0o600); err != nil {
@@ -118,4 +133,108 @@ func writeKubeconfig(path string, cfg *rest.Config) error {
 		return fmt.Errorf("write kubeconfig: %w", err)
 	}
 	return nil
+}
+
+// newClientCA makes the CA of --client-ca-file, PEM-encoded with its key.
+func newClientCA() (certPEM, keyPEM []byte, err error) {
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return nil, nil, fmt.Errorf("generate client CA key: %w", err)
+	}
+	now := time.Now()
+	tmpl := &x509.Certificate{
+		SerialNumber:          big.NewInt(1),
+		Subject:               pkix.Name{CommonName: "caa-e2e-client-ca"},
+		NotBefore:             now.Add(-time.Hour),
+		NotAfter:              now.Add(24 * time.Hour),
+		KeyUsage:              x509.KeyUsageCertSign | x509.KeyUsageDigitalSignature,
+		BasicConstraintsValid: true,
+		IsCA:                  true,
+	}
+	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("sign client CA: %w", err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return nil, nil, fmt.Errorf("encode client CA key: %w", err)
+	}
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
+}
+
+// NodeKubeconfig writes the kubeconfig a kubelet of node name would hold
+// and returns its path: a client certificate of the client CA for
+// CN=system:node:<name>, O=system:nodes (the identity the Node authorizer
+// and NodeRestriction know), in <dir>/nodes/<name>/pki/kubelet-client-current.pem
+// (certificate and key in one file, as the kubelet keeps them), named by
+// path from <dir>/nodes/<name>/kubeconfig, as a kubelet's kubeconfig names
+// its rotating certificate.
+func (c *Cluster) NodeKubeconfig(name string) (string, error) {
+	caPEM, err := os.ReadFile(c.creds.clientCA)
+	if err != nil {
+		return "", fmt.Errorf("read client CA: %w", err)
+	}
+	caKeyPEM, err := os.ReadFile(c.creds.clientCAKey)
+	if err != nil {
+		return "", fmt.Errorf("read client CA key: %w", err)
+	}
+	caBlock, _ := pem.Decode(caPEM)
+	keyBlock, _ := pem.Decode(caKeyPEM)
+	if caBlock == nil || keyBlock == nil {
+		return "", errors.New("client CA: no PEM block")
+	}
+	ca, err := x509.ParseCertificate(caBlock.Bytes)
+	if err != nil {
+		return "", fmt.Errorf("parse client CA: %w", err)
+	}
+	caKey, err := x509.ParseECPrivateKey(keyBlock.Bytes)
+	if err != nil {
+		return "", fmt.Errorf("parse client CA key: %w", err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return "", fmt.Errorf("generate node key: %w", err)
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	if err != nil {
+		return "", fmt.Errorf("node certificate serial: %w", err)
+	}
+	now := time.Now()
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: "system:node:" + name, Organization: []string{"system:nodes"}},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, ca, &key.PublicKey, caKey)
+	if err != nil {
+		return "", fmt.Errorf("sign node %s's certificate: %w", name, err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return "", fmt.Errorf("encode node key: %w", err)
+	}
+	dir := filepath.Join(c.dir, "nodes", name)
+	if err := os.MkdirAll(filepath.Join(dir, "pki"), 0o700); err != nil {
+		return "", fmt.Errorf("node %s's directory: %w", name, err)
+	}
+	certFile := filepath.Join(dir, "pki", "kubelet-client-current.pem")
+	pair := append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})...)
+	if err := os.WriteFile(certFile, pair, 0o600); err != nil {
+		return "", fmt.Errorf("write node %s's certificate: %w", name, err)
+	}
+	const cluster, user = "default-cluster", "default-auth"
+	kc := clientcmdapi.NewConfig()
+	kc.Clusters[cluster] = &clientcmdapi.Cluster{Server: c.url, CertificateAuthorityData: c.caPEM}
+	kc.AuthInfos[user] = &clientcmdapi.AuthInfo{ClientCertificate: certFile, ClientKey: certFile}
+	kc.Contexts["default-context"] = &clientcmdapi.Context{Cluster: cluster, AuthInfo: user}
+	kc.CurrentContext = "default-context"
+	path := filepath.Join(dir, "kubeconfig")
+	if err := clientcmd.WriteToFile(*kc, path); err != nil {
+		return "", fmt.Errorf("write node %s's kubeconfig: %w", name, err)
+	}
+	return path, nil
 }

@@ -216,7 +216,12 @@ func (c *Cluster) startServers(ctx context.Context, attempt int) error {
 		"--secure-port=" + strconv.Itoa(c.apiPort),
 		"--cert-dir=" + c.certDir,
 		"--token-auth-file=" + c.creds.tokens,
-		"--authorization-mode=RBAC",
+		// Kubelets' identities (NodeKubeconfig): client certificates of
+		// this CA, which the Node authorizer and NodeRestriction confine to
+		// their own node's objects, as in a real cluster.
+		"--client-ca-file=" + c.creds.clientCA,
+		"--authorization-mode=Node,RBAC",
+		"--enable-admission-plugins=NodeRestriction",
 		"--service-account-key-file=" + c.creds.saPub,
 		"--service-account-signing-key-file=" + c.creds.saKey,
 		"--service-account-issuer=https://kubernetes.default.svc.cluster.local",

@@ -71,6 +71,12 @@ func mounts(pod *corev1.Pod, c *corev1.Container, dir, podDir string) ([]mount, 
 				if info, err := os.Stat(host); err != nil || !info.IsDir() {
 					return nil, fmt.Errorf("%w: hostPath volume %s: %s is not a directory", errConfig, v.Name, host)
 				}
+			case corev1.HostPathFile:
+				// The node's own file (the kubelet's kubeconfig): the test
+				// puts it at HostDir first, as the node has it.
+				if info, err := os.Stat(host); err != nil || !info.Mode().IsRegular() {
+					return nil, fmt.Errorf("%w: hostPath volume %s: %s is not a file", errConfig, v.Name, host)
+				}
 			default:
 				return nil, fmt.Errorf("%w: hostPath volume %s: type %s is not supported", errConfig, v.Name, typ)
 			}

@@ -4,7 +4,7 @@ that cannot work. Every template includes it, so no partial render slips
 through.
 */}}
 {{- define "caa.validate" -}}
-{{- range $name, $v := dict "surge" .Values.surge "createNamespace" .Values.createNamespace "hypervisor.enabled" .Values.hypervisor.enabled "hypervisor.pullSecrets" .Values.hypervisor.pullSecrets "relay.enabled" .Values.relay.enabled "clusterScope.enabled" .Values.clusterScope.enabled "adaptorConfig.enabled" .Values.adaptorConfig.enabled -}}
+{{- range $name, $v := dict "surge" .Values.surge "createNamespace" .Values.createNamespace "hypervisor.enabled" .Values.hypervisor.enabled "hypervisor.pullSecrets" .Values.hypervisor.pullSecrets "relay.enabled" .Values.relay.enabled "clusterScope.enabled" .Values.clusterScope.enabled "clusterScope.controlPlaneOnly" .Values.clusterScope.controlPlaneOnly "adaptorConfig.enabled" .Values.adaptorConfig.enabled -}}
 {{- if not (kindIs "bool" $v) -}}
 {{- fail (printf "%s=%v: must be true or false (a boolean: --set, not --set-string)" $name $v) -}}
 {{- end -}}
@@ -39,6 +39,13 @@ through.
 {{- end -}}
 {{- if and .Values.adaptorConfig.enabled (not .Values.adaptorConfig.configMap) -}}
 {{- fail "adaptorConfig.configMap is empty: name the adaptor's ConfigMap (peer-pods-cm)" -}}
+{{- end -}}
+{{- if and .Values.hypervisor.enabled .Values.hypervisor.pullSecrets -}}
+{{- range $name, $v := dict "hypervisor.kubeletKubeconfig" .Values.hypervisor.kubeletKubeconfig "hypervisor.kubeletCertDir" .Values.hypervisor.kubeletCertDir -}}
+{{- if not (hasPrefix "/" (toString $v)) -}}
+{{- fail (printf "%s=%q: give the host path of the node's kubelet file (an absolute path), or set hypervisor.pullSecrets=false" $name (toString $v)) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- range $k, $v := .Values.cloudSettings -}}
 {{- if not (hasPrefix (printf "CAA_%s_" (upper $.Values.cloud)) $k) -}}
