@@ -184,7 +184,7 @@ func (p *Provider) vmModel(name, nicID string, spec provider.Spec, tags map[stri
 			}}},
 		},
 	}
-	secure(&vm, spec.TEE)
+	secure(&vm, spec.TEE, p.cfg.SecureBoot)
 	// The pod VM image reads its user data from the instance metadata
 	// service's compute/userData, which serves properties.userData; IMDS
 	// never serves osProfile.customData, so that stays empty.
