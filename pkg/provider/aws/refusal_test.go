@@ -122,3 +122,33 @@ func TestSEVSNPFromANonUEFIAMIIsARefusalOfTheImage(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, provider.TEESEVSNP, vm.TEE)
 }
+
+// TestUserDataOverEC2sCapIsRefusedBeforeTheCall: EC2 takes at most 16 KB
+// of user data before base64; caa declares the cap (for the sandbox
+// manager, which drops the image-pull credentials first) and refuses a
+// larger one itself, with the sizes, without a call. The fake EC2 refuses
+// it as EC2 does when it gets there.
+func TestUserDataOverEC2sCapIsRefusedBeforeTheCall(t *testing.T) {
+	ctx := context.Background()
+	f := newFakeEC2(t, suiteOptions(), nil)
+	assert.Equal(t, 16384, provider.UserDataLimitOf(f.provider))
+	spec := specFor(1)
+	spec.UserData = make([]byte, 16384)
+	_, err := f.provider.Create(ctx, spec)
+	require.NoError(t, err, "exactly the cap fits")
+
+	spec = specFor(2)
+	spec.UserData = make([]byte, 16385)
+	f.cloud.ResetCounters()
+	_, err = f.provider.Create(ctx, spec)
+	require.ErrorIs(t, err, provider.ErrInvalidSpec)
+	assert.ErrorContains(t, err, "user data is 16385 bytes, EC2 takes at most 16384")
+	assert.Zero(t, f.cloud.Counters()[cloud.OpCreate], "no call")
+
+	// The fake's own answer, past caa's check.
+	_, err = f.provider.api.RunInstances(ctx, f.provider.runInput(spec, clientToken(spec.Key), instanceTags(nil, spec)))
+	var pe *provider.Error
+	require.ErrorAs(t, classify(opCreate, err), &pe)
+	assert.Equal(t, "InvalidParameterValue", pe.Code)
+	assert.Equal(t, "User data is limited to 16384 bytes.", pe.Message)
+}

@@ -172,3 +172,14 @@ func TestConfidentialFromAPlainImageIsARefusalOfTheImage(t *testing.T) {
 	_, err = h.Provider.Create(context.Background(), spec)
 	require.NoError(t, err, "an ordinary VM from the same image is fine")
 }
+
+// Azure's cap on properties.userData is 64 KB of base64 text: 49152 bytes
+// before the encoding, which caa declares for the sandbox manager.
+func TestUserDataLimitIsAzures(t *testing.T) {
+	h, _ := newHarness(t, cloud.Options{}, staticToken(testToken))
+	assert.Equal(t, 49152, provider.UserDataLimitOf(h.Provider))
+	spec := conformance.Spec(7, "node-a")
+	spec.UserData = make([]byte, 49152)
+	_, err := h.Provider.Create(context.Background(), spec)
+	require.NoError(t, err, "the cap fits, and the fake takes its base64")
+}

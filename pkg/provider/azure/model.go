@@ -377,3 +377,12 @@ func deref[T any](p *T) T {
 // "Standard_DS2_v2": azure-cli issue 9238; resource groups upper-cased in
 // ids: MicrosoftDocs/azure-docs issue 36222).
 func sameShape(a, b string) bool { return strings.EqualFold(a, b) }
+
+var _ provider.UserDataLimited = (*Provider)(nil)
+
+// UserDataLimit is Azure's cap on properties.userData before base64 (64 KB
+// of base64 text: 49152 bytes), for provider.UserDataLimited. caa sends
+// the user data as properties.userData, never osProfile.customData (whose
+// own cap is 64 KB before base64), because the pod VM reads it from the
+// instance metadata service, which serves userData only.
+func (p *Provider) UserDataLimit() int { return maxUserData }
