@@ -112,7 +112,7 @@ func common(cloud string) map[string]rule {
 			"AZURE_INSTANCE_SIZES":  {flag: "instance-types", conv: list},
 			"SSH_USERNAME":          {flag: "azure-admin-username", def: "peerpod"},
 			// Secure boot of the confidential VMs, off by default on both.
-			"ENABLE_SECURE_BOOT": {flag: "azure-secure-boot", conv: boolean},
+			"ENABLE_SECURE_BOOT":  {flag: "azure-secure-boot", conv: boolean},
 			"AZURE_CLIENT_ID":     {env: "AZURE_CLIENT_ID"},
 			"AZURE_CLIENT_SECRET": {env: "AZURE_CLIENT_SECRET"},
 			"AZURE_TENANT_ID":     {env: "AZURE_TENANT_ID"},
