@@ -21,6 +21,9 @@ func awsCloud() *Cloud {
 		TypeFlag:   "--aws-instance-type", ImageFlag: "--aws-image",
 		Open: func(ctx context.Context, log *slog.Logger) (provider.Provider, Defaults, error) {
 			cfg.Logger = log
+			if err := cfg.FillFromIMDS(ctx); err != nil {
+				return nil, Defaults{}, err
+			}
 			if err := cfg.Validate(); err != nil {
 				return nil, Defaults{}, err
 			}

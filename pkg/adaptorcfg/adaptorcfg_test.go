@@ -104,9 +104,14 @@ func TestMap(t *testing.T) {
 			"AZURE_CLIENT_ID": "id", "AZURE_TENANT_ID": "tenant", "AZURE_CLIENT_SECRET": "pw", "ENABLE_SECURE_BOOT": "false"},
 		want: []string{"$AZURE_CLIENT_ID=id", "$AZURE_CLIENT_SECRET=pw", "$AZURE_TENANT_ID=tenant", "--azure-admin-username=peerpod (default)",
 			"--azure-image=/img", "--azure-instance-type=Standard_DC4as_v5", "--azure-location=eastus", "--azure-resource-group=rg",
-			"--azure-security-group-id=/nsg", "--azure-subnet-id=/subscriptions/sub/x", "--azure-subscription-id=sub",
+			"--azure-secure-boot=false", "--azure-security-group-id=/nsg", "--azure-subnet-id=/subscriptions/sub/x", "--azure-subscription-id=sub",
 			"--confidential=false", "--hypervisor-socket=/run/peerpod/hypervisor.sock (default)", "--max-pod-vms=20", "--provider=azure"},
-		accepted: []string{"ENABLE_SECURE_BOOT"},
+	}, {
+		name: "azure: secure boot asked for is secure boot",
+		keys: map[string]string{"CLOUD_PROVIDER": "azure", "ENABLE_SECURE_BOOT": "True"},
+		want: []string{"--azure-admin-username=peerpod (default)", "--azure-instance-type=Standard_DC2as_v5 (default)",
+			"--azure-secure-boot=true", "--hypervisor-socket=/run/peerpod/hypervisor.sock (default)", "--max-pod-vms=10 (default)",
+			"--provider=azure"},
 	}, {
 		name: "ibmcloud: the region from the zone, IAM's service URL, the API key as a file, not confidential by default",
 		keys: map[string]string{"CLOUD_PROVIDER": "ibmcloud", "IBMCLOUD_ZONE": "us-south-2", "IBMCLOUD_VPC_SUBNET_ID": "sn",

@@ -111,8 +111,8 @@ func common(cloud string) map[string]rule {
 			"AZURE_INSTANCE_SIZE":   {flag: "azure-instance-type", def: "Standard_DC2as_v5"},
 			"AZURE_INSTANCE_SIZES":  {flag: "instance-types", conv: list},
 			"SSH_USERNAME":          {flag: "azure-admin-username", def: "peerpod"},
-			"ENABLE_SECURE_BOOT": {same: []string{"false"},
-				why: "caa sets secure boot with the confidential VM's security profile itself"},
+			// Secure boot of the confidential VMs, off by default on both.
+			"ENABLE_SECURE_BOOT":  {flag: "azure-secure-boot", conv: boolean},
 			"AZURE_CLIENT_ID":     {env: "AZURE_CLIENT_ID"},
 			"AZURE_CLIENT_SECRET": {env: "AZURE_CLIENT_SECRET"},
 			"AZURE_TENANT_ID":     {env: "AZURE_TENANT_ID"},
@@ -200,6 +200,14 @@ func not(v string) (string, error) {
 		return "", fmt.Errorf("%q is not a boolean (true or false)", v)
 	}
 	return strconv.FormatBool(!b), nil
+}
+
+func boolean(v string) (string, error) {
+	b, err := strconv.ParseBool(v)
+	if err != nil {
+		return "", fmt.Errorf("%q is not a boolean (true or false)", v)
+	}
+	return strconv.FormatBool(b), nil
 }
 
 func whole(v string) (string, error) {

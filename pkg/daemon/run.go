@@ -287,6 +287,7 @@ func (f *Options) newProvider(ctx context.Context, log *slog.Logger) (provider.P
 		return nil, spec, err
 	}
 	spec.DefaultType, spec.DefaultImage = defaults.InstanceType, defaults.Image
+	spec.UserDataLimit = provider.UserDataLimitOf(p)
 	if len(spec.AllowedImages) > 0 && spec.DefaultImage != "" && !slices.Contains(spec.AllowedImages, spec.DefaultImage) {
 		// The configured image is the operator's own choice: always allowed.
 		spec.AllowedImages = append(spec.AllowedImages, spec.DefaultImage)

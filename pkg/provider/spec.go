@@ -38,6 +38,9 @@ type SpecConfig struct {
 	// default on), of a TEE that TEEs offers on its type: see SelectTEE.
 	Confidential bool
 	TEEs         func(instanceType string) []TEE
+	// UserDataLimit is the cloud's cap on a VM's user data in bytes
+	// (UserDataLimitOf the provider); 0: none known.
+	UserDataLimit int
 }
 
 // Selection is the instance type and image chosen for one pod.

@@ -6,6 +6,7 @@ import (
 	"net"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -119,7 +120,10 @@ func (f *fakeSide) UserData(_ context.Context, in UserDataInput) ([]byte, string
 	in.AuthJSON = slices.Clone(in.AuthJSON) // the caller wipes its copy after the call
 	f.userData = append(f.userData, in)
 	f.serial++
-	return []byte("#cloud-config\n# for " + in.Sandbox.VMName + "\n"), "serial-" + string(rune('0'+f.serial)), nil
+	// As the real user data, it carries the initdata and the credentials
+	// (so that their sizes count).
+	data := "#cloud-config\n# for " + in.Sandbox.VMName + "\n" + in.InitData + string(in.AuthJSON)
+	return []byte(data), "serial-" + string(rune('0'+f.serial)), nil
 }
 
 func (f *fakeSide) SetupTunnel(netns string, t ledger.Tunnel) error {
@@ -210,14 +214,23 @@ type rig struct {
 }
 
 type eventLog struct {
-	mu  sync.Mutex
-	got []string
+	mu   sync.Mutex
+	got  []string
+	msgs []string
 }
 
-func (e *eventLog) Event(_ *reconcile.Pod, _ bool, reason, _ string) {
+func (e *eventLog) Event(_ *reconcile.Pod, _ bool, reason, msg string) {
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	e.got = append(e.got, reason)
+	e.msgs = append(e.msgs, msg)
+}
+
+// messages is every event's message, one a line.
+func (e *eventLog) messages() string {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return strings.Join(e.msgs, "\n")
 }
 
 func (e *eventLog) reasons() []string {

@@ -301,11 +301,32 @@ func (m *Manager) intend(ctx context.Context, l *live, s ledger.Sandbox) (ledger
 	// tunnel operation.
 	var data []byte
 	var serial string
-	err = m.tunnelOp(ctx, func() (err error) {
-		data, serial, err = m.cfg.Side.UserData(ctx, UserDataInput{Sandbox: s, Tunnel: s.Tunnel, InitData: initData, AuthJSON: authJSON})
-		return err
-	})
+	build := func(auth []byte) error {
+		return m.tunnelOp(ctx, func() (err error) {
+			data, serial, err = m.cfg.Side.UserData(ctx, UserDataInput{Sandbox: s, Tunnel: s.Tunnel, InitData: initData, AuthJSON: auth})
+			return err
+		})
+	}
+	err = build(authJSON)
+	if limit := m.cfg.Spec.UserDataLimit; err == nil && limit > 0 && len(data) > limit && len(authJSON) > 0 {
+		// The cloud's cap on user data: the image-pull credentials are
+		// the part a VM can start without (a public image still pulls).
+		full := len(data)
+		clear(data)
+		m.cfg.Log.Warn("the VM's user data is over the cloud's cap with the pod's image-pull credentials; its VM gets none",
+			"sandbox", s.ID, "pod", s.PodRef(), "bytes", full, "cap", limit)
+		m.event(s, true, EventPullSecrets, fmt.Sprintf("sandbox %s: its VM gets no image-pull credentials: with them (%d bytes as auth.json) its user data is %d bytes, over the cloud's %d-byte cap; name fewer or smaller imagePullSecrets on the pod and its service account, or make its initdata smaller",
+			short(s.ID), len(authJSON), full, limit))
+		err = build(nil)
+	}
 	clear(authJSON)
+	if err == nil {
+		if limit := m.cfg.Spec.UserDataLimit; limit > 0 && len(data) > limit {
+			clear(data)
+			err = fmt.Errorf("the VM's user data is %d bytes (its initdata %d bytes), over the cloud's %d-byte cap, even without image-pull credentials: make the pod's initdata smaller",
+				len(data), len(initData), limit)
+		}
+	}
 	if errors.Is(err, errNoTurn) {
 		return s, m.startErr(s, "build the VM's user data", err)
 	}

@@ -7,6 +7,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -106,6 +107,26 @@ func TestInitDataSourcesAndErrors(t *testing.T) {
 		require.NoError(t, r.m.StartVM(ctx, sbA))
 		assert.Equal(t, initDoc, r.side.lastUserData(t).InitData)
 	})
+	t.Run("user data over the cloud's cap even without credentials fails the sandbox, with the sizes", func(t *testing.T) {
+		r := newRig(t)
+		r.crash()
+		r.tweak = func(c *Config) {
+			c.PullSecrets = &fakePullSecrets{auth: []byte(`{"auths":{"r":{"auth":"dXNlcjpodW50ZXIy"}}}`)}
+			c.Spec.UserDataLimit = len(initDoc) // the document alone fits, not with the rest
+		}
+		r.start()
+		r.pod("uid-1", "web")
+		a := shimAnnotations("web")
+		a[AnnotationInitData] = initDoc
+		_, err := r.m.CreateVM(ctx, sbA, a, "/ns")
+		require.NoError(t, err)
+		err = r.m.StartVM(ctx, sbA)
+		require.ErrorIs(t, err, ErrNotStartable)
+		assert.ErrorContains(t, err, fmt.Sprintf("its initdata %d bytes), over the cloud's %d-byte cap, even without image-pull credentials", len(initDoc), len(initDoc)))
+		assert.Equal(t, ledger.SandboxFailed, r.sandbox(sbA).Phase)
+		assert.Empty(t, r.live(), "no VM was made")
+		assert.Contains(t, r.events.reasons(), EventPullSecrets, "the credentials went first, said so")
+	})
 	t.Run("a pod annotation that is not gzip in base64 fails the sandbox, named", func(t *testing.T) {
 		r := newRig(t)
 		p := r.pod("uid-1", "web")
@@ -167,6 +188,24 @@ func TestImagePullCredentialsReachTheVMOnly(t *testing.T) {
 		r := start(t, &fakePullSecrets{auth: []byte(big)})
 		assert.Nil(t, r.side.lastUserData(t).AuthJSON)
 		assert.Contains(t, r.events.reasons(), EventPullSecrets)
+	})
+	t.Run("over the cloud's cap on user data with them: left out, with a warning event", func(t *testing.T) {
+		r := newRig(t)
+		r.crash()
+		r.tweak = func(c *Config) {
+			c.PullSecrets = &fakePullSecrets{auth: []byte(secret)}
+			c.Spec.UserDataLimit = 80 // the user data's own part fits, not with the credentials
+		}
+		r.start()
+		r.pod("uid-1", "web")
+		_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+		require.NoError(t, err)
+		require.NoError(t, r.m.StartVM(ctx, sbA))
+		assert.Nil(t, r.side.lastUserData(t).AuthJSON)
+		require.Len(t, r.live(), 1)
+		assert.NotContains(t, string(r.live()[0].UserData()), "dXNlcjpodW50ZXIy")
+		assert.Contains(t, r.events.reasons(), EventPullSecrets)
+		assert.Contains(t, r.events.messages(), "over the cloud's 80-byte cap")
 	})
 	t.Run("unreadable: left out, with a warning event", func(t *testing.T) {
 		r := start(t, &fakePullSecrets{err: errors.New("forbidden")})

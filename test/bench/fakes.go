@@ -213,7 +213,7 @@ func newBudgetedFake(name string, budget *cloud.Budget) (*fakeCloud, error) {
 		srv := httptest.NewServer(f.timed(ec2fake.NewServer(core, opts...)))
 		f.core, f.close = core, srv.Close
 		f.flags, f.env = []string{"--provider", "aws", "--aws-endpoint", srv.URL, "--aws-region", "us-east-1",
-			"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", "ami-0123456789abcdef0", "--aws-instance-type", "m6a.large"},
+			"--aws-security-group-ids", "sg-0123456789abcdef0", "--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", "ami-0123456789abcdef0", "--aws-instance-type", "m6a.large"},
 			[]string{"AWS_ACCESS_KEY_ID=AKIDBENCH", "AWS_SECRET_ACCESS_KEY=bench-secret", "AWS_EC2_METADATA_DISABLED=true",
 				"AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null"}
 		return f, nil

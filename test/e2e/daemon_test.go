@@ -71,7 +71,7 @@ func (a *awsCloud) awsArgs() []string { return ec2Args(a.url) }
 // ec2Args point caa at the fake EC2 served at url.
 func ec2Args(url string) []string {
 	return []string{"--provider", "aws", "--aws-endpoint", url, "--aws-region", "us-east-1",
-		"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", ec2Image, "--aws-instance-type", ec2Type}
+		"--aws-security-group-ids", "sg-0123456789abcdef0", "--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", ec2Image, "--aws-instance-type", ec2Type}
 }
 
 func awsEnv() []string {
@@ -327,7 +327,7 @@ func TestGonePodsBadSpecsAndALostLedger(t *testing.T) {
 	// ...until the ledger is rebuilt from the cloud's tags.
 	out = runCaa(t, "ledger", "rebuild", "--provider", "aws", "--node-name", node, "--kubeconfig", c.Kubeconfig(),
 		"--ledger", ledgerPath, "--aws-endpoint", aws.url, "--aws-region", "us-east-1",
-		"--aws-subnet-id", "subnet-0123456789abcdef0")
+		"--aws-security-group-ids", "sg-0123456789abcdef0", "--aws-subnet-id", "subnet-0123456789abcdef0")
 	assert.Contains(t, out, "recorded 3 VMs")
 	before := liveVMs(aws.core)
 	aws.core.ResetCounters()

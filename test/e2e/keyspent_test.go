@@ -50,7 +50,7 @@ func TestARebuiltLedgerNeverReusesASpentKey(t *testing.T) {
 
 	out := runCaa(t, "ledger", "rebuild", "--provider", "aws", "--node-name", node, "--kubeconfig", c.Kubeconfig(),
 		"--ledger", ledgerPath, "--aws-endpoint", aws.url, "--aws-region", "us-east-1",
-		"--aws-subnet-id", "subnet-0123456789abcdef0")
+		"--aws-security-group-ids", "sg-0123456789abcdef0", "--aws-subnet-id", "subnet-0123456789abcdef0")
 	assert.Contains(t, out, "recorded 0 VMs")
 
 	d = startDaemon(t, c, aws, node, ledgerPath)

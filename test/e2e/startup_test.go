@@ -64,7 +64,7 @@ var goodSettings = settings{"ami-0000000000000000a", "subnet-0000000000000000a",
 func (s *strictEC2) start(t *testing.T, c *cluster.Cluster, node, ledgerPath string, st settings, extra ...string) *daemon {
 	t.Helper()
 	args := append([]string{"--provider", "aws", "--aws-endpoint", s.url, "--aws-region", "us-east-1",
-		"--aws-subnet-id", st.subnet, "--aws-image", st.image, "--aws-instance-type", ec2Type}, extra...)
+		"--aws-security-group-ids", "sg-0123456789abcdef0", "--aws-subnet-id", st.subnet, "--aws-image", st.image, "--aws-instance-type", ec2Type}, extra...)
 	env := append(os.Environ(), "AWS_ACCESS_KEY_ID="+st.keyID, "AWS_SECRET_ACCESS_KEY="+st.secret,
 		"AWS_EC2_METADATA_DISABLED=true", "AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null")
 	return launchCaa(t, c, node, ledgerPath, "startup", args, env)

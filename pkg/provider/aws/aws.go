@@ -132,6 +132,9 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM,
 	if err := spec.Validate(); err != nil {
 		return provider.VM{}, fmt.Errorf("%s %s: %w", Name, opCreate, err)
 	}
+	if n := len(spec.UserData); n > maxUserData {
+		return provider.VM{}, fmt.Errorf("%s %s: %w: user data is %d bytes, EC2 takes at most %d (16 KB before base64)", Name, opCreate, provider.ErrInvalidSpec, n, maxUserData)
+	}
 	if spec.TEE.Confidential() && spec.TEE != provider.TEESEVSNP {
 		return provider.VM{}, fmt.Errorf("%s %s: %w: EC2 offers no %s VM (only sev-snp)", Name, opCreate, provider.ErrInvalidSpec, spec.TEE)
 	}
@@ -281,3 +284,13 @@ func (p *Provider) Delete(ctx context.Context, id string) error {
 	}
 	return nil
 }
+
+// maxUserData is EC2's cap on user data: 16 KB before base64 encoding
+// (RunInstances' UserData parameter; the EC2 User Guide, "Run commands
+// when you launch an EC2 instance with user data input").
+const maxUserData = 16 << 10
+
+var _ provider.UserDataLimited = (*Provider)(nil)
+
+// UserDataLimit is EC2's cap, for provider.UserDataLimited.
+func (p *Provider) UserDataLimit() int { return maxUserData }

@@ -59,10 +59,10 @@ type fakeEC2 struct {
 
 // newFakeEC2 starts the fake over a core made with opts and builds a
 // provider on it with the test credentials; edit adjusts the Config.
-func newFakeEC2(tb testing.TB, opts cloud.Options, edit func(*Config)) fakeEC2 {
+func newFakeEC2(tb testing.TB, opts cloud.Options, edit func(*Config), srvOpts ...ec2fake.Option) fakeEC2 {
 	tb.Helper()
 	c := cloud.New(ec2fake.CloudOptions(opts))
-	srv := httptest.NewServer(ec2fake.NewServer(c, ec2fake.WithCredentials(testAccessKeyID, testSecretKey)))
+	srv := httptest.NewServer(ec2fake.NewServer(c, append([]ec2fake.Option{ec2fake.WithCredentials(testAccessKeyID, testSecretKey)}, srvOpts...)...))
 	tb.Cleanup(srv.Close)
 	isolateSDK(tb, testAccessKeyID, testSecretKey)
 	logs := &logbuf.Buffer{}

@@ -41,8 +41,14 @@ type Config struct {
 	// SubnetID places every VM's primary interface, and so its VPC and
 	// zone (required).
 	SubnetID string
-	// SecurityGroupIDs go on every VM; none means the VPC's default group.
+	// SecurityGroupIDs go on every VM. Empty: FillFromIMDS takes the
+	// worker's own (never the VPC's default group, which admits only its
+	// own members). The same for an empty Region or SubnetID.
 	SecurityGroupIDs []string
+	// IMDSEndpoint overrides the instance metadata service's URL that
+	// FillFromIMDS reads (tests); empty: the SDK's
+	// (AWS_EC2_METADATA_SERVICE_ENDPOINT, else 169.254.169.254).
+	IMDSEndpoint string
 	// Image and InstanceType fill a spec that names none (the node's defaults).
 	Image        string
 	InstanceType string
@@ -99,10 +105,10 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	if region == "" {
 		region = os.Getenv("AWS_REGION")
 	}
-	fs.StringVar(&c.Region, setRegion.flag(), region, "EC2 region (env "+setRegion.env()+", then AWS_REGION)")
-	fs.StringVar(&c.SubnetID, setSubnet.flag(), os.Getenv(setSubnet.env()), "subnet of every VM (env "+setSubnet.env()+")")
+	fs.StringVar(&c.Region, setRegion.flag(), region, "EC2 region (env "+setRegion.env()+", then AWS_REGION; empty: the worker's, from instance metadata)")
+	fs.StringVar(&c.SubnetID, setSubnet.flag(), os.Getenv(setSubnet.env()), "subnet of every VM (env "+setSubnet.env()+"; empty: the worker's, from instance metadata)")
 	fs.StringSliceVar(&c.SecurityGroupIDs, setGroups.flag(), provider.SplitList(os.Getenv(setGroups.env())),
-		"comma-separated security groups of every VM (env "+setGroups.env()+")")
+		"comma-separated security groups of every VM; they must admit TCP 15150 and UDP 4789 from the workers (env "+setGroups.env()+"; empty: the worker's own, from instance metadata)")
 	fs.StringVar(&c.Image, setImage.flag(), os.Getenv(setImage.env()), "AMI for pods that name none (env "+setImage.env()+")")
 	fs.StringVar(&c.InstanceType, setInstanceType.flag(), os.Getenv(setInstanceType.env()),
 		"instance type for pods that name none (env "+setInstanceType.env()+")")

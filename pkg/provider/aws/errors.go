@@ -39,6 +39,10 @@ var codeKinds = map[string]error{
 	// also answered to a dry run ("Your requested instance type (...) is
 	// not supported in your requested Availability Zone (...)").
 	"Unsupported": provider.ErrInvalidSpec,
+	// A combination of launch parameters EC2 refuses, such as AMD SEV-SNP
+	// from an AMI that does not boot on UEFI (the AMI must have boot mode
+	// uefi or uefi-preferred).
+	"InvalidParameterCombination": provider.ErrInvalidSpec,
 	// What only the node's configuration names: its subnet and security
 	// groups, its extra tags. No pod can fix these; the operator can, and
 	// caa retries them with backoff. An image still being prepared
@@ -133,6 +137,8 @@ func refusedOf(code, message string) string {
 	lower := strings.ToLower(message)
 	switch {
 	case strings.HasPrefix(code, "InvalidAMIID."):
+		return provider.RefusedImage
+	case strings.Contains(lower, "boot mode") || strings.Contains(lower, "uefi"):
 		return provider.RefusedImage
 	case strings.Contains(lower, "instance type") || strings.Contains(lower, "instancetype"):
 		return provider.RefusedInstanceType

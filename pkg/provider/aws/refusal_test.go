@@ -10,6 +10,7 @@ import (
 
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/conformance"
+	ec2fake "github.com/caa-project/caa/test/mocks/aws"
 	"github.com/caa-project/caa/test/mocks/cloud"
 )
 
@@ -87,4 +88,67 @@ func TestATokenOfATerminatedInstanceIsSpent(t *testing.T) {
 	assert.Equal(t, "IdempotentInstanceTerminated", pe.Code)
 	assert.Equal(t, int64(1), f.cloud.Counters()[cloud.OpCreate], "not retried by the SDK")
 	assert.Empty(t, f.cloud.Live())
+}
+
+// TestSEVSNPFromANonUEFIAMIIsARefusalOfTheImage: SEV-SNP needs an AMI
+// whose boot mode is uefi or uefi-preferred. EC2 refuses the launch from
+// any other; caa takes it as a refusal of the pod's image (terminal, the
+// image named as what was refused), and a UEFI AMI launches.
+func TestSEVSNPFromANonUEFIAMIIsARefusalOfTheImage(t *testing.T) {
+	ctx := context.Background()
+	const bios, none, uefi = "ami-0000000000000b105", "ami-00000000000000000", "ami-000000000000000ef"
+	f := newFakeEC2(t, cloud.Options{}, nil,
+		ec2fake.WithImageBootMode(bios, ec2fake.BootModeLegacyBIOS),
+		ec2fake.WithImageBootMode(none, ec2fake.BootModeNone),
+		ec2fake.WithImageBootMode(uefi, ec2fake.BootModeUEFI))
+	spec := specFor(1)
+	spec.InstanceType, spec.TEE = "m6a.large", provider.TEESEVSNP
+	for _, image := range []string{bios, none} {
+		spec.Image = image
+		_, err := f.provider.Create(ctx, spec)
+		require.ErrorIs(t, err, provider.ErrInvalidSpec, image)
+		assert.True(t, provider.Terminal(err))
+		assert.Equal(t, provider.RefusedImage, provider.RefusedPart(err))
+		assert.ErrorContains(t, err, "uefi")
+		assert.ErrorContains(t, err, image)
+	}
+	assert.Empty(t, f.cloud.Instances())
+
+	spec.TEE = provider.TEENone
+	_, err := f.provider.Create(ctx, spec)
+	require.NoError(t, err, "an ordinary VM boots from the BIOS AMI")
+	spec.Image, spec.TEE, spec.Key = uefi, provider.TEESEVSNP, spec.Key+"-uefi"
+	vm, err := f.provider.Create(ctx, spec)
+	require.NoError(t, err)
+	assert.Equal(t, provider.TEESEVSNP, vm.TEE)
+}
+
+// TestUserDataOverEC2sCapIsRefusedBeforeTheCall: EC2 takes at most 16 KB
+// of user data before base64; caa declares the cap (for the sandbox
+// manager, which drops the image-pull credentials first) and refuses a
+// larger one itself, with the sizes, without a call. The fake EC2 refuses
+// it as EC2 does when it gets there.
+func TestUserDataOverEC2sCapIsRefusedBeforeTheCall(t *testing.T) {
+	ctx := context.Background()
+	f := newFakeEC2(t, suiteOptions(), nil)
+	assert.Equal(t, 16384, provider.UserDataLimitOf(f.provider))
+	spec := specFor(1)
+	spec.UserData = make([]byte, 16384)
+	_, err := f.provider.Create(ctx, spec)
+	require.NoError(t, err, "exactly the cap fits")
+
+	spec = specFor(2)
+	spec.UserData = make([]byte, 16385)
+	f.cloud.ResetCounters()
+	_, err = f.provider.Create(ctx, spec)
+	require.ErrorIs(t, err, provider.ErrInvalidSpec)
+	assert.ErrorContains(t, err, "user data is 16385 bytes, EC2 takes at most 16384")
+	assert.Zero(t, f.cloud.Counters()[cloud.OpCreate], "no call")
+
+	// The fake's own answer, past caa's check.
+	_, err = f.provider.api.RunInstances(ctx, f.provider.runInput(spec, clientToken(spec.Key), instanceTags(nil, spec)))
+	var pe *provider.Error
+	require.ErrorAs(t, classify(opCreate, err), &pe)
+	assert.Equal(t, "InvalidParameterValue", pe.Code)
+	assert.Equal(t, "User data is limited to 16384 bytes.", pe.Message)
 }

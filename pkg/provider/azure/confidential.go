@@ -9,7 +9,7 @@ import (
 )
 
 // Azure confidential VMs: a VM with securityProfile.securityType
-// ConfidentialVM, UEFI secure boot and a vTPM, and an OS disk whose
+// ConfidentialVM, a vTPM (UEFI secure boot only with --azure-secure-boot), and an OS disk whose
 // managedDisk.securityProfile.securityEncryptionType is VMGuestStateOnly
 // (the VM guest state encrypted; DiskWithVMGuestState would encrypt the
 // whole disk too and needs an image that supports it), on a confidential
@@ -54,18 +54,24 @@ func TEEs(size string) []provider.TEE {
 // TEEs is the package's TEEs, for provider.ConfidentialCapable.
 func (p *Provider) TEEs(size string) []provider.TEE { return TEEs(size) }
 
-// secure makes vm a confidential VM: the VM's security profile and its OS
-// disk's. Nothing for an ordinary VM.
-func secure(vm *armcompute.VirtualMachine, tee provider.TEE) {
+// secure makes vm a confidential VM: the VM's security profile (secure
+// boot as configured, a vTPM) and its OS disk's, a Premium_LRS managed disk
+// with its VM guest state encrypted, as upstream's Azure provider asks for
+// them (src/cloud-providers/azure/provider.go, getVMParameters). Nothing
+// for an ordinary VM: the disk's type is then the size's default, since
+// Premium_LRS needs a size with premium storage, which every confidential
+// size has.
+func secure(vm *armcompute.VirtualMachine, tee provider.TEE, secureBoot bool) {
 	if !tee.Confidential() {
 		return
 	}
 	props := vm.Properties
 	props.SecurityProfile = &armcompute.SecurityProfile{
 		SecurityType: new(armcompute.SecurityTypesConfidentialVM),
-		UefiSettings: &armcompute.UefiSettings{SecureBootEnabled: new(true), VTpmEnabled: new(true)},
+		UefiSettings: &armcompute.UefiSettings{SecureBootEnabled: new(secureBoot), VTpmEnabled: new(true)},
 	}
 	props.StorageProfile.OSDisk.ManagedDisk = &armcompute.ManagedDiskParameters{
+		StorageAccountType: new(armcompute.StorageAccountTypesPremiumLRS),
 		SecurityProfile: &armcompute.VMDiskSecurityProfile{
 			SecurityEncryptionType: new(armcompute.SecurityEncryptionTypesVMGuestStateOnly),
 		},

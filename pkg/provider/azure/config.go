@@ -49,9 +49,17 @@ type Config struct {
 	// NICs; optional (the subnet's own applies anyway).
 	SecurityGroupID string
 	// AdminUsername and SSHPublicKey provision the guest's login; Azure
-	// requires one for a Linux VM made from an image.
+	// requires a key (or a password) for a Linux VM made from an image.
+	// An empty SSHPublicKey gets a throwaway RSA key made in memory at New,
+	// as upstream does: its private half is dropped at once, so nobody can
+	// log in (the pod VM needs no login).
 	AdminUsername string
 	SSHPublicKey  string
+	// SecureBoot turns UEFI secure boot on for confidential VMs (off by
+	// default, as upstream's ENABLE_SECURE_BOOT: pod VM images are built
+	// by their users and their boot chain is not signed, and a VM with
+	// secure boot on never boots from one).
+	SecureBoot bool
 	// Image and InstanceType are the defaults for pods that name none
 	// (read into provider.SpecConfig); Image is an image resource id or
 	// publisher:offer:sku:version, InstanceType a VM size.
@@ -118,7 +126,7 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 	str(&c.SubnetID, "subnet-id", "", "ARM id of the subnet the VMs' NICs join", "CAA_AZURE_SUBNET_ID")
 	str(&c.SecurityGroupID, "security-group-id", "", "ARM id of a network security group for the NICs (optional)", "CAA_AZURE_SECURITY_GROUP_ID")
 	str(&c.AdminUsername, "admin-username", DefaultAdminUsername, "guest admin user", "CAA_AZURE_ADMIN_USERNAME")
-	str(&c.SSHPublicKey, "ssh-public-key", "", "SSH public key of the guest admin user", "CAA_AZURE_SSH_PUBLIC_KEY")
+	str(&c.SSHPublicKey, "ssh-public-key", "", "SSH public key of the guest admin user (empty: a throwaway key made in memory, its private half dropped)", "CAA_AZURE_SSH_PUBLIC_KEY")
 	str(&c.Image, "image", "", "default image: an image resource id or publisher:offer:sku:version", "CAA_AZURE_IMAGE")
 	str(&c.InstanceType, "instance-type", "", "default VM size, e.g. Standard_D2as_v5", "CAA_AZURE_INSTANCE_TYPE")
 	str(&c.Cloud, "cloud", DefaultCloud, "Azure cloud: AzurePublic, AzureChina or AzureUSGovernment", "CAA_AZURE_CLOUD")
@@ -133,6 +141,16 @@ func (c *Config) AddFlags(fs *pflag.FlagSet) {
 		}
 		disco = b
 	}
+	secureBoot := false
+	if v := os.Getenv("CAA_AZURE_SECURE_BOOT"); v != "" {
+		b, err := strconv.ParseBool(v)
+		if err != nil {
+			c.envErrs = append(c.envErrs, fmt.Errorf("CAA_AZURE_SECURE_BOOT=%q: not true or false", v))
+		}
+		secureBoot = b
+	}
+	fs.BoolVar(&c.SecureBoot, "azure-secure-boot", secureBoot,
+		"UEFI secure boot on confidential VMs; only for an image whose boot chain is signed (env CAA_AZURE_SECURE_BOOT)")
 	fs.BoolVar(&c.DisableInstanceDiscovery, "azure-disable-instance-discovery", disco,
 		"skip Entra ID's instance discovery of the authority host; only for an authority it does not know (env CAA_AZURE_DISABLE_INSTANCE_DISCOVERY)")
 
@@ -216,7 +234,7 @@ func (c Config) Validate() error {
 		(!userRE.MatchString(c.AdminUsername) || c.AdminUsername == "root" || c.AdminUsername == "admin") {
 		bad("admin-username", "CAA_AZURE_ADMIN_USERNAME", "%q is not an allowed Linux user name", c.AdminUsername)
 	}
-	if required(c.SSHPublicKey, "ssh-public-key", "CAA_AZURE_SSH_PUBLIC_KEY") &&
+	if c.SSHPublicKey != "" &&
 		!strings.HasPrefix(c.SSHPublicKey, "ssh-") && !strings.HasPrefix(c.SSHPublicKey, "ecdsa-") {
 		bad("ssh-public-key", "CAA_AZURE_SSH_PUBLIC_KEY", "not an OpenSSH public key (ssh-ed25519 AAAA..., ssh-rsa AAAA...)")
 	}

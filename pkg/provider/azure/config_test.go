@@ -36,7 +36,6 @@ func TestValidate(t *testing.T) {
 			"--azure-location (CAA_AZURE_LOCATION): required",
 			"--azure-subnet-id (CAA_AZURE_SUBNET_ID): required",
 			"--azure-admin-username (CAA_AZURE_ADMIN_USERNAME): required",
-			"--azure-ssh-public-key (CAA_AZURE_SSH_PUBLIC_KEY): required",
 		}},
 		{"subscription not a GUID", func(c *Config) { c.SubscriptionID = "my-sub" }, []string{"--azure-subscription-id", "GUID"}},
 		{"group with a slash", func(c *Config) { c.ResourceGroup = "a/b" }, []string{"--azure-resource-group"}},

@@ -54,7 +54,12 @@ var codeKinds = map[string]error{
 	// Whatever parameter ARM refuses, sending it again cannot work; whose
 	// fault it is (the pod's size or image, or the node's configuration)
 	// depends on the parameter ARM names: see refusal.
-	"invalidparameter":      provider.ErrInvalidSpec,
+	"invalidparameter": provider.ErrInvalidSpec,
+	// BadRequest is how the compute provider refuses a confidential VM
+	// its size or image cannot be ("The VM size '...' is not supported for
+	// creation of VMs ... with 'ConfidentialVM' security type", an image
+	// not marked ConfidentialVMSupported): refusal reads whose it is.
+	"badrequest":            provider.ErrInvalidSpec,
 	"imagenotfound":         provider.ErrInvalidSpec,
 	"platformimagenotfound": provider.ErrInvalidSpec,
 

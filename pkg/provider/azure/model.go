@@ -184,7 +184,7 @@ func (p *Provider) vmModel(name, nicID string, spec provider.Spec, tags map[stri
 			}}},
 		},
 	}
-	secure(&vm, spec.TEE)
+	secure(&vm, spec.TEE, p.cfg.SecureBoot)
 	// The pod VM image reads its user data from the instance metadata
 	// service's compute/userData, which serves properties.userData; IMDS
 	// never serves osProfile.customData, so that stays empty.
@@ -377,3 +377,12 @@ func deref[T any](p *T) T {
 // "Standard_DS2_v2": azure-cli issue 9238; resource groups upper-cased in
 // ids: MicrosoftDocs/azure-docs issue 36222).
 func sameShape(a, b string) bool { return strings.EqualFold(a, b) }
+
+var _ provider.UserDataLimited = (*Provider)(nil)
+
+// UserDataLimit is Azure's cap on properties.userData before base64 (64 KB
+// of base64 text: 49152 bytes), for provider.UserDataLimited. caa sends
+// the user data as properties.userData, never osProfile.customData (whose
+// own cap is 64 KB before base64), because the pod VM reads it from the
+// instance metadata service, which serves userData only.
+func (p *Provider) UserDataLimit() int { return maxUserData }

@@ -94,6 +94,14 @@ func New(ctx context.Context, cfg Config, opts ...Option) (*Provider, error) {
 	for _, opt := range opts {
 		opt(&o)
 	}
+	if cfg.SSHPublicKey == "" {
+		key, err := throwawaySSHKey()
+		if err != nil {
+			return nil, err
+		}
+		cfg.SSHPublicKey = key
+		o.logger.InfoContext(ctx, "azure: no --azure-ssh-public-key: the VMs get a throwaway RSA key made in memory, its private half dropped (nobody can log in)")
+	}
 	cc, err := cfg.cloudConfig()
 	if err != nil {
 		return nil, fmt.Errorf("azure: %w", err)

@@ -158,7 +158,7 @@ func (n *Node) Close() {
 // credentials it reads from the environment.
 func (n *Node) CloudArgs() []string {
 	return []string{"--provider", "aws", "--aws-endpoint", n.ec2URL, "--aws-region", "us-east-1",
-		"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", EC2Image, "--aws-instance-type", EC2Type}
+		"--aws-security-group-ids", "sg-0123456789abcdef0", "--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", EC2Image, "--aws-instance-type", EC2Type}
 }
 
 // CloudEnv is the environment caa needs for the fake EC2.

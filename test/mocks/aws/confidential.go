@@ -1,8 +1,11 @@
 package ec2fake
 
 import (
+	"fmt"
 	"net/http"
 	"strings"
+
+	"github.com/caa-project/caa/test/mocks/cloud"
 )
 
 // AMD SEV-SNP on EC2: RunInstances' CpuOptions.AmdSevSnp ("enabled" or
@@ -44,4 +47,48 @@ func renderCPUOptions(tee string) *cpuOptionsXML {
 		return &cpuOptionsXML{AmdSevSnp: "enabled"}
 	}
 	return &cpuOptionsXML{AmdSevSnp: "disabled"}
+}
+
+// Boot modes of an AMI (its BootMode attribute, set at RegisterImage).
+// AMD SEV-SNP needs an AMI whose boot mode is uefi or uefi-preferred
+// (EC2 User Guide, "AMD SEV-SNP requirements"; upstream's AWS provider
+// says the same where it enables AmdSevSnp); an AMI without the attribute
+// boots the instance type's default, Legacy BIOS on Intel and AMD types.
+const (
+	BootModeUEFI          = "uefi"
+	BootModeUEFIPreferred = "uefi-preferred"
+	BootModeLegacyBIOS    = "legacy-bios"
+	// BootModeNone is an AMI registered without a boot mode.
+	BootModeNone = ""
+)
+
+// WithImageBootMode registers ami with a boot mode. An AMI the fake was
+// not told about boots on UEFI, so that a test that does not care about
+// boot modes can launch SEV-SNP instances from any image.
+func WithImageBootMode(ami, mode string) Option {
+	return func(s *server) {
+		if s.bootModes == nil {
+			s.bootModes = map[string]string{}
+		}
+		s.bootModes[ami] = mode
+	}
+}
+
+// checkBootMode refuses an SEV-SNP launch from an AMI that does not boot
+// on UEFI. EC2 publishes no error text for it: the code
+// (InvalidParameterCombination, 400) and message are this fake's guess.
+func (s *server) checkBootMode(req cloud.CreateRequest) *apiError {
+	if req.TEE != sevSNP {
+		return nil
+	}
+	mode, known := s.bootModes[req.Image]
+	if !known || mode == BootModeUEFI || mode == BootModeUEFIPreferred {
+		return nil
+	}
+	shown := mode
+	if shown == BootModeNone {
+		shown = "none (the instance type's default, legacy-bios)"
+	}
+	return &apiError{http.StatusBadRequest, "InvalidParameterCombination", fmt.Sprintf(
+		"The AMI %s has boot mode %s; AMD SEV-SNP requires an AMI whose boot mode is uefi or uefi-preferred.", req.Image, shown)}
 }

@@ -4,6 +4,7 @@ import (
 	"crypto/rand"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 const (
 	IMDSTokenPath    = "/latest/api/token"
 	IMDSUserDataPath = "/latest/user-data"
+	imdsMetaPrefix   = "/latest/meta-data/"
 )
 
 // IMDS is the instance metadata service as instance instanceID of c sees
@@ -24,6 +26,57 @@ const (
 // the user data as launched (decoded, raw bytes), 404 when it has none,
 // 401 without a valid token. now is the clock (nil: time.Now).
 func IMDS(c *cloud.Cloud, instanceID string, now func() time.Time) http.Handler {
+	return imdsV2(now, func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path != IMDSUserDataPath {
+			http.Error(w, "", http.StatusNotFound)
+			return
+		}
+		in, err := c.Get(instanceID)
+		if err != nil || len(in.UserData()) == 0 {
+			http.Error(w, "", http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "application/octet-stream")
+		_, _ = w.Write(in.UserData())
+	})
+}
+
+// Node is what a worker node's instance metadata says of it: the region,
+// and its primary interface's MAC, subnet and security groups.
+type Node struct {
+	Region string
+	MAC    string
+	Subnet string
+	Groups []string
+}
+
+// NodeIMDS is the instance metadata service as a worker node sees it, for
+// the settings caa (like upstream's adaptor) reads from it when they are
+// not given: meta-data/mac, meta-data/placement/region and, under
+// meta-data/network/interfaces/macs/<mac>/, subnet-id and
+// security-group-ids (one id a line). IMDSv2 tokens as IMDS.
+func NodeIMDS(n Node, now func() time.Time) http.Handler {
+	iface := imdsMetaPrefix + "network/interfaces/macs/" + n.MAC + "/"
+	values := map[string]string{
+		imdsMetaPrefix + "mac":              n.MAC,
+		imdsMetaPrefix + "placement/region": n.Region,
+		iface + "subnet-id":                 n.Subnet,
+		iface + "security-group-ids":        strings.Join(n.Groups, "\n"),
+	}
+	return imdsV2(now, func(w http.ResponseWriter, r *http.Request) {
+		v, ok := values[r.URL.Path]
+		if !ok || v == "" {
+			http.Error(w, "", http.StatusNotFound)
+			return
+		}
+		w.Header().Set("Content-Type", "text/plain")
+		_, _ = w.Write([]byte(v))
+	})
+}
+
+// imdsV2 serves PUT /latest/api/token and hands every GET that carries a
+// live token to get.
+func imdsV2(now func() time.Time, get http.HandlerFunc) http.Handler {
 	if now == nil {
 		now = time.Now
 	}
@@ -55,17 +108,7 @@ func IMDS(c *cloud.Cloud, instanceID string, now func() time.Time) http.Handler 
 				http.Error(w, "", http.StatusUnauthorized)
 				return
 			}
-			if r.URL.Path != IMDSUserDataPath {
-				http.Error(w, "", http.StatusNotFound)
-				return
-			}
-			in, err := c.Get(instanceID)
-			if err != nil || len(in.UserData()) == 0 {
-				http.Error(w, "", http.StatusNotFound)
-				return
-			}
-			w.Header().Set("Content-Type", "application/octet-stream")
-			_, _ = w.Write(in.UserData())
+			get(w, r)
 		}
 	})
 }

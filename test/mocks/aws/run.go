@@ -63,7 +63,11 @@ func (s *server) runInstances(q query, c caller) (any, *apiError) {
 	if e := s.knownNetwork(l); e != nil {
 		return nil, e
 	}
+	req.Unreachable = s.reach(l)
 	if e := s.authorize(c, runChecks(c, q, tags)); e != nil {
+		return nil, e
+	}
+	if e := s.checkBootMode(req); e != nil {
 		return nil, e
 	}
 	if dry {
@@ -138,7 +142,7 @@ func (s *server) knownNetwork(l *launch) *apiError {
 		return &apiError{http.StatusBadRequest, "InvalidSubnetID.NotFound", fmt.Sprintf("The subnet ID '%s' does not exist", l.subnetID)}
 	}
 	for _, g := range l.groups {
-		if s.groups != nil && !slices.Contains(s.groups, g) {
+		if s.groups != nil && g != s.defaultGroup && !slices.Contains(s.groups, g) {
 			return &apiError{http.StatusBadRequest, "InvalidGroup.NotFound", fmt.Sprintf("The security group '%s' does not exist", g)}
 		}
 	}

@@ -120,9 +120,11 @@ type server struct {
 	accessKeyID     string
 	secretAccessKey string
 	keyring         *Keyring
-	subnets, groups []string       // nil: any
-	policy          func() *Policy // nil, or returning nil: allow all
-	budget          *cloud.Budget  // nil: nothing metered
+	subnets, groups []string          // nil: any
+	defaultGroup    string            // the VPC's default security group
+	bootModes       map[string]string // AMI -> boot mode (WithImageBootMode)
+	policy          func() *Policy    // nil, or returning nil: allow all
+	budget          *cloud.Budget     // nil: nothing metered
 	seq             atomic.Uint64
 
 	mu       sync.Mutex
@@ -138,7 +140,7 @@ type server struct {
 // mounted at cloud.ControlPrefix. Build c with CloudOptions so that its ids
 // look like EC2's (the fake rejects others as malformed).
 func NewServer(c *cloud.Cloud, opts ...Option) http.Handler {
-	s := &server{cloud: c, launches: map[string]*launch{}, zone: "us-east-1a"}
+	s := &server{cloud: c, launches: map[string]*launch{}, zone: "us-east-1a", defaultGroup: DefaultGroup}
 	for _, o := range opts {
 		o(s)
 	}

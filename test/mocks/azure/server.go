@@ -122,6 +122,8 @@ type options struct {
 	// plainImages are images that cannot boot a ConfidentialVM
 	// (WithPlainImages).
 	plainImages map[string]bool
+	// signedImages are images whose boot chain is signed (WithSignedImages).
+	signedImages map[string]bool
 	// subnets, when set, are the subnets that exist (WithSubnets).
 	subnets []string
 	// Fidelity to the real cloud (fidelity.go): extensions that fail,
@@ -132,9 +134,9 @@ type options struct {
 	createDuration   time.Duration
 }
 
-// WithSubscription sets the subscription id the fake serves.
 // WithPlainImages names images whose definition does not support
-// ConfidentialVM: a confidential VM from one is refused.
+// ConfidentialVM: a confidential VM from one is refused. Every other image
+// supports it.
 func WithPlainImages(images ...string) Option {
 	return func(o *options) {
 		o.plainImages = map[string]bool{}
@@ -144,6 +146,7 @@ func WithPlainImages(images ...string) Option {
 	}
 }
 
+// WithSubscription sets the subscription id the fake serves.
 func WithSubscription(id string) Option { return func(o *options) { o.subscription = id } }
 
 // WithResourceGroup sets the resource group the fake serves.

@@ -36,6 +36,8 @@ type vmMeta struct {
 	// failed (WithFailingPolicyExtension, FailExtension).
 	createdAt       time.Time
 	extensionFailed bool
+	// secureBoot is the VM's securityProfile.uefiSettings.secureBootEnabled.
+	secureBoot bool
 }
 
 // putVM creates a VM, or answers for the live one of that name: an
@@ -194,7 +196,8 @@ func (s *server) parseVM(name string, body vmWire) (cloud.CreateRequest, vmMeta,
 	if e != nil {
 		return req, vmMeta{}, e
 	}
-	meta := vmMeta{location: s.opts.location, zones: slices.Clone(body.Zones), os: shown, osDisk: disk, customData: customData}
+	meta := vmMeta{location: s.opts.location, zones: slices.Clone(body.Zones), os: shown, osDisk: disk, customData: customData,
+		secureBoot: secureBootOf(p)}
 	for i, ref := range p.NetworkProfile.NetworkInterfaces {
 		id, ok := parseResourceID(ref.ID)
 		if !ok || !id.is(nicType) || !strings.EqualFold(id.sub, s.opts.subscription) {
@@ -220,6 +223,7 @@ func (s *server) parseVM(name string, body vmWire) (cloud.CreateRequest, vmMeta,
 	req.InstanceType = p.HardwareProfile.VMSize
 	req.Image = p.StorageProfile.ImageReference.String()
 	req.UserData = userData
+	req.Unreachable = s.bootFails(meta.secureBoot, req.Image)
 	return req, meta, nil
 }
 
@@ -537,7 +541,7 @@ func (s *server) renderVM(in cloud.Instance, m *vmMeta, provisioning string, wit
 			StorageProfile:    &storageProfile{ImageReference: imageRefOf(in.Image)},
 			ProvisioningState: prov,
 			VMID:              in.ID,
-			SecurityProfile:   securityOf(in.TEE),
+			SecurityProfile:   securityOf(in.TEE, m),
 		},
 	}
 	if created := in.CreatedAt; !created.IsZero() {

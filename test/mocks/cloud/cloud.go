@@ -126,6 +126,13 @@ type Instance struct {
 	// Front ends check a request's TEE against their type and image
 	// before Create; SetTEE changes it behind the daemon's back.
 	TEE string `json:"tee,omitempty"`
+	// Unreachable, when set, says why the instance's pod VM never answers
+	// the worker although the cloud shows it running: the front end saw
+	// a launch the real cloud would take but whose VM the worker cannot
+	// reach or that never boots (an EC2 instance in the VPC's default
+	// security group only, an Azure VM with secure boot on from an
+	// unsigned image). The pod VM fleet boots no VM for it.
+	Unreachable string `json:"unreachable,omitempty"`
 	// Resources are side resources that live and die with the instance
 	// unless the front end deletes them apart (e.g. Azure NICs).
 	Resources []string  `json:"resources,omitempty"`
@@ -152,6 +159,7 @@ type CreateRequest struct {
 	InstanceType string
 	Image        string
 	TEE          string // as Instance.TEE, checked by the front end
+	Unreachable  string // as Instance.Unreachable
 	UserData     []byte
 	// Resources are existing side resources to attach; DeleteWith those of
 	// them the cloud deletes along with the instance.
@@ -377,6 +385,7 @@ func (c *Cloud) Create(req CreateRequest) (Instance, error) {
 		InstanceType: req.InstanceType,
 		Image:        req.Image,
 		TEE:          req.TEE,
+		Unreachable:  req.Unreachable,
 		Zone:         c.opts.Zone,
 		IPs:          []string{"10." + strconv.Itoa(c.seq>>16&255) + "." + strconv.Itoa(c.seq>>8&255) + "." + strconv.Itoa(c.seq&255)},
 		Token:        req.Token,

@@ -76,7 +76,8 @@ func (f *Fleet) Booting(boot func(context.Context, Options) (*VM, error)) *Fleet
 
 // Sync boots and removes VMs to match the cloud now. An instance whose user
 // data the pod VM would refuse is remembered in Failed (a real VM would sit
-// there without a forwarder) and not tried again.
+// there without a forwarder) and not tried again, as is one the cloud marked
+// Unreachable.
 func (f *Fleet) Sync(ctx context.Context) {
 	running := map[string]cloud.Instance{}
 	for _, in := range f.cloud.Instances() {
@@ -97,6 +98,12 @@ func (f *Fleet) Sync(ctx context.Context) {
 	}
 	for id, in := range running {
 		if f.vms[id] != nil || f.failed[id] != nil {
+			continue
+		}
+		if in.Unreachable != "" {
+			// The real VM would run, but nothing of it reaches the worker.
+			f.failed[id] = fmt.Errorf("instance %s never answers: %s", id, in.Unreachable)
+			f.log.Warn("fake fleet: VM unreachable", "instance", id, "why", in.Unreachable)
 			continue
 		}
 		if err := f.boot(ctx, in); err != nil {

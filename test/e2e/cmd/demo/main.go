@@ -60,7 +60,7 @@ func newFake(name string) (*fake, func(), error) {
 		srv := httptest.NewServer(ec2fake.NewServer(core))
 		return &fake{core: core,
 			flags: []string{"--provider", "aws", "--aws-endpoint", srv.URL, "--aws-region", "us-east-1",
-				"--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", "ami-0123456789abcdef0", "--aws-instance-type", "m6a.large"},
+				"--aws-security-group-ids", "sg-0123456789abcdef0", "--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", "ami-0123456789abcdef0", "--aws-instance-type", "m6a.large"},
 			env: []string{"AWS_ACCESS_KEY_ID=AKIDDEMO", "AWS_SECRET_ACCESS_KEY=demo-secret", "AWS_EC2_METADATA_DISABLED=true",
 				"AWS_CONFIG_FILE=/dev/null", "AWS_SHARED_CREDENTIALS_FILE=/dev/null"},
 		}, srv.Close, nil
