@@ -113,3 +113,10 @@ func TestUserDataOverIBMsCapIsRefusedBeforeTheCreate(t *testing.T) {
 	_, err = r.p.Create(r.ctx, spec)
 	require.NoError(t, err, "the cap itself is taken")
 }
+
+// TestUserDataLimitIsIBMs: the sandbox learns IBM's cap from the provider,
+// so it drops the pull credentials before the create would be refused.
+func TestUserDataLimitIsIBMs(t *testing.T) {
+	var p provider.Provider = &ibmcloud.Provider{}
+	assert.Equal(t, 64<<10, provider.UserDataLimitOf(p))
+}

@@ -26,6 +26,10 @@ const providerName = "ibmcloud"
 // VPC, "User data"). Create refuses more before any call.
 const MaxUserData = 64 << 10
 
+// UserDataLimit is MaxUserData (provider.UserDataLimited): a sandbox
+// whose user data would pass it drops the pull credentials first.
+func (p *Provider) UserDataLimit() int { return MaxUserData }
+
 // vpcAPI is the part of vpcv1.VpcV1 the provider uses, so a test can stand
 // in for it.
 type vpcAPI interface {

@@ -87,6 +87,9 @@ func (s *Server) createInstance(w http.ResponseWriter, r *http.Request) {
 		UserData:     userData,
 		Resources:    []string{nic.ID, vol.ID},
 		DeleteWith:   deleteWith,
+		// Outside the workers' security group the pod VM never answers:
+		// the fleet boots nothing for it.
+		Unreachable: s.unreachable(p.Name, requestedGroups(&p)),
 	})
 	if err != nil {
 		// A refused create leaves nothing behind.
@@ -464,19 +467,26 @@ type Requested struct {
 }
 
 func (s *Server) record(instanceID string, p *instancePrototype) {
-	r := Requested{ConfidentialComputeMode: p.ConfidentialComputeMode, EnableSecureBoot: p.EnableSecureBoot}
-	switch a, n := p.PrimaryNetworkAttachment, p.PrimaryNetworkInterface; {
-	case a != nil && a.VirtualNetworkInterface != nil:
-		r.SecurityGroups = strings.Split(joinIDs(a.VirtualNetworkInterface.SecurityGroups), ",")
-	case n != nil:
-		r.SecurityGroups = strings.Split(joinIDs(n.SecurityGroups), ",")
-	}
-	if len(r.SecurityGroups) == 1 && r.SecurityGroups[0] == "" {
-		r.SecurityGroups = nil
-	}
+	r := Requested{ConfidentialComputeMode: p.ConfidentialComputeMode, EnableSecureBoot: p.EnableSecureBoot, SecurityGroups: requestedGroups(p)}
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.requested[instanceID] = r
+}
+
+// requestedGroups are the security groups a prototype's primary network
+// attachment (or interface) names; nil when it names none.
+func requestedGroups(p *instancePrototype) []string {
+	var groups []string
+	switch a, n := p.PrimaryNetworkAttachment, p.PrimaryNetworkInterface; {
+	case a != nil && a.VirtualNetworkInterface != nil:
+		groups = strings.Split(joinIDs(a.VirtualNetworkInterface.SecurityGroups), ",")
+	case n != nil:
+		groups = strings.Split(joinIDs(n.SecurityGroups), ",")
+	}
+	if len(groups) == 1 && groups[0] == "" {
+		return nil
+	}
+	return groups
 }
 
 // CreateRequest is what the create of instance id asked for; false for an

@@ -157,14 +157,24 @@ func (s *Server) groupName(id string) string {
 // reachable; one that named no group is in the VPC's default group only,
 // as VPC does. Without a WorkerGroup every instance is reachable.
 func (s *Server) Reachable(id string) (bool, string) {
-	if s.network == nil || s.network.WorkerGroup == "" {
-		return true, ""
-	}
 	req, ok := s.CreateRequest(id)
 	if !ok {
+		if s.network == nil || s.network.WorkerGroup == "" {
+			return true, ""
+		}
 		return false, fmt.Sprintf("instance %s was not made through the API", id)
 	}
-	groups := req.SecurityGroups
+	why := s.unreachable(id, req.SecurityGroups)
+	return why == "", why
+}
+
+// unreachable says why the workers cannot reach an instance in groups (none
+// named: the VPC's default group), or "" when they can: always, with no
+// workers' group set.
+func (s *Server) unreachable(name string, groups []string) string {
+	if s.network == nil || s.network.WorkerGroup == "" {
+		return ""
+	}
 	if len(groups) == 0 {
 		def := s.network.DefaultGroup
 		if def == "" {
@@ -173,10 +183,10 @@ func (s *Server) Reachable(id string) (bool, string) {
 		groups = []string{def}
 	}
 	if slices.Contains(groups, s.network.WorkerGroup) {
-		return true, ""
+		return ""
 	}
-	return false, fmt.Sprintf("instance %s is in security groups %v, not the workers' %s (%s): the workers' TCP 15150 and UDP 4789 do not reach it",
-		id, groups, s.network.WorkerGroup, s.groupName(s.network.WorkerGroup))
+	return fmt.Sprintf("instance %s is in security groups %v, not the workers' %s (%s): the workers' TCP 15150 and UDP 4789 do not reach it",
+		name, groups, s.network.WorkerGroup, s.groupName(s.network.WorkerGroup))
 }
 
 // getImage is GET /v1/images/{id}: the images the core offers.

@@ -44,13 +44,26 @@ func TestWorkersReachOnlyTheirSecurityGroup(t *testing.T) {
 		require.Equal(t, http.StatusCreated, status, "%v", body)
 		return body["id"].(string)
 	}
-	ok, why := srv.Reachable(create("vm-default"))
+	// The core's instance says so too, which is what the pod VM fleet
+	// reads: it boots nothing for an unreachable instance.
+	unreachable := func(id string) string {
+		in, err := c.Get(id)
+		require.NoError(t, err)
+		return in.Unreachable
+	}
+	id := create("vm-default")
+	ok, why := srv.Reachable(id)
 	assert.False(t, ok)
 	assert.Contains(t, why, vpcfake.DefaultSecurityGroup, "no group named: the VPC's default")
-	ok, _ = srv.Reachable(create("vm-other", "r006-sg-a"))
+	assert.Contains(t, unreachable(id), vpcfake.DefaultSecurityGroup)
+	id = create("vm-other", "r006-sg-a")
+	ok, _ = srv.Reachable(id)
 	assert.False(t, ok)
-	ok, why = srv.Reachable(create("vm-kube", "r006-sg-a", "r006-kube"))
+	assert.NotEmpty(t, unreachable(id))
+	id = create("vm-kube", "r006-sg-a", "r006-kube")
+	ok, why = srv.Reachable(id)
 	assert.True(t, ok, why)
+	assert.Empty(t, unreachable(id))
 
 	status, page, _ := e.call("GET", "/v1/security_groups"+version+"&vpc.id=r006-vpc-a&limit=2", nil)
 	require.Equal(t, http.StatusOK, status, "%v", page)
