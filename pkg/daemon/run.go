@@ -188,8 +188,10 @@ func (f *Options) AddFlags(fs *pflag.FlagSet) {
 		"how long the ledger keeps the history of deleted pods (env CAA_HISTORY_RETENTION)")
 	fs.DurationVar(&f.cloudTimeout, "cloud-timeout", cli.EnvDuration("CAA_CLOUD_TIMEOUT", 5*time.Minute),
 		"deadline of each cloud call, a create's whole long-running operation included (env CAA_CLOUD_TIMEOUT)")
-	fs.BoolVar(&f.clusterView, "cluster-view", cli.EnvOr("CAA_CLUSTER_VIEW", "true") == "true",
-		"audit against the cluster caa's view on this Node while it is fresh, listing the cloud only without it (env CAA_CLUSTER_VIEW)")
+	fs.BoolVar(&f.clusterView, "cluster-view", cli.EnvOr("CAA_CLUSTER_VIEW", "false") == "true",
+		"audit against the cluster caa's view on this Node while it is fresh, listing the cloud without it and at least every "+
+			cluster.DefaultListEvery.String()+" whatever it says; on only where the cluster scope is installed, whose component "+
+			"and chart values set it (env CAA_CLUSTER_VIEW)")
 	for _, c := range f.clouds {
 		c.AddFlags(fs)
 	}
