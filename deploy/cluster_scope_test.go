@@ -26,7 +26,15 @@ func TestClusterScopeComponent(t *testing.T) {
 			plain := manifests{name: overlay, all: decode(t, render(t, bin, overlay))}
 			with := manifests{name: overlay + "+cluster-scope", all: decode(t, withComponent(t, bin, overlay, clusterScope))}
 			ds := plain.daemonSet(t)
-			assert.Equal(t, ds, with.daemonSet(t), "the DaemonSet is untouched")
+			// The DaemonSet is untouched but for its settings' name: the
+			// component turns CAA_CLUSTER_VIEW on (a node reads views only
+			// where the cluster scope writes them).
+			withDS := with.daemonSet(t)
+			assert.Equal(t, with.configMap(t).Name, withDS.Spec.Template.Spec.Containers[0].EnvFrom[0].ConfigMapRef.Name)
+			withDS.Spec.Template.Spec.Containers[0].EnvFrom[0].ConfigMapRef.Name = ds.Spec.Template.Spec.Containers[0].EnvFrom[0].ConfigMapRef.Name
+			assert.Equal(t, ds, withDS, "the DaemonSet is untouched but for its settings' hashed name")
+			assert.Equal(t, "true", with.configMap(t).Data["CAA_CLUSTER_VIEW"], "the nodes audit against the view")
+			assert.NotContains(t, plain.configMap(t).Data, "CAA_CLUSTER_VIEW", "off without the cluster scope")
 
 			var dep appsv1.Deployment
 			require.NoError(t, k8sruntime.DefaultUnstructuredConverter.FromUnstructuredWithValidation(with.one(t, "Deployment").Object, &dep, true))

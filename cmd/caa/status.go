@@ -41,7 +41,12 @@ func newStatusCommand() *cobra.Command {
 			return nil
 		},
 	}
-	cmd.Flags().StringVar(&addr, "addr", cli.EnvOr("CAA_STATUS_ADDR", "http://127.0.0.1:8000"), "the daemon's health address: host:port, a URL or unix:PATH (env CAA_STATUS_ADDR)")
+	// In the daemon's container CAA_HEALTH_ADDR names where /status is
+	// served (a unix socket in the remote hypervisor mode, where the
+	// node's port serves /metrics only), so `kubectl exec ... caa status`
+	// finds it.
+	cmd.Flags().StringVar(&addr, "addr", cli.EnvOr("CAA_STATUS_ADDR", cli.EnvOr("CAA_HEALTH_ADDR", "http://127.0.0.1:8000")),
+		"the daemon's health address: host:port, a URL or unix:PATH (env CAA_STATUS_ADDR, else CAA_HEALTH_ADDR as the daemon reads it)")
 	cmd.Flags().StringVarP(&output, "output", "o", "table", "output format: table, json or yaml")
 	cmd.Flags().DurationVar(&timeout, "timeout", 5*time.Second, "how long to wait for the daemon")
 	return cmd

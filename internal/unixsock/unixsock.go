@@ -15,6 +15,7 @@ import (
 	"os"
 	"path/filepath"
 	"sync"
+	"syscall"
 	"time"
 )
 
@@ -31,9 +32,10 @@ type Options struct {
 	DirMode fs.FileMode
 	// Mode, when not 0, is set on the socket file once it listens.
 	Mode fs.FileMode
-	// RefuseServed makes a socket that a live process still accepts on an
-	// error (ErrServed) instead of being replaced.
-	RefuseServed bool
+
+	// lockWait, when set (tests), is called when the directory's lock is
+	// held by another and Listen is about to wait for it.
+	lockWait func()
 }
 
 // FileID names a file independently of its path: a socket file bound at
@@ -57,26 +59,52 @@ type Listener struct {
 	// reuses the freed inode number would make that file look like ours.
 	closeOnce sync.Once
 	closeErr  error
+
+	// afterOwns, when set (tests), is called in Close between the check
+	// that the path is still this listener's and the unlink.
+	afterOwns func()
 }
 
-// Close stops listening and removes the socket file if it is still this
-// listener's.
+// Close removes the socket file if it is still this listener's, then
+// stops listening. The check and the unlink are done under the lock of the
+// socket's directory that Listen takes too, so no socket bound at the path
+// by another Listen (in this process or another) can come between them and
+// be unlinked in this one's place.
 func (l *Listener) Close() error {
 	closed := false
 	l.closeOnce.Do(func() {
 		closed = true
-		mine := l.Owns()
-		l.closeErr = l.UnixListener.Close()
-		if mine {
-			if rerr := os.Remove(l.path); rerr != nil && !errors.Is(rerr, fs.ErrNotExist) && l.closeErr == nil {
-				l.closeErr = rerr
-			}
+		l.closeErr = l.removeIfMine()
+		if err := l.UnixListener.Close(); err != nil {
+			l.closeErr = err
 		}
 	})
 	if !closed {
 		return fmt.Errorf("close %s: %w", l.path, net.ErrClosed)
 	}
 	return l.closeErr
+}
+
+func (l *Listener) removeIfMine() error {
+	unlock, err := lockDir(filepath.Dir(l.path), nil)
+	if errors.Is(err, fs.ErrNotExist) {
+		return nil // the directory, and so the file, is gone
+	}
+	if err != nil {
+		return fmt.Errorf("close %s: %w", l.path, err)
+	}
+	defer unlock()
+	mine := l.Owns()
+	if l.afterOwns != nil {
+		l.afterOwns()
+	}
+	if !mine {
+		return nil
+	}
+	if err := os.Remove(l.path); err != nil && !errors.Is(err, fs.ErrNotExist) {
+		return err
+	}
+	return nil
 }
 
 // Owns reports whether the socket file at the listener's path is still
@@ -100,10 +128,13 @@ func Owns(path string, id FileID) bool {
 func (l *Listener) Path() string { return l.path }
 
 // Listen listens on a unix socket at path. A socket file left by a process
-// that is gone (SIGKILL leaves it) is replaced; any other kind of file
-// there is an error wrapping ErrNotSocket, so a wrong path never deletes
-// data. Closing the listener removes the file while it is still the one
-// this listener bound (Listener.Close).
+// that is gone (SIGKILL leaves it: connecting is refused) is replaced; one
+// that a live process still accepts on is never taken over (ErrServed),
+// nor is any other kind of file (ErrNotSocket), so a wrong path never
+// deletes data or cuts off another server's clients. The check, the
+// removal of a stale file and the bind are done under an exclusive flock
+// of the socket's directory, which Listener.Close takes too. Closing the
+// listener removes the file while it is still the one this listener bound.
 func Listen(path string, o Options) (*Listener, error) {
 	if o.DirMode == 0 {
 		o.DirMode = 0o700
@@ -111,6 +142,11 @@ func Listen(path string, o Options) (*Listener, error) {
 	if err := os.MkdirAll(filepath.Dir(path), o.DirMode); err != nil {
 		return nil, err
 	}
+	unlock, err := lockDir(filepath.Dir(path), o.lockWait)
+	if err != nil {
+		return nil, fmt.Errorf("listen on %s: %w", path, err)
+	}
+	defer unlock()
 	fi, err := os.Lstat(path)
 	switch {
 	case errors.Is(err, fs.ErrNotExist):
@@ -119,11 +155,8 @@ func Listen(path string, o Options) (*Listener, error) {
 	case fi.Mode().Type() != fs.ModeSocket:
 		return nil, fmt.Errorf("%s %w (%s)", path, ErrNotSocket, fi.Mode().Type())
 	default:
-		if o.RefuseServed {
-			if c, err := net.DialTimeout("unix", path, time.Second); err == nil {
-				_ = c.Close()
-				return nil, fmt.Errorf("%s: %w", path, ErrServed)
-			}
+		if err := stale(path); err != nil {
+			return nil, err
 		}
 		if err := os.Remove(path); err != nil && !errors.Is(err, fs.ErrNotExist) {
 			return nil, fmt.Errorf("remove the stale socket file: %w", err)
@@ -140,11 +173,29 @@ func Listen(path string, o Options) (*Listener, error) {
 	}
 	if o.Mode != 0 {
 		if err := os.Chmod(path, o.Mode); err != nil {
-			_ = l.Close()
+			// Still under the lock: the file is this listener's.
+			_ = os.Remove(path)
+			_ = ln.Close()
 			return nil, err
 		}
 	}
 	return l, nil
+}
+
+// stale returns nil when the socket at path has no listener: connecting
+// is refused (or the file is gone). A connection accepted, or any other
+// answer (a full backlog, a timeout), means a live process may serve it:
+// an error wrapping ErrServed.
+func stale(path string) error {
+	c, err := net.DialTimeout("unix", path, time.Second)
+	switch {
+	case err == nil:
+		_ = c.Close()
+		return fmt.Errorf("%s: %w", path, ErrServed)
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, fs.ErrNotExist):
+		return nil
+	}
+	return fmt.Errorf("%s: %w (connecting: %w)", path, ErrServed, err)
 }
 
 // Accept hands each connection accepted on ln to handle (in the calling

@@ -42,7 +42,7 @@ func TestListenReplacesAStaleSocketOnly(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, os.FileMode(0o600), fi.Mode().Perm())
 
-	_, err = unixsock.Listen(path, unixsock.Options{RefuseServed: true})
+	_, err = unixsock.Listen(path, unixsock.Options{})
 	require.ErrorIs(t, err, unixsock.ErrServed, "a live socket is not taken over")
 	require.NoError(t, ln.Close())
 	_, err = os.Stat(path)
@@ -116,12 +116,14 @@ func TestPeerIsTheConnectingProcess(t *testing.T) {
 	require.Error(t, err, "only a unix socket has a peer's credentials")
 }
 
-// A listener whose path another listener has since taken (Listen replaces
-// the file) leaves the new file on Close: its clients still connect.
+// A listener whose path another listener has since taken (the file was
+// unlinked behind it, by a process not using this package or by hand, and
+// bound again) leaves the new file on Close: its clients still connect.
 func TestCloseRemovesOnlyItsOwnSocketFile(t *testing.T) {
 	path := filepath.Join(shortDir(t), "agent.sock")
 	old, err := unixsock.Listen(path, unixsock.Options{})
 	require.NoError(t, err)
+	require.NoError(t, os.Remove(path))
 	cur, err := unixsock.Listen(path, unixsock.Options{})
 	require.NoError(t, err)
 	defer cur.Close()

@@ -96,3 +96,36 @@ func TestNodeAudit(t *testing.T) {
 		})
 	}
 }
+
+// A fresh view is not taken for longer than ListEvery: the audit after it
+// lists on its own (ok false), whatever the view says, and the count
+// starts again, from a listing the view's absence made too.
+func TestNodeAuditListsOnItsOwnWithinListEvery(t *testing.T) {
+	now := time.Date(2026, 1, 1, 0, 10, 0, 0, time.UTC)
+	sel := provider.Selector{Cluster: "c1", Node: "n1"}
+	records := []ledger.Record{{PodUID: "a-uid", VMID: "a", Key: "a-k"}}
+	kube := fake.NewClientset(nodeWithView(t, nil))
+	a := &NodeAudit{Client: kube, Now: func() time.Time { return now }, ListEvery: 25 * time.Minute}
+	audit := func() bool {
+		t.Helper()
+		n, err := kube.CoreV1().Nodes().Get(context.Background(), "n1", metav1.GetOptions{})
+		require.NoError(t, err)
+		s, err := (&View{At: now, Every: Duration(10 * time.Minute), VMs: []ViewVM{{ID: "a", State: provider.StateRunning, PodUID: "a-uid", Key: "a-k"}}}).Encode()
+		require.NoError(t, err)
+		n.Annotations = map[string]string{ViewAnnotation: s}
+		_, err = kube.CoreV1().Nodes().Update(context.Background(), n, metav1.UpdateOptions{})
+		require.NoError(t, err)
+		_, _, ok := a.AuditVMs(context.Background(), sel, records)
+		return ok
+	}
+	var got []bool
+	for range 8 {
+		got = append(got, audit())
+		now = now.Add(10 * time.Minute)
+	}
+	// t=0 (the startup listing was just before), 10, 20 from the view;
+	// 30 lists; 40, 50 from the view; 60 lists; 70 from the view.
+	assert.Equal(t, []bool{true, true, true, false, true, true, false, true}, got)
+	assert.Equal(t, int64(2), a.Bounded.Load())
+	assert.Equal(t, int64(2), a.Alone.Load())
+}

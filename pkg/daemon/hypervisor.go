@@ -169,6 +169,22 @@ func loadAgentCA(led *ledger.Ledger, dir string, h *hypervisorFlags) (*pki.CA, e
 	return pki.Load(dir, pki.Options{InUse: inUse, AllowNew: h.replaceLost, ClientTTL: h.clientTTL})
 }
 
+// startRelayClientFile writes the relay daemon's client file beside its
+// control socket relaySocket (the directory `caa relay` reads it from, and
+// the only one of caa's it mounts) and keeps it there, checking for a
+// renewal every period, until ctx ends. The first write and every renewal
+// go to that one directory: never the agent CA's, which the relay daemon
+// does not see (a renewal written there left the daemon with certificates
+// that expired after --agent-client-cert-ttl).
+func startRelayClientFile(ctx context.Context, log *slog.Logger, ca *pki.CA, relaySocket string, every time.Duration) error {
+	dir := filepath.Dir(relaySocket)
+	if err := relayd.WriteClientFile(dir, ca); err != nil {
+		return err
+	}
+	go keepClientFile(ctx, log, ca, dir, every)
+	return nil
+}
+
 // keepClientFile renews caa's client certificates at half their life
 // (RenewClients; caa's own relays also renew on their next handshake) and
 // writes the relay daemon's copy again whenever they changed, until ctx
@@ -219,12 +235,11 @@ func (n *nodeDaemon) runSandboxes(ctx, quit context.Context, led *ledger.Ledger,
 		// certificate: write it before any sandbox is registered there.
 		// Beside the daemon's control socket, in the directory the daemon
 		// is given: not the CA's, whose key it must not reach.
-		if err := relayd.WriteClientFile(filepath.Dir(f.hv.relay), ca); err != nil {
+		if err := startRelayClientFile(ctx, log, ca, f.hv.relay, min(ca.ClientTTL()/8, time.Hour)); err != nil {
 			n.status.SetBlocked("relay daemon's client file: " + err.Error())
 			log.Error("cannot write the relay daemon's client file", "dir", filepath.Dir(f.hv.relay), "err", err)
 			return
 		}
-		go keepClientFile(ctx, log, ca, caDir, min(ca.ClientTTL()/8, time.Hour))
 		daemon = &sandbox.RelaydSide{PodSide: side, Client: &relayd.Client{Socket: f.hv.relay}, Log: log}
 		side = daemon
 		log.Info("agent sockets served by the relay daemon", "socket", f.hv.relay)

@@ -146,7 +146,8 @@ func (f *Options) AddFlags(fs *pflag.FlagSet) {
 		"runtime class of peer pods, repeatable (env CAA_RUNTIME_CLASSES, comma-separated)")
 	fs.StringVar(&f.ledgerPath, "ledger", cli.EnvOr("CAA_LEDGER", ledger.DefaultPath), "ledger file (env CAA_LEDGER)")
 	fs.StringVar(&f.healthAddr, "health-addr", cli.EnvOr("CAA_HEALTH_ADDR", ":8000"), "address of /healthz, /readyz, /metrics, /status: host:port, or unix:PATH for exec probes (`caa probe`) that need no port (env CAA_HEALTH_ADDR)")
-	fs.StringVar(&f.metricsAddr, "metrics-addr", cli.EnvOr("CAA_METRICS_ADDR", ""), "a second address serving the same endpoints, for scrapes when --health-addr is a unix socket; "+
+	fs.StringVar(&f.metricsAddr, "metrics-addr", cli.EnvOr("CAA_METRICS_ADDR", ""), "a second address serving /metrics only (not /status, whose pod names and VM ids "+
+		"stay on --health-addr), for scrapes when --health-addr is a unix socket: host:port, 127.0.0.1:PORT to keep it off the network; empty: none; "+
 		"while another process holds its port (the old caa of a surge on the host network) it is served once free (env CAA_METRICS_ADDR)")
 	fs.StringVar(&f.pprofAddr, "pprof-addr", os.Getenv("CAA_PPROF_ADDR"),
 		"address of Go's runtime profiles (/debug/pprof/), a listener of their own; empty (the default): off. Use loopback, "+
@@ -194,8 +195,10 @@ func (f *Options) AddFlags(fs *pflag.FlagSet) {
 		"how long the ledger keeps the history of deleted pods (env CAA_HISTORY_RETENTION)")
 	fs.DurationVar(&f.cloudTimeout, "cloud-timeout", cli.EnvDuration("CAA_CLOUD_TIMEOUT", 5*time.Minute),
 		"deadline of each cloud call, a create's whole long-running operation included (env CAA_CLOUD_TIMEOUT)")
-	fs.BoolVar(&f.clusterView, "cluster-view", cli.EnvOr("CAA_CLUSTER_VIEW", "true") == "true",
-		"audit against the cluster caa's view on this Node while it is fresh, listing the cloud only without it (env CAA_CLUSTER_VIEW)")
+	fs.BoolVar(&f.clusterView, "cluster-view", cli.EnvOr("CAA_CLUSTER_VIEW", "false") == "true",
+		"audit against the cluster caa's view on this Node while it is fresh, listing the cloud without it and at least every "+
+			cluster.DefaultListEvery.String()+" whatever it says; on only where the cluster scope is installed, whose component "+
+			"and chart values set it (env CAA_CLUSTER_VIEW)")
 	for _, c := range f.clouds {
 		c.AddFlags(fs)
 	}
@@ -404,14 +407,7 @@ func daemon(ctx context.Context, f *Options, log *slog.Logger) error {
 			}
 		}()
 	}
-	mux := http.NewServeMux()
-	mux.Handle("/", health.Handler(status, reg))
-	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
-		w.Header().Set("Content-Type", "application/json")
-		enc := json.NewEncoder(w)
-		enc.SetIndent("", "  ")
-		_ = enc.Encode(status.Snapshot())
-	})
+	mux, metricsOnly := healthHandlers(status, reg)
 	srv, err := health.Listen(stopCtx, f.healthAddr, mux, log)
 	if err != nil {
 		return fmt.Errorf("health endpoint: %w", err)
@@ -419,7 +415,7 @@ func daemon(ctx context.Context, f *Options, log *slog.Logger) error {
 	serve("health server", func() error { return srv.Serve(stopCtx) })
 	if f.metricsAddr != "" {
 		serve("metrics server", func() error {
-			ms, err := health.ListenWhenFree(stopCtx, f.metricsAddr, mux, log, 2*time.Second)
+			ms, err := health.ListenWhenFree(stopCtx, f.metricsAddr, metricsOnly, log, 2*time.Second)
 			if err != nil {
 				return err
 			}
@@ -665,4 +661,23 @@ func toHealthPass(res reconcile.PassResult, confidential bool) health.Pass {
 		p.Blocked = res.Err.Error()
 	}
 	return p
+}
+
+// healthHandlers are the handlers of --health-addr (all: /healthz, /readyz,
+// /metrics, /status) and of --metrics-addr (/metrics only). In the remote
+// hypervisor mode caa runs on the host network and --metrics-addr is a port
+// of the node, which anyone who reaches the node can read: /status names
+// pods and VMs, and /readyz says which hold readiness, so they are served
+// only on --health-addr (there, a unix socket in the pod's own emptyDir,
+// read by `caa probe` and `caa status` through kubectl exec).
+func healthHandlers(status *health.Status, reg *prometheus.Registry) (all, metricsOnly http.Handler) {
+	mux := http.NewServeMux()
+	mux.Handle("/", health.Handler(status, reg))
+	mux.HandleFunc("GET /status", func(w http.ResponseWriter, _ *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		enc := json.NewEncoder(w)
+		enc.SetIndent("", "  ")
+		_ = enc.Encode(status.Snapshot())
+	})
+	return mux, health.MetricsHandler(reg)
 }

@@ -311,7 +311,7 @@ type Listener struct {
 // while it is still this listener's: after a hand-over the path belongs to
 // the successor's listener.
 func Listen(path string) (*Listener, error) {
-	ln, err := unixsock.Listen(path, unixsock.Options{Mode: 0o600, RefuseServed: true})
+	ln, err := unixsock.Listen(path, unixsock.Options{Mode: 0o600})
 	if errors.Is(err, unixsock.ErrServed) {
 		return nil, fmt.Errorf("hand-over socket %s is answered by another process: %w", path, err)
 	}

@@ -40,6 +40,17 @@ func Handler(status *Status, reg *prometheus.Registry) http.Handler {
 	return mux
 }
 
+// MetricsHandler serves reg at GET /metrics and nothing else (404): the
+// handler of a scrape address that must not show /status or /readyz.
+func MetricsHandler(reg *prometheus.Registry) http.Handler {
+	mux := http.NewServeMux()
+	mux.Handle("GET /metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{
+		Registry:      reg,
+		ErrorHandling: promhttp.ContinueOnError,
+	}))
+	return mux
+}
+
 func code(ok bool) int {
 	if ok {
 		return http.StatusOK

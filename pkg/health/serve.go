@@ -79,7 +79,7 @@ func listen(ctx context.Context, addr string) (net.Listener, error) {
 			return nil, errors.New("empty unix socket path")
 		}
 		// Owner-only; a stale file (SIGKILL) is replaced, a served one refused.
-		return unixsock.Listen(path, unixsock.Options{Mode: 0o600, RefuseServed: true})
+		return unixsock.Listen(path, unixsock.Options{Mode: 0o600})
 	}
 	var lc net.ListenConfig
 	return lc.Listen(ctx, "tcp", addr)

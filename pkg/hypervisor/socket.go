@@ -37,7 +37,7 @@ type Socket struct {
 // restart after SIGKILL). A socket another process still serves is
 // refused, and so is a file that is not a socket.
 func ListenSocket(path string) (*Socket, error) {
-	ln, err := unixsock.Listen(path, unixsock.Options{Mode: 0o600, RefuseServed: true})
+	ln, err := unixsock.Listen(path, unixsock.Options{Mode: 0o600})
 	if err != nil {
 		return nil, fmt.Errorf("hypervisor socket %s: %w", path, err)
 	}

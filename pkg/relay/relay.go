@@ -89,7 +89,8 @@ type Stats struct {
 }
 
 // Start listens on cfg.SocketPath at once (a stale socket file from before a
-// restart is removed; any other file there is an error) and relays each
+// restart is removed; a socket another relay still serves, or any other
+// file there, is an error) and relays each
 // accepted connection until Close or ctx ends.
 func Start(ctx context.Context, cfg Config) (*Relay, error) {
 	switch {
@@ -115,6 +116,9 @@ func Start(ctx context.Context, cfg Config) (*Relay, error) {
 	switch {
 	case errors.Is(err, unixsock.ErrNotSocket):
 		return nil, fmt.Errorf("relay: %w: remove it or choose another agent socket path", err)
+	case errors.Is(err, unixsock.ErrServed):
+		return nil, fmt.Errorf("relay: agent socket %w; a live relay is never replaced: stop it first "+
+			"(a relay daemon still serving it: `caa relay` of deploy/components/relay)", err)
 	case err != nil:
 		return nil, fmt.Errorf("relay: listen on %s: %w", cfg.SocketPath, err)
 	}

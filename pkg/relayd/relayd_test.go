@@ -286,9 +286,12 @@ func TestForwarderOfAnotherVMIsRefused(t *testing.T) {
 	}
 }
 
-// A daemon that exits after caa took an agent socket over (caa serving it
-// itself again: a relay mode switch) must not delete caa's socket file:
-// new shim connections still reach caa's relay.
+// An agent socket the daemon serves is never taken over by another relay
+// (caa serving it itself: a relay mode switch while the daemon still
+// runs): the start is refused, and the shim's connections still reach the
+// daemon. A daemon that exits after the file was unlinked behind it and
+// bound again by caa must not delete caa's socket file: new shim
+// connections still reach caa's relay.
 func TestDaemonExitLeavesTheSocketCaaTook(t *testing.T) {
 	d := startDaemon(t)
 	fw := relaydtest.StartForwarder(t, d.ca, "podvm-a")
@@ -299,6 +302,12 @@ func TestDaemonExitLeavesTheSocketCaaTook(t *testing.T) {
 
 	tc, err := d.ca.ClientTLS()
 	require.NoError(t, err)
+	_, err = relay.Start(ctx, relay.Config{SocketPath: sock, Addr: fw.Addr(), TLS: tc, ServerName: "podvm-a"})
+	require.ErrorIs(t, err, unixsock.ErrServed, "a served agent socket is not replaced")
+	_, err = agentproto.Check(ctx, shim(t, sock))
+	require.NoError(t, err, "the daemon still serves the shim")
+
+	require.NoError(t, os.Remove(sock))
 	caa, err := relay.Start(ctx, relay.Config{SocketPath: sock, Addr: fw.Addr(), TLS: tc, ServerName: "podvm-a"})
 	require.NoError(t, err)
 	defer caa.Close()

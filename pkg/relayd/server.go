@@ -96,7 +96,7 @@ func (s *Server) Boot() string { return s.boot }
 // relay daemon must not take the node's sockets from the first), as is any
 // other file there.
 func Listen(path string) (net.Listener, error) {
-	ln, err := unixsock.Listen(path, unixsock.Options{Mode: 0o600, RefuseServed: true})
+	ln, err := unixsock.Listen(path, unixsock.Options{Mode: 0o600})
 	switch {
 	case errors.Is(err, unixsock.ErrNotSocket):
 		return nil, fmt.Errorf("relayd: %w: remove it or pass another --socket", err)

@@ -72,7 +72,7 @@ func TestCRIONamedSandboxFindsItsPodByUID(t *testing.T) {
 	r.pod(podUUID, "web")
 	r.pod("7a7a7a7a-0000-4000-8000-000000000001", "api")
 
-	_, err := r.m.CreateVM(ctx, sbA, criOAnnotations("web", podUUID), "/ns")
+	_, err := r.m.CreateVM(ctx, sbA, criOAnnotations("web", podUUID), "/run/netns/ns")
 	require.NoError(t, err)
 	s := r.sandbox(sbA)
 	assert.Equal(t, podUUID, s.PodUID)
@@ -81,20 +81,20 @@ func TestCRIONamedSandboxFindsItsPodByUID(t *testing.T) {
 	assert.Equal(t, ledger.SandboxRunning, r.sandbox(sbA).Phase)
 	assert.Contains(t, string(r.live()[0].UserData()), VMName("web", sbA))
 
-	_, err = r.m.CreateVM(ctx, sbA, criOAnnotations("web", podUUID), "/ns")
+	_, err = r.m.CreateVM(ctx, sbA, criOAnnotations("web", podUUID), "/run/netns/ns")
 	require.NoError(t, err, "a repeated CreateVM answers the same")
 
 	// The UID decides: a UID of no pod is not matched by name, and a
 	// UID whose pod has another name is refused.
-	_, err = r.m.CreateVM(ctx, sbID(2), criOAnnotations("web", "00000000-0000-4000-8000-00000000dead"), "/ns")
+	_, err = r.m.CreateVM(ctx, sbID(2), criOAnnotations("web", "00000000-0000-4000-8000-00000000dead"), "/run/netns/ns")
 	require.ErrorIs(t, err, ErrInvalid)
 	assert.Contains(t, err.Error(), "team/web (UID 00000000-0000-4000-8000-00000000dead) is not a live pod")
 	a := criOAnnotations("web", podUUID)
 	a[AnnotationSandboxName] = "k8s_api_team_" + podUUID + "_0"
-	_, err = r.m.CreateVM(ctx, sbID(3), a, "/ns")
+	_, err = r.m.CreateVM(ctx, sbID(3), a, "/run/netns/ns")
 	require.ErrorIs(t, err, ErrInvalid)
 	assert.Contains(t, err.Error(), "the pod of that UID is team/web")
-	_, err = r.m.CreateVM(ctx, sbA, criOAnnotations("api", "7a7a7a7a-0000-4000-8000-000000000001"), "/ns")
+	_, err = r.m.CreateVM(ctx, sbA, criOAnnotations("api", "7a7a7a7a-0000-4000-8000-000000000001"), "/run/netns/ns")
 	require.ErrorIs(t, err, ErrInvalid, "a recorded sandbox stays its pod's")
 	all, err := r.led.ListSandboxes()
 	require.NoError(t, err)
@@ -106,7 +106,7 @@ func TestCRIONamedStaticPodIsFoundByItsMirrorHash(t *testing.T) {
 	hash := "0123456789abcdef0123456789abcdef"
 	p := r.pod("5e5e5e5e-0000-4000-8000-000000000002", "etcd")
 	p.Annotations[mirrorAnnotation] = hash
-	_, err := r.m.CreateVM(context.Background(), sbA, criOAnnotations("etcd", hash), "/ns")
+	_, err := r.m.CreateVM(context.Background(), sbA, criOAnnotations("etcd", hash), "/run/netns/ns")
 	require.NoError(t, err)
 	assert.Equal(t, "5e5e5e5e-0000-4000-8000-000000000002", r.sandbox(sbA).PodUID)
 }
@@ -127,12 +127,12 @@ func TestPodWithLimitsAndNoInstanceTypesStartsOnTheDefaultType(t *testing.T) {
 	ctx := context.Background()
 	r.pod("uid-1", "web")
 
-	_, err := r.m.CreateVM(ctx, sbA, withLimits("web", "1", "1024"), "/ns")
+	_, err := r.m.CreateVM(ctx, sbA, withLimits("web", "1", "1024"), "/run/netns/ns")
 	require.NoError(t, err)
 	assert.Empty(t, r.events.reasons(), "within the default type: nothing to say")
 
 	r.pod("uid-2", "big")
-	_, err = r.m.CreateVM(ctx, sbID(2), withLimits("big", "4", "8192"), "/ns")
+	_, err = r.m.CreateVM(ctx, sbID(2), withLimits("big", "4", "8192"), "/run/netns/ns")
 	require.NoError(t, err)
 	assert.Equal(t, "small", r.sandbox(sbID(2)).InstanceType)
 	assert.Equal(t, []string{EventSmallerThanAsked}, r.events.reasons(), "the pod is told it got less than it asked")
@@ -144,14 +144,14 @@ func TestPodWithLimitsAndNoInstanceTypesStartsOnTheDefaultType(t *testing.T) {
 func TestPodWithLimitsNothingFitsIsRefusedNamingTheFlag(t *testing.T) {
 	r := newRig(t) // --instance-types small:1:2048,large:4:8192
 	r.pod("uid-1", "web")
-	_, err := r.m.CreateVM(context.Background(), sbA, withLimits("web", "16", "2048"), "/ns")
+	_, err := r.m.CreateVM(context.Background(), sbA, withLimits("web", "16", "2048"), "/run/netns/ns")
 	require.ErrorIs(t, err, ErrInvalid)
 	assert.Contains(t, err.Error(), "16 vCPUs")
 	assert.Contains(t, err.Error(), "--instance-types")
 	_, err = r.led.GetSandbox(sbA)
 	assert.ErrorIs(t, err, ledger.ErrNotFound)
 
-	_, err = r.m.CreateVM(context.Background(), sbA, withLimits("web", "3", "4096"), "/ns")
+	_, err = r.m.CreateVM(context.Background(), sbA, withLimits("web", "3", "4096"), "/run/netns/ns")
 	require.NoError(t, err)
 	assert.Equal(t, "large", r.sandbox(sbA).InstanceType, "the smallest of the list that fits")
 }
@@ -162,7 +162,7 @@ func TestPodOfAnotherRuntimeClassIsRefused(t *testing.T) {
 	// The pod cache marks it NotPeer, as the informer mode sees it.
 	r.pods.add(&reconcile.Pod{UID: "uid-q", Namespace: "team", Name: "local", RuntimeClass: "kata-qemu", NotPeer: true,
 		Annotations: map[string]string{}})
-	_, err := r.m.CreateVM(context.Background(), sbA, shimAnnotations("local"), "/ns")
+	_, err := r.m.CreateVM(context.Background(), sbA, shimAnnotations("local"), "/run/netns/ns")
 	require.ErrorIs(t, err, ErrInvalid)
 	assert.Contains(t, err.Error(), `runtime class "kata-qemu"`)
 	assert.Contains(t, err.Error(), "--runtime-class kata-remote,kata-remote-gpu")

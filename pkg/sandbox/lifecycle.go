@@ -30,16 +30,19 @@ func (m *Manager) CreateVM(ctx context.Context, id string, annotations map[strin
 	if err := checkID(id); err != nil {
 		return "", err
 	}
+	if err := checkAnnotations(id, annotations); err != nil {
+		return "", err
+	}
+	netns, err := CheckNetNS(netns)
+	if err != nil {
+		return "", fmt.Errorf("sandbox %s: %w", id, err)
+	}
 	who, err := ReadPodIdentity(annotations)
 	if err != nil {
 		return "", fmt.Errorf("sandbox %s: %w", id, err)
 	}
 	ns, name := who.Namespace, who.Name
 	initData := annotations[AnnotationInitData]
-	if len(initData) > MaxInitData {
-		return "", fmt.Errorf("%w: sandbox %s: annotation %s is %d bytes, the limit is %d (it travels in the VM's user data)",
-			ErrInvalid, id, AnnotationInitData, len(initData), MaxInitData)
-	}
 	sel, err := m.cfg.Spec.Select(annotations)
 	if err != nil {
 		return "", fmt.Errorf("%w: sandbox %s of pod %s/%s: %w", ErrInvalid, id, ns, name, err)

@@ -106,7 +106,7 @@ func TestOrphanIsCollectedOnlyAfterItsGraceAndNeverALiveSandboxsVM(t *testing.T)
 	ctx := context.Background()
 	r.pod("uid-1", "web")
 	r.pod("uid-2", "api")
-	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns/1")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns-1")
 	require.NoError(t, err)
 	require.NoError(t, r.m.StartVM(ctx, sbA))
 	live := r.sandbox(sbA).VMID
@@ -114,7 +114,7 @@ func TestOrphanIsCollectedOnlyAfterItsGraceAndNeverALiveSandboxsVM(t *testing.T)
 	// A create cut short: the record has the key, the VM exists, its
 	// answer was never recorded.
 	crashed := sbID(7)
-	_, err = r.m.CreateVM(ctx, crashed, shimAnnotations("api"), "/ns/2")
+	_, err = r.m.CreateVM(ctx, crashed, shimAnnotations("api"), "/run/netns/ns-2")
 	require.NoError(t, err)
 	s := r.sandbox(crashed)
 	s.Phase, s.Attempt, s.Key = ledger.SandboxCreating, 1, Key(crashed, 1)
@@ -284,7 +284,7 @@ func TestUndecodablePodRecordStopsTheOrphanCollectionOnly(t *testing.T) {
 	r := newRig(t)
 	ctx := context.Background()
 	r.pod("uid-1", "web")
-	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns/1")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns-1")
 	require.NoError(t, err)
 	require.NoError(t, r.m.StartVM(ctx, sbA))
 	_, err = r.prov.Create(ctx, provider.Spec{Key: Key(sbID(9), 1), Cluster: "c1", Node: "node-1", PodUID: "uid-gone", PodNamespace: "team",

@@ -93,7 +93,7 @@ func TestStartVMAfterACrashMidCreateMakesNoDuplicate(t *testing.T) {
 	r := newRig(t)
 	ctx := context.Background()
 	r.pod("uid-1", "web")
-	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns")
 	require.NoError(t, err)
 
 	// The cloud makes the VM, but caa dies before it learns the answer:
@@ -120,7 +120,7 @@ func TestStopVMDuringStartVMAnswersFastAndLeaksNothing(t *testing.T) {
 	ctx := context.Background()
 	r.pod("uid-1", "web")
 	r.cloud.SetFaults(cloud.Faults{BootDelay: time.Hour}) // never runs
-	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns")
 	require.NoError(t, err)
 	started := make(chan error, 1)
 	go func() { started <- r.m.StartVM(ctx, sbA) }()
@@ -146,7 +146,7 @@ func TestStopVMAnswersBeforeTheTunnelAndRelayGo(t *testing.T) {
 			r := newRig(t)
 			ctx := context.Background()
 			r.pod("uid-1", "web")
-			sock, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+			sock, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns")
 			require.NoError(t, err)
 			require.NoError(t, r.m.StartVM(ctx, sbA))
 			reached, release := holdAt(r.side, stage)
@@ -165,7 +165,7 @@ func TestStopVMAnswersBeforeTheTunnelAndRelayGo(t *testing.T) {
 			<-reached // runs after the answer
 			assert.Len(t, r.live(), 1, "the VM waits for the release")
 			close(release)
-			eventually(t, func() bool { return r.side.relay(sock) == nil && !r.side.tunnelUp("/ns") }, "relay and tunnel go")
+			eventually(t, func() bool { return r.side.relay(sock) == nil && !r.side.tunnelUp("/run/netns/ns") }, "relay and tunnel go")
 			eventually(t, func() bool { return len(r.live()) == 0 }, "the VM is deleted")
 			eventually(t, func() bool { _, err := r.led.GetSandbox(sbA); return err != nil }, "the record goes")
 		})
@@ -180,13 +180,13 @@ func TestANewSandboxsTunnelSurvivesTheOldOnesStop(t *testing.T) {
 	r := newRig(t)
 	ctx := context.Background()
 	r.pod("uid-1", "web")
-	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns")
 	require.NoError(t, err)
 	require.NoError(t, r.m.StartVM(ctx, sbA))
 	reached, release := holdAt(r.side, "teardown") // the old teardown is late
 	require.NoError(t, r.m.StopVM(ctx, sbA))
 	<-reached
-	_, err = r.m.CreateVM(ctx, sbID(7), shimAnnotations("web"), "/ns")
+	_, err = r.m.CreateVM(ctx, sbID(7), shimAnnotations("web"), "/run/netns/ns")
 	require.NoError(t, err)
 	started := make(chan error, 1)
 	go func() { started <- r.m.StartVM(ctx, sbID(7)) }()
@@ -199,7 +199,7 @@ func TestANewSandboxsTunnelSurvivesTheOldOnesStop(t *testing.T) {
 	close(release)
 	require.NoError(t, <-started)
 	eventually(t, func() bool { _, err := r.led.GetSandbox(sbA); return err != nil }, "the old sandbox is gone")
-	assert.True(t, r.side.tunnelUp("/ns"), "the new sandbox's tunnel is up")
+	assert.True(t, r.side.tunnelUp("/run/netns/ns"), "the new sandbox's tunnel is up")
 	assert.Equal(t, ledger.SandboxRunning, r.sandbox(sbID(7)).Phase)
 }
 
@@ -210,7 +210,7 @@ func TestStopVMAnsweredThenCrashIsFinishedByTheNextCaa(t *testing.T) {
 	r := newRig(t)
 	ctx := context.Background()
 	r.pod("uid-1", "web")
-	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns")
 	require.NoError(t, err)
 	require.NoError(t, r.m.StartVM(ctx, sbA))
 	reached, release := holdAt(r.side, "close")
@@ -238,14 +238,14 @@ func TestStopVMAnsweredThenCrashIsFinishedByTheNextCaa(t *testing.T) {
 	require.NoError(t, err)
 	eventually(t, func() bool { return len(r.live()) == 0 }, "the next caa deletes the VM")
 	eventually(t, func() bool { _, err := r.led.GetSandbox(sbA); return err != nil }, "and removes the record")
-	assert.False(t, r.side.tunnelUp("/ns"), "the tunnel is gone")
+	assert.False(t, r.side.tunnelUp("/run/netns/ns"), "the tunnel is gone")
 }
 
 func TestHostileRequestsGetClearErrorsAndLoseNothing(t *testing.T) {
 	r := newRig(t)
 	ctx := context.Background()
 	r.pod("uid-1", "web")
-	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns")
 	require.NoError(t, err)
 	require.NoError(t, r.m.StartVM(ctx, sbA))
 	before := r.sandbox(sbA)
@@ -259,34 +259,34 @@ func TestHostileRequestsGetClearErrorsAndLoseNothing(t *testing.T) {
 		{"image outside the allow-list", func() error {
 			a := shimAnnotations("web")
 			a[provider.AnnotationImage] = "evil-image"
-			_, err := r.m.CreateVM(ctx, sbID(7), a, "/ns")
+			_, err := r.m.CreateVM(ctx, sbID(7), a, "/run/netns/ns")
 			return err
 		}, ErrInvalid, provider.AnnotationImage},
 		{"oversized initdata", func() error {
 			a := shimAnnotations("web")
 			a[AnnotationInitData] = strings.Repeat("x", MaxInitData+1)
-			_, err := r.m.CreateVM(ctx, sbID(8), a, "/ns")
+			_, err := r.m.CreateVM(ctx, sbID(8), a, "/run/netns/ns")
 			return err
 		}, ErrInvalid, AnnotationInitData},
 		{"no pod name", func() error {
 			a := shimAnnotations("web")
 			delete(a, AnnotationSandboxName)
-			_, err := r.m.CreateVM(ctx, sbID(9), a, "/ns")
+			_, err := r.m.CreateVM(ctx, sbID(9), a, "/run/netns/ns")
 			return err
 		}, ErrInvalid, AnnotationSandboxName},
 		{"a pod not on this node", func() error {
-			_, err := r.m.CreateVM(ctx, sbID(10), shimAnnotations("elsewhere"), "/ns")
+			_, err := r.m.CreateVM(ctx, sbID(10), shimAnnotations("elsewhere"), "/run/netns/ns")
 			return err
 		}, ErrInvalid, "team/elsewhere"},
 		{"a path in the sandbox id", func() error {
-			_, err := r.m.CreateVM(ctx, "../../etc", shimAnnotations("web"), "/ns")
+			_, err := r.m.CreateVM(ctx, "../../etc", shimAnnotations("web"), "/run/netns/ns")
 			return err
 		}, ErrInvalid, "sandbox id"},
 		{"StartVM of an unknown sandbox", func() error { return r.m.StartVM(ctx, sbID(11)) }, ErrUnknownSandbox, sbID(11)},
 		{"StopVM of an unknown sandbox", func() error { return r.m.StopVM(ctx, sbID(12)) }, ErrUnknownSandbox, sbID(12)},
 		{"another pod's sandbox id", func() error {
 			r.pod("uid-2", "other")
-			_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("other"), "/ns")
+			_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("other"), "/run/netns/ns")
 			return err
 		}, ErrInvalid, "recorded for pod team/web"},
 	}
@@ -315,7 +315,7 @@ func TestRestartServesEverySandboxWithNoCloudWrite(t *testing.T) {
 	const n = 20
 	for i := range n {
 		r.pod(fmt.Sprint("uid-", i), fmt.Sprint("web-", i))
-		_, err := r.m.CreateVM(ctx, sbID(i), shimAnnotations(fmt.Sprint("web-", i)), fmt.Sprint("/ns/", i))
+		_, err := r.m.CreateVM(ctx, sbID(i), shimAnnotations(fmt.Sprint("web-", i)), fmt.Sprint("/run/netns/ns-", i))
 		require.NoError(t, err)
 		require.NoError(t, r.m.StartVM(ctx, sbID(i)))
 	}
@@ -352,7 +352,7 @@ func TestRestartServesEverySandboxWithNoCloudWrite(t *testing.T) {
 	// The kubelet starts the next sandbox of that pod: it gets a new VM,
 	// and the lost one's record goes (its VM is already terminated).
 	next := sbID(100)
-	_, err = r.m.CreateVM(ctx, next, shimAnnotations("web-3"), "/ns/3b")
+	_, err = r.m.CreateVM(ctx, next, shimAnnotations("web-3"), "/run/netns/ns-3b")
 	require.NoError(t, err)
 	require.NoError(t, r.m.StartVM(ctx, next))
 	assert.Len(t, r.live(), n)
@@ -365,7 +365,7 @@ func TestVMStoppedBehindCaasBackIsReplacedBySuccessorAndDeleted(t *testing.T) {
 	r := newRig(t)
 	ctx := context.Background()
 	r.pod("uid-1", "web")
-	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns")
 	require.NoError(t, err)
 	require.NoError(t, r.m.StartVM(ctx, sbA))
 	old := r.sandbox(sbA)
@@ -377,7 +377,7 @@ func TestVMStoppedBehindCaasBackIsReplacedBySuccessorAndDeleted(t *testing.T) {
 	assert.Nil(t, r.side.relay(old.AgentSocket), "the lost sandbox's socket closes")
 	assert.Len(t, r.cloud.Instances(), 1, "nothing is deleted on loss alone")
 
-	_, err = r.m.CreateVM(ctx, sbID(5), shimAnnotations("web"), "/ns2")
+	_, err = r.m.CreateVM(ctx, sbID(5), shimAnnotations("web"), "/run/netns/ns2")
 	require.NoError(t, err)
 	require.NoError(t, r.m.StartVM(ctx, sbID(5)))
 	eventually(t, func() bool {
@@ -394,7 +394,7 @@ func TestMissingVMIsConfirmedBeforeTheSandboxIsLost(t *testing.T) {
 	r := newRig(t)
 	ctx := context.Background()
 	r.pod("uid-1", "web")
-	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns")
 	require.NoError(t, err)
 	require.NoError(t, r.m.StartVM(ctx, sbA))
 	r.m.cfg.ConfirmMissing = time.Hour
@@ -420,7 +420,7 @@ func TestPodGoneRetiresItsSandboxes(t *testing.T) {
 	r := newRig(t)
 	ctx := context.Background()
 	r.pod("uid-1", "web")
-	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns")
 	require.NoError(t, err)
 	require.NoError(t, r.m.StartVM(ctx, sbA))
 	r.pods.remove("uid-1")
@@ -435,12 +435,12 @@ func TestShutdownDeletesNothingAndRefusesNewWork(t *testing.T) {
 	r := newRig(t)
 	ctx := context.Background()
 	r.pod("uid-1", "web")
-	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns")
 	require.NoError(t, err)
 	require.NoError(t, r.m.StartVM(ctx, sbA))
 	r.stop()
 	writes := r.writes()
-	_, err = r.m.CreateVM(ctx, sbID(2), shimAnnotations("web"), "/ns")
+	_, err = r.m.CreateVM(ctx, sbID(2), shimAnnotations("web"), "/run/netns/ns")
 	require.ErrorIs(t, err, ErrStopping)
 	require.ErrorIs(t, r.m.StartVM(ctx, sbA), ErrStopping)
 	r.m.Close()
@@ -459,7 +459,7 @@ func TestConcurrentSandboxesGetDistinctVXLANIDs(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			_, err := r.m.CreateVM(ctx, sbID(i), shimAnnotations(fmt.Sprint("p", i)), "/ns")
+			_, err := r.m.CreateVM(ctx, sbID(i), shimAnnotations(fmt.Sprint("p", i)), "/run/netns/ns")
 			assert.NoError(t, err)
 		}()
 	}
@@ -537,7 +537,7 @@ func TestStopVMDuringTunnelOrRelaySetupLeaksNoRelay(t *testing.T) {
 			r := newRig(t)
 			ctx := context.Background()
 			r.pod("uid-1", "web")
-			sock, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+			sock, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns")
 			require.NoError(t, err)
 			reached, release := holdAt(r.side, stage)
 			started := make(chan error, 1)
@@ -548,7 +548,7 @@ func TestStopVMDuringTunnelOrRelaySetupLeaksNoRelay(t *testing.T) {
 			close(release)
 			require.Error(t, <-started, "the StartVM of a stopped sandbox fails")
 			assert.Zero(t, r.side.liveRelays(), "no relay left serving %s", sock)
-			assert.False(t, r.side.tunnelUp("/ns"), "no tunnel left")
+			assert.False(t, r.side.tunnelUp("/run/netns/ns"), "no tunnel left")
 			eventually(t, func() bool { return len(r.live()) == 0 }, "the VM is deleted")
 			eventually(t, func() bool { _, err := r.led.GetSandbox(sbA); return err != nil }, "the record goes")
 			assert.Zero(t, r.side.liveRelays())
@@ -575,7 +575,7 @@ func TestCallsForUnknownSandboxesLeaveNoEntry(t *testing.T) {
 	assert.Zero(t, r.m.liveCount(), "no entry per unknown id")
 
 	r.pod("uid-1", "web")
-	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns")
 	require.NoError(t, err)
 	require.NoError(t, r.m.StartVM(ctx, sbA))
 	assert.Equal(t, 1, r.m.liveCount(), "a running sandbox holds its relay")

@@ -58,7 +58,7 @@ func TestStartVMAfterRestartCarriesInitDataEncodedOnce(t *testing.T) {
 	p.Annotations[AnnotationInitData] = encodeAnnotation(t, initDoc)
 	a := shimAnnotations("web")
 	a[AnnotationInitData] = initDoc // what the shim sends: the decoded document
-	_, err := r.m.CreateVM(ctx, sbA, a, "/ns")
+	_, err := r.m.CreateVM(ctx, sbA, a, "/run/netns/ns")
 	require.NoError(t, err)
 
 	r.crash()
@@ -76,7 +76,7 @@ func TestInitDataSourcesAndErrors(t *testing.T) {
 		r.pod("uid-1", "web")
 		a := shimAnnotations("web")
 		a[AnnotationInitData] = initDoc
-		_, err := r.m.CreateVM(ctx, sbA, a, "/ns")
+		_, err := r.m.CreateVM(ctx, sbA, a, "/run/netns/ns")
 		require.NoError(t, err)
 		require.NoError(t, r.m.StartVM(ctx, sbA))
 		assert.Equal(t, initDoc, r.side.lastUserData(t).InitData)
@@ -88,7 +88,7 @@ func TestInitDataSourcesAndErrors(t *testing.T) {
 			r.tweak = func(c *Config) { c.DefaultInitData = def }
 			r.start()
 			r.pod("uid-1", "web")
-			_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+			_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns")
 			require.NoError(t, err)
 			require.NoError(t, r.m.StartVM(ctx, sbA))
 			assert.Equal(t, initDoc, r.side.lastUserData(t).InitData)
@@ -102,7 +102,7 @@ func TestInitDataSourcesAndErrors(t *testing.T) {
 		r.pod("uid-1", "web")
 		a := shimAnnotations("web")
 		a[AnnotationInitData] = initDoc
-		_, err := r.m.CreateVM(ctx, sbA, a, "/ns")
+		_, err := r.m.CreateVM(ctx, sbA, a, "/run/netns/ns")
 		require.NoError(t, err)
 		require.NoError(t, r.m.StartVM(ctx, sbA))
 		assert.Equal(t, initDoc, r.side.lastUserData(t).InitData)
@@ -131,7 +131,7 @@ func TestInitDataSourcesAndErrors(t *testing.T) {
 		r := newRig(t)
 		p := r.pod("uid-1", "web")
 		p.Annotations[AnnotationInitData] = "H4sIbroken!!"
-		_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+		_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns")
 		require.NoError(t, err)
 		err = r.m.StartVM(ctx, sbA)
 		require.ErrorIs(t, err, ErrNotStartable)
@@ -165,7 +165,7 @@ func TestImagePullCredentialsReachTheVMOnly(t *testing.T) {
 		r.tweak = func(c *Config) { c.PullSecrets = ps }
 		r.start()
 		r.pod("uid-1", "web")
-		_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+		_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns")
 		require.NoError(t, err)
 		require.NoError(t, r.m.StartVM(ctx, sbA), "credentials never fail a sandbox")
 		return r

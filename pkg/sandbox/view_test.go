@@ -92,7 +92,7 @@ func TestSyncUsesTheClusterViewAndStillFindsADeadVM(t *testing.T) {
 	for i, id := range ids {
 		name := []string{"web", "db", "cache"}[i]
 		r.pod("uid-"+name, name)
-		_, err := r.m.CreateVM(ctx, id, shimAnnotations(name), "/ns/"+name)
+		_, err := r.m.CreateVM(ctx, id, shimAnnotations(name), "/run/netns/ns-"+name)
 		require.NoError(t, err)
 		require.NoError(t, r.m.StartVM(ctx, id))
 	}
@@ -162,7 +162,7 @@ func TestUnknownVMsInTheViewAreReadNotBelieved(t *testing.T) {
 	r := newRigWith(t, func(c *Config) { c.Audit = view; c.OrphanGrace = time.Millisecond })
 	ctx := context.Background()
 	r.pod("uid-1", "web")
-	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns")
 	require.NoError(t, err)
 	require.NoError(t, r.m.StartVM(ctx, sbA))
 	_, err = r.m.Sync(ctx, time.Second) // startup: lists
@@ -222,7 +222,7 @@ func TestAnInformerRecordToActOnMakesTheSyncList(t *testing.T) {
 	r := newRigWith(t, func(c *Config) { c.Audit = view })
 	ctx := context.Background()
 	r.pod("uid-1", "web")
-	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+	_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns")
 	require.NoError(t, err)
 	require.NoError(t, r.m.StartVM(ctx, sbA))
 	r.pod("uid-gone", "old") // alive at the startup sync

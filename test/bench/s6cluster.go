@@ -100,7 +100,7 @@ func (b *bench) s6ClusterIdle(ctx context.Context, e *env, fl *fleet, f *fakeClo
 
 	// With the fleet, once every node audits against its view.
 	clock.setFast(true)
-	err = fl.startAll(ctx, "--audit-interval", cfg.idleAudit.String())
+	err = fl.startAll(ctx, "--audit-interval", cfg.idleAudit.String(), "--cluster-view")
 	if err == nil {
 		err = waitViews(ctx, fl, 2*time.Minute)
 	}

@@ -27,7 +27,7 @@ func (b *bench) s6kata(ctx context.Context) (sc Scenario, err error) {
 			"per sync (reads over the syncs caa counted in the window, `caa_reconcile_passes_total`) times %s syncs an hour at the default 10m0s. **1,000 nodes**: %d nodes x %d sandboxes, "+
 			"linear in nodes (no node lists another's VMs), as a percentage of the DescribeInstances bucket's refill (20 a second). "+
 			"**Idle with the cluster caa**: then `caa cluster` (one replica, `--interval` the same %s) runs beside the node, which syncs from its view once "+
-			"fresh (`--cluster-view`, the default); the node's own reads (its `caa_cloud_calls_total`) over %s per sync, and at 1,000 nodes those "+
+			"fresh (`--cluster-view`, which the cluster-scope component sets); the node's own reads (its `caa_cloud_calls_total`) over %s per sync, and at 1,000 nodes those "+
 			"of every node plus the cluster caa's listing of every VM, in pages of 1,000, every 10 min (its default). "+
 			"The targets are S6's for the informer mode's pods (S6's rows `aws, churn, per pod created` and `aws, idle`).",
 			k, s11Batch, k, cfg.idleAudit, cfg.idleWindow, Num(AuditsPerHour(s6Audit)), s6ScaleNodes, s6ScalePods, cfg.idleAudit, cfg.idleWindow)}
@@ -44,7 +44,7 @@ func (b *bench) s6kata(ctx context.Context) (sc Scenario, err error) {
 	if err != nil {
 		return sc, err
 	}
-	if err := r.start(ctx, "--audit-interval", cfg.idleAudit.String()); err != nil {
+	if err := r.start(ctx, "--audit-interval", cfg.idleAudit.String(), "--cluster-view"); err != nil {
 		return sc, err
 	}
 	ids := make([]string, k)

@@ -355,7 +355,7 @@ func TestClusterAuditReplacesTheNodeListing(t *testing.T) {
 	_, err := c.CreateNode(ctx, node)
 	require.NoError(t, err)
 	createPods(ctx, t, c, "team", "pod", node, 3)
-	d := launchCaa(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"), "node", append(nodeFront.args(), "--audit-interval", "1s"), awsEnv())
+	d := launchCaa(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"), "node", append(nodeFront.args(), "--audit-interval", "1s", "--cluster-view"), awsEnv())
 	d.waitReady(t, func() {})
 
 	clusterSrv := httptest.NewServer(sharedEC2(aws.core))
@@ -450,7 +450,7 @@ func TestClusterScopeOnIBMCloud(t *testing.T) {
 	vms := seedNodes(ctx, t, c, ibm.core, id, []string{"gone", "sick", "healthy"}, 2, ibmProfile, ibmImage)
 	foreign := seedVMsOf(t, ibm.core, "another-cluster", "gone", 1, ibmProfile, ibmImage)
 
-	healthy := launchCaa(t, c, "healthy", filepath.Join(t.TempDir(), "healthy", "ledger.db"), "ibmcloud", ibm.args, env)
+	healthy := launchCaa(t, c, "healthy", filepath.Join(t.TempDir(), "healthy", "ledger.db"), "ibmcloud", append(slices.Clip(ibm.args), "--cluster-view"), env)
 	healthy.waitReady(t, func() {})
 
 	makeSick(ctx, t, c, "sick")
@@ -527,7 +527,7 @@ func TestClusterAuditReplacesTheNodeListingOnIBMCloud(t *testing.T) {
 	_, err = c.CreateNode(ctx, node)
 	require.NoError(t, err)
 	createPods(ctx, t, c, "team", "pod", node, 3)
-	d := launchCaa(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"), "node", append(nodeArgs, "--audit-interval", "1s"), env)
+	d := launchCaa(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"), "node", append(nodeArgs, "--audit-interval", "1s", "--cluster-view"), env)
 	d.waitReady(t, func() {})
 	require.Eventually(t, func() bool { return len(ibm.live()) == 3 }, 30*time.Second, condPoll, "three VMs")
 
@@ -562,7 +562,7 @@ func TestClusterScopeOnAzure(t *testing.T) {
 	vms := seedNodes(ctx, t, c, az.core, id, []string{"gone", "other-1", "other-2", "healthy"}, 2, azureSize, azureImage)
 	foreign := seedVMsOf(t, az.core, "another-cluster", "gone", 1, azureSize, azureImage)
 
-	healthy := launchCaa(t, c, "healthy", filepath.Join(t.TempDir(), "healthy", "ledger.db"), "azure", az.args, env)
+	healthy := launchCaa(t, c, "healthy", filepath.Join(t.TempDir(), "healthy", "ledger.db"), "azure", append(slices.Clip(az.args), "--cluster-view"), env)
 	healthy.waitReady(t, func() {})
 	launchClusterCaaOn(t, c, "replica-a", az.args, env)
 	require.Eventually(t, func() bool {

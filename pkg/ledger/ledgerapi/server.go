@@ -210,7 +210,7 @@ func Serve(ctx context.Context, path string, r Reader, log *slog.Logger) error {
 	}
 	// The ledger directory is 0700, so the socket is private from its first
 	// instant; the mode states the intent even where the directory is not.
-	ln, err := unixsock.Listen(path, unixsock.Options{Mode: 0o600, RefuseServed: true})
+	ln, err := unixsock.Listen(path, unixsock.Options{Mode: 0o600})
 	if errors.Is(err, unixsock.ErrServed) {
 		return fmt.Errorf("serve ledger API: %s is answered by another process: %w", path, err)
 	}

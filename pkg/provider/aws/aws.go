@@ -51,6 +51,7 @@ import (
 	"encoding/base64"
 	"errors"
 	"fmt"
+	"strings"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
@@ -143,7 +144,7 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM,
 		return provider.VM{}, fmt.Errorf("%s %s: %w", Name, opCreate, err)
 	}
 	token := clientToken(spec.Key)
-	if vm, ok, err := p.findByToken(ctx, token, spec.Key); err != nil || ok {
+	if vm, ok, err := p.findByToken(ctx, token, spec); err != nil || ok {
 		return vm, err
 	}
 	wctx, cancel := p.writeCtx(ctx)
@@ -188,12 +189,17 @@ func (p *Provider) runInput(spec provider.Spec, token string, instanceTags map[s
 }
 
 // findByToken looks for an instance an earlier Create launched with token.
-// Errors carry op "create": the lookup is part of it.
-func (p *Provider) findByToken(ctx context.Context, token, key string) (provider.VM, bool, error) {
+// The client token is derived from the key alone, and whoever holds the
+// node's credential can launch an instance with it (and the key tag, which
+// the pod's UID and attempt make readable on its VMs): so a found instance
+// is taken only when its cluster, node and pod tags are spec's too. Any
+// other is a conflict naming what differed; it is neither adopted nor
+// deleted.
+func (p *Provider) findByToken(ctx context.Context, token string, spec provider.Spec) (provider.VM, bool, error) {
 	var found *provider.VM
 	err := p.describe(ctx, opCreate, []types.Filter{
 		{Name: awssdk.String("client-token"), Values: []string{token}},
-		{Name: awssdk.String("tag:" + provider.TagKey), Values: []string{key}},
+		{Name: awssdk.String("tag:" + provider.TagKey), Values: []string{spec.Key}},
 	}, func(vm provider.VM) bool {
 		found = &vm
 		return false
@@ -201,7 +207,37 @@ func (p *Provider) findByToken(ctx context.Context, token, key string) (provider
 	if err != nil || found == nil {
 		return provider.VM{}, false, err
 	}
+	if diff := ownerMismatch(found.Owner(), spec); diff != "" {
+		return provider.VM{}, false, &provider.Error{Kind: provider.ErrConflict, Provider: Name, Op: opCreate,
+			Code: codeTokenMismatch, Message: fmt.Sprintf(
+				"instance %s carries the client token of key %s but %s; it is not this pod's VM and is left alone (neither adopted nor deleted)",
+				found.ID, spec.Key, diff)}
+	}
 	return *found, true, nil
+}
+
+// codeTokenMismatch is caa's code for an instance found by client token
+// whose identity tags are not the spec's.
+const codeTokenMismatch = "ClientTokenTagMismatch"
+
+// ownerMismatch says which of the identity tags of an instance differ
+// from spec's, or "" when none does.
+func ownerMismatch(o provider.Owner, spec provider.Spec) string {
+	var diffs []string
+	for _, c := range []struct{ tag, got, want string }{
+		{provider.TagCluster, o.Cluster, spec.Cluster},
+		{provider.TagNode, o.Node, spec.Node},
+		{provider.TagPodUID, o.PodUID, spec.PodUID},
+		{provider.TagPod, o.Pod, provider.PodTag(spec.PodNamespace, spec.PodName)},
+	} {
+		if c.got != c.want {
+			diffs = append(diffs, fmt.Sprintf("tag %s is %q, want %q", c.tag, c.got, c.want))
+		}
+	}
+	if !o.Managed {
+		diffs = append(diffs, fmt.Sprintf("tag %s is not %q", provider.TagManagedBy, provider.ManagedByValue))
+	}
+	return strings.Join(diffs, "; ")
 }
 
 // Get describes one instance. EC2 answers InvalidInstanceID.NotFound for an

@@ -151,13 +151,18 @@ func TestCreateLaunchesWithTheRightRequest(t *testing.T) {
 }
 
 func TestCreateFindsAnEarlierLaunchAndMakesNoOther(t *testing.T) {
-	s := &stubEC2{
-		describe: func(*ec2.DescribeInstancesInput) (*ec2.DescribeInstancesOutput, error) {
-			return page("", "i-0aaaaaaaaaaaaaaaa"), nil
-		},
-	}
 	spec := testSpec()
 	spec.InstanceType, spec.Image = "t3.large", "ami-0123456789abcdef0"
+	s := &stubEC2{
+		describe: func(*ec2.DescribeInstancesInput) (*ec2.DescribeInstancesOutput, error) {
+			out := page("", "i-0aaaaaaaaaaaaaaaa")
+			// The earlier launch carries the spec's identity tags (an
+			// instance with the token and other tags is refused:
+			// TestCreateRefusesAnInstanceForgedWithTheClientToken).
+			out.Reservations[0].Instances[0].Tags = ec2Tags(instanceTags(nil, spec))
+			return out, nil
+		},
+	}
 	vm, err := stubProvider(s).Create(context.Background(), spec)
 	require.NoError(t, err)
 	assert.Equal(t, "i-0aaaaaaaaaaaaaaaa", vm.ID)

@@ -42,6 +42,14 @@ type Forwarder struct {
 // (VM names), issued by ca, and requires a client certificate from ca.
 func StartForwarder(t testing.TB, ca *pki.CA, names ...string) *Forwarder {
 	t.Helper()
+	return StartForwarderAt(t, ca, nil, names...)
+}
+
+// StartForwarderAt is StartForwarder whose check of the client
+// certificates reads the time from now (nil: the clock), as a VM whose
+// clock the test moves: an expired client certificate is refused.
+func StartForwarderAt(t testing.TB, ca *pki.CA, now func() time.Time, names ...string) *Forwarder {
+	t.Helper()
 	certPEM, keyPEM, _, err := ca.IssueServer(nil, names, time.Hour)
 	require.NoError(t, err)
 	cert, err := tls.X509KeyPair(certPEM, keyPEM)
@@ -50,7 +58,7 @@ func StartForwarder(t testing.TB, ca *pki.CA, names ...string) *Forwarder {
 	require.True(t, pool.AppendCertsFromPEM(ca.CertPEM()))
 	ln, err := tls.Listen("tcp", "127.0.0.1:0", &tls.Config{
 		MinVersion: tls.VersionTLS12, Certificates: []tls.Certificate{cert},
-		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool,
+		ClientAuth: tls.RequireAndVerifyClientCert, ClientCAs: pool, Time: now,
 	})
 	require.NoError(t, err)
 	agent, err := podvmfake.StartAgent()

@@ -68,6 +68,7 @@ app.kubernetes.io/part-of: caa
 {{/* caa.config is the ConfigMap's data: common settings, then the cloud's. */}}
 {{- define "caa.config" -}}
 {{- $data := dict "CAA_PROVIDER" .Values.cloud -}}
+{{- if .Values.clusterScope.enabled }}{{ $_ := set $data "CAA_CLUSTER_VIEW" "true" }}{{ end -}}
 {{- range $k, $v := .Values.settings }}{{ $_ := set $data $k (toString $v) }}{{ end -}}
 {{- if not .Values.adaptorConfig.enabled -}}
 {{- range $k, $v := .Values.cloudSettings }}{{ $_ := set $data $k (toString $v) }}{{ end -}}
