@@ -483,7 +483,7 @@ func TestVXLANIDsAreDrawnAtRandom(t *testing.T) {
 	var ids []int
 	for i := range 8 {
 		r.pod(fmt.Sprint("uid-", i), fmt.Sprint("p", i))
-		_, err := r.m.CreateVM(ctx, sbID(i), shimAnnotations(fmt.Sprint("p", i)), "/ns")
+		_, err := r.m.CreateVM(ctx, sbID(i), shimAnnotations(fmt.Sprint("p", i)), "/run/netns/ns")
 		require.NoError(t, err)
 		id := r.sandbox(sbID(i)).Tunnel.VXLANID
 		require.GreaterOrEqual(t, id, VXLANIDBase)
@@ -505,7 +505,7 @@ func TestVXLANIDsAreDrawnAtRandom(t *testing.T) {
 		return d, nil
 	}
 	r.pod("uid-new", "new")
-	_, err := r.m.CreateVM(ctx, sbID(100), shimAnnotations("new"), "/ns")
+	_, err := r.m.CreateVM(ctx, sbID(100), shimAnnotations("new"), "/run/netns/ns")
 	require.NoError(t, err)
 	assert.Equal(t, 7777777, r.sandbox(sbID(100)).Tunnel.VXLANID, "draws of recorded ids are drawn again")
 	assert.Equal(t, old.Tunnel.VXLANID, r.sandbox(sbID(0)).Tunnel.VXLANID, "a record keeps its id")
@@ -592,7 +592,7 @@ func TestSyncGuardsTheRecordedTunnels(t *testing.T) {
 	ctx := context.Background()
 	for i, name := range []string{"web", "db", "idle"} {
 		r.pod(fmt.Sprint("uid-", i), name)
-		_, err := r.m.CreateVM(ctx, sbID(i), shimAnnotations(name), fmt.Sprint("/ns", i))
+		_, err := r.m.CreateVM(ctx, sbID(i), shimAnnotations(name), fmt.Sprint("/run/netns/ns", i))
 		require.NoError(t, err)
 		if name != "idle" { // idle never starts: no VM, no tunnel
 			require.NoError(t, r.m.StartVM(ctx, sbID(i)))

@@ -118,7 +118,7 @@ func TestInitDataSourcesAndErrors(t *testing.T) {
 		r.pod("uid-1", "web")
 		a := shimAnnotations("web")
 		a[AnnotationInitData] = initDoc
-		_, err := r.m.CreateVM(ctx, sbA, a, "/ns")
+		_, err := r.m.CreateVM(ctx, sbA, a, "/run/netns/ns")
 		require.NoError(t, err)
 		err = r.m.StartVM(ctx, sbA)
 		require.ErrorIs(t, err, ErrNotStartable)
@@ -198,7 +198,7 @@ func TestImagePullCredentialsReachTheVMOnly(t *testing.T) {
 		}
 		r.start()
 		r.pod("uid-1", "web")
-		_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/ns")
+		_, err := r.m.CreateVM(ctx, sbA, shimAnnotations("web"), "/run/netns/ns")
 		require.NoError(t, err)
 		require.NoError(t, r.m.StartVM(ctx, sbA))
 		assert.Nil(t, r.side.lastUserData(t).AuthJSON)
