@@ -58,14 +58,7 @@ func TestApiserverAwayAtStart(t *testing.T) {
 	require.NoError(t, err)
 	dead := l.Addr().String()
 	require.NoError(t, l.Close())
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	require.NoError(t, os.WriteFile(kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "http://%s"}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-users: [{name: u, user: {}}]
-current-context: c
-`, dead)), 0o600))
+	kubeconfig := writeKubeconfig(t, "http://"+dead)
 	ledgerPath := shortPath(t)
 	healthAddr := freeAddr(t)
 
@@ -145,14 +138,7 @@ func TestClientGoLogsInCaasFormat(t *testing.T) {
 		_, _ = io.WriteString(w, `{"kind":"Status","apiVersion":"v1","status":"Failure","message":"not yet","code":503}`)
 	}))
 	defer api.Close()
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	require.NoError(t, os.WriteFile(kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: %q}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-users: [{name: u, user: {}}]
-current-context: c
-`, api.URL)), 0o600))
+	kubeconfig := writeKubeconfig(t, api.URL)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, caaBin, "run", "--node-name", "n", "--provider", "aws", "--cluster-id", "cluster-x",
@@ -176,4 +162,19 @@ current-context: c
 		return
 	}
 	t.Fatalf("caa exited or closed stderr before client-go logged the apiserver's warning (ctx: %v)", ctx.Err())
+}
+
+// writeKubeconfig writes a kubeconfig for an apiserver at server, with no
+// credentials, and returns its path.
+func writeKubeconfig(t *testing.T, server string) string {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "kubeconfig")
+	require.NoError(t, os.WriteFile(path, []byte(fmt.Sprintf(`apiVersion: v1
+kind: Config
+clusters: [{name: c, cluster: {server: %q}}]
+contexts: [{name: c, context: {cluster: c, user: u}}]
+users: [{name: u, user: {}}]
+current-context: c
+`, server)), 0o600))
+	return path
 }

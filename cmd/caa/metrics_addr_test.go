@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
 	"io"
 	"net"
 	"net/http"
@@ -31,14 +30,7 @@ func TestMetricsAddrServesMetricsOnly(t *testing.T) {
 	require.NoError(t, err)
 	dead := l.Addr().String() // an apiserver away: caa waits, serving health
 	require.NoError(t, l.Close())
-	kubeconfig := filepath.Join(t.TempDir(), "kubeconfig")
-	require.NoError(t, os.WriteFile(kubeconfig, []byte(fmt.Sprintf(`apiVersion: v1
-kind: Config
-clusters: [{name: c, cluster: {server: "http://%s"}}]
-contexts: [{name: c, context: {cluster: c, user: u}}]
-users: [{name: u, user: {}}]
-current-context: c
-`, dead)), 0o600))
+	kubeconfig := writeKubeconfig(t, "http://"+dead)
 	ledgerPath := shortPath(t)
 	healthAddr := "unix:" + filepath.Join(filepath.Dir(ledgerPath), "health.sock")
 	metricsAddr := freeAddr(t)
