@@ -136,6 +136,7 @@ func runUnderServiceAccount(ctx context.Context, t *testing.T, c *cluster.Cluste
 	// rest (provider, log format, rates, grace) comes from the ConfigMap.
 	d := startCaa(t, caaBin, env, "run", "--health-addr", health, "--ledger", filepath.Join(t.TempDir(), "caa", "ledger.db"),
 		"--aws-endpoint", ec2.URL, "--aws-region", "us-east-1", "--aws-subnet-id", "subnet-0123456789abcdef0",
+		"--aws-security-group-ids", "sg-0123456789abcdef0",
 		"--aws-image", "ami-0123456789abcdef0", "--aws-instance-type", "m6a.large")
 
 	waitFor(t, d, 3*time.Minute, "caa turns ready under the ServiceAccount", func() bool {

@@ -4,14 +4,15 @@ package rollout
 // tests of this package and the kata rollout test of test/e2e share.
 
 // FakeEC2Literals are entries of a caa-config generator's literals:
-// that point the shipped caa at a fake EC2: its region, subnet, image
-// and instance type, its endpoint left as {{ENDPOINT}} for the caller to
+// that point the shipped caa at a fake EC2: its region, subnet, security
+// group, image and instance type, its endpoint left as {{ENDPOINT}} for the caller to
 // fill in, and no instance metadata service (the credentials come from
 // the Secret of CredentialsSecret); one entry a line, the last without
 // its line break.
 func FakeEC2Literals(image, instanceType string) string {
 	return `      - CAA_AWS_REGION=us-east-1
       - CAA_AWS_SUBNET_ID=subnet-0123456789abcdef0
+      - CAA_AWS_SECURITY_GROUP_IDS=sg-0123456789abcdef0
       - CAA_AWS_IMAGE=` + image + `
       - CAA_AWS_INSTANCE_TYPE=` + instanceType + `
       - CAA_AWS_ENDPOINT={{ENDPOINT}}
