@@ -5,7 +5,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -16,25 +15,8 @@ import (
 	"github.com/caa-project/caa/pkg/pki"
 	"github.com/caa-project/caa/pkg/relayd"
 	"github.com/caa-project/caa/pkg/relayd/relaydtest"
+	"github.com/caa-project/caa/test/lifetest"
 )
-
-// fakeClock is the time of caa's CA and of the VMs' forwarders.
-type fakeClock struct {
-	mu  sync.Mutex
-	now time.Time
-}
-
-func (c *fakeClock) Now() time.Time {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.now
-}
-
-func (c *fakeClock) Add(d time.Duration) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	c.now = c.now.Add(d)
-}
 
 // TestRelayDaemonGetsRenewedClientCertificates runs `caa relay` (its Run,
 // with its own directory, as deploy/components/relay mounts it: not the
@@ -44,7 +26,7 @@ func (c *fakeClock) Add(d time.Duration) {
 // where the relay daemon reads them. Written to the CA's directory (the
 // bug), the daemon kept the first ones and every new sandbox failed.
 func TestRelayDaemonGetsRenewedClientCertificates(t *testing.T) {
-	clock := &fakeClock{now: time.Now()}
+	clock := lifetest.NewClock(time.Now()) // the time of caa's CA and of the VMs' forwarders
 	caDir := t.TempDir()
 	ca, err := pki.Load(caDir, pki.Options{ClientTTL: pki.MinClientTTL, Now: clock.Now})
 	require.NoError(t, err)
@@ -80,7 +62,7 @@ func TestRelayDaemonGetsRenewedClientCertificates(t *testing.T) {
 	require.Eventually(t, func() bool { return reach("sb1") == nil }, 20*time.Second, 20*time.Millisecond,
 		"the first sandbox reaches its VM")
 
-	clock.Add(pki.MinClientTTL + time.Minute) // the first client certificates have expired
+	clock.Advance(pki.MinClientTTL + time.Minute) // the first client certificates have expired
 	var last error
 	ok := assert.Eventually(t, func() bool { last = reach("sb2"); return last == nil }, 20*time.Second, 50*time.Millisecond,
 		"a sandbox started after the first certificates expired reaches its VM")
