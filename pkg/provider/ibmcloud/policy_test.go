@@ -34,6 +34,12 @@ const (
 	profileName   = "caa-peer-pods"
 	policyGroup   = "r006-sg-1"
 	policyNetwork = "r006-fake-vpc"
+	// policyCluster is the IKS cluster whose workers' security group,
+	// kube-<id>, every VM of the policy tests joins (the fake names a
+	// group by its id).
+	policyCluster      = "c0ffee-policy"
+	policyClusterGroup = "kube-" + policyCluster
+	policyIAMID        = "iam-" + profileID
 )
 
 // shippedPolicies reads the shipped policy file with its placeholders
@@ -41,13 +47,14 @@ const (
 func shippedPolicies(t testing.TB) *vpcfake.Policies {
 	t.Helper()
 	p, err := vpcfake.ReadPolicies(filepath.Join("..", "..", "..", "deploy", "overlays", "ibmcloud", "access-policies.json"), map[string]string{
-		"REPLACE_ME_TRUSTED_PROFILE_ID": profileID,
-		"REPLACE_ME_ACCOUNT_ID":         "fakeaccount",
-		"REPLACE_ME_RESOURCE_GROUP_ID":  vpcfake.DefaultResourceGroup,
-		"REPLACE_ME_SUBNET_ID":          vpcfake.DefaultSubnet,
-		"REPLACE_ME_VPC_ID":             vpcfake.DefaultVPC,
-		"REPLACE_ME_SECURITY_GROUP_ID":  policyGroup,
-		"REPLACE_ME_IMAGE_ID":           conformance.ImageGood,
+		"REPLACE_ME_TRUSTED_PROFILE_ID":        profileID,
+		"REPLACE_ME_ACCOUNT_ID":                "fakeaccount",
+		"REPLACE_ME_RESOURCE_GROUP_ID":         vpcfake.DefaultResourceGroup,
+		"REPLACE_ME_SUBNET_ID":                 vpcfake.DefaultSubnet,
+		"REPLACE_ME_VPC_ID":                    vpcfake.DefaultVPC,
+		"REPLACE_ME_SECURITY_GROUP_ID":         policyGroup,
+		"REPLACE_ME_IMAGE_ID":                  conformance.ImageGood,
+		"REPLACE_ME_CLUSTER_SECURITY_GROUP_ID": policyClusterGroup,
 	})
 	require.NoError(t, err)
 	return p
@@ -85,7 +92,7 @@ func newProfileRig(t *testing.T, opts cloud.Options, lifetime time.Duration) *pr
 		}}
 	r.policy.Store(shippedPolicies(t))
 	srv := httptest.NewServer(vpcfake.NewServer(r.cloud, vpcfake.WithTrustedProfile(r.profile), vpcfake.WithPolicies(r.policy.Load),
-		vpcfake.WithNetwork(vpcfake.Network{VPC: vpcfake.DefaultVPC, Subnets: []string{vpcfake.DefaultSubnet}, SecurityGroups: []string{policyGroup}})))
+		vpcfake.WithNetwork(vpcfake.Network{VPC: vpcfake.DefaultVPC, Subnets: []string{vpcfake.DefaultSubnet}, SecurityGroups: []string{policyGroup, policyClusterGroup}})))
 	t.Cleanup(srv.Close)
 	r.rotate(t)
 	t.Setenv(ibmcloud.EnvAPIKey, "")
@@ -126,9 +133,16 @@ func TestPreflightUnderTheShippedPolicies(t *testing.T) {
 // and are left to the first create (TestEachMissingGrantStopsTheNodeAndLosesNothing).
 func TestPreflightNamesEachMissingReadGrant(t *testing.T) {
 	full := shippedPolicies(t)
-	read := map[string]string{
-		"subnet": "is.subnet.subnet.read", "vpc": "is.vpc.vpc.read", "security-group": "is.security-group.security-group.read",
-		"image": "is.image.image.read", "instance": "is.instance.instance.list", "volume": "is.volume.volume.list",
+	// The preflight's reads, by resource type: a grant is one of them if
+	// the policies without it no longer allow that read (the cluster
+	// group's grants leave the configured group readable).
+	read := map[string]vpcfake.Access{
+		"subnet":         {Type: "subnet", Verb: "read", ID: vpcfake.DefaultSubnet},
+		"vpc":            {Type: "vpc", Verb: "read", ID: vpcfake.DefaultVPC},
+		"security-group": {Type: "security-group", Verb: "read", ID: policyGroup},
+		"image":          {Type: "image", Verb: "read", ID: conformance.ImageGood},
+		"instance":       {Type: "instance", Verb: "list", Group: vpcfake.DefaultResourceGroup},
+		"volume":         {Type: "volume", Verb: "list", Group: vpcfake.DefaultResourceGroup},
 	}
 	r := newProfileRig(t, wallClockOptions(), time.Hour)
 	checked := 0
@@ -136,7 +150,9 @@ func TestPreflightNamesEachMissingReadGrant(t *testing.T) {
 		t.Run(g.String(), func(t *testing.T) {
 			r.policy.Store(full.Without(g))
 			err := r.p.Preflight(context.Background())
-			action, reads := read[g.Type]
+			access, typed := read[g.Type]
+			reads := typed && !full.Without(g).Allows(policyIAMID, access)
+			action := access.Action()
 			if !reads {
 				assert.NoError(t, err, "the preflight makes no read this grant is for")
 				return
@@ -149,7 +165,19 @@ func TestPreflightNamesEachMissingReadGrant(t *testing.T) {
 			t.Logf("without %s: %v", g, err)
 		})
 	}
-	assert.Equal(t, len(read), checked, "every read grant is checked")
+	// Every read that a single grant allows is checked (the configured
+	// group is also readable through the cluster's listing grant).
+	single := 0
+	for _, access := range read {
+		for _, g := range full.Grants() {
+			if !full.Without(g).Allows(policyIAMID, access) {
+				single++
+				break
+			}
+		}
+	}
+	assert.GreaterOrEqual(t, single, len(read)-1)
+	assert.Equal(t, single, checked, "every read grant is checked")
 }
 
 func TestPreflightNamesTheSettingOfAResourceVPCDoesNotKnow(t *testing.T) {
@@ -247,6 +275,12 @@ func lifeConfig(t *testing.T) lifetest.Config {
 	opts := conformance.Options(nil)
 	opts.Now = clk.Now
 	r := newProfileRig(t, opts, time.Hour)
+	// The node is an IKS worker: every VM also joins kube-<cluster id>,
+	// found by listing the VPC's groups at start, so every grant of the
+	// shipped file is one the life needs.
+	id, err := r.p.AddClusterSecurityGroup(context.Background(), policyCluster)
+	require.NoError(t, err)
+	require.Equal(t, policyClusterGroup, id)
 	full := r.policy.Load()
 	grants := map[string]vpcfake.Grant{}
 	for _, g := range full.Grants() {
@@ -293,10 +327,46 @@ func TestWholeLifeUnderTheShippedPolicies(t *testing.T) {
 // grant is back, the same reconciler converges.
 func TestEachMissingGrantStopsTheNodeAndLosesNothing(t *testing.T) {
 	var perms []lifetest.Permission
-	for _, g := range shippedPolicies(t).Grants() {
-		perms = append(perms, lifetest.Permission{Name: g.String(), Named: g.ActionPrefix()})
+	full := shippedPolicies(t)
+	for _, g := range full.Grants() {
+		// Listing the security groups finds the cluster's group once, at
+		// start (TestTheClusterGroupUnderTheShippedPolicies); no pass needs it.
+		atStart := !full.Without(g).Allows(policyIAMID, vpcfake.Access{Type: "security-group", Verb: "list"})
+		perms = append(perms, lifetest.Permission{Name: g.String(), Named: g.ActionPrefix(), PreflightOnly: atStart})
 	}
 	lifetest.EachMissing(t, perms, lifetest.Missing{Noun: "grant", Passes: 3}, lifeConfig)
+}
+
+// TestTheClusterGroupUnderTheShippedPolicies: on an IKS worker caa lists
+// the VPC's security groups once to find kube-<cluster id>; the shipped
+// policies allow it, and without their listing grant the start is refused
+// with the action named and nothing made.
+func TestTheClusterGroupUnderTheShippedPolicies(t *testing.T) {
+	r := newProfileRig(t, wallClockOptions(), time.Hour)
+	ctx := context.Background()
+	full := r.policy.Load()
+	var listing []vpcfake.Grant
+	for _, g := range full.Grants() {
+		if g.Type == "security-group" && !full.Without(g).Allows(policyIAMID, vpcfake.Access{Type: "security-group", Verb: "list"}) {
+			listing = append(listing, g)
+		}
+	}
+	require.Len(t, listing, 1, "one grant lets caa list the security groups")
+
+	r.policy.Store(full.Without(listing[0]))
+	_, err := r.p.AddClusterSecurityGroup(ctx, policyCluster)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, provider.ErrAuth)
+	assert.Contains(t, err.Error(), "is.security-group.security-group.list")
+	t.Logf("without %s: %v", listing[0], err)
+
+	r.policy.Store(full)
+	id, err := r.p.AddClusterSecurityGroup(ctx, policyCluster)
+	require.NoError(t, err)
+	assert.Equal(t, policyClusterGroup, id)
+	vm, err := r.p.Create(ctx, conformance.Spec(1, policyNode))
+	require.NoError(t, err, "a create that attaches the cluster's group under the shipped policies")
+	require.NoError(t, r.p.Delete(ctx, vm.ID))
 }
 
 // TestPreflightChecksTheTaggingEndpoint: the preflight reads one tag from
