@@ -137,3 +137,31 @@ func TestChartValues(t *testing.T) {
 		}
 	}
 }
+
+// TestNotes: the release's notes tell the next steps for the values given:
+// the Pod Security label, the Secret to create (with the cloud's keys) when
+// the chart does not make it, the rollout and the test or status to check.
+func TestNotes(t *testing.T) {
+	notes := func(files []string, sets ...string) string {
+		t.Helper()
+		rel, err := renderRelease("caa-ops", values.Options{ValueFiles: files, Values: sets})
+		require.NoError(t, err)
+		return rel.Info.Notes
+	}
+	n := notes([]string{valuesFile("aws")})
+	assert.Contains(t, n, "kubectl label namespace caa-ops pod-security.kubernetes.io/enforce=privileged")
+	assert.Contains(t, n, "kubectl -n caa-ops create secret generic caa-cloud-credentials")
+	assert.Contains(t, n, "--from-literal=AWS_ACCESS_KEY_ID=")
+	assert.Contains(t, n, "kubectl -n caa-ops rollout status daemonset/caa")
+	assert.Contains(t, n, "helm test caa -n caa-ops")
+	assert.Contains(t, n, "runtimeClassName kata-remote")
+
+	n = notes([]string{valuesFile("ibmcloud")}, "credentials.create=true", "credentials.data.IBMCLOUD_API_KEY=x")
+	assert.NotContains(t, n, "create secret", "the chart made the Secret")
+	n = notes([]string{valuesFile("azure"), valuesFile("kata")}, "identity.route=azure-managed-identity")
+	assert.NotContains(t, n, "create secret", "a keyless route reads no Secret")
+	assert.NotContains(t, n, "helm test", "no test in the hypervisor mode")
+	assert.Contains(t, n, "kubectl -n caa-ops exec daemonset/caa -- caa status")
+	n = notes([]string{valuesFile("aws")}, "namespaceOverride=caa-system", "createNamespace=true")
+	assert.NotContains(t, n, "kubectl label namespace", "the chart's Namespace has the label")
+}
