@@ -57,7 +57,10 @@ func TestRecommendedLabels(t *testing.T) {
 	assert.Equal(t, "v1.2.3-aws", find(objs, "DaemonSet", "caa").GetLabels()["app.kubernetes.io/version"])
 	require.Len(t, rel.Hooks, 2, "helm test: a Service and a Pod")
 	for _, h := range rel.Hooks {
-		check(t, "helm test", decode(t, []byte(h.Manifest)))
+		hook := decode(t, []byte(h.Manifest))
+		check(t, "helm test", hook)
+		// The DaemonSet would adopt a pod its selector matches.
+		assert.Equal(t, "caa-test", hook[0].GetLabels()["app.kubernetes.io/name"], "%s is not one of caa's pods", h.Name)
 	}
 }
 

@@ -116,13 +116,6 @@ the release, and the name the selector matches (which wins).
 {{- toYaml $l -}}
 {{- end -}}
 
-{{/* caa.podSpec is what every pod of the chart shares: pull secrets. */}}
-{{- define "caa.pullSecrets" -}}
-{{- with .Values.imagePullSecrets }}
-imagePullSecrets:
-  {{- toYaml . | nindent 2 }}
-{{- end -}}
-{{- end -}}
 
 {{/* caa.config is the ConfigMap's data: common settings, then the cloud's. */}}
 {{- define "caa.config" -}}
