@@ -4,12 +4,14 @@ import (
 	"context"
 	"fmt"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"helm.sh/helm/v3/pkg/cli/values"
 	appsv1 "k8s.io/api/apps/v1"
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -67,13 +69,13 @@ func settings() []setting {
 	)
 }
 
-func (s setting) render(t *testing.T) []byte {
+func (s setting) render(t *testing.T, more ...string) []byte {
 	t.Helper()
 	files := make([]string, len(s.files))
 	for i, f := range s.files {
 		files[i] = valuesFile(f)
 	}
-	return mustRender(t, files, s.sets...)
+	return mustRender(t, files, append(slices.Clone(s.sets), more...)...)
 }
 
 // TestEveryValuesFileRenders renders every install of settings() with
@@ -105,12 +107,13 @@ func TestChartSettings(t *testing.T) {
 	for _, c := range clouds {
 		ds := daemonSet(t, decode(t, mustRender(t, []string{valuesFile(c)})))
 		ctr := ds.Spec.Template.Spec.Containers[0]
-		assert.Equal(t, "caa:dev-"+c, ctr.Image, "%s: the one-cloud image", c)
+		assert.Equal(t, "ghcr.io/caa-project/caa:dev-"+c, ctr.Image, "%s: the one-cloud image, <appVersion>-<cloud>", c)
 		assert.Equal(t, memory[c][0], ctr.Resources.Requests.Memory().String(), "%s: memory request", c)
 		assert.Equal(t, memory[c][1], ctr.Resources.Limits.Memory().String(), "%s: memory limit", c)
 		assert.Equal(t, 1, ds.Spec.UpdateStrategy.RollingUpdate.MaxSurge.IntValue(), "%s: surge by default", c)
 		require.Len(t, ctr.EnvFrom, 2)
 		assert.Equal(t, "caa-cloud-credentials", ctr.EnvFrom[1].SecretRef.Name)
+		assert.Equal(t, releaseNamespace, ds.Namespace, "%s: in the release's namespace", c)
 		assert.NotEmpty(t, ds.Spec.Template.Annotations["checksum/config"])
 	}
 	ds := daemonSet(t, decode(t, mustRender(t, []string{valuesFile("aws")}, "image.repository=registry.example.com/caa", "image.tag=v1.2.3-aws")))
@@ -229,7 +232,7 @@ func TestChartRefusesBadValues(t *testing.T) {
 	ch := []string{valuesFile("aws")}
 	_, err := renderChartStrings(ch, "surge=false")
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "surge=false: must be true or false (a boolean: --set, not --set-string)")
+	assert.Contains(t, err.Error(), "at '/surge': got string, want boolean")
 }
 
 // TestChartMatchesKustomize renders each setting both ways, the chart with
@@ -245,12 +248,25 @@ func TestChartMatchesKustomize(t *testing.T) {
 			continue
 		}
 		t.Run(s.name, func(t *testing.T) {
-			chart := normalize(t, decode(t, s.render(t)))
-			kust := normalize(t, decode(t, kustomize(t, bin, s.overlay, s.components...)))
+			// The kustomize tree's placeholder image, and its objects but
+			// the Namespace, which a release into caa-system does not make.
+			chart := normalize(t, decode(t, s.render(t, "image.repository=caa")))
+			all := decode(t, kustomize(t, bin, s.overlay, s.components...))
+			kust := normalize(t, slices.DeleteFunc(slices.Clone(all), func(o *unstructured.Unstructured) bool { return o.GetKind() == "Namespace" }))
 			require.Equal(t, kinds(kust), kinds(chart), "the same objects")
 			for i := range kust {
 				assert.Equal(t, kust[i], chart[i])
 			}
+			// Asked for, the chart makes the same Namespace as deploy/base,
+			// for objects outside the release's namespace.
+			files := make([]string, len(s.files))
+			for i, f := range s.files {
+				files[i] = valuesFile(f)
+			}
+			out, err := renderWith("kube-system", values.Options{ValueFiles: files,
+				Values: append(slices.Clone(s.sets), "image.repository=caa", "namespaceOverride=caa-system", "createNamespace=true")})
+			require.NoError(t, err)
+			assert.Equal(t, normalize(t, all), normalize(t, decode(t, out)), "with createNamespace, every object")
 		})
 	}
 }

@@ -21,6 +21,7 @@ import (
 	"helm.sh/helm/v3/pkg/chartutil"
 	"helm.sh/helm/v3/pkg/cli/values"
 	"helm.sh/helm/v3/pkg/getter"
+	"helm.sh/helm/v3/pkg/release"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
 	utilyaml "k8s.io/apimachinery/pkg/util/yaml"
 	"sigs.k8s.io/yaml"
@@ -44,21 +45,35 @@ func valuesFile(name string) string {
 	return filepath.Join(chartDir, "values-"+name+".yaml")
 }
 
-// renderChart renders the chart as `helm template caa deploy/chart/caa -f
-// files... --set sets...` does.
+// releaseNamespace is the namespace the tests install the release into:
+// the kustomize tree's.
+const releaseNamespace = "caa-system"
+
+// renderChart renders the chart as `helm template caa deploy/chart/caa -n
+// caa-system -f files... --set sets...` does.
 func renderChart(files []string, sets ...string) ([]byte, error) {
-	return renderWith(values.Options{ValueFiles: files, Values: sets})
+	return renderWith(releaseNamespace, values.Options{ValueFiles: files, Values: sets})
 }
 
 // renderChartStrings is renderChart with --set-string.
 func renderChartStrings(files []string, sets ...string) ([]byte, error) {
-	return renderWith(values.Options{ValueFiles: files, StringValues: sets})
+	return renderWith(releaseNamespace, values.Options{ValueFiles: files, StringValues: sets})
 }
 
-// renderWith renders the chart with Helm's Go SDK as `helm template` does:
-// client only, the chart's kubeVersion checked against Helm's default
-// capabilities.
-func renderWith(opts values.Options) ([]byte, error) {
+// renderWith renders the chart with Helm's Go SDK as `helm template -n ns`
+// does: client only, the chart's kubeVersion checked against Helm's
+// default capabilities.
+func renderWith(ns string, opts values.Options) ([]byte, error) {
+	rel, err := renderRelease(ns, opts)
+	if err != nil {
+		return nil, err
+	}
+	return []byte(rel.Manifest), nil
+}
+
+// renderRelease is renderWith's release: its manifest and its hooks (the
+// `helm test` objects).
+func renderRelease(ns string, opts values.Options) (*release.Release, error) {
 	ch, err := loader.Load(chartDir)
 	if err != nil {
 		return nil, fmt.Errorf("load the chart: %w", err)
@@ -69,17 +84,13 @@ func renderWith(opts values.Options) ([]byte, error) {
 	}
 	install := action.NewInstall(&action.Configuration{Log: func(string, ...any) {}})
 	install.DryRun, install.ClientOnly, install.Replace = true, true, true
-	install.ReleaseName, install.Namespace = "caa", "default"
+	install.ReleaseName, install.Namespace = "caa", ns
 	// As `helm template --kube-version`: the test apiserver's release (a
 	// test binary has no Kubernetes version stamped into Helm's defaults).
 	if install.KubeVersion, err = chartutil.ParseKubeVersion(kubeVersion); err != nil {
 		return nil, err
 	}
-	rel, err := install.Run(ch, vals)
-	if err != nil {
-		return nil, err
-	}
-	return []byte(rel.Manifest), nil
+	return install.Run(ch, vals)
 }
 
 // mustRender renders the chart or fails t.
@@ -181,9 +192,15 @@ func kustomize(t *testing.T, bin, overlay string, components ...string) []byte {
 // a hash of its content.
 var generatedName = regexp.MustCompile(`^(caa-config)-[a-z0-9]{10}$`)
 
+// helmLabels are the recommended labels only Helm knows (the release, the
+// chart, the version it deploys); kustomize's objects carry the others
+// (name, part-of, component).
+var helmLabels = []string{"app.kubernetes.io/instance", "app.kubernetes.io/version", "app.kubernetes.io/managed-by", "helm.sh/chart"}
+
 // normalize makes the two renders comparable: kustomize's hashed ConfigMap
 // name becomes the chart's plain one (the chart rolls the pods by a checksum
-// annotation instead, which is dropped here), and the objects are sorted.
+// annotation instead, which is dropped here), Helm's own labels and the
+// kept Namespace's resource policy are dropped, and the objects are sorted.
 // Everything else must be equal field for field.
 func normalize(t *testing.T, objs []*unstructured.Unstructured) []string {
 	t.Helper()
@@ -191,6 +208,24 @@ func normalize(t *testing.T, objs []*unstructured.Unstructured) []string {
 	for _, o := range objs {
 		m := rewriteStrings(o.Object, func(s string) string { return generatedName.ReplaceAllString(s, "$1") }).(map[string]any)
 		u := &unstructured.Unstructured{Object: m}
+		for _, path := range [][]string{{"metadata", "labels"}, {"spec", "template", "metadata", "labels"}} {
+			labels, found, _ := unstructured.NestedStringMap(m, path...)
+			if !found {
+				continue
+			}
+			for _, l := range helmLabels {
+				delete(labels, l)
+			}
+			require.NoError(t, unstructured.SetNestedStringMap(m, labels, path...))
+		}
+		if u.GetKind() == "Namespace" {
+			ann := u.GetAnnotations()
+			delete(ann, "helm.sh/resource-policy")
+			if len(ann) == 0 {
+				ann = nil
+			}
+			u.SetAnnotations(ann)
+		}
 		ann, _, _ := unstructured.NestedStringMap(m, "spec", "template", "metadata", "annotations")
 		if _, ok := ann["checksum/config"]; ok {
 			delete(ann, "checksum/config")

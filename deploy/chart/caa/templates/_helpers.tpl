@@ -4,10 +4,19 @@ that cannot work. Every template includes it, so no partial render slips
 through.
 */}}
 {{- define "caa.validate" -}}
-{{- range $name, $v := dict "surge" .Values.surge "createNamespace" .Values.createNamespace "hypervisor.enabled" .Values.hypervisor.enabled "hypervisor.pullSecrets" .Values.hypervisor.pullSecrets "relay.enabled" .Values.relay.enabled "clusterScope.enabled" .Values.clusterScope.enabled "clusterScope.controlPlaneOnly" .Values.clusterScope.controlPlaneOnly "adaptorConfig.enabled" .Values.adaptorConfig.enabled -}}
+{{- range $name, $v := dict "surge" .Values.surge "credentials.create" .Values.credentials.create "createNamespace" .Values.createNamespace "hypervisor.enabled" .Values.hypervisor.enabled "hypervisor.pullSecrets" .Values.hypervisor.pullSecrets "relay.enabled" .Values.relay.enabled "clusterScope.enabled" .Values.clusterScope.enabled "clusterScope.controlPlaneOnly" .Values.clusterScope.controlPlaneOnly "adaptorConfig.enabled" .Values.adaptorConfig.enabled -}}
 {{- if not (kindIs "bool" $v) -}}
 {{- fail (printf "%s=%v: must be true or false (a boolean: --set, not --set-string)" $name $v) -}}
 {{- end -}}
+{{- end -}}
+{{- if and .Values.createNamespace (eq (include "caa.namespace" .) .Release.Namespace) -}}
+{{- fail (printf "createNamespace=true would make the release's own namespace %q a release object, which Helm cannot install (it stores the release there first): install with `helm install --create-namespace` and no createNamespace, or set namespaceOverride to another namespace for the chart's objects" .Release.Namespace) -}}
+{{- end -}}
+{{- if and .Values.credentials.create (empty .Values.credentials.data) -}}
+{{- fail "credentials.create=true needs credentials.data: the Secret's keys, the cloud's environment variables (AWS_ACCESS_KEY_ID, AZURE_CLIENT_SECRET, IBMCLOUD_API_KEY, ...); or leave credentials.create=false and create the Secret credentials.secretName yourself" -}}
+{{- end -}}
+{{- if not .Values.credentials.secretName -}}
+{{- fail "credentials.secretName is empty: name the Secret that holds the cloud credentials (caa-cloud-credentials)" -}}
 {{- end -}}
 {{- $clouds := list "aws" "azure" "ibmcloud" -}}
 {{- if not (has .Values.cloud $clouds) -}}
@@ -54,16 +63,59 @@ through.
 {{- end -}}
 {{- end -}}
 
-{{/* caa.image is the image every container runs: the one-cloud build. */}}
-{{- define "caa.image" -}}
-{{- printf "%s:%s" .Values.image.repository (default (printf "dev-%s" .Values.cloud) .Values.image.tag) -}}
+{{/*
+caa.namespace is the namespace of every namespaced object: the release's,
+unless namespaceOverride names another.
+*/}}
+{{- define "caa.namespace" -}}
+{{- default .Release.Namespace .Values.namespaceOverride -}}
 {{- end -}}
 
-{{/* caa.labels are the labels of the objects deploy/base makes. */}}
-{{- define "caa.labels" -}}
-app.kubernetes.io/name: caa
-app.kubernetes.io/part-of: caa
+{{/*
+caa.tag is the image tag: image.tag, else the chart's appVersion with the
+cloud's suffix (the one-cloud build `make image CLOUDS=<cloud>` tags).
+*/}}
+{{- define "caa.tag" -}}
+{{- default (printf "%s-%s" .Chart.AppVersion .Values.cloud) .Values.image.tag -}}
 {{- end -}}
+
+{{/* caa.image is the image every container runs: the one-cloud build. */}}
+{{- define "caa.image" -}}
+{{- printf "%s:%s" .Values.image.repository (include "caa.tag" .) -}}
+{{- with .Values.image.digest }}@{{ . }}{{ end -}}
+{{- end -}}
+
+{{/*
+caa.labelSet are Kubernetes' recommended labels, from (list $ name
+component). name, part-of and component are those of deploy/ (kustomize);
+the rest are Helm's.
+*/}}
+{{- define "caa.labelSet" -}}
+{{- $ := index . 0 -}}
+app.kubernetes.io/name: {{ index . 1 }}
+app.kubernetes.io/part-of: caa
+app.kubernetes.io/component: {{ index . 2 }}
+app.kubernetes.io/instance: {{ $.Release.Name }}
+app.kubernetes.io/version: {{ include "caa.tag" $ | trunc 63 | trimSuffix "-" | quote }}
+app.kubernetes.io/managed-by: {{ $.Release.Service }}
+helm.sh/chart: {{ printf "%s-%s" $.Chart.Name $.Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" }}
+{{- end -}}
+
+{{/* caa.labels are the labels of caa's node agent and what it shares. */}}
+{{- define "caa.labels" -}}
+{{- include "caa.labelSet" (list . "caa" "node-agent") -}}
+{{- end -}}
+
+{{/*
+caa.podLabels are a pod template's labels from (list $ name): podLabels,
+the release, and the name the selector matches (which wins).
+*/}}
+{{- define "caa.podLabels" -}}
+{{- $ := index . 0 -}}
+{{- $l := merge (dict "app.kubernetes.io/name" (index . 1) "app.kubernetes.io/instance" $.Release.Name) $.Values.podLabels -}}
+{{- toYaml $l -}}
+{{- end -}}
+
 
 {{/* caa.config is the ConfigMap's data: common settings, then the cloud's. */}}
 {{- define "caa.config" -}}
@@ -78,7 +130,7 @@ app.kubernetes.io/part-of: caa
 {{- end -}}
 {{- end -}}
 
-{{/* caa.secretRef: the routes that read the Secret caa-cloud-credentials. */}}
+{{/* caa.usesSecret: the routes that read the Secret credentials.secretName. */}}
 {{- define "caa.usesSecret" -}}
 {{- if and (eq (toString .Values.identity.route) "secret") (not .Values.adaptorConfig.enabled) }}true{{ end -}}
 {{- end -}}
