@@ -71,6 +71,28 @@ func newClusterCommand() *cobra.Command {
 	return cmd
 }
 
+// newUninstallCommand is `caa uninstall`: the last step of removing caa
+// from a cluster (README, "Uninstalling").
+func newUninstallCommand() *cobra.Command {
+	o := cluster.NewUninstallOptions(version)
+	cmd := &cobra.Command{
+		Use:   "uninstall",
+		Short: "After caa is removed: delete every VM left for this cluster and caa's capacity and annotations on the Nodes",
+		Long: "Run once caa's DaemonSet and cluster Deployment are removed and no peer pod is left (it refuses\n" +
+			"otherwise, naming them). It lists every VM tagged for this cluster and deletes those whose pod\n" +
+			"no longer exists, waits until the cloud shows them terminated, and removes kata.peerpods.io/vm\n" +
+			"and caa's annotations from every Node. It needs the cloud's settings and credentials as\n" +
+			"`caa cluster` reads them (flags, CAA_* variables, or --adaptor-config-dir) and a kubeconfig that\n" +
+			"lists pods and patches Nodes. Each step is idempotent: run it again after a failure.",
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cluster.RunUninstall(cmd.Context(), o, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	o.AddFlags(cmd.Flags())
+	return cmd
+}
+
 // newRelayCommand is `caa relay`: the agent relay daemon (package relayd).
 func newRelayCommand() *cobra.Command {
 	o := relayd.NewOptions(version)

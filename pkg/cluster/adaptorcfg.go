@@ -20,7 +20,7 @@ import (
 func (f *Options) addAdaptorConfigFlag(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&f.adaptorDirs, "adaptor-config-dir", provider.SplitList(os.Getenv("CAA_ADAPTOR_CONFIG_DIR")),
 		"directories of upstream cloud-api-adaptor's settings (the ConfigMap peer-pods-cm and the Secret peer-pods-secret mounted "+
-			"as volumes), as `caa run` reads them: the cloud's keys set this command's flags, the node's keys are ignored, caa's own "+
+			"as volumes), as caa run reads them: the cloud's keys set this command's flags, the node's keys are ignored, caa's own "+
 			"flags and variables win (env CAA_ADAPTOR_CONFIG_DIR, comma-separated)")
 }
 

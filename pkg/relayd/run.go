@@ -100,7 +100,7 @@ func (f *Options) AddFlags(fs *pflag.FlagSet) {
 		"uids whose processes may use the control socket, checked on each connection with SO_PEERCRED besides the socket's 0600 mode "+
 			"(repeat it or separate with commas; it replaces the default: the daemon's own uid and 0) (env CAA_RELAY_ALLOW_UIDS, comma-separated)")
 	fs.StringVar(&f.healthAddr, "health-addr", os.Getenv("CAA_HEALTH_ADDR"),
-		"address of /healthz, /readyz and /metrics: host:port, or unix:PATH for exec probes (`caa probe`) that need no port "+
+		"address of /healthz, /readyz and /metrics: host:port, or unix:PATH for exec probes (caa probe) that need no port "+
 			"(the relay runs on the host network); empty: none (env CAA_HEALTH_ADDR)")
 	fs.StringVar(&f.metricsAddr, "metrics-addr", os.Getenv("CAA_METRICS_ADDR"),
 		"a second address serving /metrics only, for scrapes when --health-addr is a unix socket: host:port; empty: none (env CAA_METRICS_ADDR)")
