@@ -1,12 +1,15 @@
 package main
 
 import (
+	"path/filepath"
+
 	"github.com/spf13/cobra"
 
 	"github.com/caa-project/caa/internal/cli"
 
 	"github.com/caa-project/caa/pkg/cluster"
 	"github.com/caa-project/caa/pkg/daemon"
+	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/relayd"
 )
 
@@ -90,6 +93,37 @@ func newUninstallCommand() *cobra.Command {
 		},
 	}
 	o.AddFlags(cmd.Flags())
+	cmd.AddCommand(newUninstallNodeCommand())
+	return cmd
+}
+
+// newUninstallNodeCommand is `caa uninstall node`: run on each node (the
+// DaemonSet deploy/uninstall) after `caa uninstall`, it empties caa's host
+// directory.
+func newUninstallNodeCommand() *cobra.Command {
+	var dir string
+	var hold bool
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "On a node, after caa uninstall: remove caa's host directory's contents (ledger, agent CA, relay files)",
+		Long: "Empty caa's host directory on this node: the ledger and its lease, the agent CA, the relay's\n" +
+			"directory. It refuses while a caa holds the ledger or a caa relay serves its socket there, and a\n" +
+			"directory that holds none of caa's files. Run it after `caa uninstall` (the ledger's records go\n" +
+			"with it). --hold then waits for SIGTERM, so a DaemonSet's pod stays up once done.",
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := cluster.RemoveNodeData(dir, cmd.OutOrStdout()); err != nil {
+				return err
+			}
+			if hold {
+				<-cmd.Context().Done()
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", cli.EnvOr("CAA_DATA_DIR", filepath.Dir(ledger.DefaultPath)),
+		"caa's host directory, as mounted here (env CAA_DATA_DIR)")
+	cmd.Flags().BoolVar(&hold, "hold", false, "once done, wait for SIGTERM instead of exiting (a DaemonSet's container)")
 	return cmd
 }
 
