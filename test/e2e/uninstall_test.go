@@ -3,6 +3,7 @@ package e2e
 import (
 	"context"
 	"fmt"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"testing"
@@ -87,9 +88,12 @@ func TestUninstallLeavesNothingBehind(t *testing.T) {
 		}
 	}
 	var daemons []*daemon
+	var dataDirs []string
 	for _, node := range nodes {
-		d := startDaemon(t, c, aws, node, filepath.Join(t.TempDir(), "caa", "ledger.db"))
+		dir := filepath.Join(t.TempDir(), "caa")
+		d := startDaemon(t, c, aws, node, filepath.Join(dir, "ledger.db"))
 		daemons = append(daemons, d)
+		dataDirs = append(dataDirs, dir)
 	}
 	for _, d := range daemons {
 		d.waitReady(t, func() {})
@@ -120,6 +124,11 @@ func TestUninstallLeavesNothingBehind(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return len(aws.core.Live()) == 2 }, time.Minute, 100*time.Millisecond,
 		"caa deleted the VMs of the deleted pods")
+
+	// The node step refuses while caa holds the node's ledger.
+	out, err = nodeUninstall(t, dataDirs[0])
+	require.Error(t, err, out)
+	assert.Contains(t, out, "held by a running caa")
 
 	// 2. caa is removed (its DaemonSet deleted): a stop deletes nothing.
 	for _, d := range daemons {
@@ -158,4 +167,23 @@ func TestUninstallLeavesNothingBehind(t *testing.T) {
 	out, err = uninstall(t, c, aws.url)
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "deleted 0 VMs, kept 0, cleaned 0 Nodes")
+
+	// 5. On each node (deploy/uninstall's DaemonSet): no host data left.
+	for _, dir := range dataDirs {
+		out, err := nodeUninstall(t, dir)
+		require.NoError(t, err, out)
+		assert.Contains(t, out, "removed "+filepath.Join(dir, "ledger.db"))
+		left, err := os.ReadDir(dir)
+		require.NoError(t, err)
+		assert.Empty(t, left, "nothing of caa's left in %s", dir)
+	}
+}
+
+// nodeUninstall runs `caa uninstall node` on a caa host directory.
+func nodeUninstall(t *testing.T, dir string) (string, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(t.Context(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, caaBin, "uninstall", "node", "--dir", dir).CombinedOutput()
+	return string(out), err
 }
