@@ -103,3 +103,103 @@ func TestClusterScopeComponent(t *testing.T) {
 		})
 	}
 }
+
+// keylessRoutes are the overlays whose cloud identity is not a Secret, and
+// what of caa's pod and ServiceAccount makes it: caa-cluster must carry
+// the same on each.
+var keylessRoutes = []struct {
+	overlay     string
+	annotations []string // the ServiceAccount's
+	podLabels   []string
+	env         []string // the container's, with a projected token volume
+}{
+	{overlay: "aws-irsa", annotations: []string{"eks.amazonaws.com/role-arn"}},
+	{overlay: "azure-workload-identity", annotations: []string{"azure.workload.identity/client-id"}, podLabels: []string{"azure.workload.identity/use"}},
+	{overlay: "ibmcloud-trusted-profile", env: []string{"IBMCLOUD_AUTH_TYPE", "IBMCLOUD_IAM_PROFILE_ID", "IBMCLOUD_CR_TOKEN_FILENAME"}},
+}
+
+// TestClusterScopeGetsTheKeylessIdentity: on each keyless route, the
+// cluster scope with its route's component gives caa-cluster caa's cloud
+// identity, copied from caa's objects (one place to write the role, the
+// client id or the profile): the ServiceAccount's annotation, the pod's
+// label, the variables and the projected token. The cluster scope alone
+// gives it none, which is why the route's component exists.
+func TestClusterScopeGetsTheKeylessIdentity(t *testing.T) {
+	needBinaries(t)
+	bin := kubectl(t)
+	for _, r := range keylessRoutes {
+		t.Run(r.overlay, func(t *testing.T) {
+			overlay := "overlays/" + r.overlay
+			all := decode(t, withComponentList(t, bin, overlay, clusterScope, "components/cluster-scope-"+r.overlay))
+			sa := map[string]*corev1.ServiceAccount{}
+			var ds appsv1.DaemonSet
+			var dep appsv1.Deployment
+			for _, o := range all {
+				switch o.GetKind() {
+				case "ServiceAccount":
+					var s corev1.ServiceAccount
+					require.NoError(t, k8sruntime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &s))
+					sa[s.Name] = &s
+				case "DaemonSet":
+					require.NoError(t, k8sruntime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &ds))
+				case "Deployment":
+					require.NoError(t, k8sruntime.DefaultUnstructuredConverter.FromUnstructured(o.Object, &dep))
+				}
+			}
+			require.Contains(t, sa, "caa")
+			require.Contains(t, sa, "caa-cluster")
+			for _, a := range r.annotations {
+				require.NotEmpty(t, sa["caa"].Annotations[a], "the overlay sets %s", a)
+				assert.Equal(t, sa["caa"].Annotations[a], sa["caa-cluster"].Annotations[a], "caa-cluster's %s is caa's", a)
+			}
+			for _, l := range r.podLabels {
+				require.NotEmpty(t, ds.Spec.Template.Labels[l])
+				assert.Equal(t, ds.Spec.Template.Labels[l], dep.Spec.Template.Labels[l], "caa-cluster's pods carry %s", l)
+			}
+			if len(r.env) > 0 {
+				envOf := func(c corev1.Container) map[string]string {
+					out := map[string]string{}
+					for _, e := range c.Env {
+						out[e.Name] = e.Value
+					}
+					return out
+				}
+				dsEnv, depEnv := envOf(ds.Spec.Template.Spec.Containers[0]), envOf(dep.Spec.Template.Spec.Containers[0])
+				for _, e := range r.env {
+					require.NotEmpty(t, dsEnv[e])
+					assert.Equal(t, dsEnv[e], depEnv[e], "caa-cluster's %s is caa's", e)
+				}
+				token := func(vols []corev1.Volume) *corev1.ProjectedVolumeSource {
+					for _, v := range vols {
+						if v.Projected != nil {
+							return v.Projected
+						}
+					}
+					return nil
+				}
+				require.NotNil(t, token(ds.Spec.Template.Spec.Volumes))
+				assert.Equal(t, token(ds.Spec.Template.Spec.Volumes), token(dep.Spec.Template.Spec.Volumes), "the same projected token, its own")
+				mount := func(c corev1.Container) []corev1.VolumeMount {
+					var out []corev1.VolumeMount
+					for _, m := range c.VolumeMounts {
+						if m.Name == "iam-token" {
+							out = append(out, m)
+						}
+					}
+					return out
+				}
+				assert.Equal(t, mount(ds.Spec.Template.Spec.Containers[0]), mount(dep.Spec.Template.Spec.Containers[0]))
+			}
+
+			// The cluster scope alone leaves caa-cluster without it.
+			alone := manifests{name: overlay, all: decode(t, withComponent(t, bin, overlay, clusterScope))}
+			for _, o := range alone.ofKind("ServiceAccount") {
+				if o.GetName() == "caa-cluster" {
+					for _, a := range r.annotations {
+						assert.NotContains(t, o.GetAnnotations(), a)
+					}
+				}
+			}
+		})
+	}
+}

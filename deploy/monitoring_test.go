@@ -1,9 +1,15 @@
 package deploy_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
+	"io"
+	"net"
+	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"strings"
@@ -11,6 +17,9 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -18,6 +27,8 @@ import (
 
 	"github.com/caa-project/caa/pkg/cluster"
 	"github.com/caa-project/caa/pkg/health"
+	"github.com/caa-project/caa/pkg/pki"
+	"github.com/caa-project/caa/pkg/relayd"
 )
 
 // exported is every series family caa's processes serve on /metrics (the
@@ -39,6 +50,7 @@ func exported(t *testing.T) map[string][]string {
 	cm.Published.WithLabelValues("ok").Inc()
 	families, err := reg.Gather()
 	require.NoError(t, err)
+	families = append(families, relayFamilies(t)...)
 	out := map[string][]string{}
 	for _, f := range families {
 		labels := []string{}
@@ -56,6 +68,53 @@ func exported(t *testing.T) map[string][]string {
 			}
 		}
 	}
+	return out
+}
+
+// relayFamilies are the series the real `caa relay` serves on /metrics,
+// read from the binary the repository builds, run with its health socket.
+func relayFamilies(t *testing.T) []*dto.MetricFamily {
+	t.Helper()
+	bin := repoCaa(t, "aws")
+	dir, err := os.MkdirTemp("", "mr") // unix socket paths are capped at 108 bytes
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	ca, err := pki.LoadOrCreateCA(dir)
+	require.NoError(t, err)
+	require.NoError(t, relayd.WriteClientFile(dir, ca))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	hsock := filepath.Join(dir, "health.sock")
+	cmd := exec.CommandContext(ctx, bin, "relay", "--socket", filepath.Join(dir, "relay.sock"), "--agent-ca-dir", dir,
+		"--health-addr", "unix:"+hsock)
+	var stderr strings.Builder
+	cmd.Stderr = &stderr
+	require.NoError(t, cmd.Start())
+	defer func() { _ = cmd.Process.Kill(); _ = cmd.Wait() }()
+	var d net.Dialer
+	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return d.DialContext(ctx, "unix", hsock) }}}
+	var body []byte
+	require.Eventually(t, func() bool {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://relay/metrics", nil)
+		resp, err := client.Do(req)
+		if err != nil {
+			return false
+		}
+		defer resp.Body.Close()
+		body, err = io.ReadAll(resp.Body)
+		return err == nil && resp.StatusCode == http.StatusOK && strings.Contains(string(body), "caa_relay_ready 1")
+	}, 30*time.Second, 20*time.Millisecond, "caa relay never served a ready /metrics")
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
+	require.NoError(t, err)
+	var out []*dto.MetricFamily
+	for name, f := range fams {
+		if strings.HasPrefix(name, "caa_relay_") {
+			out = append(out, f)
+		}
+	}
+	require.NotEmpty(t, out)
 	return out
 }
 
@@ -150,7 +209,7 @@ func TestAlertRulesNameCaasSeries(t *testing.T) {
 	// what an on-call is paged for (issue 43): caa not ready, orphans
 	// pending, cloud auth refused, aborted hand-overs, silent agents, VMs of
 	// unknown nodes
-	for _, a := range []string{"CaaNotReady", "CaaOrphanVMsPending", "CaaCloudAuthRefused", "CaaHandoverAborted", "CaaSilentAgents", "CaaUnknownNodeVMs"} {
+	for _, a := range []string{"CaaNotReady", "CaaOrphanVMsPending", "CaaCloudAuthRefused", "CaaHandoverAborted", "CaaSilentAgents", "CaaUnknownNodeVMs", "CaaRelayNotReady"} {
 		assert.Contains(t, alerts, a)
 	}
 }
@@ -217,12 +276,15 @@ func TestCheckExprCatchesMistakes(t *testing.T) {
 }
 
 // TestMonitoringRenders: `kubectl apply -k deploy/monitoring` gets the
-// PodMonitor, the PrometheusRule and the dashboard's ConfigMap, labelled
-// for Grafana's sidecar, in caa's namespace, the dashboard unchanged.
+// PodMonitors (caa's pods, the relay's), the PrometheusRule and the
+// dashboard's ConfigMap, labelled for Grafana's sidecar, in caa's
+// namespace, the dashboard unchanged; the relay's monitor scrapes the port
+// the relay's DaemonSet declares.
 func TestMonitoringRenders(t *testing.T) {
 	needBinaries(t)
-	objs := manifests{name: "monitoring", all: decode(t, render(t, kubectl(t), "monitoring"))}
-	for _, kind := range []string{"PodMonitor", "PrometheusRule", "ConfigMap"} {
+	bin := kubectl(t)
+	objs := manifests{name: "monitoring", all: decode(t, render(t, bin, "monitoring"))}
+	for _, kind := range []string{"PrometheusRule", "ConfigMap"} {
 		o := objs.one(t, kind)
 		assert.Equal(t, "caa-system", o.GetNamespace(), kind)
 	}
@@ -232,8 +294,41 @@ func TestMonitoringRenders(t *testing.T) {
 	file, err := os.ReadFile("monitoring/dashboard.json")
 	require.NoError(t, err)
 	assert.Equal(t, string(file), cm.Data["dashboard.json"])
-	sel, _, err := unstructured.NestedSlice(objs.one(t, "PodMonitor").Object, "spec", "selector", "matchExpressions")
+	monitors := map[string]map[string]any{}
+	for _, o := range objs.all {
+		if o.GetKind() == "PodMonitor" {
+			assert.Equal(t, "caa-system", o.GetNamespace())
+			monitors[o.GetName()] = o.Object
+		}
+	}
+	require.Len(t, monitors, 2, "caa's pods and the relay's")
+	sel, _, err := unstructured.NestedSlice(monitors["caa"], "spec", "selector", "matchExpressions")
 	require.NoError(t, err)
 	assert.Equal(t, []any{map[string]any{"key": "app.kubernetes.io/name", "operator": "In", "values": []any{"caa", "caa-cluster"}}}, sel,
-		"the node caa and the cluster caa are scraped, not the relay (it serves no /metrics)")
+		"the node caa and the cluster caa")
+
+	relaySel, _, err := unstructured.NestedStringMap(monitors["caa-relay"], "spec", "selector", "matchLabels")
+	require.NoError(t, err)
+	require.NotEmpty(t, relaySel)
+	eps, _, err := unstructured.NestedSlice(monitors["caa-relay"], "spec", "podMetricsEndpoints")
+	require.NoError(t, err)
+	require.Len(t, eps, 1)
+	rendered := decode(t, withComponentList(t, bin, "overlays/aws", "components/no-surge", "components/kata-remote-hypervisor", "components/relay"))
+	found := false
+	for _, o := range rendered {
+		if o.GetKind() != "DaemonSet" || o.GetName() != "caa-relay" {
+			continue
+		}
+		found = true
+		labels, _, _ := unstructured.NestedStringMap(o.Object, "spec", "template", "metadata", "labels")
+		for k, v := range relaySel {
+			assert.Equal(t, v, labels[k], "the relay's pods match the monitor's selector")
+		}
+		containers, _, _ := unstructured.NestedSlice(o.Object, "spec", "template", "spec", "containers")
+		require.Len(t, containers, 1)
+		ports, _, _ := unstructured.NestedSlice(containers[0].(map[string]any), "ports")
+		require.Len(t, ports, 1)
+		assert.Equal(t, eps[0].(map[string]any)["port"], ports[0].(map[string]any)["name"], "the monitor scrapes the relay's declared port")
+	}
+	assert.True(t, found, "the relay component renders caa-relay")
 }

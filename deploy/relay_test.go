@@ -53,13 +53,27 @@ func TestRelayComponent(t *testing.T) {
 	require.NotNil(t, spec.AutomountServiceAccountToken)
 	assert.False(t, *spec.AutomountServiceAccountToken, "no apiserver access")
 	assert.True(t, spec.HostNetwork, "it dials the VMs from the node's address, as caa does")
-	assert.Empty(t, c.Ports, "and listens on no TCP port")
+	require.Len(t, c.Ports, 1, "one TCP port: /metrics")
+	assert.Equal(t, corev1.ContainerPort{Name: "metrics", ContainerPort: 8001, Protocol: corev1.ProtocolTCP}, c.Ports[0])
+	// Its probes ask the health socket in its own emptyDir (caa probe reads
+	// CAA_HEALTH_ADDR as the relay does); the liveness probe is lenient, as
+	// a restart cuts the node's shim connections.
+	for name, p := range map[string]*corev1.Probe{"readiness": c.ReadinessProbe, "liveness": c.LivenessProbe} {
+		require.NotNil(t, p, name)
+		require.NotNil(t, p.Exec, name)
+		assert.Equal(t, []string{"/usr/local/bin/caa", "probe", map[string]string{"readiness": "/readyz", "liveness": "/healthz"}[name]}, p.Exec.Command, name)
+	}
+	assert.GreaterOrEqual(t, c.LivenessProbe.PeriodSeconds*c.LivenessProbe.FailureThreshold, int32(120), "minutes of silence before a restart")
 	require.NotNil(t, c.SecurityContext)
 	assert.Equal(t, []corev1.Capability{"ALL"}, c.SecurityContext.Capabilities.Drop)
 	assert.Empty(t, c.SecurityContext.Capabilities.Add)
 	assert.False(t, *c.SecurityContext.AllowPrivilegeEscalation)
 	assert.True(t, *c.SecurityContext.ReadOnlyRootFilesystem)
 	for _, v := range spec.Volumes {
+		if v.Name == "health" {
+			require.NotNil(t, v.EmptyDir, "the health socket's directory is its own")
+			continue
+		}
 		assert.NotNil(t, v.HostPath, "volume %s: only the hostPaths it shares with caa", v.Name)
 	}
 
@@ -74,6 +88,8 @@ func TestRelayComponent(t *testing.T) {
 	assert.Equal(t, "/var/lib/caa/relay/relay.sock", caaEnv["CAA_RELAY_SOCKET"], "caa calls the relay")
 	assert.Equal(t, caaEnv["CAA_RELAY_SOCKET"], env["CAA_RELAY_SOCKET"], "on the socket the relay serves")
 	assert.Equal(t, "/run/peerpod/hypervisor.sock", caaEnv["CAA_HYPERVISOR_SOCKET"])
+	assert.Equal(t, "unix:/run/caa-relay/health.sock", env["CAA_HEALTH_ADDR"])
+	assert.Equal(t, ":8001", env["CAA_METRICS_ADDR"], "the declared port")
 
 	// The same host directories, mounted at the same paths, so the socket
 	// and file paths caa passes mean the same inside the relay.
@@ -110,7 +126,7 @@ func TestRelayComponent(t *testing.T) {
 
 	// Every variable the manifests set is one the command reads.
 	caaBin := repoCaa(t, "aws")
-	for cmd, vars := range map[string][]string{"relay": {"CAA_RELAY_SOCKET"}, "run": {"CAA_RELAY_SOCKET"}} {
+	for cmd, vars := range map[string][]string{"relay": {"CAA_RELAY_SOCKET", "CAA_HEALTH_ADDR", "CAA_METRICS_ADDR"}, "run": {"CAA_RELAY_SOCKET"}, "probe": {"CAA_HEALTH_ADDR"}} {
 		hctx, hcancel := context.WithTimeout(context.Background(), time.Minute)
 		help, err := exec.CommandContext(hctx, caaBin, cmd, "--help").CombinedOutput()
 		hcancel()
@@ -120,7 +136,7 @@ func TestRelayComponent(t *testing.T) {
 		}
 	}
 	for _, e := range c.Env {
-		assert.Contains(t, []string{"CAA_RELAY_SOCKET"}, e.Name, "the relay's env %s is checked above", e.Name)
+		assert.Contains(t, []string{"CAA_RELAY_SOCKET", "CAA_HEALTH_ADDR", "CAA_METRICS_ADDR"}, e.Name, "the relay's env %s is checked above", e.Name)
 	}
 
 	// The real apiserver accepts both DaemonSets (server-side dry run).

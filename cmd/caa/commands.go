@@ -1,12 +1,15 @@
 package main
 
 import (
+	"path/filepath"
+
 	"github.com/spf13/cobra"
 
 	"github.com/caa-project/caa/internal/cli"
 
 	"github.com/caa-project/caa/pkg/cluster"
 	"github.com/caa-project/caa/pkg/daemon"
+	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/relayd"
 )
 
@@ -68,6 +71,59 @@ func newClusterCommand() *cobra.Command {
 		RunE: func(cmd *cobra.Command, _ []string) error { return cluster.Run(cmd.Context(), o, cmd.ErrOrStderr()) },
 	}
 	o.AddFlags(cmd.Flags())
+	return cmd
+}
+
+// newUninstallCommand is `caa uninstall`: the last step of removing caa
+// from a cluster (README, "Uninstalling").
+func newUninstallCommand() *cobra.Command {
+	o := cluster.NewUninstallOptions(version)
+	cmd := &cobra.Command{
+		Use:   "uninstall",
+		Short: "After caa is removed: delete every VM left for this cluster and caa's capacity and annotations on the Nodes",
+		Long: "Run once caa's DaemonSet and cluster Deployment are removed and no peer pod is left (it refuses\n" +
+			"otherwise, naming them). It lists every VM tagged for this cluster and deletes those whose pod\n" +
+			"no longer exists, waits until the cloud shows them terminated, and removes kata.peerpods.io/vm\n" +
+			"and caa's annotations from every Node. It needs the cloud's settings and credentials as\n" +
+			"`caa cluster` reads them (flags, CAA_* variables, or --adaptor-config-dir) and a kubeconfig that\n" +
+			"lists pods and patches Nodes. Each step is idempotent: run it again after a failure.",
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			return cluster.RunUninstall(cmd.Context(), o, cmd.OutOrStdout(), cmd.ErrOrStderr())
+		},
+	}
+	o.AddFlags(cmd.Flags())
+	cmd.AddCommand(newUninstallNodeCommand())
+	return cmd
+}
+
+// newUninstallNodeCommand is `caa uninstall node`: run on each node (the
+// DaemonSet deploy/uninstall) after `caa uninstall`, it empties caa's host
+// directory.
+func newUninstallNodeCommand() *cobra.Command {
+	var dir string
+	var hold bool
+	cmd := &cobra.Command{
+		Use:   "node",
+		Short: "On a node, after caa uninstall: remove caa's host directory's contents (ledger, agent CA, relay files)",
+		Long: "Empty caa's host directory on this node: the ledger and its lease, the agent CA, the relay's\n" +
+			"directory. It refuses while a caa holds the ledger or a caa relay serves its socket there, and a\n" +
+			"directory that holds none of caa's files. Run it after `caa uninstall` (the ledger's records go\n" +
+			"with it). --hold then waits for SIGTERM, so a DaemonSet's pod stays up once done.",
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if err := cluster.RemoveNodeData(dir, cmd.OutOrStdout()); err != nil {
+				return err
+			}
+			if hold {
+				<-cmd.Context().Done()
+			}
+			return nil
+		},
+	}
+	cmd.Flags().StringVar(&dir, "dir", cli.EnvOr("CAA_DATA_DIR", filepath.Dir(ledger.DefaultPath)),
+		"caa's host directory, as mounted here (env CAA_DATA_DIR)")
+	cmd.Flags().BoolVar(&hold, "hold", false, "once done, wait for SIGTERM instead of exiting (a DaemonSet's container)")
 	return cmd
 }
 

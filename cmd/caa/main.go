@@ -83,7 +83,7 @@ func newRootCommand(stdout, stderr io.Writer) *cobra.Command {
 	root.SetFlagErrorFunc(func(cmd *cobra.Command, err error) error {
 		return cli.UsageError{Err: fmt.Errorf("%w (see `%s --help`)", err, cmd.CommandPath())}
 	})
-	root.AddCommand(newVersionCommand(), newLedgerCommand(), newRunCommand(), newStatusCommand(), newClusterCommand(), newRelayCommand(), newProbeCommand())
+	root.AddCommand(newVersionCommand(), newLedgerCommand(), newRunCommand(), newStatusCommand(), newClusterCommand(), newRelayCommand(), newProbeCommand(), newUninstallCommand())
 	return root
 }
 

@@ -63,6 +63,18 @@ func settings() []setting {
 			components: []string{"components/kata-remote-hypervisor", "components/relay", "components/cluster-scope"}},
 		// No overlay: caa reading the adaptor's ConfigMap and Secret.
 		setting{name: "aws+adaptor", files: []string{"aws", "adaptor"}},
+		// The cluster scope on each keyless route and with the adaptor's
+		// settings (cluster_scope_test.go).
+		setting{name: "aws-irsa+cluster-scope", files: []string{"aws", "cluster-scope"},
+			sets:    []string{"identity.route=aws-irsa", "identity.awsRoleArn=arn:aws:iam::111122223333:role/REPLACE_ME"},
+			overlay: "overlays/aws-irsa", components: []string{"components/cluster-scope", "components/cluster-scope-aws-irsa"}},
+		setting{name: "azure-workload-identity+cluster-scope", files: []string{"azure", "cluster-scope"},
+			sets:    []string{"identity.route=azure-workload-identity", "identity.azureClientId=REPLACE_ME"},
+			overlay: "overlays/azure-workload-identity", components: []string{"components/cluster-scope", "components/cluster-scope-azure-workload-identity"}},
+		setting{name: "ibmcloud-trusted-profile+cluster-scope", files: []string{"ibmcloud", "cluster-scope"},
+			sets:    []string{"identity.route=ibmcloud-trusted-profile", "identity.ibmcloudProfileId=REPLACE_ME"},
+			overlay: "overlays/ibmcloud-trusted-profile", components: []string{"components/cluster-scope", "components/cluster-scope-ibmcloud-trusted-profile"}},
+		setting{name: "aws+adaptor+cluster-scope", files: []string{"aws", "adaptor", "cluster-scope"}},
 		// No overlay: the nodes' managed identity is overlays/azure without
 		// its Secret patch, which the kustomize tree leaves to the user.
 		setting{name: "azure-managed-identity", files: []string{"azure"}, sets: []string{"identity.route=azure-managed-identity"}},

@@ -52,6 +52,10 @@ type Options struct {
 	retry        time.Duration
 	kubeQPS      float64
 	clouds       []*clouds.Cloud
+	// adaptorDirs are --adaptor-config-dir's directories (adaptorcfg.go);
+	// flags is the flag set AddFlags registered on, which they set.
+	adaptorDirs []string
+	flags       *pflag.FlagSet
 }
 
 // NewOptions returns the cluster scope's settings, with the clouds built
@@ -62,6 +66,7 @@ func NewOptions(version string) *Options {
 
 // AddFlags registers the cluster scope's flags on fs.
 func (f *Options) AddFlags(fs *pflag.FlagSet) {
+	f.flags = fs
 	hostname, _ := os.Hostname()
 	fs.StringVar(&f.providerName, "provider", os.Getenv("CAA_PROVIDER"), "cloud provider: "+clouds.Names(f.clouds)+" (env CAA_PROVIDER)")
 	fs.StringVar(&f.clusterID, "cluster-id", os.Getenv("CAA_CLUSTER_ID"), "cluster id in VM tags (env CAA_CLUSTER_ID; default: the kube-system namespace UID)")
@@ -83,6 +88,7 @@ func (f *Options) AddFlags(fs *pflag.FlagSet) {
 	for _, c := range f.clouds {
 		c.AddFlags(fs)
 	}
+	f.addAdaptorConfigFlag(fs)
 }
 
 // check validates what needs no cloud or
@@ -116,11 +122,18 @@ func (f *Options) check() error {
 // cli.UsageError for settings that cannot work and a cli.LoggedError for a
 // failure it logged.
 func Run(ctx context.Context, f *Options, stderr io.Writer) error {
+	applied, err := f.applyAdaptorConfig()
+	if err != nil {
+		return err
+	}
 	if err := f.check(); err != nil {
 		return cli.UsageError{Err: err}
 	}
 	log, _ := cli.NewLogger(stderr, f.logFormat, f.logLevel)
 	log = log.With("scope", "cluster", "identity", f.identity)
+	for _, a := range applied {
+		log.Info("adaptor setting", "key", a.Key, "setting", a.String())
+	}
 	if f.KlogTo != nil {
 		f.KlogTo(log)
 	}

@@ -267,7 +267,7 @@ func (n *nodeDaemon) runSandboxes(ctx, quit context.Context, led *ledger.Ledger,
 		ConfirmMissing: f.confirmMissing, OrphanGrace: f.gcGrace, Stop: work, StopWrites: quit, Log: log, Audit: audit,
 	})
 	defer func() { stopWork(); m.Close(); m.Wait() }()
-	watch := &agentWatch{bound: f.hv.readyBound, confidential: f.confidential, silent: func(id, why string, d time.Duration) { n.agentSilent(led, log, id, why, d) }}
+	watch := &agentWatch{bound: f.hv.readyBound, confidential: f.confidential, led: led, silent: func(id, why string, d time.Duration) { n.agentSilent(led, log, id, why, d) }}
 	report := func(at time.Time, rep sandbox.Report, err error) bool {
 		p := watch.pass(at, time.Now(), rep, err)
 		n.status.PassDone(p)
@@ -358,6 +358,8 @@ type agentWatch struct {
 	silent func(id, why string, d time.Duration)
 	// confidential is --confidential, for the VMs' entries.
 	confidential bool
+	// led, when set, is counted by phase into each pass (caa_sandboxes).
+	led *ledger.Ledger
 
 	since map[string]time.Time // first sync that found the agent silent
 	told  map[string]bool
@@ -368,6 +370,9 @@ func (w *agentWatch) pass(at, now time.Time, rep sandbox.Report, err error) heal
 		w.since, w.told = map[string]time.Time{}, map[string]bool{}
 	}
 	p := health.Pass{At: at, Duration: now.Sub(at), Err: err, CloudWrites: rep.CloudWrites, OrphansDeleted: rep.OrphansDeleted}
+	if w.led != nil {
+		p.Sandboxes = sandboxesByPhase(w.led)
+	}
 	if rep.VMs != nil {
 		p.VMs = []health.VMNote{}
 		for _, vm := range rep.VMs {
@@ -405,6 +410,20 @@ func (w *agentWatch) pass(at, now time.Time, rep sandbox.Report, err error) heal
 		p.Pending = append(p.Pending, note)
 	}
 	return p
+}
+
+// sandboxesByPhase counts led's sandboxes by phase; nil (the previous
+// counts stay) when the ledger cannot be read.
+func sandboxesByPhase(led *ledger.Ledger) map[ledger.SandboxPhase]int {
+	ss, err := led.ListSandboxes()
+	if err != nil {
+		return nil
+	}
+	out := map[ledger.SandboxPhase]int{}
+	for _, s := range ss {
+		out[s.Phase]++
+	}
+	return out
 }
 
 // agentSilent reports a sandbox whose agent stayed silent past the bound:

@@ -124,6 +124,19 @@ func TestSilentAgentNoLongerHoldsReadiness(t *testing.T) {
 	assert.Len(t, p.Pending, 1, "silent again: pending until the bound again")
 }
 
+// TestPassCountsSandboxesByPhase: each sync's pass carries the ledger's
+// sandboxes by phase, which caa_sandboxes shows.
+func TestPassCountsSandboxesByPhase(t *testing.T) {
+	led := ledgerOf(t, 1)
+	w := &agentWatch{bound: time.Minute, led: led}
+	p := w.pass(time.Now(), time.Now(), sandbox.Report{}, nil)
+	assert.Equal(t, map[ledger.SandboxPhase]int{ledger.SandboxRunning: 1}, p.Sandboxes)
+	_, err := led.PutSandbox(ledger.Sandbox{ID: "sb-new", PodUID: "uid-db", Namespace: "shop", Name: "db", Provider: "aws", Phase: ledger.SandboxCreated})
+	require.NoError(t, err)
+	p = w.pass(time.Now(), time.Now(), sandbox.Report{}, nil)
+	assert.Equal(t, map[ledger.SandboxPhase]int{ledger.SandboxRunning: 1, ledger.SandboxCreated: 1}, p.Sandboxes)
+}
+
 // TestSandboxPendingWithinTheBoundHoldsReadiness: within the bound a
 // silent agent holds readiness as before (a restart must not turn ready
 // past an agent that is merely slow).

@@ -56,12 +56,14 @@ type Metrics struct {
 	preflights     *prometheus.CounterVec
 	kataCalls      *prometheus.CounterVec
 	kataDuration   *prometheus.HistogramVec
+	sandboxes      *prometheus.GaugeVec
 
-	kinds, ops, results, phases *labelBound
-	kataMethods, kataCodes      *labelBound
+	kinds, ops, results, phases, sbPhases *labelBound
+	kataMethods, kataCodes                *labelBound
 
 	mu         sync.Mutex
 	phasesSeen map[string]bool // every phase label ever set, to zero the absent
+	sbSeen     map[string]bool // the same for the sandboxes' phases
 }
 
 // NewMetrics makes caa's metrics and registers them, with the Go runtime
@@ -162,19 +164,25 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 			Help:    "How long caa took to answer kata's remote hypervisor calls, by method, whatever the answer (StartVM includes the VM's boot).",
 			Buckets: durationBuckets(),
 		}, []string{"method"}),
+		sandboxes: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "caa_sandboxes",
+			Help: "kata sandboxes in the ledger (remote hypervisor mode) by phase (Created, Creating, Running, Lost, Deleting, Failed), as of the last sync.",
+		}, []string{"phase"}),
 		kinds:       newLabelBound(16),
 		ops:         newLabelBound(16),
 		results:     newLabelBound(16),
 		phases:      newLabelBound(8),
+		sbPhases:    newLabelBound(8),
 		kataMethods: newLabelBound(8),
 		kataCodes:   newLabelBound(20),
 		phasesSeen:  map[string]bool{},
+		sbSeen:      map[string]bool{},
 	}
 	cs := []prometheus.Collector{
 		m.passes, m.passDuration, m.actions, m.cloudCalls, m.cloudDuration, m.records,
 		m.orphansDeleted, m.timeToReady, m.ready, m.podsPending, m.podsFailed,
 		m.notWatched, m.vmsDegraded, m.agentsSilent, m.orphansPending, m.orphanOldest,
-		m.handovers, m.handoverTook, m.handoverGap, m.preflights, m.kataCalls, m.kataDuration,
+		m.handovers, m.handoverTook, m.handoverGap, m.preflights, m.kataCalls, m.kataDuration, m.sandboxes,
 		collectors.NewGoCollector(),
 		collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}),
 	}
@@ -195,6 +203,7 @@ func NewMetrics(reg *prometheus.Registry) (*Metrics, error) {
 		m.cloudCalls.WithLabelValues(m.ops.value(op), m.results.value(CallOK))
 	}
 	m.setRecords(nil)
+	m.setSandboxes(nil)
 	return m, nil
 }
 
@@ -261,6 +270,30 @@ func (m *Metrics) setRecords(counts map[ledger.Phase]int) {
 	for label, v := range next {
 		m.phasesSeen[label] = true
 		m.records.WithLabelValues(label).Set(v)
+	}
+}
+
+// setSandboxes sets the sandboxes gauge from counts, as setRecords does
+// for the pod records: every phase absent from counts reads 0.
+func (m *Metrics) setSandboxes(counts map[ledger.SandboxPhase]int) {
+	if m == nil {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	next := map[string]float64{}
+	for _, p := range ledger.SandboxPhases {
+		next[string(p)] = 0
+	}
+	for seen := range m.sbSeen {
+		next[seen] = 0
+	}
+	for p, n := range counts {
+		next[m.sbPhases.value(string(p))] += float64(n)
+	}
+	for label, v := range next {
+		m.sbSeen[label] = true
+		m.sandboxes.WithLabelValues(label).Set(v)
 	}
 }
 

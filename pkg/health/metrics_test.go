@@ -62,6 +62,7 @@ func TestMetricsEndpoint(t *testing.T) {
 		"caa_hypervisor_calls_total":           dto.MetricType_COUNTER,
 		"caa_hypervisor_call_duration_seconds": dto.MetricType_HISTOGRAM,
 		"caa_preflight_runs_total":             dto.MetricType_COUNTER,
+		"caa_sandboxes":                        dto.MetricType_GAUGE,
 		"go_goroutines":                        dto.MetricType_GAUGE,
 		"process_start_time_seconds":           dto.MetricType_GAUGE,
 	}
@@ -182,6 +183,24 @@ func TestRecordsGaugeZeroesWhatIsGone(t *testing.T) {
 	s := NewStatus(Config{Metrics: m, Now: newClock().Now})
 	s.PassDone(Pass{})
 	assert.Equal(t, 1.0, testutil.ToFloat64(m.records.WithLabelValues(string(ledger.PhaseCreating))))
+}
+
+// TestSandboxesGaugeFollowsThePasses: caa_sandboxes shows every phase
+// from the start, follows each pass that counts, and a pass without counts
+// leaves it as it was.
+func TestSandboxesGaugeFollowsThePasses(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m, err := NewMetrics(reg)
+	require.NoError(t, err)
+	assert.Equal(t, len(ledger.SandboxPhases), testutil.CollectAndCount(m.sandboxes), "every phase from the start")
+	s := NewStatus(Config{Metrics: m, Now: newClock().Now})
+	s.PassDone(Pass{Sandboxes: map[ledger.SandboxPhase]int{ledger.SandboxRunning: 3, ledger.SandboxLost: 1}})
+	assert.Equal(t, 3.0, testutil.ToFloat64(m.sandboxes.WithLabelValues(string(ledger.SandboxRunning))))
+	assert.Equal(t, 1.0, testutil.ToFloat64(m.sandboxes.WithLabelValues(string(ledger.SandboxLost))))
+	s.PassDone(Pass{Sandboxes: map[ledger.SandboxPhase]int{ledger.SandboxRunning: 2}})
+	assert.Equal(t, 0.0, testutil.ToFloat64(m.sandboxes.WithLabelValues(string(ledger.SandboxLost))), "not left at a stale value")
+	s.PassDone(Pass{})
+	assert.Equal(t, 2.0, testutil.ToFloat64(m.sandboxes.WithLabelValues(string(ledger.SandboxRunning))))
 }
 
 func TestNilMetricsAcceptEverything(t *testing.T) {

@@ -92,6 +92,9 @@ type Pass struct {
 	// Records counts the ledger's records by phase after the pass; nil
 	// keeps the previous counts.
 	Records map[ledger.Phase]int
+	// Sandboxes counts the ledger's kata sandboxes by phase after the
+	// sync (remote hypervisor mode); nil keeps the previous counts.
+	Sandboxes map[ledger.SandboxPhase]int
 	// NotWatched: records whose pod exists with a runtime class caa does
 	// not watch. Kept (never deleted for that), listed, never blocking.
 	NotWatched []PodNote
@@ -225,6 +228,9 @@ func (s *Status) PassDone(p Pass) {
 	m.setSilent(len(p.Silent))
 	if p.Records != nil {
 		m.setRecords(p.Records)
+	}
+	if p.Sandboxes != nil {
+		m.setSandboxes(p.Sandboxes)
 	}
 	s.updateReady()
 }

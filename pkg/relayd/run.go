@@ -7,13 +7,17 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net/http"
 	"os"
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/caa-project/caa/internal/cli"
+	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/pkg/ledger"
 	"github.com/caa-project/caa/pkg/pki"
 	"github.com/spf13/pflag"
@@ -44,6 +48,8 @@ type Options struct {
 	allowEnvErr error
 	logFormat   string
 	logLevel    string
+	healthAddr  string
+	metricsAddr string
 }
 
 func (f *Options) check() error {
@@ -68,6 +74,9 @@ func (f *Options) check() error {
 	if _, err := cli.NewLogger(io.Discard, f.logFormat, f.logLevel); err != nil {
 		errs = append(errs, err)
 	}
+	if f.healthAddr != "" && f.healthAddr == f.metricsAddr {
+		errs = append(errs, fmt.Errorf("--metrics-addr %q is --health-addr's too: give it another address, or leave it empty (--health-addr serves /metrics as well)", f.metricsAddr))
+	}
 	return cli.JoinLine(errs)
 }
 
@@ -90,6 +99,11 @@ func (f *Options) AddFlags(fs *pflag.FlagSet) {
 	fs.UintSliceVar(&f.allowUIDs, "allow-uid", allowEnv,
 		"uids whose processes may use the control socket, checked on each connection with SO_PEERCRED besides the socket's 0600 mode "+
 			"(repeat it or separate with commas; it replaces the default: the daemon's own uid and 0) (env CAA_RELAY_ALLOW_UIDS, comma-separated)")
+	fs.StringVar(&f.healthAddr, "health-addr", os.Getenv("CAA_HEALTH_ADDR"),
+		"address of /healthz, /readyz and /metrics: host:port, or unix:PATH for exec probes (caa probe) that need no port "+
+			"(the relay runs on the host network); empty: none (env CAA_HEALTH_ADDR)")
+	fs.StringVar(&f.metricsAddr, "metrics-addr", os.Getenv("CAA_METRICS_ADDR"),
+		"a second address serving /metrics only, for scrapes when --health-addr is a unix socket: host:port; empty: none (env CAA_METRICS_ADDR)")
 	fs.StringVar(&f.logFormat, "log-format", cli.EnvOr("CAA_LOG_FORMAT", "text"), "log format: text or json (env CAA_LOG_FORMAT)")
 	fs.StringVar(&f.logLevel, "log-level", cli.EnvOr("CAA_LOG_LEVEL", "info"), "log level: debug, info, warn or error (env CAA_LOG_LEVEL)")
 }
@@ -129,6 +143,32 @@ func Run(ctx context.Context, f *Options, stderr io.Writer) error {
 	for _, u := range f.allowUIDs {
 		allow = append(allow, uint32(u))
 	}
+	// The health endpoints answer from the start: /readyz says 503 while
+	// caa's client file is awaited.
+	var running atomic.Pointer[Server]
+	reg := newRegistry(&running)
+	ctx, stopHealth := context.WithCancel(ctx)
+	var healthDone sync.WaitGroup
+	defer func() { stopHealth(); healthDone.Wait() }()
+	for _, e := range []struct {
+		addr string
+		h    http.Handler
+	}{{f.healthAddr, healthHandler(&running, reg)}, {f.metricsAddr, health.MetricsHandler(reg)}} {
+		if e.addr == "" {
+			continue
+		}
+		hs, err := health.Listen(ctx, e.addr, e.h, log)
+		if err != nil {
+			return fail(err)
+		}
+		healthDone.Add(1)
+		go func() {
+			defer healthDone.Done()
+			if err := hs.Serve(ctx); err != nil {
+				log.Warn("health endpoint stopped", "err", err)
+			}
+		}()
+	}
 	var srv *Server
 	for {
 		var err error
@@ -146,6 +186,7 @@ func Run(ctx context.Context, f *Options, stderr io.Writer) error {
 	if err != nil {
 		return fail(err)
 	}
+	running.Store(srv)
 	log.Info("caa relay serving", "version", f.version, "socket", f.socket, "boot", srv.Boot(), "allowedUids", srv.Allowed())
 	if err := srv.Serve(ctx, ln); err != nil {
 		return fail(err)

@@ -53,6 +53,10 @@ type Server struct {
 	mu     sync.Mutex
 	relays map[string]*served
 	closed bool
+	// retired sums the counts of the relays closed so far, control the
+	// control requests (metrics.go).
+	retired relay.Stats
+	control map[controlKey]int
 }
 
 type served struct {
@@ -186,6 +190,7 @@ func (s *Server) admit(c net.Conn) error {
 func (s *Server) handle(ctx context.Context, c net.Conn) {
 	defer c.Close()
 	if err := s.admit(c); err != nil {
+		s.countControl("", controlRefused)
 		// Take the request off the socket first (briefly), so the
 		// client's write does not fail and it reads why it was refused.
 		_ = c.SetReadDeadline(time.Now().Add(time.Second))
@@ -227,9 +232,12 @@ func (s *Server) Do(ctx context.Context, req Request) Response {
 	default:
 		err = fmt.Errorf("unknown op %q: want %s, %s, %s or %s", req.Op, OpServe, OpStop, OpList, OpReach)
 	}
+	result := controlOK
 	if err != nil {
 		resp.Error = err.Error()
+		result = controlError
 	}
+	s.countControl(req.Op, result)
 	return resp
 }
 
@@ -275,6 +283,7 @@ func (s *Server) serve(req Request) (kept bool, heard time.Duration, err error) 
 	if old != nil {
 		delete(s.relays, req.Sandbox)
 		_ = old.r.Close()
+		s.retire(old.r)
 		s.log.Info("agent relay replaced", "sandbox", req.Sandbox, "was", old.e.Addr, "now", req.Addr)
 	}
 	if err := os.MkdirAll(filepath.Dir(req.Socket), 0o700); err != nil {
@@ -313,14 +322,18 @@ func heardAgo(r *relay.Relay) time.Duration {
 // is no error (stop is idempotent).
 func (s *Server) stop(id string) error {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	sv := s.relays[id]
-	delete(s.relays, id)
-	s.mu.Unlock()
 	if sv == nil {
 		return nil
 	}
+	delete(s.relays, id)
 	s.log.Info("agent socket stopped", "sandbox", id, "socket", sv.e.Socket)
-	return sv.r.Close()
+	// Closed under the lock (as serve replaces one), so a scrape sees its
+	// counts either live or retired, never neither.
+	err := sv.r.Close()
+	s.retire(sv.r)
+	return err
 }
 
 func (s *Server) list() []Entry {
@@ -355,11 +368,11 @@ func (s *Server) reach(ctx context.Context, req Request) error {
 
 func (s *Server) closeAll() {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.closed = true
-	all := s.relays
-	s.relays = map[string]*served{}
-	s.mu.Unlock()
-	for _, sv := range all {
+	for _, sv := range s.relays {
 		_ = sv.r.Close()
+		s.retire(sv.r)
 	}
+	s.relays = map[string]*served{}
 }
