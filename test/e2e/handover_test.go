@@ -297,6 +297,7 @@ func (h handoverNode) waitLeaseHeldBy(t *testing.T, v *daemon, what string) {
 // live and inert; no VM is touched; the node is without a reconciler only
 // for the gap; and the new caa serves new pods.
 func TestSurgeHandOver(t *testing.T) {
+	t.Parallel()
 	ctx, h := newHandoverNode(t, 5*time.Minute)
 	core := h.core
 	f1, f2 := h.front(t), h.front(t)
@@ -353,6 +354,7 @@ func TestSurgeHandOver(t *testing.T) {
 // caa abandons the call, which still lands at the cloud; the new caa finds
 // that VM by the create's key and makes no second one.
 func TestHandOverWithACreateInFlight(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		grace string
@@ -361,6 +363,7 @@ func TestHandOverWithACreateInFlight(t *testing.T) {
 		{"abandoned after the grace", "300ms"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // each its own cluster and caa pair
 			ctx, h := newHandoverNode(t, 5*time.Minute)
 			core := h.core
 			f1, f2 := h.front(t), h.front(t)
@@ -404,6 +407,7 @@ func TestHandOverWithACreateInFlight(t *testing.T) {
 // released to it, or that does not turn ready in time, leaves the node with
 // the old caa reconciling again.
 func TestHandbackWhenTheNewCaaFails(t *testing.T) {
+	t.Parallel()
 	ctx, h := newHandoverNode(t, 6*time.Minute)
 	f1, f2 := h.front(t), h.front(t)
 	v1, pods, before := h.holding(ctx, t, f1, 5, "--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "2s")
@@ -458,6 +462,7 @@ func TestHandbackWhenTheNewCaaFails(t *testing.T) {
 // fail the preflight, which also runs before the ask) never disturbs the
 // running one.
 func TestBrokenNewVersionNeverAsks(t *testing.T) {
+	t.Parallel()
 	ctx, h := newHandoverNode(t, 4*time.Minute)
 	f1 := h.front(t)
 	v1, pods, _ := h.holding(ctx, t, f1, 0)
@@ -481,6 +486,7 @@ func TestBrokenNewVersionNeverAsks(t *testing.T) {
 // moment of the hand-over, many times. Whatever the moment, one caa ends up
 // reconciling, each pod has exactly one VM, and the ledger verifies.
 func TestSigkillDuringHandOver(t *testing.T) {
+	t.Parallel()
 	iterations := 20
 	if testing.Short() {
 		iterations = 4
@@ -599,6 +605,7 @@ const e2eStale = 3 * 2 * time.Second
 // lock, never breaking it; once the hung process ends (the kubelet's probe
 // restarts it) the old caa takes the ledger back and reconciles.
 func TestHungNewCaaAfterItTookTheLedger(t *testing.T) {
+	t.Parallel()
 	ctx, h := newHandoverNode(t, 4*time.Minute)
 	f1, f2 := h.front(t), h.front(t)
 	v1, pods, before := h.holding(ctx, t, f1, 3, "--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "1s")
@@ -630,6 +637,7 @@ func TestHungNewCaaAfterItTookTheLedger(t *testing.T) {
 // socket, retires, and the new caa serves the hand-over socket: a third caa
 // takes the ledger from it.
 func TestFrozenHolderAfterTheRelease(t *testing.T) {
+	t.Parallel()
 	ctx, h := newHandoverNode(t, 4*time.Minute)
 	f1, f2, f3 := h.front(t), h.front(t), h.front(t)
 	v1, pods, _ := h.holding(ctx, t, f1, 3, "--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "1s")
@@ -660,6 +668,7 @@ func TestFrozenHolderAfterTheRelease(t *testing.T) {
 // saying the holder's lease expired; when the holder thaws it hands over
 // to the new caa, without a cooldown, and the new caa serves the socket.
 func TestFrozenHolderBeforeTheRelease(t *testing.T) {
+	t.Parallel()
 	ctx, h := newHandoverNode(t, 4*time.Minute)
 	f1, f2 := h.front(t), h.front(t)
 	v1, pods, _ := h.holding(ctx, t, f1, 3)
@@ -684,6 +693,7 @@ func TestFrozenHolderBeforeTheRelease(t *testing.T) {
 // ledger back through the lock, turns ready and serves new pods with no
 // VM replaced; and it hands the ledger over again to the next caa.
 func TestInertCaaTakesTheLedgerBackWhenItsSuccessorIsGone(t *testing.T) {
+	t.Parallel()
 	ctx, h := newHandoverNode(t, 4*time.Minute)
 	f1, f2, f3 := h.front(t), h.front(t), h.front(t)
 	v1, pods, before := h.holding(ctx, t, f1, 3, "--handover-inert-check", "300ms")
