@@ -50,9 +50,10 @@ type front struct {
 }
 
 type call struct {
-	kind           string
-	arrived, ended time.Time
-	nodeListing    bool // a listing of the node's instances by tag
+	kind        string
+	arrived     time.Time
+	ended       time.Time // zero while the cloud has not answered
+	nodeListing bool      // a listing of the node's instances by tag
 }
 
 // sharedEC2 is one fake EC2 server over core, for fronts to share (two
@@ -78,9 +79,16 @@ func newFront(t *testing.T, next http.Handler) *front {
 			// stops waiting for the answer, as on a real cloud.
 			time.Sleep(time.Duration(f.slowCreate.Load()))
 		}
+		// Recorded before the cloud sees it: a test that waits on the
+		// cloud's state (the VMs it holds) then finds the call here. Its
+		// end is stamped once the cloud has answered.
+		f.mu.Lock()
+		i := len(f.calls)
+		f.calls = append(f.calls, call{kind: kind, arrived: arrived, nodeListing: kind == "list" && nodeListing(string(body))})
+		f.mu.Unlock()
 		next.ServeHTTP(w, r)
 		f.mu.Lock()
-		f.calls = append(f.calls, call{kind: kind, arrived: arrived, ended: time.Now(), nodeListing: kind == "list" && nodeListing(string(body))})
+		f.calls[i].ended = time.Now()
 		f.mu.Unlock()
 	}))
 	t.Cleanup(srv.Close)
@@ -392,7 +400,7 @@ func TestHandOverWithACreateInFlight(t *testing.T) {
 				released := logTime(t, v1.logs.String(), "ledger released to the new caa; waiting for it to turn ready")
 				require.NotEmpty(t, f1.writes())
 				for _, w := range f1.writes() {
-					assert.True(t, w.ended.Before(released), "the old caa's %s ended at %s, after it released the ledger at %s",
+					assert.True(t, !w.ended.IsZero() && w.ended.Before(released), "the old caa's %s ended at %s, after it released the ledger at %s",
 						w.kind, w.ended.Format(time.StampMilli), released.Format(time.StampMilli))
 				}
 			}
