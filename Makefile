@@ -9,7 +9,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCH_COUNT ?= 5
 BENCH_OUT   ?= .cache/bench
 
-.PHONY: proto help build demo demo-kata test test-unit test-integration test-times e2e-binaries lint fmt bench bench-quick fuzz clean image static
+.PHONY: proto help build demo demo-kata test test-unit test-integration test-e2e test-main test-chart test-times e2e-binaries lint fmt bench bench-quick fuzz clean image static
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -74,7 +74,24 @@ demo-kata: ## as root: caa as kata's remote hypervisor with caa relay, 3 peer po
 	@$(MAKE) --no-print-directory static CLOUDS=aws STATIC_OUT=$(DEMO_KATA_BIN)/caa-next VERSION=$(VERSION)-next
 	$(GO) run ./test/e2e/cmd/demo-kata -caa $(DEMO_KATA_BIN)/caa -caa-next $(DEMO_KATA_BIN)/caa-next
 
-test: lint test-integration ## everything CI runs: lint, then every test (unit, integration, e2e, fuzz seeds) under the race detector
+# `make test` runs its suites side by side: one make -j over TEST_SUITES,
+# each line of output printed whole (-Oline). The machine's 2 cores are
+# mostly idle while the e2e packages wait on servers and timers, so lint's
+# and the chart module's CPU fits in their waits. A suite is a target that
+# fails when its tests fail; one that times itself writes its report to
+# $(TIMES_OUT)/<suite>.md, which `make test-times` prints. More suites join
+# with TEST_SUITES += <target> (here or on the command line): the real-node
+# tests (test-node) and upstream's pod VM programs (test-upstream-podvm).
+# A package that a suite of its own runs goes into OWN_SUITE_PKGS so that
+# test-main leaves it out.
+TEST_SUITES    ?= lint test-e2e test-main test-chart
+OWN_SUITE_PKGS ?=
+
+test: ## everything CI runs, side by side: lint, every test (unit, integration, e2e, fuzz seeds) under the race detector, the chart module's; TEST_SUITES lists them
+	@mkdir -p $(TIMES_OUT) && rm -f $(TIMES_OUT)/*.md && cat /proc/loadavg > $(TIMES_OUT)/load-before
+	@echo "make test: $(TEST_SUITES), side by side; load average before: $$(cat $(TIMES_OUT)/load-before)"
+	@start=$$(date +%s); $(MAKE) --no-print-directory -j$(words $(TEST_SUITES)) -Oline $(TEST_SUITES); rc=$$?; \
+		echo "make test: $(TEST_SUITES) took $$(( $$(date +%s) - start ))s, exit $$rc; load average after: $$(cat /proc/loadavg)" | tee $(TIMES_OUT)/total; exit $$rc
 
 # The Helm chart's tests are a module of their own (deploy/chart/go.mod:
 # Helm's SDK stays out of caa's go.mod; docs/design.md, The Helm chart).
@@ -88,14 +105,43 @@ test-unit: ## fast tests only: no e2e packages, and -short skips the crash loop 
 # (internal/testtimes; docs/test-times.md keeps a dated copy).
 TIMES_OUT ?= .cache/test-times
 
-test-integration: e2e-binaries ## every test, with the race detector (the chart's module too); where the time went: $(TIMES_OUT)
+test-integration: ## every test with the race detector, without lint: the test suites of TEST_SUITES side by side
 	@mkdir -p $(TIMES_OUT) && cat /proc/loadavg > $(TIMES_OUT)/load-before
-	$(GO) build -o $(TIMES_OUT)/testtimes ./internal/testtimes
-	set -o pipefail; $(GO) test -race -count=1 -timeout 40m -json ./... | $(TIMES_OUT)/testtimes -report $(TIMES_OUT)/main.md -load-before $(TIMES_OUT)/load-before
-	set -o pipefail; cd $(CHART_MOD) && $(GO) test -race -count=1 -timeout 20m -json ./... | ../../$(TIMES_OUT)/testtimes -report ../../$(TIMES_OUT)/chart.md
+	$(MAKE) --no-print-directory -j -Oline $(filter-out lint,$(TEST_SUITES))
 
-test-times: ## print where the last `make test` spent its time (per package, the 30 slowest tests)
-	@cat $(TIMES_OUT)/main.md $(TIMES_OUT)/chart.md
+# testtimes reads go test -json; every suite that times itself pipes
+# through it (TESTTIMES name.md: the pipe's command for that report).
+$(TIMES_OUT)/testtimes: $(wildcard internal/testtimes/*.go)
+	@mkdir -p $(TIMES_OUT) && $(GO) build -o $@ ./internal/testtimes
+TESTTIMES = $(CURDIR)/$(TIMES_OUT)/testtimes -report $(CURDIR)/$(TIMES_OUT)/$(1) -load-before $(CURDIR)/$(TIMES_OUT)/load-before
+
+# test/e2e is a suite of its own: the longest package, it starts at once
+# rather than after the packages go test would run before it, and inside
+# it four tests at a time by default (its e2eParallel), as they wait far
+# more than they compute.
+E2E_PKG := github.com/caa-project/caa/test/e2e
+
+test-e2e: e2e-binaries $(TIMES_OUT)/testtimes ## the e2e package under the race detector; report $(TIMES_OUT)/e2e.md
+	@test -f $(TIMES_OUT)/load-before || cat /proc/loadavg > $(TIMES_OUT)/load-before
+	set -o pipefail; $(GO) test -race -count=1 -timeout 40m -json ./test/e2e | $(call TESTTIMES,e2e.md)
+
+# The rest of the main module: every package but test/e2e and those in
+# OWN_SUITE_PKGS, two at a time (go test's -p is GOMAXPROCS), the slowest
+# (MAIN_FIRST) first so that none of them starts last.
+MAIN_FIRST := ./test/e2e/rollout ./deploy ./internal/imagebuild ./cmd/caa
+
+test-main: e2e-binaries $(TIMES_OUT)/testtimes ## the main module's other tests under the race detector; report $(TIMES_OUT)/main.md
+	@test -f $(TIMES_OUT)/load-before || cat /proc/loadavg > $(TIMES_OUT)/load-before
+	set -o pipefail; first=$$($(GO) list $(MAIN_FIRST)); \
+		rest=$$($(GO) list ./... | grep -vxF -e $(E2E_PKG) $$(printf -- '-e %s ' $$first) $(foreach p,$(OWN_SUITE_PKGS),-e '$(p)')); \
+		$(GO) test -race -count=1 -timeout 40m -json $$first $$rest | $(call TESTTIMES,main.md)
+
+test-chart: e2e-binaries $(TIMES_OUT)/testtimes ## the Helm chart module's tests under the race detector; report $(TIMES_OUT)/chart.md
+	@test -f $(TIMES_OUT)/load-before || cat /proc/loadavg > $(TIMES_OUT)/load-before
+	set -o pipefail; cd $(CHART_MOD) && $(GO) test -race -count=1 -timeout 20m -json ./... | $(call TESTTIMES,chart.md)
+
+test-times: ## print where the last `make test` spent its time (each suite's packages and 30 slowest tests, the total)
+	@cat $(TIMES_OUT)/*.md; cat $(TIMES_OUT)/total 2>/dev/null || true
 
 test-upstream-podvm: e2e-binaries ## the remote hypervisor e2e with upstream's real process-user-data and agent-protocol-forwarder in the pod VMs: CAA_UPSTREAM_PODVM_BIN=<their directory>, as root, iptables installed (not part of `make test`: CI cannot build them)
 	@if [ -z "$$CAA_UPSTREAM_PODVM_BIN" ]; then echo "CAA_UPSTREAM_PODVM_BIN is not set: build upstream's pod-VM programs with hack/build-upstream-podvm.sh (README, Running caa as kata's remote hypervisor) and point it at their bin directory"; exit 2; fi

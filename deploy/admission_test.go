@@ -37,6 +37,7 @@ import (
 // capacity); a caa token bound to no pod changes no Node; the cluster caa
 // writes the views and nothing else; nobody else writes a view.
 func TestNodeWritesOnTheAPIServer(t *testing.T) {
+	t.Parallel() // an apiserver of its own: its start-up and waits overlap the others'
 	needBinaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
@@ -183,6 +184,7 @@ func TestNodeWritesOnTheAPIServer(t *testing.T) {
 // that name node A as their source, on pods and on its own Node; it cannot
 // write one as node B, on node B's Node, or change node B's.
 func TestNodeEventsOnTheAPIServer(t *testing.T) {
+	t.Parallel() // an apiserver of its own: its start-up and waits overlap the others'
 	needBinaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

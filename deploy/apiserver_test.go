@@ -19,6 +19,7 @@ import (
 // admission), and then caa runs under the base's ServiceAccount token
 // (rbac_test.go). One cluster serves both.
 func TestOnTheAPIServer(t *testing.T) {
+	t.Parallel() // an apiserver of its own: its start-up and waits overlap the others'
 	needBinaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()

@@ -52,5 +52,6 @@ func TestAWSKeylessOverlays(t *testing.T) {
 // TestAWSKeylessOverlaysOnTheAPIServer dry-runs each keyless AWS overlay
 // against a real kube-apiserver.
 func TestAWSKeylessOverlaysOnTheAPIServer(t *testing.T) {
+	t.Parallel() // an apiserver of its own: its start-up and waits overlap the others'
 	dryRunOnTheAPIServer(t, slices.Sorted(maps.Keys(keylessAWS))...)
 }

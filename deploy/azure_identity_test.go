@@ -57,5 +57,6 @@ func checkWorkloadIdentityRoute(t *testing.T, got *unstructured.Unstructured) {
 // TestAzureWorkloadIdentityOverlayOnTheAPIServer dry-runs the overlay
 // against a real kube-apiserver.
 func TestAzureWorkloadIdentityOverlayOnTheAPIServer(t *testing.T) {
+	t.Parallel() // an apiserver of its own: its start-up and waits overlap the others'
 	dryRunOnTheAPIServer(t, azureWorkloadIdentity)
 }

@@ -103,5 +103,6 @@ func checkTrustedProfileRoute(t *testing.T, ds *unstructured.Unstructured) {
 // TestIBMCloudTrustedProfileOverlayOnTheAPIServer dry-runs the overlay
 // against a real kube-apiserver.
 func TestIBMCloudTrustedProfileOverlayOnTheAPIServer(t *testing.T) {
+	t.Parallel() // an apiserver of its own: its start-up and waits overlap the others'
 	dryRunOnTheAPIServer(t, ibmTrustedProfile)
 }

@@ -30,6 +30,7 @@ import (
 // caa's own ServiceAccount, with every role deploy/ and the kata component
 // give it, reads no secret at all.
 func TestPullSecretsOnlyAsTheNode(t *testing.T) {
+	t.Parallel() // an apiserver of its own: its start-up and waits overlap the others'
 	needBinaries(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()

@@ -25,6 +25,7 @@ import (
 // credentials (no token, no Secret, no ConfigMap) and no capability; and
 // caa pointed at its control socket in the hostPath they share.
 func TestRelayComponent(t *testing.T) {
+	t.Parallel() // an apiserver of its own: its start-up and waits overlap the others'
 	needBinaries(t)
 	bin := kubectl(t)
 	rendered := withComponentList(t, bin, "overlays/aws", "components/no-surge", "components/kata-remote-hypervisor", "components/relay")

@@ -17,6 +17,7 @@ import (
 // result is a static ELF that runs, carries the version and holds that
 // cloud only. internal/imagebuild's tests read the image itself back.
 func TestStaticBuild(t *testing.T) {
+	t.Parallel() // waits on caa's link, which the apiserver tests need not wait for
 	needBinaries(t)
 	const version = testVersion
 	bin := repoCaa(t, "aws")
@@ -52,6 +53,7 @@ func TestStaticBuild(t *testing.T) {
 // ignored. Each overlay is checked against its own cloud's build, the one
 // its image holds (the base against the every-cloud build).
 func TestSettingsAreCaaFlags(t *testing.T) {
+	t.Parallel() // waits on caa's link, which the apiserver tests need not wait for
 	needBinaries(t)
 	for name, m := range renderAll(t) {
 		bin := repoCaa(t, providerOf[name])

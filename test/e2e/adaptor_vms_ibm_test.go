@@ -20,6 +20,7 @@ import (
 // deleted; the live one, the untied one and the one a forged record ties
 // to a pod alive on another node stay.
 func TestAdaptorVMsOnIBMCloud(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	fc := newIBMCloudFake(t)

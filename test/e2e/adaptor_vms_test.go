@@ -64,6 +64,7 @@ func sid(prefix string) string { return prefix + strings.Repeat("0", 64-len(pref
 // forged record ties to a pod alive on another node, never one kata still
 // has a sandbox for.
 func TestAdaptorVMsOfAMigratedNode(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	aws := newAWSCloud(t)
@@ -190,6 +191,7 @@ func TestAdaptorVMsOfAMigratedNode(t *testing.T) {
 // dead adaptor VM (its pod gone) is deleted; the live one, the untied one
 // and the one a forged record ties to a pod alive on another node stay.
 func TestAdaptorVMsOnAzure(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	fc := newAzureFake(t)

@@ -25,6 +25,7 @@ import (
 // passes (no second create, no delete), and reports each pod's VM as
 // degraded: on /status, in the metric and with one warning event per pod.
 func TestAzureVMsWhoseExtensionFailsAreKept(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	fc := newAzureFake(t, armfake.WithFailingPolicyExtension())
 	const node, n = "worker-1", 3
@@ -71,6 +72,7 @@ func TestAzureVMsWhoseExtensionFailsAreKept(t *testing.T) {
 // orphan rule (seen twice, --gc-grace apart), retrying the refused delete
 // after the reservation, and makes no VM for the deleted pod.
 func TestAzureLeftoverNICIsCollected(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	const reservation = 4 * time.Second
 	fc := newAzureFake(t, armfake.WithNICReservation(reservation))

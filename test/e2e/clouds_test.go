@@ -75,12 +75,14 @@ type fakeCloud struct {
 
 // TestAzureStartRestartAndRecreate is scenarios (a), (b) and (c) on Azure.
 func TestAzureStartRestartAndRecreate(t *testing.T) {
+	t.Parallel()
 	runStartRestartAndRecreate(t, newAzureFake(t))
 }
 
 // TestIBMCloudStartRestartAndRecreate is scenarios (a), (b) and (c) on IBM
 // Cloud VPC.
 func TestIBMCloudStartRestartAndRecreate(t *testing.T) {
+	t.Parallel()
 	runStartRestartAndRecreate(t, newIBMCloudFake(t))
 }
 

@@ -235,6 +235,7 @@ func leaseHolder(ctx context.Context, c *cluster.Cluster) string {
 // however unhealthy (NotReady, cordoned, its caa killed), and of a node
 // deleted and re-created within the grace, are never touched.
 func TestClusterScopeCollectsDepartedNodes(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	c := startScopeCluster(ctx, t)
 	aws := newAWSCloud(t)
@@ -292,6 +293,7 @@ func TestClusterScopeCollectsDepartedNodes(t *testing.T) {
 // deletes a departed node's VMs; the other replica takes the Lease over
 // and deletes the rest after its own grace; no VM is deleted twice.
 func TestClusterScopeLeaderKilledMidSweep(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	c := startScopeCluster(ctx, t)
 	aws := newAWSCloud(t)
@@ -347,6 +349,7 @@ func TestClusterScopeLeaderKilledMidSweep(t *testing.T) {
 // own, and a VM killed behind its back is still replaced; once the leader
 // is gone for two intervals, the node lists the cloud again.
 func TestClusterAuditReplacesTheNodeListing(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	c := startScopeCluster(ctx, t)
 	aws := newAWSCloud(t)
@@ -395,6 +398,7 @@ func (f *front) nodeListings() int {
 // synced Node cache, so it lists no VM and deletes nothing, however long
 // the VMs of a node that was never there wait.
 func TestClusterScopeWithoutANodeListDeletesNothing(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	c := startScopeCluster(ctx, t)
 	aws := newAWSCloud(t)
@@ -441,6 +445,7 @@ func TestClusterScopeWithoutANodeListDeletesNothing(t *testing.T) {
 // those, never a cordoned NotReady node's nor another cluster's; and the
 // node caa of a live node audits against the view it publishes.
 func TestClusterScopeOnIBMCloud(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	c := startScopeCluster(ctx, t)
 	ibm := newIBMCloudFake(t)
@@ -502,6 +507,7 @@ func TestClusterScopeOnIBMCloud(t *testing.T) {
 // through the view (the node reads only that instance, by id); once the
 // leader is gone for two intervals, the node searches again.
 func TestClusterAuditReplacesTheNodeListingOnIBMCloud(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	c := startScopeCluster(ctx, t)
 	ibm := newIBMCloudFake(t)
@@ -553,6 +559,7 @@ func TestClusterAuditReplacesTheNodeListingOnIBMCloud(t *testing.T) {
 // after the grace and only those, never another node's nor another
 // cluster's; and the node caa of a live node audits against the view.
 func TestClusterScopeOnAzure(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	c := startScopeCluster(ctx, t)
 	az := newAzureFake(t, armfake.WithGraphPageSize(2))

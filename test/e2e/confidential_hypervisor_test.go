@@ -28,6 +28,7 @@ import (
 //   - after a restart: the running sandbox is not served again (its agent
 //     socket stays closed), the event, the VM deleted, the record gone.
 func TestHypervisorNeverServesAVMTheCloudReportsNotConfidential(t *testing.T) {
+	t.Parallel()
 	ctx, e := newHVEnv(t, 4*time.Minute)
 	web := e.newPod(ctx, t, "shop", "web", nil)
 	api := e.newPod(ctx, t, "shop", "api", nil)

@@ -51,6 +51,7 @@ func newAWSFakeCloud(t *testing.T) *fakeCloud {
 }
 
 func TestConfidentialByDefaultOnEveryCloud(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	for _, tc := range []confidentialCase{
@@ -58,7 +59,8 @@ func TestConfidentialByDefaultOnEveryCloud(t *testing.T) {
 		{fc: newAzureFake(t), tee: provider.TEESEVSNP, typeFlag: "--azure-instance-type", ordinary: "Standard_D2as_v5", fix: "Standard_DC2as_v5"},
 		{fc: newIBMCloudFake(t), tee: provider.TEETDX, typeFlag: "--ibmcloud-instance-type", ordinary: "bx2-2x8", fix: "bx3dc-2x10"},
 	} {
-		t.Run(tc.fc.name, func(t *testing.T) { runConfidentialByDefault(ctx, t, c, tc) })
+		// Each cloud its own node, namespace, fake and caa: side by side.
+		t.Run(tc.fc.name, func(t *testing.T) { t.Parallel(); runConfidentialByDefault(ctx, t, c, tc) })
 	}
 }
 
@@ -186,6 +188,7 @@ func mustGet(t *testing.T, core *cloud.Cloud, id string) cloud.Instance {
 // opt-out: an ordinary type starts, its VMs are ordinary, and the log
 // lines and /status entries that report a VM name the flag.
 func TestConfidentialOptOutIsNamed(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	const node = "worker-1"
 	c := startWithNode(ctx, t, node)

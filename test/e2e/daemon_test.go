@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"context"
+	"flag"
 	"fmt"
 	"net/http"
 	"net/http/httptest"
@@ -28,6 +29,8 @@ import (
 var caaBin string
 
 func TestMain(m *testing.M) {
+	flag.Parse()
+	defaultParallel()
 	dir, err := os.MkdirTemp("", "caa-e2e-bin")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -196,6 +199,7 @@ func liveVMs(core *cloud.Cloud) map[string]string {
 // on AWS: first start, restart with every VM alive, restart after VMs were
 // killed behind caa's back.
 func TestStartRestartAndRecreate(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 10*time.Minute)
 	const node, n = "worker-1", 12
 	c := startWithNode(ctx, t, node)
@@ -277,6 +281,7 @@ func runBin(t *testing.T, bin string, args ...string) string {
 // down, (f) terminal pods, (g) a bad annotation, and I6: a lost ledger
 // refused by the Node guard, then rebuilt from the cloud's tags.
 func TestGonePodsBadSpecsAndALostLedger(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 10*time.Minute)
 	const node = "worker-1"
 	c := startWithNode(ctx, t, node)

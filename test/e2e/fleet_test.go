@@ -43,6 +43,7 @@ type fleetPod struct{ uid, name string }
 // churn, no listing (audits are 10m away), and at the end exactly one live
 // VM per pod. It logs the calls each pod change cost.
 func TestFleetChurnStaysWithinPublishedBudgets(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("a fleet of five daemons for about two minutes")
 	}

@@ -50,9 +50,10 @@ type front struct {
 }
 
 type call struct {
-	kind           string
-	arrived, ended time.Time
-	nodeListing    bool // a listing of the node's instances by tag
+	kind        string
+	arrived     time.Time
+	ended       time.Time // zero while the cloud has not answered
+	nodeListing bool      // a listing of the node's instances by tag
 }
 
 // sharedEC2 is one fake EC2 server over core, for fronts to share (two
@@ -78,9 +79,16 @@ func newFront(t *testing.T, next http.Handler) *front {
 			// stops waiting for the answer, as on a real cloud.
 			time.Sleep(time.Duration(f.slowCreate.Load()))
 		}
+		// Recorded before the cloud sees it: a test that waits on the
+		// cloud's state (the VMs it holds) then finds the call here. Its
+		// end is stamped once the cloud has answered.
+		f.mu.Lock()
+		i := len(f.calls)
+		f.calls = append(f.calls, call{kind: kind, arrived: arrived, nodeListing: kind == "list" && nodeListing(string(body))})
+		f.mu.Unlock()
 		next.ServeHTTP(w, r)
 		f.mu.Lock()
-		f.calls = append(f.calls, call{kind: kind, arrived: arrived, ended: time.Now(), nodeListing: kind == "list" && nodeListing(string(body))})
+		f.calls[i].ended = time.Now()
 		f.mu.Unlock()
 	}))
 	t.Cleanup(srv.Close)
@@ -297,6 +305,7 @@ func (h handoverNode) waitLeaseHeldBy(t *testing.T, v *daemon, what string) {
 // live and inert; no VM is touched; the node is without a reconciler only
 // for the gap; and the new caa serves new pods.
 func TestSurgeHandOver(t *testing.T) {
+	t.Parallel()
 	ctx, h := newHandoverNode(t, 5*time.Minute)
 	core := h.core
 	f1, f2 := h.front(t), h.front(t)
@@ -353,6 +362,7 @@ func TestSurgeHandOver(t *testing.T) {
 // caa abandons the call, which still lands at the cloud; the new caa finds
 // that VM by the create's key and makes no second one.
 func TestHandOverWithACreateInFlight(t *testing.T) {
+	t.Parallel()
 	for _, tc := range []struct {
 		name  string
 		grace string
@@ -361,6 +371,7 @@ func TestHandOverWithACreateInFlight(t *testing.T) {
 		{"abandoned after the grace", "300ms"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
+			t.Parallel() // each its own cluster and caa pair
 			ctx, h := newHandoverNode(t, 5*time.Minute)
 			core := h.core
 			f1, f2 := h.front(t), h.front(t)
@@ -389,7 +400,7 @@ func TestHandOverWithACreateInFlight(t *testing.T) {
 				released := logTime(t, v1.logs.String(), "ledger released to the new caa; waiting for it to turn ready")
 				require.NotEmpty(t, f1.writes())
 				for _, w := range f1.writes() {
-					assert.True(t, w.ended.Before(released), "the old caa's %s ended at %s, after it released the ledger at %s",
+					assert.True(t, !w.ended.IsZero() && w.ended.Before(released), "the old caa's %s ended at %s, after it released the ledger at %s",
 						w.kind, w.ended.Format(time.StampMilli), released.Format(time.StampMilli))
 				}
 			}
@@ -404,6 +415,7 @@ func TestHandOverWithACreateInFlight(t *testing.T) {
 // released to it, or that does not turn ready in time, leaves the node with
 // the old caa reconciling again.
 func TestHandbackWhenTheNewCaaFails(t *testing.T) {
+	t.Parallel()
 	ctx, h := newHandoverNode(t, 6*time.Minute)
 	f1, f2 := h.front(t), h.front(t)
 	v1, pods, before := h.holding(ctx, t, f1, 5, "--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "2s")
@@ -458,6 +470,7 @@ func TestHandbackWhenTheNewCaaFails(t *testing.T) {
 // fail the preflight, which also runs before the ask) never disturbs the
 // running one.
 func TestBrokenNewVersionNeverAsks(t *testing.T) {
+	t.Parallel()
 	ctx, h := newHandoverNode(t, 4*time.Minute)
 	f1 := h.front(t)
 	v1, pods, _ := h.holding(ctx, t, f1, 0)
@@ -481,6 +494,7 @@ func TestBrokenNewVersionNeverAsks(t *testing.T) {
 // moment of the hand-over, many times. Whatever the moment, one caa ends up
 // reconciling, each pod has exactly one VM, and the ledger verifies.
 func TestSigkillDuringHandOver(t *testing.T) {
+	t.Parallel()
 	iterations := 20
 	if testing.Short() {
 		iterations = 4
@@ -599,6 +613,7 @@ const e2eStale = 3 * 2 * time.Second
 // lock, never breaking it; once the hung process ends (the kubelet's probe
 // restarts it) the old caa takes the ledger back and reconciles.
 func TestHungNewCaaAfterItTookTheLedger(t *testing.T) {
+	t.Parallel()
 	ctx, h := newHandoverNode(t, 4*time.Minute)
 	f1, f2 := h.front(t), h.front(t)
 	v1, pods, before := h.holding(ctx, t, f1, 3, "--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "1s")
@@ -630,6 +645,7 @@ func TestHungNewCaaAfterItTookTheLedger(t *testing.T) {
 // socket, retires, and the new caa serves the hand-over socket: a third caa
 // takes the ledger from it.
 func TestFrozenHolderAfterTheRelease(t *testing.T) {
+	t.Parallel()
 	ctx, h := newHandoverNode(t, 4*time.Minute)
 	f1, f2, f3 := h.front(t), h.front(t), h.front(t)
 	v1, pods, _ := h.holding(ctx, t, f1, 3, "--handover-ready-timeout", "4s", "--boot-timeout", "3s", "--shutdown-grace", "1s")
@@ -660,6 +676,7 @@ func TestFrozenHolderAfterTheRelease(t *testing.T) {
 // saying the holder's lease expired; when the holder thaws it hands over
 // to the new caa, without a cooldown, and the new caa serves the socket.
 func TestFrozenHolderBeforeTheRelease(t *testing.T) {
+	t.Parallel()
 	ctx, h := newHandoverNode(t, 4*time.Minute)
 	f1, f2 := h.front(t), h.front(t)
 	v1, pods, _ := h.holding(ctx, t, f1, 3)
@@ -684,6 +701,7 @@ func TestFrozenHolderBeforeTheRelease(t *testing.T) {
 // ledger back through the lock, turns ready and serves new pods with no
 // VM replaced; and it hands the ledger over again to the next caa.
 func TestInertCaaTakesTheLedgerBackWhenItsSuccessorIsGone(t *testing.T) {
+	t.Parallel()
 	ctx, h := newHandoverNode(t, 4*time.Minute)
 	f1, f2, f3 := h.front(t), h.front(t), h.front(t)
 	v1, pods, before := h.holding(ctx, t, f1, 3, "--handover-inert-check", "300ms")

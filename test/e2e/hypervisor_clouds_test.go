@@ -15,6 +15,7 @@ import (
 // the cidata volume. The real SDK providers against the fakes; one
 // apiserver, one node and cloud network per cloud.
 func TestHypervisorOnAzureAndIBMCloud(t *testing.T) {
+	serial(t, "it asserts StopVM answers within kata's one second, a latency other tests' load would stretch")
 	ctx := testContext(t, 4*time.Minute)
 	c := cluster.Start(ctx, t)
 	for i, name := range []string{"azure", "ibmcloud"} {

@@ -31,6 +31,7 @@ import (
 // deletes it. Killed so again, and answered with kata's StopVM instead,
 // caa finds the VM by its key and deletes it: nothing leaks.
 func TestHypervisorSigkillMidStartVM(t *testing.T) {
+	t.Parallel()
 	ctx, e := newHVEnv(t, 3*time.Minute)
 	pod := e.newPod(ctx, t, "shop", "web-0", nil)
 	d := e.startReady(t)
@@ -105,6 +106,7 @@ func TestHypervisorSigkillMidStartVM(t *testing.T) {
 // fake EC2's door, and every agent socket is served (a health check answers
 // through it) by the moment /readyz first says 200.
 func TestHypervisorRestartWith20Sandboxes(t *testing.T) {
+	t.Parallel()
 	ctx, e := newHVEnv(t, 3*time.Minute)
 	const n = 20
 	pods := make([]*peerPod, n)
@@ -186,6 +188,7 @@ func TestHypervisorRestartWith20Sandboxes(t *testing.T) {
 // cache is the positive evidence (I3): the sandbox's socket closes and its VM
 // is deleted; the other pod's sandbox keeps its VM and its agent.
 func TestHypervisorPodGoneRetiresItsSandbox(t *testing.T) {
+	t.Parallel()
 	ctx, e := newHVEnv(t, 3*time.Minute)
 	gone := e.newPod(ctx, t, "team", "gone", nil)
 	stays := e.newPod(ctx, t, "team", "stays", nil)
@@ -238,6 +241,7 @@ func (d *daemon) waitReadyFast(t *testing.T, check func()) {
 // kubelet's next sandbox for the pod gets a new VM through StartVM; and the
 // old VM is deleted, once the new sandbox runs.
 func TestHypervisorVMKilledBehindCaasBack(t *testing.T) {
+	t.Parallel()
 	ctx, e := newHVEnv(t, 3*time.Minute)
 	pod := e.newPod(ctx, t, "team", "web-0", nil)
 	d := e.startReady(t)
@@ -303,6 +307,7 @@ func TestHypervisorVMKilledBehindCaasBack(t *testing.T) {
 // intent stays recorded; the next caa gives the shim's repeated StartVM the
 // VM that create made, and no other.
 func TestHypervisorSigtermMidStartVM(t *testing.T) {
+	t.Parallel()
 	ctx, e := newHVEnv(t, 3*time.Minute)
 	pod := e.newPod(ctx, t, "shop", "web-0", nil)
 	const grace = 2 * time.Second

@@ -33,6 +33,7 @@ import (
 //   - a pod of a runtime class caa does not serve (kata-qemu): refused,
 //     naming the class and --runtime-class, and no VM is made.
 func TestHypervisorEveryRuntimesIdentityAndSizing(t *testing.T) {
+	t.Parallel()
 	ctx, e := newHVEnv(t, 3*time.Minute)
 	web := e.newPod(ctx, t, "shop", "web-0", nil)
 	big := e.newPod(ctx, t, "shop", "big", nil)

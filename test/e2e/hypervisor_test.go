@@ -39,6 +39,7 @@ import (
 // comes back to the pod's gateway on the node; StopVM answers fast and the
 // VM is deleted.
 func TestHypervisorKataPodEndToEnd(t *testing.T) {
+	serial(t, "it asserts StopVM answers within kata's one second, a latency other tests' load would stretch")
 	ctx, e := newHVEnv(t, 3*time.Minute)
 	pod := e.newPod(ctx, t, "shop", "web-0", nil)
 	d := e.startReady(t)
@@ -192,6 +193,7 @@ func pemBody(t *testing.T, b []byte) string {
 // and the fix; nothing reaches the cloud; the running sandbox stays served
 // (its shim's connection too) and the ledger verifies clean.
 func TestHypervisorHostileInput(t *testing.T) {
+	t.Parallel()
 	ctx, e := newHVEnv(t, 3*time.Minute)
 	good := e.newPod(ctx, t, "shop", "good", nil)
 	big := strings.Repeat("x", sandbox.MaxInitData+1)

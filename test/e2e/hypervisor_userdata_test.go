@@ -30,6 +30,7 @@ import (
 // process-user-data refuses it encoded twice) and the pod's credentials as
 // /run/peerpod/auth.json, and the sandbox works.
 func TestHypervisorPrivateImageAndInitDataAcrossARestart(t *testing.T) {
+	t.Parallel()
 	ctx, e := newHVEnv(t, 3*time.Minute)
 	const ns, name = "vault", "private-0"
 	const doc = "algorithm = \"sha384\"\nversion = \"0.1.0\"\n[data]\n\"policy.rego\" = \"e2e-restart-policy-51c2\"\n"

@@ -187,11 +187,17 @@ func podIdentity() *route {
 }
 
 // TestAWSIdentityIRSA runs caa on IRSA under the shipped policy.
-func TestAWSIdentityIRSA(t *testing.T) { runIdentity(t, irsa()) }
+func TestAWSIdentityIRSA(t *testing.T) {
+	t.Parallel()
+	runIdentity(t, irsa())
+}
 
 // TestAWSIdentityPodIdentity runs caa on EKS Pod Identity under the
 // shipped policy.
-func TestAWSIdentityPodIdentity(t *testing.T) { runIdentity(t, podIdentity()) }
+func TestAWSIdentityPodIdentity(t *testing.T) {
+	t.Parallel()
+	runIdentity(t, podIdentity())
+}
 
 // runIdentity: caa starts and creates a VM per pod with keys from the
 // route; the token rotates and the keys expire while it runs; a new pod
@@ -270,6 +276,7 @@ func staticKeyCloud(t *testing.T) *identityCloud {
 // killed VM recreated, a deleted pod's VM deleted, an orphan collected,
 // and `caa ledger rebuild`. No call is refused.
 func TestAWSLeastPrivilegeLife(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	ic := staticKeyCloud(t)
@@ -285,11 +292,13 @@ func TestAWSLeastPrivilegeLife(t *testing.T) {
 // given back (no restart) it turns ready. Then a subnet EC2 does not know:
 // the reason names the setting.
 func TestAWSPreflightNamesTheMissingPermission(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	full := shippedAWSPolicy(t)
 	for i, action := range full.Actions() {
 		t.Run(action, func(t *testing.T) {
+			t.Parallel() // each its own node, cloud and caa: the waits overlap
 			ic := staticKeyCloud(t)
 			// One instance of caa's in the account (another cluster's), for
 			// the terminate's dry run.
@@ -305,6 +314,7 @@ func TestAWSPreflightNamesTheMissingPermission(t *testing.T) {
 	}
 	// A wrong setting is named the same way: a subnet EC2 does not know.
 	t.Run("wrong subnet", func(t *testing.T) {
+		t.Parallel()
 		ic := staticKeyCloud(t)
 		const node = "preflight-subnet"
 		_, err := c.CreateNode(ctx, node)

@@ -90,6 +90,7 @@ func newAzureRoleCloud(t *testing.T, auth armfake.Option) *azureRoleCloud {
 // a deleted pod loses its VM, without a restart; no token appears in caa's
 // output, events, /status or ledger.
 func TestAzureIdentityWorkloadIdentity(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 
@@ -154,6 +155,7 @@ func TestAzureIdentityWorkloadIdentity(t *testing.T) {
 // the role is whole again (no restart) it turns ready. Then a resource
 // group and a subnet that do not exist: the reason names the setting.
 func TestAzurePreflightNamesTheMissingAction(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	full := shippedAzureRole(t)
@@ -170,6 +172,7 @@ func TestAzurePreflightNamesTheMissingAction(t *testing.T) {
 	}
 	for i, action := range full.Actions {
 		t.Run(action, func(t *testing.T) {
+			t.Parallel() // each its own node, cloud and caa: the waits overlap
 			node := fmt.Sprintf("preflight-%d", i)
 			ac, d := start(t, node, full.Without(action))
 			preflightNamesMissing(ctx, t, c, d, node, action, action, ac.core, 0, func() { ac.role.Store(full) })
@@ -181,6 +184,7 @@ func TestAzurePreflightNamesTheMissingAction(t *testing.T) {
 			"/resourceGroups/caa-net/providers/Microsoft.Network/virtualNetworks/caa-vnet/subnets/elsewhere", "--azure-subnet-id (CAA_AZURE_SUBNET_ID)"},
 	} {
 		t.Run(name, func(t *testing.T) {
+			t.Parallel()
 			ac, d := start(t, "preflight-"+strings.ReplaceAll(name, " ", "-"), full, tc.flag, tc.value)
 			settingNamed(t, d, ac.core, tc.want)
 		})
@@ -192,6 +196,7 @@ func TestAzurePreflightNamesTheMissingAction(t *testing.T) {
 // restart and adopt, a killed VM recreated, a deleted pod's VM deleted, an
 // orphan collected, and `caa ledger rebuild`. No call is refused.
 func TestAzureLeastPrivilegeLife(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	token := secret("e2e-arm-token-")

@@ -150,6 +150,7 @@ func (ic *ibmIdentityCloud) usedSince(from int) int {
 // from the new CR token, without a restart; no token appears in caa's
 // output, the events, /status or the ledger.
 func TestIBMCloudIdentityTrustedProfile(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	ic := newIBMIdentityCloud(ctx, t, c)
@@ -193,6 +194,7 @@ func TestIBMCloudIdentityTrustedProfile(t *testing.T) {
 // the grant is back (no restart) it turns ready. Then a subnet VPC does
 // not know: the reason names the setting.
 func TestIBMCloudPreflightNamesTheMissingGrant(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	full := shippedIBMPolicies(t)
@@ -206,10 +208,11 @@ func TestIBMCloudPreflightNamesTheMissingGrant(t *testing.T) {
 			continue
 		}
 		n++
+		node := fmt.Sprintf("preflight-%d", n) // this grant's own: the subtests run side by side
 		t.Run(action, func(t *testing.T) {
+			t.Parallel() // each its own node, cloud and caa: the waits overlap
 			ic := newIBMIdentityCloud(ctx, t, c)
 			ic.policy.Store(full.Without(g))
-			node := fmt.Sprintf("preflight-%d", n)
 			nodeWithPod(ctx, t, c, node)
 			d := launchCaa(t, c, node, filepath.Join(t.TempDir(), "caa", "ledger.db"), "ibmcloud preflight", ic.args, ic.env)
 			preflightNamesMissing(ctx, t, c, d, node, action, g.String(), ic.core, 0, func() { ic.policy.Store(full) })
@@ -221,6 +224,7 @@ func TestIBMCloudPreflightNamesTheMissingGrant(t *testing.T) {
 	// subnet they do not cover before VPC could say it does not exist; the
 	// reason names the setting all the same.
 	t.Run("wrong subnet", func(t *testing.T) {
+		t.Parallel()
 		ic := newIBMIdentityCloud(ctx, t, c)
 		const node = "preflight-subnet"
 		_, err := c.CreateNode(ctx, node)
@@ -237,6 +241,7 @@ func TestIBMCloudPreflightNamesTheMissingGrant(t *testing.T) {
 // deleted, an orphan collected, and `caa ledger rebuild`. No call is
 // refused.
 func TestIBMCloudLeastPrivilegeLife(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	ic := newIBMIdentityCloud(ctx, t, c)

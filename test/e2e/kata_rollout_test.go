@@ -57,6 +57,7 @@ patches:
 // beside the first (no port clash), the running sandboxes are served by
 // v2 afterwards, and every churned sandbox's VM is gone.
 func TestKataDaemonSetSurgeRollout(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	c := cluster.Start(ctx, t)
 	require.NoError(t, c.StartControlPlane(ctx))

@@ -102,6 +102,7 @@ func (l *shimLoop) throughout(t *testing.T, k int64) {
 // ledger. Every sandbox gets exactly one VM, which StopVM deletes; the
 // running sandboxes' shims never miss a health check.
 func TestKataCallsSurviveSurgeHandOvers(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	n := newRollNode(ctx, t, cluster.Start(ctx, t), "worker-1")
 	// Every generation aborts a hand-over whose new caa is not ready

@@ -26,6 +26,7 @@ import (
 // IdempotentInstanceTerminated. caa must take the next attempt's key and
 // converge, rather than retry the spent key for ever.
 func TestARebuiltLedgerNeverReusesASpentKey(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 10*time.Minute)
 	c := cluster.Start(ctx, t)
 	core := cloud.New(ec2fake.CloudOptions(cloud.Options{Images: []string{"ami-0123456789abcdef0"}, KeepTerminated: time.Millisecond}))

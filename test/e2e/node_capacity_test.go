@@ -21,6 +21,7 @@ import (
 // restart with another --max-pod-vms advertises the new number; -1
 // advertises nothing and leaves what is there.
 func TestNodeAdvertisesPeerPodCapacity(t *testing.T) {
+	t.Parallel()
 	ctx, e := newHVEnv(t, 4*time.Minute)
 	nodes := e.c.Client().CoreV1().Nodes()
 	capacity := func() (capacity, allocatable int64, ok bool) {

@@ -25,6 +25,7 @@ import (
 // gateway), the agent answers through caa, and the tunnel carries the pod's
 // traffic.
 func TestHypervisorPodWithRoutesTheVMCannotInstall(t *testing.T) {
+	t.Parallel()
 	ctx, e := newHVEnv(t, 3*time.Minute)
 	pod := e.newPod(ctx, t, "routes", "web-0", nil)
 	gw := pod.net.GatewayIP

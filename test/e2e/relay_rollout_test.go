@@ -250,6 +250,7 @@ func stallSpan(nodes []*rollNode, during func()) (time.Duration, time.Duration) 
 // sandbox fails, every long call completes, no stream byte is lost, the
 // cloud sees no create or delete, and every VM is adopted.
 func TestRelayRolloutKeepsEverySandbox(t *testing.T) {
+	t.Parallel()
 	const nodes, perNode = 3, 10
 	ctx := testContext(t, 4*time.Minute)
 	c := cluster.Start(ctx, t)
@@ -317,6 +318,7 @@ func TestRelayRolloutKeepsEverySandbox(t *testing.T) {
 // check, the long call completes, the stream loses no byte; the caa after
 // the kill adopts every VM, with no cloud write and no VM leaked.
 func TestRelayRolloutFaults(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 3*time.Minute)
 	n := newRollNode(ctx, t, cluster.Start(ctx, t), "worker-1")
 	n.caa = n.startCaa(t, "--handover-ready-timeout", "4s", "--sandbox-ready-timeout", "2s", "--boot-timeout", "3s")

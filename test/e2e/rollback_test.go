@@ -39,6 +39,7 @@ func schemaOf(t *testing.T, path string) int {
 // deleted, new pods get their VMs, v1 uses the schema-2 file as it is, and
 // `caa ledger verify` of both builds is clean.
 func TestRollForwardAndBack(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 8*time.Minute)
 	v2Bin := filepath.Join(t.TempDir(), "caa-v2")
 	require.NoError(t, cluster.BuildCaa(ctx, v2Bin, "v2-test", "caa_ledger_v2test"))

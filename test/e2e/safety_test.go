@@ -113,6 +113,7 @@ func newRecordedAWSCloud(t *testing.T) (*awsCloud, *arrivals) {
 // flight finish; caa exits 0 without deleting a VM for the shutdown (I4);
 // and the next caa finishes the work with one VM per pod (I1).
 func TestSigtermMidPassStartsNoCloudCall(t *testing.T) {
+	serial(t, "it asserts no cloud call reaches the fake more than 100 ms after SIGTERM, a window other tests' load would stretch")
 	ctx := testContext(t, 8*time.Minute)
 	const node = "worker-1"
 	c := startWithNode(ctx, t, node)
@@ -178,6 +179,7 @@ func TestSigtermMidPassStartsNoCloudCall(t *testing.T) {
 // /status and in metrics; restarted with the right flag, it adopts them all
 // without a cloud write (I3: configuration never deletes a VM).
 func TestRestartWithAnotherRuntimeClassDeletesNothing(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 6*time.Minute)
 	const node = "worker-1"
 	c := startWithNode(ctx, t, node)
@@ -225,6 +227,7 @@ func TestRestartWithAnotherRuntimeClassDeletesNothing(t *testing.T) {
 // the fake EC2: one RunInstances and at most two reads per create, one
 // TerminateInstances and at most one read per delete, and no listing.
 func TestPodChurnCostsNoListing(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 6*time.Minute)
 	const node = "worker-1"
 	c := startWithNode(ctx, t, node)

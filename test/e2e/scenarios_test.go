@@ -235,6 +235,7 @@ func exportLedger(t *testing.T, ledgerPath string) map[string]ledger.Record {
 // cluster and node whose pod does not exist is deleted, but only once caa
 // has known it as an orphan for the grace period (I3), and only it.
 func TestOrphanVMCollectedAfterGrace(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	c := cluster.Start(ctx, t)
 	aws := newAWSCloud(t)
@@ -307,6 +308,7 @@ func TestOrphanVMCollectedAfterGrace(t *testing.T) {
 // duplicated (I1), nothing is left over, and the ledger verifies.
 // CAA_E2E_SEED replays a run's kill schedule.
 func TestCrashSafetyUnderRandomKills(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 10*time.Minute)
 	seed := uint64(time.Now().UnixNano())
 	if s := os.Getenv("CAA_E2E_SEED"); s != "" {
@@ -403,6 +405,7 @@ func TestCrashSafetyUnderRandomKills(t *testing.T) {
 // errors and eventual consistency on, caa still gives each of 20 pods one
 // VM, and deletes nothing on a NotFound (I3).
 func TestConvergesThroughCloudFaults(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	const node, n = "worker-1", 20
 	c := startWithNode(ctx, t, node)
@@ -450,6 +453,7 @@ func TestConvergesThroughCloudFaults(t *testing.T) {
 // while. Neither the replacement's NotFound nor the dead VM, still listed as
 // terminated, may start a third VM (I1, I3).
 func TestRecreateUnderEventualConsistency(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	c := cluster.Start(ctx, t)
 	aws := newAWSCloud(t)
@@ -504,6 +508,7 @@ func TestRecreateUnderEventualConsistency(t *testing.T) {
 // still follows pod deletions. Before that, with caa running, the CLI reads
 // the ledger through the daemon's socket and the status and metrics answer.
 func TestAPIServerRestartAndTheCLI(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	const node, n = "worker-1", 10
 	c := startWithNode(ctx, t, node)

@@ -95,6 +95,7 @@ func ledgerEpoch(t *testing.T, path string) uint64 {
 // ledger, so a failing preflight leaves a pod that needs a VM without one
 // and makes no cloud write.
 func TestPreflightFingerprintGatesWritesNotReadiness(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	const node = "worker-warm"
 	c := startWithNode(ctx, t, node)

@@ -66,6 +66,7 @@ type brokenPhase struct {
 // the stall gets its VM), no VM is lost, and the undo completes with the
 // v1 pod that never went away.
 func TestBrokenReleaseStalls(t *testing.T) {
+	t.Parallel() // its own control plane, kwok nodes, fake EC2 and report files
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	const podsPerNode = 10

@@ -49,24 +49,28 @@ type scenario struct {
 // node not yet updated, and a peer pod created on each node as its update
 // begins.
 func TestRollingUpdateSurge(t *testing.T) {
+	t.Parallel() // its own control plane, kwok nodes, fake EC2 and report files
 	runRollout(t, scenario{nodes: 3, podsPerNode: 30, kills: 3, suffix: "-surge"})
 }
 
 // TestRollingUpdateSurgeSingleNode is the surge on a one-node cluster:
 // the node is without a reconciling caa only for the hand-over's gap.
 func TestRollingUpdateSurgeSingleNode(t *testing.T) {
+	t.Parallel() // its own control plane, kwok nodes, fake EC2 and report files
 	runRollout(t, scenario{nodes: 1, podsPerNode: 30, addOnReady: true, suffix: "-surge-single-node"})
 }
 
 // TestRollingUpdateNoSurge is the same as TestRollingUpdateSurge with
 // deploy/components/no-surge: the old caa exits before the new one starts.
 func TestRollingUpdateNoSurge(t *testing.T) {
+	t.Parallel() // its own control plane, kwok nodes, fake EC2 and report files
 	runRollout(t, scenario{nodes: 3, podsPerNode: 30, kills: 3, noSurge: true, suffix: "-no-surge"})
 }
 
 // TestRollingUpdateNoSurgeSingleNode is the no-surge update of a one-node
 // cluster: the node is without caa while it is updated, and nothing else is.
 func TestRollingUpdateNoSurgeSingleNode(t *testing.T) {
+	t.Parallel() // its own control plane, kwok nodes, fake EC2 and report files
 	runRollout(t, scenario{nodes: 1, podsPerNode: 20, kills: 3, noSurge: true, suffix: "-no-surge-single-node"})
 }
 

@@ -23,6 +23,7 @@ import (
 // deploy/components/no-surge replaces v1 by v2, which opens the ledger
 // itself; no VM is lost.
 func TestUpgradeFromACaaWithoutTheHandover(t *testing.T) {
+	t.Parallel() // its own control plane, kwok nodes, fake EC2 and report files
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	const podsPerNode = 10
