@@ -34,8 +34,12 @@ type UninstallCloud interface {
 // the ledger id, the cluster view). It refuses to start while a caa pod or
 // a peer pod still exists: a running caa would write beside it, and a peer
 // pod's VM is its pod's (delete the pod, and caa deletes its VM, first).
-// A VM is deleted only on positive evidence: no pod of the cluster has its
-// pod UID. Every step is idempotent: run it again after a failure.
+// A VM is deleted only on positive evidence: its node tag names a Node of
+// this cluster (or DepartedNodes says the Nodes that left may be trusted)
+// and no pod of the cluster has its pod UID. A wrong --cluster-id, naming
+// another cluster on the same account, therefore finds that cluster's VMs
+// on Nodes this one does not have and keeps them. Every step is
+// idempotent: run it again after a failure.
 type Uninstall struct {
 	Client kubernetes.Interface
 	Cloud  UninstallCloud
@@ -46,6 +50,9 @@ type Uninstall struct {
 	RuntimeClasses []string
 	// DryRun says what would be done and does nothing.
 	DryRun bool
+	// DepartedNodes deletes the VMs tagged for Nodes the cluster no
+	// longer has too; without it they are kept and listed.
+	DepartedNodes bool
 	// Wait bounds the wait for the cloud to list the deleted VMs as gone;
 	// Poll is the period of its listings.
 	Wait, Poll time.Duration
@@ -54,9 +61,12 @@ type Uninstall struct {
 
 // UninstallReport is what an uninstall did (or, dry, would do).
 type UninstallReport struct {
-	VMsDeleted   []string // VM ids
-	VMsKept      []string // VMs whose pod UID a pod of the cluster still has
-	NodesCleaned []string
+	VMsDeleted []string // VM ids
+	VMsKept    []string // VMs whose pod UID a pod of the cluster still has
+	// VMsOfUnknownNodes are kept: tagged for a Node the cluster does not
+	// have (a node that left, or another cluster's under a wrong id).
+	VMsOfUnknownNodes []string
+	NodesCleaned      []string
 }
 
 // caaPodNames are the app.kubernetes.io/name labels of caa's pods that
@@ -89,22 +99,37 @@ func (u *Uninstall) Run(ctx context.Context) (UninstallReport, error) {
 	for _, p := range pods.Items {
 		uids[string(p.UID)] = p.Namespace + "/" + p.Name
 	}
-	if rep, err = u.deleteVMs(ctx, uids); err != nil {
+	nodes, err := u.Client.CoreV1().Nodes().List(ctx, metav1.ListOptions{})
+	if err != nil {
+		return rep, fmt.Errorf("uninstall: list the Nodes: %w", err)
+	}
+	known := map[string]bool{}
+	for _, n := range nodes.Items {
+		known[n.Name] = true
+	}
+	if rep, err = u.deleteVMs(ctx, uids, known); err != nil {
 		return rep, err
 	}
 	rep.NodesCleaned, err = u.cleanNodes(ctx)
 	return rep, err
 }
 
+// checkNoCaa looks for caa's pods in every namespace, not only in
+// --namespace: a caa installed elsewhere, or a wrong flag, must still stop
+// the uninstall.
 func (u *Uninstall) checkNoCaa(ctx context.Context) error {
 	sel := "app.kubernetes.io/name in (" + strings.Join(caaPodNames, ",") + ")"
-	pods, err := u.Client.CoreV1().Pods(u.Namespace).List(ctx, metav1.ListOptions{LabelSelector: sel})
+	pods, err := u.Client.CoreV1().Pods(metav1.NamespaceAll).List(ctx, metav1.ListOptions{LabelSelector: sel})
 	if err != nil {
-		return fmt.Errorf("uninstall: list caa's pods in %s: %w", u.Namespace, err)
+		return fmt.Errorf("uninstall: list caa's pods: %w", err)
 	}
 	var names []string
 	for _, p := range pods.Items {
-		names = append(names, p.Name)
+		if p.Namespace == u.Namespace {
+			names = append(names, p.Name)
+		} else {
+			names = append(names, p.Namespace+"/"+p.Name)
+		}
 	}
 	if len(names) > 0 {
 		return fmt.Errorf("uninstall: caa still runs in namespace %s (%s): remove it first (helm uninstall, or kubectl delete -k with your overlay), "+
@@ -133,8 +158,9 @@ func (u *Uninstall) checkNoPeerPods(pods []corev1.Pod) error {
 }
 
 // deleteVMs deletes every listed VM of the cluster whose pod UID no pod of
-// the cluster has, then lists again until none shows but as terminated.
-func (u *Uninstall) deleteVMs(ctx context.Context, uids map[string]string) (UninstallReport, error) {
+// the cluster has and whose node is one of known (or any, with
+// DepartedNodes), then lists again until none shows but as terminated.
+func (u *Uninstall) deleteVMs(ctx context.Context, uids map[string]string, known map[string]bool) (UninstallReport, error) {
 	var rep UninstallReport
 	vms, err := u.Cloud.ListCluster(ctx, u.Cluster)
 	if err != nil {
@@ -150,6 +176,11 @@ func (u *Uninstall) deleteVMs(ctx context.Context, uids map[string]string) (Unin
 		if pod, ok := uids[o.PodUID]; ok && o.PodUID != "" {
 			rep.VMsKept = append(rep.VMsKept, vm.ID)
 			fmt.Fprintf(u.Out, "kept VM %s: its pod %s still exists\n", vm.ID, pod)
+			continue
+		}
+		if !known[o.Node] && !u.DepartedNodes {
+			rep.VMsOfUnknownNodes = append(rep.VMsOfUnknownNodes, vm.ID)
+			fmt.Fprintf(u.Out, "kept VM %s: its node %q is not a Node of this cluster (a node that left, or another cluster's VM if --cluster-id is wrong)\n", vm.ID, o.Node)
 			continue
 		}
 		rep.VMsDeleted = append(rep.VMsDeleted, vm.ID)

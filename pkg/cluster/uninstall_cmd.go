@@ -23,6 +23,7 @@ type UninstallOptions struct {
 	namespace      string
 	runtimeClasses []string
 	dryRun         bool
+	departedNodes  bool
 	wait           time.Duration
 }
 
@@ -46,6 +47,8 @@ func (u *UninstallOptions) AddFlags(fs *pflag.FlagSet) {
 	fs.StringSliceVar(&u.runtimeClasses, "runtime-class", provider.SplitList(cli.EnvOr("CAA_RUNTIME_CLASSES", "kata-remote")),
 		"runtime class of peer pods, repeatable: no such pod may exist (env CAA_RUNTIME_CLASSES, comma-separated)")
 	fs.BoolVar(&u.dryRun, "dry-run", false, "print what would be deleted and cleaned, change nothing")
+	fs.BoolVar(&u.departedNodes, "departed-nodes", false,
+		"also delete the VMs tagged for Nodes this cluster no longer has (without it they are kept and listed: check --cluster-id first)")
 	fs.DurationVar(&u.wait, "wait", cli.EnvDuration("CAA_UNINSTALL_WAIT", 10*time.Minute),
 		"how long to wait for the cloud to show the deleted VMs terminated (env CAA_UNINSTALL_WAIT)")
 	for _, c := range f.clouds {
@@ -107,7 +110,7 @@ func RunUninstall(ctx context.Context, u *UninstallOptions, stdout, stderr io.Wr
 		}
 	}
 	un := &Uninstall{Client: client, Cloud: clusterCloud{lister, p}, Cluster: id, Namespace: u.namespace,
-		RuntimeClasses: u.runtimeClasses, DryRun: u.dryRun, Wait: u.wait, Out: stdout}
+		RuntimeClasses: u.runtimeClasses, DryRun: u.dryRun, DepartedNodes: u.departedNodes, Wait: u.wait, Out: stdout}
 	rep, err := un.Run(ctx)
 	if err != nil {
 		return err
@@ -116,9 +119,15 @@ func RunUninstall(ctx context.Context, u *UninstallOptions, stdout, stderr io.Wr
 	if u.dryRun {
 		verb = "would delete"
 	}
-	fmt.Fprintf(stdout, "cluster %s: %s %d VMs, kept %d, cleaned %d Nodes\n", id, verb, len(rep.VMsDeleted), len(rep.VMsKept), len(rep.NodesCleaned))
+	fmt.Fprintf(stdout, "cluster %s: %s %d VMs, kept %d, cleaned %d Nodes\n", id, verb, len(rep.VMsDeleted), len(rep.VMsKept)+len(rep.VMsOfUnknownNodes), len(rep.NodesCleaned))
+	var errs []error
 	if len(rep.VMsKept) > 0 {
-		return fmt.Errorf("%d VMs kept: their pods still exist (listed above); delete those pods and run this again", len(rep.VMsKept))
+		errs = append(errs, fmt.Errorf("%d VMs kept: their pods still exist (listed above); delete those pods and run this again", len(rep.VMsKept)))
 	}
-	return nil
+	if len(rep.VMsOfUnknownNodes) > 0 {
+		errs = append(errs, fmt.Errorf("%d VMs kept: tagged for cluster %s but for Nodes this cluster does not have (listed above); "+
+			"if %s is this cluster's id (caa's --cluster-id, else the kube-system namespace's UID) and those nodes left it, run this again with --departed-nodes",
+			len(rep.VMsOfUnknownNodes), id, id))
+	}
+	return cli.JoinLine(errs)
 }

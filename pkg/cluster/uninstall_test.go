@@ -41,15 +41,36 @@ func TestUninstallDeletesOnlyOnPositiveEvidence(t *testing.T) {
 		DryRun: true, Out: &out}
 	rep, err := u.Run(context.Background())
 	require.NoError(t, err)
-	assert.Equal(t, []string{"vm-departed", "vm-gone"}, rep.VMsDeleted)
+	assert.Equal(t, []string{"vm-gone"}, rep.VMsDeleted)
+	assert.Equal(t, []string{"vm-departed"}, rep.VMsOfUnknownNodes, "a VM of a node the cluster lacks needs --departed-nodes")
 	assert.Empty(t, cloud.deleted, "a dry run deletes nothing")
 
 	u.DryRun = false
 	rep, err = u.Run(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, []string{"vm-kept"}, rep.VMsKept)
-	assert.ElementsMatch(t, []string{"vm-departed", "vm-gone"}, cloud.deleted)
+	assert.Equal(t, []string{"vm-gone"}, cloud.deleted)
 	assert.Contains(t, out.String(), "kept VM vm-kept: its pod team/kept still exists")
+	assert.Contains(t, out.String(), `kept VM vm-departed: its node "n9" is not a Node of this cluster`)
+
+	u.DepartedNodes = true
+	_, err = u.Run(context.Background())
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"vm-gone", "vm-departed"}, cloud.deleted)
+}
+
+// TestUninstallWithAnotherClustersID: --cluster-id naming another cluster
+// on the same account lists that cluster's VMs; none of their nodes is a
+// Node here and none of their pods is gone from here as evidence, so
+// nothing is deleted.
+func TestUninstallWithAnotherClustersID(t *testing.T) {
+	client := fake.NewClientset(&corev1.Node{ObjectMeta: metav1.ObjectMeta{Name: "n1"}})
+	cloud := &fakeCloud{vms: []provider.VM{uninstallVM("vm-a", "other", "their-n1", "uid-a"), uninstallVM("vm-b", "other", "their-n2", "uid-b")}}
+	u := &Uninstall{Client: client, Cloud: cloud, Cluster: "other", Namespace: "caa-system", RuntimeClasses: []string{"kata-remote"}}
+	rep, err := u.Run(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, cloud.deleted)
+	assert.Equal(t, []string{"vm-a", "vm-b"}, rep.VMsOfUnknownNodes)
 }
 
 // TestUninstallRefusesWhileCaaOrPeerPodsRun: a caa pod in caa's namespace,
@@ -57,6 +78,8 @@ func TestUninstallDeletesOnlyOnPositiveEvidence(t *testing.T) {
 func TestUninstallRefusesWhileCaaOrPeerPodsRun(t *testing.T) {
 	for name, pod := range map[string]*corev1.Pod{
 		"caa pod": {ObjectMeta: metav1.ObjectMeta{Namespace: "caa-system", Name: "caa-abc", Labels: map[string]string{"app.kubernetes.io/name": "caa"}}},
+		"caa pod in another namespace": {ObjectMeta: metav1.ObjectMeta{Namespace: "peerpods", Name: "caa-def",
+			Labels: map[string]string{"app.kubernetes.io/name": "caa"}}},
 		"cluster caa": {ObjectMeta: metav1.ObjectMeta{Namespace: "caa-system", Name: "caa-cluster-1",
 			Labels: map[string]string{"app.kubernetes.io/name": "caa-cluster"}}},
 		"peer pod": {ObjectMeta: metav1.ObjectMeta{Namespace: "team", Name: "web"}, Spec: corev1.PodSpec{RuntimeClassName: ptr("kata-remote")}},

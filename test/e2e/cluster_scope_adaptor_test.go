@@ -31,6 +31,7 @@ func writeAdaptorDir(t *testing.T, keys map[string]string) string {
 // Secret's credentials and collects a departed node's VMs. Before, it had
 // no --adaptor-config-dir and refused to start without --provider.
 func TestClusterScopeFromTheAdaptorsSettings(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 5*time.Minute)
 	c := startScopeCluster(ctx, t)
 	aws := newAWSCloud(t)

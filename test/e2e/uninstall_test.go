@@ -70,6 +70,7 @@ func caaOnNodes(ctx context.Context, t *testing.T, c *e2ecluster.Cluster) map[st
 // nothing; a second run finds nothing to do. At the end: 0 live VMs, no
 // capacity or annotation on any Node.
 func TestUninstallLeavesNothingBehind(t *testing.T) {
+	t.Parallel()
 	ctx := testContext(t, 8*time.Minute)
 	nodes := []string{"worker-1", "worker-2"}
 	c := startWithNode(ctx, t, nodes[0])
@@ -148,8 +149,15 @@ func TestUninstallLeavesNothingBehind(t *testing.T) {
 	assert.Contains(t, out, "caa still runs in namespace caa-system (caa-x1)")
 	require.NoError(t, c.DeletePod(ctx, scopeNamespace, "caa-x1"))
 
-	// 3. A dry run says what it would do and does nothing.
+	// 3. A dry run says what it would do and does nothing. The departed
+	// node's VM is kept unless --departed-nodes says the id is this
+	// cluster's and the node left it.
 	out, err = uninstall(t, c, aws.url, "--dry-run")
+	require.Error(t, err, out)
+	assert.Contains(t, out, "would delete 1 VMs, kept 1")
+	assert.Contains(t, out, "kept VM "+gone[0]+`: its node "worker-gone" is not a Node of this cluster`)
+	assert.Contains(t, out, "--departed-nodes")
+	out, err = uninstall(t, c, aws.url, "--dry-run", "--departed-nodes")
 	require.NoError(t, err, out)
 	assert.Contains(t, out, "would delete 2 VMs")
 	assert.Contains(t, out, "would delete VM "+gone[0])
@@ -158,8 +166,14 @@ func TestUninstallLeavesNothingBehind(t *testing.T) {
 
 	// 4. The uninstall: nothing bills, nothing is left on the Nodes.
 	out, err = uninstall(t, c, aws.url)
+	require.Error(t, err, out)
+	assert.Contains(t, out, "deleted 1 VMs, kept 1")
+	left := aws.core.Live()
+	require.Len(t, left, 1, "the departed node's VM waits for --departed-nodes")
+	assert.Equal(t, gone[0], left[0].ID)
+	out, err = uninstall(t, c, aws.url, "--departed-nodes")
 	require.NoError(t, err, out)
-	assert.Contains(t, out, "deleted 2 VMs")
+	assert.Contains(t, out, "deleted 1 VMs")
 	assert.Empty(t, aws.core.Live(), "no VM left to bill")
 	assert.Empty(t, caaOnNodes(ctx, t, c), "no capacity or annotation left")
 
