@@ -263,8 +263,10 @@ func (n *Node) Close() error {
 		return nil
 	}
 	var errs []error
+	var cgroups []string
 	for _, k := range n.kubelets {
 		k.stop()
+		cgroups = append(cgroups, k.CgroupRoot)
 	}
 	n.kubelets = nil
 	if n.containerd != nil && n.containerd.exited() == nil {
@@ -279,6 +281,9 @@ func (n *Node) Close() error {
 	// outlive it by design.
 	if pids := killReferencing(n.Socket); len(pids) > 0 {
 		n.logf("realnode: killed %d process(es) left by containerd: %v", len(pids), pids)
+	}
+	for _, root := range cgroups {
+		removeCgroupRoot(root)
 	}
 	unmountUnder(n.Dir)
 	if err := os.RemoveAll(n.Dir); err != nil {
