@@ -167,13 +167,24 @@ func (n *Node) waitCRI(ctx context.Context) error {
 		if err := n.containerd.exited(); err != nil {
 			return fmt.Errorf("%w; last lines of %s:\n%s", err, n.containerd.logPath, n.containerd.tail(30))
 		}
-		out, err := n.Crictl(ctx, "info")
-		if err == nil {
-			if err = criReady(out); err == nil {
-				return nil
+		// crictl's connection waits out its whole timeout for a socket
+		// that is not there yet: ask only once containerd serves it, and
+		// each time briefly.
+		if _, err := os.Stat(n.Socket); err != nil {
+			last = err
+		} else {
+			callCtx, cancelCall := context.WithTimeout(ctx, 10*time.Second)
+			out, err := n.Crictl(callCtx, "info")
+			cancelCall()
+			if err == nil {
+				if err = criReady(out); err == nil {
+					return nil
+				}
+			}
+			if ctx.Err() == nil {
+				last = err
 			}
 		}
-		last = err
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("containerd's CRI not ready: %w (last: %w); last lines of %s:\n%s", ctx.Err(), last, n.containerd.logPath, n.containerd.tail(30))
@@ -199,6 +210,11 @@ func criReady(info string) error {
 	}
 	ready := map[string]bool{}
 	for _, c := range v.Status.Conditions {
+		// Others, such as ContainerdHasNoDeprecationWarnings (false on
+		// cgroup v1), are advice.
+		if c.Type != "RuntimeReady" && c.Type != "NetworkReady" {
+			continue
+		}
 		if !c.Status {
 			return fmt.Errorf("CRI condition %s false: %s %s", c.Type, c.Reason, c.Message)
 		}
