@@ -15,8 +15,9 @@ import (
 )
 
 // Egress is the apiserver's way to the kubelets of nodes that live in a
-// network namespace of their own: an HTTP CONNECT proxy on this process's
-// loopback that dials inside the node's namespace, named by the apiserver's
+// network namespace of their own: an HTTP CONNECT proxy on a unix socket
+// (the apiserver wants TLS for a TCP proxy) that dials inside the node's
+// namespace, named by the apiserver's
 // egress selector for its "cluster" traffic (logs, exec, port-forward: what
 // a real cluster sends through konnectivity when the control plane cannot
 // route to the nodes).
@@ -36,7 +37,7 @@ type Egress struct {
 // StartEgress starts the proxy and writes its configuration into dir.
 // SetNetNS names the namespace it dials in; until then it dials here.
 func StartEgress(dir string) (*Egress, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	ln, err := net.Listen("unix", filepath.Join(dir, "egress.sock"))
 	if err != nil {
 		return nil, fmt.Errorf("egress proxy: %w", err)
 	}
@@ -48,8 +49,8 @@ egressSelections:
   connection:
     proxyProtocol: HTTPConnect
     transport:
-      tcp:
-        url: http://%s
+      uds:
+        udsName: %s
 `, ln.Addr())
 	if err := os.WriteFile(e.Config, []byte(conf), 0o644); err != nil {
 		ln.Close()

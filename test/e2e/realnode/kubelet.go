@@ -73,6 +73,11 @@ func (n *Node) StartKubelet(ctx context.Context, o KubeletOptions) (*Kubelet, er
 	if err := makeCgroupRoot(k.CgroupRoot); err != nil {
 		return nil, err
 	}
+	// Pods mount the pods' network namespaces with HostToContainer
+	// propagation (caa's kata manifests do).
+	if err := ensureShared("/run/netns"); err != nil {
+		return nil, err
+	}
 	address := o.NodeIP
 	if n.NetNS == "" {
 		// In this process's namespace a kubelet of another test may hold
