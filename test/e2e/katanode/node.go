@@ -179,6 +179,9 @@ func (n *Node) CloudArgs() []string {
 		"--aws-security-group-ids", "sg-0123456789abcdef0", "--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", EC2Image, "--aws-instance-type", EC2Type}
 }
 
+// EC2URL is the fake EC2's endpoint, on the node's loopback.
+func (n *Node) EC2URL() string { return n.ec2URL }
+
 // CloudEnv is the environment caa needs for the fake EC2.
 func (n *Node) CloudEnv() []string { return append([]string(nil), n.cloudEnv...) }
 
