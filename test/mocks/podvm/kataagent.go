@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sync"
 	"syscall"
 	"time"
 )
@@ -24,6 +25,9 @@ type KataAgent struct {
 	cmd    *exec.Cmd
 	out    *syncBuffer
 	exited chan struct{}
+
+	mu    sync.Mutex
+	final *KataCalls // the counts once the VM is gone (its files with it)
 }
 
 // KataCalls is what the agent counted, per method: answered, failed
@@ -74,10 +78,29 @@ func (k *KataAgent) stop() {
 		_ = syscall.Kill(-k.cmd.Process.Pid, syscall.SIGKILL)
 		<-k.exited
 	}
+	c, err := k.read()
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	if err == nil {
+		k.final = &c
+	} else {
+		k.final = &KataCalls{}
+	}
 }
 
-// Calls reads what the agent has counted so far.
+// Calls reads what the agent has counted so far; once the VM is gone, its
+// last counts.
 func (k *KataAgent) Calls() (KataCalls, error) {
+	k.mu.Lock()
+	final := k.final
+	k.mu.Unlock()
+	if final != nil {
+		return *final, nil
+	}
+	return k.read()
+}
+
+func (k *KataAgent) read() (KataCalls, error) {
 	var c KataCalls
 	b, err := os.ReadFile(k.calls)
 	if errors.Is(err, os.ErrNotExist) {
