@@ -97,9 +97,13 @@ test-integration: e2e-binaries ## every test, with the race detector (the chart'
 test-times: ## print where the last `make test` spent its time (per package, the 30 slowest tests)
 	@cat $(TIMES_OUT)/main.md $(TIMES_OUT)/chart.md
 
-test-upstream-podvm: e2e-binaries ## the remote hypervisor e2e with upstream's real process-user-data and agent-protocol-forwarder in the pod VMs: CAA_UPSTREAM_PODVM_BIN=<their directory>, as root, iptables installed (not part of `make test`: CI cannot build them)
-	@if [ -z "$$CAA_UPSTREAM_PODVM_BIN" ]; then echo "CAA_UPSTREAM_PODVM_BIN is not set: build upstream's pod-VM programs with hack/build-upstream-podvm.sh (README, Running caa as kata's remote hypervisor) and point it at their bin directory"; exit 2; fi
-	$(GO) test -count=1 -timeout 30m -run '^(TestHypervisor|TestNodeAdvertisesPeerPodCapacity)' ./test/e2e
+.PHONY: test-upstream-podvm upstream-binaries
+test-upstream-podvm: e2e-binaries ## the remote hypervisor e2e with upstream's real process-user-data and agent-protocol-forwarder in the pod VMs, built from UPSTREAM_SRC (or taken from CAA_UPSTREAM_PODVM_BIN); as root, iptables installed
+	@bin="$$CAA_UPSTREAM_PODVM_BIN"; if [ -z "$$bin" ]; then bin=$$($(GO) run ./test/e2e/cmd/upstream-binaries -dir podvm) || exit 2; fi; \
+	set -x; CAA_UPSTREAM_PODVM_BIN="$$bin" $(GO) test -count=1 -timeout 30m -run '^(TestHypervisor|TestNodeAdvertisesPeerPodCapacity)' ./test/e2e
+
+upstream-binaries: ## build (or find cached) upstream's programs from UPSTREAM_SRC (the pinned archives or clones): the pod VM's, cloud-api-adaptor, kata's shim and config, the test kata agent
+	$(GO) run ./test/e2e/cmd/upstream-binaries
 
 e2e-binaries: ## build (or find cached) etcd and kube-apiserver for the e2e tests; cold: minutes
 	$(GO) run ./test/e2e/cmd/e2e-binaries
