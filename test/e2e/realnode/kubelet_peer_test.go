@@ -3,14 +3,19 @@ package realnode
 import (
 	"context"
 	"os"
+	"path/filepath"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	corev1 "k8s.io/api/core/v1"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
+	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/e2e/cluster"
 	"github.com/caa-project/caa/test/e2e/katanode"
+	"github.com/caa-project/caa/test/e2e/upstream"
+	podvmfake "github.com/caa-project/caa/test/mocks/podvm"
 )
 
 // requireRoot fails t unless it runs as root (CI does).
@@ -24,34 +29,72 @@ func requireRoot(t testing.TB) {
 const (
 	peerGreeting = "realnode peer pod: up"
 	peerExecOut  = "realnode peer pod: exec"
+	// kataHypervisorSocket is where the shipped kata manifests have caa
+	// serve kata's remote hypervisor API (a hostPath), and kata's own
+	// default remote_hypervisor_socket.
+	kataHypervisorSocket = "/run/peerpod/hypervisor.sock"
 )
 
-// peerRuntime is the kata-remote handler of the node. STAND-IN until kata's
-// shim is wired in: runc under the kata-remote handler name, so the kubelet,
-// the RuntimeClass, the scheduler and caa's DaemonSet are real and the
-// peer pod runs without a VM.
-func peerRuntime(t *testing.T) peerSetup {
-	t.Logf("STAND-IN: the kata-remote handler runs runc here; kata's shim is not wired in yet, so no VM backs the peer pod")
-	return peerSetup{
-		runtime: Runtime{Handler: cluster.RuntimeClassName, Type: "io.containerd.runc.v2"},
-		pod: func(name string) *corev1.Pod {
-			rc := cluster.RuntimeClassName
-			return &corev1.Pod{
-				ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
-				Spec: corev1.PodSpec{
-					RuntimeClassName: &rc,
-					Containers: []corev1.Container{{
-						Name: "app", Image: PauseImage, ImagePullPolicy: corev1.PullNever,
-						Command: []string{"/pause", "-greet", peerGreeting},
-					}},
-				},
-			}
-		},
-		logLine: peerGreeting,
-		execCmd: []string{"/pause", "echo", peerExecOut},
-		execOut: peerExecOut,
-		checkVM: func(_ context.Context, t *testing.T, kn *katanode.Node, _ *corev1.Pod) {
-			assert.Empty(t, kn.Core.Live(), "STAND-IN runc: no VM")
+// peerSetup is how the node runs peer pods: kata 4.1.0's shim under the
+// kata-remote handler, its calls to caa counted on the way, and the pod VMs
+// booted by the fake cloud running upstream's pod VM programs and the test
+// kata agent.
+type peerSetup struct {
+	shim    KataShim
+	calls   *HypervisorCalls
+	syslog  *Syslog
+	upvm    *podvmfake.Upstream
+	cleanup func()
+}
+
+// newPeerSetup builds kata's shim and upstream's pod VM programs (or finds
+// them cached).
+func newPeerSetup(ctx context.Context, t *testing.T) *peerSetup {
+	t.Helper()
+	podvmDir, err := upstream.Build(ctx, upstream.PodVM)
+	require.NoError(t, err)
+	agentDir, err := upstream.Build(ctx, upstream.KataAgent)
+	require.NoError(t, err)
+	require.NoError(t, podvmfake.CheckUpstream(podvmDir))
+	p := &peerSetup{upvm: &podvmfake.Upstream{Dir: podvmDir, KataAgent: filepath.Join(agentDir, upstream.AgentBin)}}
+	p.syslog = ServeSyslog(t)
+	work := t.TempDir()
+	// The shim dials the counter, which relays each connection to caa's
+	// socket on the hostPath (served by whichever caa pod holds it).
+	p.calls = CountHypervisorCalls(t, filepath.Join(work, "hv.sock"), kataHypervisorSocket)
+	p.shim, err = BuildKataShim(ctx, work, p.calls.Socket)
+	require.NoError(t, err)
+	return p
+}
+
+// pod is the peer pod: runtime class kata-remote, no node named (the
+// scheduler places it), one container whose command the test kata agent
+// runs in the VM.
+func (p *peerSetup) pod(name string) *corev1.Pod {
+	rc := cluster.RuntimeClassName
+	return &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
+		Spec: corev1.PodSpec{
+			RuntimeClassName: &rc,
+			Containers: []corev1.Container{{
+				Name: "app", Image: PauseImage, ImagePullPolicy: corev1.PullNever,
+				Command: []string{"sh", "-c", "echo " + peerGreeting + "; exec sleep 100000"},
+			}},
 		},
 	}
+}
+
+// checkVM checks the one live VM of the fake cloud is the pod's, booted
+// with the test kata agent, and returns that agent.
+func (p *peerSetup) checkVM(t *testing.T, kn *katanode.Node, pod *corev1.Pod) *podvmfake.KataAgent {
+	t.Helper()
+	live := kn.Core.Live()
+	require.Len(t, live, 1, "one VM in the fake cloud behind the peer pod")
+	vm := live[0]
+	assert.Equal(t, pod.Namespace+"/"+pod.Name, vm.Tags[provider.TagPod], "the VM's pod tag")
+	assert.Equal(t, string(pod.UID), vm.Tags[provider.TagPodUID], "the VM's pod UID tag")
+	fvm := kn.Fleet.VM(vm.ID)
+	require.NotNil(t, fvm, "VM %s booted in the fake cloud", vm.ID)
+	require.NotNil(t, fvm.VM.KataAgent, "VM %s runs the test kata agent", vm.ID)
+	return fvm.VM.KataAgent
 }

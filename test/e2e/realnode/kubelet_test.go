@@ -3,6 +3,7 @@ package realnode
 import (
 	"context"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -35,10 +36,12 @@ const (
 // while the peer pod is sampled every 200 ms: never not Ready, never
 // restarted, and no VM created or deleted in the cloud.
 func TestKubeletPeerPodThroughRollout(t *testing.T) {
+	RequireUpstream(t)
 	requireRoot(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 	defer cancel()
 
+	peer := newPeerSetup(ctx, t)
 	image := buildCAAImage(ctx, t)
 	egress, err := StartEgress(t.TempDir())
 	require.NoError(t, err)
@@ -49,14 +52,13 @@ func TestKubeletPeerPodThroughRollout(t *testing.T) {
 
 	// The node's network: its namespace, the fake EC2 on its loopback, the
 	// cloud network its pod VMs boot on, the apiserver at the same address.
-	kn, err := katanode.New(ctx, c, "", kubeletNode)
+	kn, err := katanode.NewWith(ctx, c, "", kubeletNode, katanode.Options{Upstream: peer.upvm})
 	require.NoError(t, err)
 	t.Cleanup(kn.Close)
 	egress.SetNetNS(kn.Net.NodeNS)
 	serveKubernetesService(ctx, t, c, kn.Net.NodeNS)
 
-	peer := peerRuntime(t)
-	n := Start(t, Options{NetNS: kn.Net.NodeNS, Runtimes: []Runtime{peer.runtime}, PathDirs: peer.path})
+	n := Start(t, Options{NetNS: kn.Net.NodeNS, Runtimes: []Runtime{peer.shim.Runtime()}})
 	k, err := n.StartKubelet(ctx, KubeletOptions{Cluster: c, Name: kubeletNode, NodeIP: kn.Net.NodeIP.Addr().String()})
 	require.NoError(t, err)
 	require.NoError(t, n.ImportImage(ctx, image))
@@ -96,18 +98,21 @@ func TestKubeletPeerPodThroughRollout(t *testing.T) {
 		return p.Status.Phase == corev1.PodRunning && podReady(p)
 	}, 5*time.Minute, 500*time.Millisecond, "the peer pod turns Running and Ready")
 	assert.Equal(t, kubeletNode, running.Spec.NodeName, "the scheduler placed the peer pod on the kubelet's node")
-	peer.checkVM(ctx, t, kn, running)
+	agent := peer.checkVM(t, kn, running)
 
-	logs, err := kubectl(ctx, c, "logs", "-n", "default", pod.Name)
-	require.NoError(t, err, "kubectl logs through the apiserver and the kubelet")
-	assert.Contains(t, logs, peer.logLine, "the peer pod's container output")
-	out, err := kubectl(ctx, c, append([]string{"exec", "-n", "default", pod.Name, "--"}, peer.execCmd...)...)
+	var logs string
+	require.Eventually(t, func() bool {
+		logs, err = kubectl(ctx, c, "logs", "-n", "default", pod.Name)
+		return err == nil && strings.Contains(logs, peerGreeting)
+	}, time.Minute, 500*time.Millisecond, "kubectl logs through the apiserver and the kubelet shows the container's output: %q %v", logs, err)
+	out, err := kubectl(ctx, c, "exec", "-n", "default", pod.Name, "--", "echo", peerExecOut)
 	require.NoError(t, err, "kubectl exec through the apiserver and the kubelet")
-	assert.Contains(t, out, peer.execOut)
+	assert.Equal(t, peerExecOut, strings.TrimSpace(out), "the exec's output through the kubelet, the shim, caa relay and the VM")
 
 	// The rollout: a new template (kubectl rollout restart's annotation),
 	// one surge pod beside the old one, the ledger handed over.
 	runsBefore, terminatesBefore := kn.Calls.Writes()
+	linesBefore := len(peer.syslog.Lines())
 	samples := sampleReadiness(ctx, t, c, "default", pod.Name)
 	_, err = kubectl(ctx, c, "-n", "caa-system", "rollout", "restart", "daemonset/caa")
 	require.NoError(t, err)
@@ -130,10 +135,35 @@ func TestKubeletPeerPodThroughRollout(t *testing.T) {
 	assert.Zero(t, s.maxRestarts, "the peer pod's restartCount during the rollout")
 	assert.Equal(t, runsBefore, runs, "RunInstances during the rollout")
 	assert.Equal(t, terminatesBefore, terminates, "TerminateInstances during the rollout")
+	for _, l := range peer.syslog.Lines()[linesBefore:] {
+		for _, f := range sandboxFailure {
+			assert.NotContains(t, l, f, "the shim gives no sandbox up across caa's rollout")
+		}
+	}
+	out, err = kubectl(ctx, c, "exec", "-n", "default", pod.Name, "--", "echo", "after the rollout")
+	require.NoError(t, err, "kubectl exec after the rollout")
+	assert.Equal(t, "after the rollout", strings.TrimSpace(out))
 	t.Logf("rollout of caa under the kubelet: %d samples of the peer pod, %d not ready, restartCount %d; cloud writes during it: %d RunInstances, %d TerminateInstances",
 		s.total, s.notReady, s.maxRestarts, runs-runsBefore, terminates-terminatesBefore)
+
+	// The peer pod goes: the kubelet stops its sandbox, the shim calls
+	// StopVM, and caa terminates the VM.
+	require.NoError(t, c.Client().CoreV1().Pods("default").Delete(ctx, pod.Name, metav1.DeleteOptions{}))
+	require.Eventually(t, func() bool { return len(kn.Core.Live()) == 0 }, 2*time.Minute, 200*time.Millisecond,
+		"the peer pod's VM is terminated once the pod is deleted")
+	require.Eventually(t, func() bool {
+		_, err := c.Client().CoreV1().Pods("default").Get(ctx, pod.Name, metav1.GetOptions{})
+		return err != nil
+	}, 2*time.Minute, 200*time.Millisecond, "the kubelet confirms the peer pod's deletion")
+
+	calls, err := agent.Calls()
+	require.NoError(t, err)
+	t.Logf("calls kata 4.1.0's shim made for the peer pod under the kubelet (one container, logs, two execs, caa rolled, pod deleted):\n%s",
+		callTable(peer.calls.Counts(), calls))
+	assert.Empty(t, calls.Unimplemented, "the test kata agent serves every call the shim made")
 	if t.Failed() {
 		t.Logf("kubelet log:\n%s", k.Log(80))
+		t.Logf("--- kata shim syslog (tail)\n%s", tail(strings.Join(peer.syslog.Lines(), "\n"), 60))
 	}
 }
 
@@ -194,16 +224,4 @@ func (sm *sampler) stop() readinessSamples {
 	sm.mu.Lock()
 	defer sm.mu.Unlock()
 	return sm.s
-}
-
-// peerSetup is how the peer pod runs: the kata-remote handler, the pod, and
-// what its logs and exec show.
-type peerSetup struct {
-	runtime Runtime
-	path    []string
-	pod     func(name string) *corev1.Pod
-	logLine string
-	execCmd []string
-	execOut string
-	checkVM func(ctx context.Context, t *testing.T, kn *katanode.Node, p *corev1.Pod)
 }
