@@ -47,7 +47,11 @@ func TestKubeletPeerPodThroughRollout(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(egress.Close)
 	c := cluster.StartWith(ctx, t, cluster.Options{RealKubelets: true,
-		APIServerArgs: []string{"--egress-selector-config-file=" + egress.Config}})
+		APIServerArgs: []string{"--egress-selector-config-file=" + egress.Config,
+			// kubeadm's Service range: the apiserver's default, 10.0.0.0/24,
+			// is where the fake cloud's subnet puts the pod VMs, and the
+			// kubernetes Service's address is served on the node.
+			"--service-cluster-ip-range=10.96.0.0/12"}})
 	require.NoError(t, c.StartControlPlane(ctx))
 
 	// The node's network: its namespace, the fake EC2 on its loopback, the
