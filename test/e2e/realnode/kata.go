@@ -15,7 +15,9 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"testing"
+	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
 
@@ -99,16 +101,39 @@ type Syslog struct {
 // SyslogPath is where the shim's logger writes.
 const SyslogPath = "/dev/log"
 
-// ServeSyslog serves SyslogPath for t's duration. It fails t when something
-// else serves it: the shim's log would go there instead.
+// ServeSyslog serves SyslogPath for t's duration. Another real-node test
+// serving it (a run beside this one) makes it wait, for up to ten minutes:
+// the shim's log would go there instead; a path left by a dead process is
+// taken over.
 func ServeSyslog(t testing.TB) *Syslog {
 	t.Helper()
-	if _, err := os.Lstat(SyslogPath); err == nil {
-		t.Fatalf("%s exists: another syslog serves it, and the test needs kata's shim's log; stop it or run the test where /dev/log is free", SyslogPath)
-	}
-	conn, err := net.ListenUnixgram("unixgram", &net.UnixAddr{Name: SyslogPath, Net: "unixgram"})
-	if err != nil {
-		t.Fatalf("serve %s for kata's shim: %v", SyslogPath, err)
+	deadline := time.Now().Add(10 * time.Minute)
+	told := false
+	var conn *net.UnixConn
+	for {
+		var err error
+		conn, err = net.ListenUnixgram("unixgram", &net.UnixAddr{Name: SyslogPath, Net: "unixgram"})
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			t.Fatalf("serve %s for kata's shim: %v", SyslogPath, err)
+		}
+		c, err := net.Dial("unixgram", SyslogPath)
+		if err == nil {
+			c.Close()
+		} else if errors.Is(err, syscall.ECONNREFUSED) {
+			_ = os.Remove(SyslogPath) // nobody serves it
+			continue
+		}
+		if !told {
+			t.Logf("waiting for %s: another syslog serves it (a real-node test beside this one?)", SyslogPath)
+			told = true
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%s is served by another process: the test needs kata's shim's log; stop it or run the test where /dev/log is free", SyslogPath)
+		}
+		time.Sleep(time.Second)
 	}
 	s := &Syslog{conn: conn, done: make(chan struct{})}
 	go func() {

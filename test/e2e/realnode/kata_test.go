@@ -165,7 +165,7 @@ func TestKataRemoteOnContainerd(t *testing.T) {
 		require.NotNil(t, fvm.VM.KataAgent, "pod %s: VM %s runs the test kata agent", p.name, vm.ID)
 		p.agent = fvm.VM.KataAgent
 		requireRunning(ctx, t, n, p)
-		out, err := n.Crictl(ctx, "exec", p.ctrID, "echo", "hello from "+p.name)
+		out, err := crictlExec(ctx, n, p.ctrID, "echo", "hello from "+p.name)
 		require.NoError(t, err, "crictl exec in %s", p.name)
 		assert.Equal(t, "hello from "+p.name, strings.TrimSpace(out), "pod %s: exec output through the shim, caa relay and the VM", p.name)
 	}
@@ -197,7 +197,7 @@ func TestKataRemoteOnContainerd(t *testing.T) {
 		}
 	}
 	for _, p := range pods {
-		out, err := n.Crictl(ctx, "exec", p.ctrID, "sh", "-c", "echo again from "+p.name+"; exit 3")
+		out, err := crictlExec(ctx, n, p.ctrID, "sh", "-c", "echo again from "+p.name+"; exit 3")
 		assert.Error(t, err, "pod %s: the exec's exit status 3 comes back", p.name)
 		assert.Equal(t, "again from "+p.name, strings.TrimSpace(out), "pod %s: exec after the hand-over", p.name)
 	}
@@ -241,6 +241,44 @@ func TestKataRemoteOnContainerd(t *testing.T) {
 	t.Logf("calls kata 4.1.0's shim made for %d pods (each one container and two execs), across a SIGKILL restart and a surge hand-over of caa:\n%s",
 		len(pods), callTable(counts, agentCalls))
 	assert.Empty(t, agentCalls.Unimplemented, "the test kata agent serves every call the shim made")
+
+	// What went wrong along the way, for the reader: the shim's warnings
+	// and errors, caa's.
+	var warned []string
+	for _, l := range syslog.Lines() {
+		if strings.Contains(l, "level=warning") || strings.Contains(l, "level=error") {
+			warned = append(warned, l)
+		}
+	}
+	caaMu.Lock()
+	for i, p := range procs {
+		for _, l := range strings.Split(p.Logs.String(), "\n") {
+			if strings.Contains(l, `"level":"WARN"`) || strings.Contains(l, `"level":"ERROR"`) {
+				warned = append(warned, fmt.Sprintf("caa %d: %s", i, l))
+			}
+		}
+	}
+	caaMu.Unlock()
+	t.Logf("the shim's and caa's warnings and errors (%d):\n%s", len(warned), strings.Join(warned, "\n"))
+}
+
+// crictlExec runs `crictl exec` in the node's namespace, where containerd's
+// streaming server listens (on its loopback), and returns its output.
+func crictlExec(ctx context.Context, n *Node, ctrID string, cmd ...string) (string, error) {
+	c := exec.CommandContext(ctx, n.Bins.Crictl, append([]string{"--config", filepath.Join(n.Dir, "crictl.yaml"), "exec", ctrID}, cmd...)...)
+	var out, stderr strings.Builder
+	c.Stdout, c.Stderr = &out, &stderr
+	start := c.Start
+	if n.NetNS != "" {
+		start = func() error { return podvmfake.InNetNS(n.NetNS, c.Start) }
+	}
+	if err := start(); err != nil {
+		return "", err
+	}
+	if err := c.Wait(); err != nil {
+		return out.String(), fmt.Errorf("crictl exec %s %v: %w: %s", ctrID, cmd, err, strings.TrimSpace(stderr.String()))
+	}
+	return out.String(), nil
 }
 
 // requireRunning waits for the pod to be Ready and its container Running.
