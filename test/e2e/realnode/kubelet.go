@@ -178,8 +178,8 @@ func (k *Kubelet) waitReady(ctx context.Context, c *cluster.Cluster) error {
 	}
 }
 
-// stop ends the kubelet (its pods keep running in containerd, as when a
-// real kubelet restarts) and removes its cgroup root once empty.
+// stop ends the kubelet; its pods keep running in containerd, as when a
+// real kubelet restarts (Node.Close removes them and the cgroup root).
 func (k *Kubelet) stop() {
 	k.proc.stop(15 * time.Second)
 }
