@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
@@ -120,6 +121,22 @@ func TestKataRemoteOnContainerd(t *testing.T) {
 	})
 
 	pods := []*kataPod{{name: "web"}, {name: "db"}}
+	t.Cleanup(func() {
+		// kata's shim leaves copies of a sandbox's files for CopyFile
+		// behind (the sandbox container's resolv.conf); they are named
+		// after the sandbox and container ids.
+		for _, p := range pods {
+			for _, id := range []string{p.id, p.ctrID} {
+				if id == "" {
+					continue
+				}
+				left, _ := filepath.Glob(filepath.Join("/run/kata-containers/shared/containers", id+"-*"))
+				for _, f := range left {
+					_ = os.Remove(f)
+				}
+			}
+		}
+	})
 	for _, p := range pods {
 		p.obj, err = c.CreatePeerPod(ctx, "default", p.name, kn.Name, nil)
 		require.NoError(t, err)
