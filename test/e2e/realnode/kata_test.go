@@ -20,6 +20,7 @@ import (
 
 	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/pkg/sandbox"
 	"github.com/caa-project/caa/test/e2e/cluster"
 	"github.com/caa-project/caa/test/e2e/katanode"
 	"github.com/caa-project/caa/test/e2e/upstream"
@@ -175,6 +176,17 @@ func TestKataRemoteOnContainerd(t *testing.T) {
 		require.Len(t, live, 1, "pod %s: one VM for sandbox %s", p.name, p.id)
 		vm := live[0]
 		p.instanceID = vm.ID
+		// What the shim sent: the sandbox's names as the runtime gave
+		// them (CRI-O's k8s_ form copied into containerd's key for db).
+		req := hv.CreateVM(p.id)
+		require.NotNil(t, req, "pod %s: the shim's CreateVM", p.name)
+		wantName := p.name
+		if p.name == "db" {
+			wantName = fmt.Sprintf("k8s_%s_default_%s_0", p.name, p.obj.UID)
+		}
+		assert.Equal(t, wantName, req.Annotations[sandbox.AnnotationSandboxName], "pod %s: CreateVM's sandbox name", p.name)
+		assert.Equal(t, "default", req.Annotations[sandbox.AnnotationSandboxNamespace], "pod %s: CreateVM's sandbox namespace", p.name)
+		t.Logf("pod %s: CreateVM netns %s, annotations %v", p.name, req.NetworkNamespacePath, req.Annotations)
 		assert.Equal(t, "default/"+p.name, vm.Tags[provider.TagPod], "pod %s: the VM's pod tag", p.name)
 		assert.Equal(t, string(p.obj.UID), vm.Tags[provider.TagPodUID], "pod %s: the VM's pod UID tag", p.name)
 		fvm := kn.Fleet.VM(vm.ID)
