@@ -143,6 +143,13 @@ func TestKataRemoteOnContainerd(t *testing.T) {
 		require.NoError(t, err)
 		meta := map[string]any{"name": p.name, "namespace": "default", "uid": string(p.obj.UID), "attempt": 0}
 		cfg := map[string]any{"metadata": meta, "log_directory": t.TempDir(), "linux": map[string]any{}}
+		if p.name == "web" {
+			// Pod-level limits, which containerd passes as the
+			// sandbox-cpu and sandbox-memory annotations and the shim
+			// (static_sandbox_resource_mgmt) turns into the VM's size.
+			cfg["linux"] = map[string]any{"resources": map[string]any{
+				"cpu_period": 100000, "cpu_quota": 150000, "memory_limit_in_bytes": 512 << 20}}
+		}
 		if p.name == "db" {
 			// CRI-O's names for the sandbox, as CRI-O sets them; kata's
 			// shim copies them into io.kubernetes.cri.sandbox-name and
@@ -186,6 +193,12 @@ func TestKataRemoteOnContainerd(t *testing.T) {
 		}
 		assert.Equal(t, wantName, req.Annotations[sandbox.AnnotationSandboxName], "pod %s: CreateVM's sandbox name", p.name)
 		assert.Equal(t, "default", req.Annotations[sandbox.AnnotationSandboxNamespace], "pod %s: CreateVM's sandbox namespace", p.name)
+		if p.name == "web" {
+			// 1.5 CPUs rounded up, 512 MiB: what the shim computed from
+			// containerd's sandbox annotations.
+			assert.Equal(t, "2", req.Annotations[provider.AnnotationVCPUs], "pod web: CreateVM's vCPUs")
+			assert.Equal(t, "512", req.Annotations[provider.AnnotationMemory], "pod web: CreateVM's memory")
+		}
 		t.Logf("pod %s: CreateVM netns %s, annotations %v", p.name, req.NetworkNamespacePath, req.Annotations)
 		assert.Equal(t, "default/"+p.name, vm.Tags[provider.TagPod], "pod %s: the VM's pod tag", p.name)
 		assert.Equal(t, string(p.obj.UID), vm.Tags[provider.TagPodUID], "pod %s: the VM's pod UID tag", p.name)
