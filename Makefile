@@ -116,6 +116,7 @@ node-binaries: ## build (or find cached) a real node's programs: containerd, run
 # or clones of the two repositories (README, Tests).
 test-node: e2e-binaries node-binaries ## as root: a real node (containerd, kata's shim, runc, CNI, a kubelet) runs peer pods on caa, levels 1 and 2 (test/e2e/realnode); needs UPSTREAM_SRC
 	@if [ -z "$$UPSTREAM_SRC" ]; then echo "UPSTREAM_SRC is not set: point it at a directory of upstream's pinned sources (archives or clones of cloud-api-adaptor and kata-containers; README, Tests)"; exit 2; fi
+	$(GO) run ./test/e2e/cmd/upstream-binaries
 	$(GO) test -count=1 -timeout 40m -v ./test/e2e/realnode
 
 lint: ## gofmt check, go vet, staticcheck (pinned)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"time"
 
@@ -177,8 +178,8 @@ func (k *Kubelet) waitReady(ctx context.Context, c *cluster.Cluster) error {
 	}
 }
 
-// stop ends the kubelet (its pods keep running in containerd, as when a
-// real kubelet restarts) and removes its cgroup root once empty.
+// stop ends the kubelet; its pods keep running in containerd, as when a
+// real kubelet restarts (Node.Close removes them and the cgroup root).
 func (k *Kubelet) stop() {
 	k.proc.stop(15 * time.Second)
 }
@@ -218,9 +219,10 @@ func makeCgroupRoot(root string) error {
 }
 
 // removeCgroupRoot removes root and what is under it, deepest first, in
-// every hierarchy; a cgroup still holding a process stays.
+// every hierarchy (the hybrid unified one too, where runc mirrors it); a
+// cgroup still holding a process stays.
 func removeCgroupRoot(root string) {
-	for _, h := range v1Hierarchies {
+	for _, h := range append(slices.Clone(v1Hierarchies), "unified") {
 		dir := filepath.Join("/sys/fs/cgroup", h, root)
 		var dirs []string
 		_ = filepath.WalkDir(dir, func(path string, d os.DirEntry, err error) error {

@@ -2,6 +2,8 @@ package realnode
 
 import (
 	"context"
+	"encoding/base64"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"testing"
@@ -40,11 +42,10 @@ const (
 // booted by the fake cloud running upstream's pod VM programs and the test
 // kata agent.
 type peerSetup struct {
-	shim    KataShim
-	calls   *HypervisorCalls
-	syslog  *Syslog
-	upvm    *podvmfake.Upstream
-	cleanup func()
+	shim   KataShim
+	calls  *HypervisorCalls
+	syslog *Syslog
+	upvm   *podvmfake.Upstream
 }
 
 // newPeerSetup builds kata's shim and upstream's pod VM programs (or finds
@@ -68,14 +69,15 @@ func newPeerSetup(ctx context.Context, t *testing.T) *peerSetup {
 }
 
 // pod is the peer pod: runtime class kata-remote, no node named (the
-// scheduler places it), one container whose command the test kata agent
-// runs in the VM.
+// scheduler places it), an image-pull secret, one container whose command
+// the test kata agent runs in the VM.
 func (p *peerSetup) pod(name string) *corev1.Pod {
 	rc := cluster.RuntimeClassName
 	return &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Namespace: "default", Name: name},
 		Spec: corev1.PodSpec{
 			RuntimeClassName: &rc,
+			ImagePullSecrets: []corev1.LocalObjectReference{{Name: pullSecretName}},
 			Containers: []corev1.Container{{
 				Name: "app", Image: PauseImage, ImagePullPolicy: corev1.PullNever,
 				Command: []string{"sh", "-c", "echo " + peerGreeting + "; exec sleep 100000"},
@@ -84,8 +86,31 @@ func (p *peerSetup) pod(name string) *corev1.Pod {
 	}
 }
 
+// The peer pod's image-pull secret: caa reads it with the kubelet's own
+// identity (the kata manifests mount the kubelet's kubeconfig), which the
+// Node authorizer admits only for a secret a pod bound to the node names.
+const (
+	pullSecretName = "regcred"
+	pullRegistry   = "registry.realnode.example:5000"
+)
+
+var pullAuth = base64.StdEncoding.EncodeToString([]byte("robot:realnode-pull-password"))
+
+// createPullSecret creates the peer pod's image-pull secret.
+func createPullSecret(ctx context.Context, t *testing.T, c *cluster.Cluster) {
+	t.Helper()
+	cfg, err := json.Marshal(map[string]any{"auths": map[string]any{pullRegistry: map[string]string{"auth": pullAuth}}})
+	require.NoError(t, err)
+	_, err = c.Client().CoreV1().Secrets("default").Create(ctx, &corev1.Secret{
+		ObjectMeta: metav1.ObjectMeta{Name: pullSecretName}, Type: corev1.SecretTypeDockerConfigJson,
+		Data: map[string][]byte{corev1.DockerConfigJsonKey: cfg},
+	}, metav1.CreateOptions{})
+	require.NoError(t, err)
+}
+
 // checkVM checks the one live VM of the fake cloud is the pod's, booted
-// with the test kata agent, and returns that agent.
+// with the test kata agent and the pod's pull credentials, and returns that
+// agent.
 func (p *peerSetup) checkVM(t *testing.T, kn *katanode.Node, pod *corev1.Pod) *podvmfake.KataAgent {
 	t.Helper()
 	live := kn.Core.Live()
@@ -96,5 +121,13 @@ func (p *peerSetup) checkVM(t *testing.T, kn *katanode.Node, pod *corev1.Pod) *p
 	fvm := kn.Fleet.VM(vm.ID)
 	require.NotNil(t, fvm, "VM %s booted in the fake cloud", vm.ID)
 	require.NotNil(t, fvm.VM.KataAgent, "VM %s runs the test kata agent", vm.ID)
+	var auth struct {
+		Auths map[string]struct {
+			Auth string `json:"auth"`
+		} `json:"auths"`
+	}
+	require.NoError(t, json.Unmarshal(fvm.VM.Files.Config.AuthJSON, &auth),
+		"the VM got the pod's pull credentials, read by caa as the node: %q", fvm.VM.Files.Config.AuthJSON)
+	assert.Equal(t, pullAuth, auth.Auths[pullRegistry].Auth, "the pod's pull credentials in the VM")
 	return fvm.VM.KataAgent
 }

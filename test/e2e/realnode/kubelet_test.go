@@ -47,7 +47,11 @@ func TestKubeletPeerPodThroughRollout(t *testing.T) {
 	require.NoError(t, err)
 	t.Cleanup(egress.Close)
 	c := cluster.StartWith(ctx, t, cluster.Options{RealKubelets: true,
-		APIServerArgs: []string{"--egress-selector-config-file=" + egress.Config}})
+		APIServerArgs: []string{"--egress-selector-config-file=" + egress.Config,
+			// kubeadm's Service range: the apiserver's default, 10.0.0.0/24,
+			// is where the fake cloud's subnet puts the pod VMs, and the
+			// kubernetes Service's address is served on the node.
+			"--service-cluster-ip-range=10.96.0.0/12"}})
 	require.NoError(t, c.StartControlPlane(ctx))
 
 	// The node's network: its namespace, the fake EC2 on its loopback, the
@@ -87,6 +91,7 @@ func TestKubeletPeerPodThroughRollout(t *testing.T) {
 	first, _ := caaPods()
 
 	// The peer pod: placed by the scheduler, run by kata's shim through caa.
+	createPullSecret(ctx, t, c)
 	pod := peer.pod("peer-a")
 	_, err = c.Client().CoreV1().Pods("default").Create(ctx, pod, metav1.CreateOptions{})
 	require.NoError(t, err)
@@ -135,6 +140,17 @@ func TestKubeletPeerPodThroughRollout(t *testing.T) {
 	assert.Zero(t, s.maxRestarts, "the peer pod's restartCount during the rollout")
 	assert.Equal(t, runsBefore, runs, "RunInstances during the rollout")
 	assert.Equal(t, terminatesBefore, terminates, "TerminateInstances during the rollout")
+	// What caa said under the kubelet: its warnings and errors, for the
+	// reader (the assertions above are what counts).
+	for _, sel := range []string{caaSelector, "app.kubernetes.io/name=caa-relay"} {
+		logs, err := kubectl(ctx, c, "-n", "caa-system", "logs", "-l", sel, "--tail=-1", "--prefix")
+		require.NoError(t, err, "kubectl logs -l %s", sel)
+		for l := range strings.SplitSeq(logs, "\n") {
+			if strings.Contains(l, "WARN") || strings.Contains(l, "ERROR") {
+				t.Logf("caa pod: %s", l)
+			}
+		}
+	}
 	for _, l := range peer.syslog.Lines()[linesBefore:] {
 		for _, f := range sandboxFailure {
 			assert.NotContains(t, l, f, "the shim gives no sandbox up across caa's rollout")

@@ -279,10 +279,11 @@ func (n *Node) Close() error {
 		return nil
 	}
 	var errs []error
-	var cgroups []string
+	var cgroups, roots []string
 	for _, k := range n.kubelets {
 		k.stop()
 		cgroups = append(cgroups, k.CgroupRoot)
+		roots = append(roots, k.RootDir)
 	}
 	n.kubelets = nil
 	if n.containerd != nil && n.containerd.exited() == nil {
@@ -302,6 +303,10 @@ func (n *Node) Close() error {
 		removeCgroupRoot(root)
 	}
 	unmountUnder(n.Dir)
+	// The kubelets' volumes (emptyDir in memory, projected tokens).
+	for _, root := range roots {
+		unmountUnder(root)
+	}
 	if err := os.RemoveAll(n.Dir); err != nil {
 		errs = append(errs, fmt.Errorf("remove node dir: %w", err))
 	}
