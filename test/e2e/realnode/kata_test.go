@@ -232,6 +232,7 @@ func TestKataRemoteOnContainerd(t *testing.T) {
 	}
 	samples, bad := sampler.stop()
 	assert.Greater(t, samples, 20, "crictl sampled the pods throughout")
+	t.Logf("%d samples of both pods and containers (crictl inspectp, ps) every 200 ms across the SIGKILL restart and the hand-over, %d not Ready/Running", samples, len(bad))
 	assert.Empty(t, bad, "every sample Ready/Running across caa's restart and hand-over")
 	for _, l := range syslog.Lines()[linesBefore:] {
 		for _, f := range sandboxFailure {
