@@ -207,7 +207,7 @@ func (h *HypervisorCalls) relay(c net.Conn) {
 	defer c.Close()
 	up, err := net.Dial("unix", h.target)
 	if err != nil {
-		h.add("(refused) " + err.Error())
+		h.add("(refused: nothing listens on caa's socket)")
 		return
 	}
 	defer up.Close()
@@ -288,6 +288,13 @@ func (h *HypervisorCalls) CreateVM(id string) *hypervisorpb.CreateVMRequest {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	return h.creates[id]
+}
+
+// CreateVMs returns the sandbox ids the shim sent CreateVM for.
+func (h *HypervisorCalls) CreateVMs() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Collect(maps.Keys(h.creates))
 }
 
 // Counts returns the calls so far by "service/method".
