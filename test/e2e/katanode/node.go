@@ -71,6 +71,9 @@ type Options struct {
 	// (process-user-data, agent-protocol-forwarder) and, if it names one,
 	// the test kata agent; its EC2IMDS is the node's fake EC2's.
 	Upstream *podvmfake.Upstream
+	// BootGate, when set, is called before each pod VM boots and delays
+	// the boot until it returns (a slow VM).
+	BootGate func(ctx context.Context)
 }
 
 // New builds node name of cluster c, whose caa binary is caaBin. It needs
@@ -127,10 +130,21 @@ func NewWith(ctx context.Context, c *cluster.Cluster, caaBin, name string, o Opt
 	core := n.Core
 	imds := func(id string) http.Handler { return ec2fake.IMDS(core, id, nil) }
 	n.Fleet = podvmfake.NewFleet(n.Net, n.Core, nil).ReadingFrom(podvmfake.EC2IMDS{IMDS: imds})
-	if o.Upstream != nil {
-		u := *o.Upstream
-		u.EC2IMDS = imds
-		n.Fleet.Booting(u.Boot)
+	if o.Upstream != nil || o.BootGate != nil {
+		boot := podvmfake.Boot
+		if o.Upstream != nil {
+			u := *o.Upstream
+			u.EC2IMDS = imds
+			boot = u.Boot
+		}
+		if gate := o.BootGate; gate != nil {
+			inner := boot
+			boot = func(ctx context.Context, opts podvmfake.Options) (*podvmfake.VM, error) {
+				gate(ctx)
+				return inner(ctx, opts)
+			}
+		}
+		n.Fleet.Booting(boot)
 	}
 	fctx, stopFleet := context.WithCancel(context.Background())
 	done := make(chan struct{})

@@ -20,7 +20,9 @@ import (
 	"time"
 
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
 
+	"github.com/caa-project/caa/pkg/hypervisor/hypervisorpb"
 	"github.com/caa-project/caa/test/e2e/upstream"
 )
 
@@ -37,8 +39,10 @@ const (
 func RequireUpstream(t testing.TB) {
 	t.Helper()
 	var errs []error
+	seen := map[string]bool{}
 	for _, k := range []upstream.Kind{upstream.PodVM, upstream.KataShim, upstream.KataAgent} {
-		if err := upstream.Check(k); err != nil {
+		if err := upstream.Check(k); err != nil && !seen[err.Error()] {
+			seen[err.Error()] = true
 			errs = append(errs, err)
 		}
 	}
@@ -169,12 +173,13 @@ func (s *Syslog) Lines() []string {
 // killed or handed over keeps no count). Each connection is relayed as it
 // is; a connection caa's socket refuses is closed, as the shim would see.
 type HypervisorCalls struct {
-	Socket string
-	ln     net.Listener
-	target string
-	mu     sync.Mutex
-	n      map[string]int
-	wg     sync.WaitGroup
+	Socket  string
+	ln      net.Listener
+	target  string
+	mu      sync.Mutex
+	n       map[string]int
+	creates map[string]*hypervisorpb.CreateVMRequest // by sandbox id
+	wg      sync.WaitGroup
 }
 
 // CountHypervisorCalls serves socket and relays to target.
@@ -184,7 +189,7 @@ func CountHypervisorCalls(t testing.TB, socket, target string) *HypervisorCalls 
 	if err != nil {
 		t.Fatalf("hypervisor call counter: %v", err)
 	}
-	h := &HypervisorCalls{Socket: socket, ln: ln, target: target, n: map[string]int{}}
+	h := &HypervisorCalls{Socket: socket, ln: ln, target: target, n: map[string]int{}, creates: map[string]*hypervisorpb.CreateVMRequest{}}
 	h.wg.Go(func() {
 		for {
 			c, err := ln.Accept()
@@ -202,7 +207,7 @@ func (h *HypervisorCalls) relay(c net.Conn) {
 	defer c.Close()
 	up, err := net.Dial("unix", h.target)
 	if err != nil {
-		h.add("(refused) " + err.Error())
+		h.add("(refused: nothing listens on caa's socket)")
 		return
 	}
 	defer up.Close()
@@ -220,7 +225,16 @@ func (h *HypervisorCalls) relay(c net.Conn) {
 			return
 		}
 		if hdr[8] == 1 {
-			h.add(requestMethod(body))
+			m, payload := parseRequest(body)
+			h.add(m)
+			if m == createVM {
+				req := &hypervisorpb.CreateVMRequest{}
+				if proto.Unmarshal(payload, req) == nil {
+					h.mu.Lock()
+					h.creates[req.Id] = req
+					h.mu.Unlock()
+				}
+			}
 		}
 		if _, err := up.Write(append(hdr, body...)); err != nil {
 			return
@@ -229,9 +243,13 @@ func (h *HypervisorCalls) relay(c net.Conn) {
 	}
 }
 
-// requestMethod reads "service/method" from a ttrpc request.
-func requestMethod(b []byte) string {
+const createVM = "hypervisor.Hypervisor/CreateVM"
+
+// parseRequest reads "service/method" and the payload from a ttrpc request
+// (fields 1, 2 and 3).
+func parseRequest(b []byte) (string, []byte) {
 	var service, method string
+	var payload []byte
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {
@@ -242,23 +260,41 @@ func requestMethod(b []byte) string {
 		if n < 0 {
 			break
 		}
-		if typ == protowire.BytesType && (num == 1 || num == 2) {
+		if typ == protowire.BytesType {
 			v, _ := protowire.ConsumeBytes(b)
-			if num == 1 {
+			switch num {
+			case 1:
 				service = string(v)
-			} else {
+			case 2:
 				method = string(v)
+			case 3:
+				payload = v
 			}
 		}
 		b = b[n:]
 	}
-	return path.Join(service, method)
+	return path.Join(service, method), payload
 }
 
 func (h *HypervisorCalls) add(m string) {
 	h.mu.Lock()
 	h.n[m]++
 	h.mu.Unlock()
+}
+
+// CreateVM returns the CreateVM request the shim sent for sandbox id, or
+// nil.
+func (h *HypervisorCalls) CreateVM(id string) *hypervisorpb.CreateVMRequest {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.creates[id]
+}
+
+// CreateVMs returns the sandbox ids the shim sent CreateVM for.
+func (h *HypervisorCalls) CreateVMs() []string {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return slices.Collect(maps.Keys(h.creates))
 }
 
 // Counts returns the calls so far by "service/method".

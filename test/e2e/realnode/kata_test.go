@@ -5,11 +5,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"maps"
+	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -19,6 +21,7 @@ import (
 
 	"github.com/caa-project/caa/pkg/health"
 	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/pkg/sandbox"
 	"github.com/caa-project/caa/test/e2e/cluster"
 	"github.com/caa-project/caa/test/e2e/katanode"
 	"github.com/caa-project/caa/test/e2e/upstream"
@@ -70,8 +73,25 @@ func TestKataRemoteOnContainerd(t *testing.T) {
 	require.NoError(t, cluster.BuildCaa(ctx, caaBin, "", "caa_aws"))
 
 	c := cluster.Start(ctx, t)
-	kn, err := katanode.NewWith(ctx, c, caaBin, "worker-1", katanode.Options{Upstream: &podvmfake.Upstream{
-		Dir: podvmDir, KataAgent: filepath.Join(agentDir, upstream.AgentBin)}})
+	// A gate the test closes to hold a VM's boot (a slow VM), so that caa
+	// can be killed while the shim waits in StartVM.
+	var gateOn atomic.Bool
+	release, gated := make(chan struct{}), make(chan struct{}, 1)
+	kn, err := katanode.NewWith(ctx, c, caaBin, "worker-1", katanode.Options{
+		Upstream: &podvmfake.Upstream{Dir: podvmDir, KataAgent: filepath.Join(agentDir, upstream.AgentBin)},
+		BootGate: func(ctx context.Context) {
+			if !gateOn.Load() {
+				return
+			}
+			select {
+			case gated <- struct{}{}:
+			default:
+			}
+			select {
+			case <-release:
+			case <-ctx.Done():
+			}
+		}})
 	require.NoError(t, err)
 	t.Cleanup(kn.Close)
 
@@ -120,25 +140,24 @@ func TestKataRemoteOnContainerd(t *testing.T) {
 	})
 
 	pods := []*kataPod{{name: "web"}, {name: "db"}}
-	for _, p := range pods {
-		p.obj, err = c.CreatePeerPod(ctx, "default", p.name, kn.Name, nil)
-		require.NoError(t, err)
-		meta := map[string]any{"name": p.name, "namespace": "default", "uid": string(p.obj.UID), "attempt": 0}
-		cfg := map[string]any{"metadata": meta, "log_directory": t.TempDir(), "linux": map[string]any{}}
-		if p.name == "db" {
-			// CRI-O's names for the sandbox, as CRI-O sets them; kata's
-			// shim copies them into io.kubernetes.cri.sandbox-name and
-			// -namespace (virtcontainers/sandbox.go,
-			// setHypervisorConfigAnnotations).
-			cfg["annotations"] = map[string]string{
-				"io.kubernetes.cri-o.SandboxName": fmt.Sprintf("k8s_%s_default_%s_0", p.name, p.obj.UID),
-				"io.kubernetes.cri-o.Namespace":   "default",
+	t.Cleanup(func() {
+		// kata's shim leaves copies of a sandbox's files for CopyFile
+		// behind (the sandbox container's resolv.conf); they are named
+		// after the sandbox and container ids.
+		for _, p := range pods {
+			for _, id := range []string{p.id, p.ctrID} {
+				if id == "" {
+					continue
+				}
+				left, _ := filepath.Glob(filepath.Join("/run/kata-containers/shared/containers", id+"-*"))
+				for _, f := range left {
+					_ = os.Remove(f)
+				}
 			}
 		}
-		p.podConfig = WriteJSON(t, p.name+"-pod.json", cfg)
-		out, err := n.Crictl(ctx, "runp", "--runtime", KataHandler, p.podConfig)
-		require.NoError(t, err, "crictl runp %s", p.name)
-		p.id = strings.TrimSpace(out)
+	})
+	startContainer := func(p *kataPod) {
+		t.Helper()
 		ctr := WriteJSON(t, p.name+"-ctr.json", map[string]any{
 			"metadata": map[string]any{"name": "app"},
 			"image":    map[string]any{"image": PauseImage},
@@ -146,14 +165,16 @@ func TestKataRemoteOnContainerd(t *testing.T) {
 			"log_path": "app.log",
 			"linux":    map[string]any{},
 		})
-		out, err = n.Crictl(ctx, "create", p.id, ctr, p.podConfig)
+		out, err := n.Crictl(ctx, "create", p.id, ctr, p.podConfig)
 		require.NoError(t, err, "crictl create in %s", p.name)
 		p.ctrID = strings.TrimSpace(out)
 		_, err = n.Crictl(ctx, "start", p.ctrID)
 		require.NoError(t, err, "crictl start in %s", p.name)
 	}
-
-	for _, p := range pods {
+	// attach finds the pod's one VM and its agent, and checks the
+	// container runs and execs.
+	attach := func(p *kataPod) {
+		t.Helper()
 		live := kn.LiveSandboxVMs(p.id)
 		require.Len(t, live, 1, "pod %s: one VM for sandbox %s", p.name, p.id)
 		vm := live[0]
@@ -168,6 +189,55 @@ func TestKataRemoteOnContainerd(t *testing.T) {
 		out, err := crictlExec(ctx, n, p.ctrID, "echo", "hello from "+p.name)
 		require.NoError(t, err, "crictl exec in %s", p.name)
 		assert.Equal(t, "hello from "+p.name, strings.TrimSpace(out), "pod %s: exec output through the shim, caa relay and the VM", p.name)
+	}
+	for _, p := range pods {
+		p.obj, err = c.CreatePeerPod(ctx, "default", p.name, kn.Name, nil)
+		require.NoError(t, err)
+		meta := map[string]any{"name": p.name, "namespace": "default", "uid": string(p.obj.UID), "attempt": 0}
+		cfg := map[string]any{"metadata": meta, "log_directory": t.TempDir(), "linux": map[string]any{}}
+		if p.name == "web" {
+			// Pod-level limits, which containerd passes as the
+			// sandbox-cpu and sandbox-memory annotations and the shim
+			// (static_sandbox_resource_mgmt) turns into the VM's size.
+			cfg["linux"] = map[string]any{"resources": map[string]any{
+				"cpu_period": 100000, "cpu_quota": 150000, "memory_limit_in_bytes": 512 << 20}}
+		}
+		if p.name == "db" {
+			// CRI-O's names for the sandbox, as CRI-O sets them; kata's
+			// shim copies them into io.kubernetes.cri.sandbox-name and
+			// -namespace (virtcontainers/sandbox.go,
+			// setHypervisorConfigAnnotations).
+			cfg["annotations"] = map[string]string{
+				"io.kubernetes.cri-o.SandboxName": fmt.Sprintf("k8s_%s_default_%s_0", p.name, p.obj.UID),
+				"io.kubernetes.cri-o.Namespace":   "default",
+			}
+		}
+		p.podConfig = WriteJSON(t, p.name+"-pod.json", cfg)
+		out, err := n.Crictl(ctx, "runp", "--runtime", KataHandler, p.podConfig)
+		require.NoError(t, err, "crictl runp %s", p.name)
+		p.id = strings.TrimSpace(out)
+		startContainer(p)
+	}
+
+	for _, p := range pods {
+		attach(p)
+		// What the shim sent: the sandbox's names as the runtime gave
+		// them (CRI-O's k8s_ form copied into containerd's key for db).
+		req := hv.CreateVM(p.id)
+		require.NotNil(t, req, "pod %s: the shim's CreateVM", p.name)
+		wantName := p.name
+		if p.name == "db" {
+			wantName = fmt.Sprintf("k8s_%s_default_%s_0", p.name, p.obj.UID)
+		}
+		assert.Equal(t, wantName, req.Annotations[sandbox.AnnotationSandboxName], "pod %s: CreateVM's sandbox name", p.name)
+		assert.Equal(t, "default", req.Annotations[sandbox.AnnotationSandboxNamespace], "pod %s: CreateVM's sandbox namespace", p.name)
+		if p.name == "web" {
+			// 1.5 CPUs rounded up, 512 MiB: what the shim computed from
+			// containerd's sandbox annotations.
+			assert.Equal(t, "2", req.Annotations[provider.AnnotationVCPUs], "pod web: CreateVM's vCPUs")
+			assert.Equal(t, "512", req.Annotations[provider.AnnotationMemory], "pod web: CreateVM's memory")
+		}
+		t.Logf("pod %s: CreateVM netns %s, annotations %v", p.name, req.NetworkNamespacePath, req.Annotations)
 	}
 	require.Len(t, kn.Core.Live(), len(pods), "one VM per pod in the fake cloud")
 
@@ -190,6 +260,7 @@ func TestKataRemoteOnContainerd(t *testing.T) {
 	}
 	samples, bad := sampler.stop()
 	assert.Greater(t, samples, 20, "crictl sampled the pods throughout")
+	t.Logf("%d samples of both pods and containers (crictl inspectp, ps) every 200 ms across the SIGKILL restart and the hand-over, %d not Ready/Running", samples, len(bad))
 	assert.Empty(t, bad, "every sample Ready/Running across caa's restart and hand-over")
 	for _, l := range syslog.Lines()[linesBefore:] {
 		for _, f := range sandboxFailure {
@@ -202,6 +273,55 @@ func TestKataRemoteOnContainerd(t *testing.T) {
 		assert.Equal(t, "again from "+p.name, strings.TrimSpace(out), "pod %s: exec after the hand-over", p.name)
 	}
 
+	// caa SIGKILLed while the shim waits in StartVM (its VM slow to boot):
+	// the shim's StartVM fails ("ttrpc: closed") and so does the sandbox;
+	// its StopVM finds nothing listening until the new caa starts, so the
+	// record stays Creating with its VM. The retry the kubelet would make
+	// (attempt 1 of the same pod) runs and supersedes it: that VM goes.
+	late := &kataPod{name: "late"}
+	late.obj, err = c.CreatePeerPod(ctx, "default", late.name, kn.Name, nil)
+	require.NoError(t, err)
+	lateConfig := func(attempt int) string {
+		return WriteJSON(t, fmt.Sprintf("late-pod-%d.json", attempt), map[string]any{
+			"metadata":      map[string]any{"name": late.name, "namespace": "default", "uid": string(late.obj.UID), "attempt": attempt},
+			"log_directory": t.TempDir(), "linux": map[string]any{}})
+	}
+	cut := make(chan error, 1)
+	gateOn.Store(true)
+	go func() {
+		_, err := n.Crictl(ctx, "runp", "--runtime", KataHandler, lateConfig(0))
+		cut <- err
+	}()
+	select {
+	case <-gated:
+	case <-ctx.Done():
+		t.Fatal("the late pod's VM never started booting")
+	}
+	require.NoError(t, caaC.Kill())
+	caaD := startCaa("caa-d")
+	ready(caaD)
+	gateOn.Store(false)
+	close(release)
+	err = <-cut
+	require.Error(t, err, "the sandbox whose StartVM caa's death cut fails")
+	assert.Contains(t, err.Error(), "remote hypervisor call failed: ttrpc: closed")
+	var cutID string
+	for _, id := range hv.CreateVMs() {
+		if req := hv.CreateVM(id); req.Annotations[sandbox.AnnotationSandboxName] == late.name {
+			cutID = id
+		}
+	}
+	require.NotEmpty(t, cutID, "the shim's CreateVM for the late pod")
+	late.podConfig = lateConfig(1)
+	out, err := n.Crictl(ctx, "runp", "--runtime", KataHandler, late.podConfig)
+	require.NoError(t, err, "crictl runp late, attempt 1")
+	late.id = strings.TrimSpace(out)
+	startContainer(late)
+	attach(late)
+	require.Eventually(t, func() bool { return len(kn.LiveSandboxVMs(cutID)) == 0 }, time.Minute, 100*time.Millisecond,
+		"the cut sandbox's VM goes once the pod's next sandbox runs")
+	pods = append(pods, late)
+
 	// The pods go: StopVM, the VMs terminated, the agent sockets gone, the
 	// sandboxes out of the ledger.
 	for _, p := range pods {
@@ -212,16 +332,17 @@ func TestKataRemoteOnContainerd(t *testing.T) {
 	}
 	require.Eventually(t, func() bool { return len(kn.Core.Live()) == 0 }, time.Minute, 100*time.Millisecond, "every VM terminated")
 	counts := hv.Counts()
-	assert.Equal(t, len(pods), counts["hypervisor.Hypervisor/StopVM"], "one StopVM per pod")
+	assert.Equal(t, len(pods), counts["hypervisor.Hypervisor/StopVM"], "one StopVM per pod (the cut sandbox's was refused: no caa listened)")
 	for _, p := range pods {
 		left, _ := filepath.Glob(filepath.Join(kn.AgentDir, p.id, "*"))
 		assert.Empty(t, left, "pod %s: no agent socket left", p.name)
 	}
-	out, err := exec.CommandContext(ctx, caaBin, "ledger", "sandboxes", "-o", "json", "--ledger", kn.Ledger).CombinedOutput()
-	require.NoError(t, err, "caa ledger sandboxes: %s", out)
+	ledgerOut, err := exec.CommandContext(ctx, caaBin, "ledger", "sandboxes", "-o", "json", "--ledger", kn.Ledger).CombinedOutput()
+	require.NoError(t, err, "caa ledger sandboxes: %s", ledgerOut)
 	for _, p := range pods {
-		assert.NotContains(t, string(out), p.id, "pod %s: its sandbox is gone from the ledger", p.name)
+		assert.NotContains(t, string(ledgerOut), p.id, "pod %s: its sandbox is gone from the ledger", p.name)
 	}
+	assert.NotContains(t, string(ledgerOut), cutID, "the cut sandbox is gone from the ledger")
 
 	// What the real shim called, on caa and on the agents.
 	agentCalls := podvmfake.KataCalls{Served: map[string]int{}, Failed: map[string]int{}, Unimplemented: map[string]int{}}
@@ -238,7 +359,7 @@ func TestKataRemoteOnContainerd(t *testing.T) {
 			agentCalls.Unimplemented[m] += k
 		}
 	}
-	t.Logf("calls kata 4.1.0's shim made for %d pods (each one container and two execs), across a SIGKILL restart and a surge hand-over of caa:\n%s",
+	t.Logf("calls kata 4.1.0's shim made for %d pods (each one container and two execs but the last, started after caa was killed during its first sandbox's StartVM), across a SIGKILL restart and a surge hand-over of caa:\n%s",
 		len(pods), callTable(counts, agentCalls))
 	assert.Empty(t, agentCalls.Unimplemented, "the test kata agent serves every call the shim made")
 
@@ -359,12 +480,14 @@ func (s *sampling) stop() (int, []string) {
 	return s.samples, s.bad
 }
 
-// callTable formats the hypervisor and agent calls, one per line.
+// callTable formats the hypervisor and agent calls, one per line: the
+// shim's hypervisor requests as sent (whatever caa answered), the agent's
+// calls by outcome.
 func callTable(hv map[string]int, agent podvmfake.KataCalls) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "  %-50s %8s %8s %8s\n", "call", "answered", "failed", "unimpl.")
+	fmt.Fprintf(&b, "  %-55s %8s %8s %8s\n", "call", "sent/ok", "failed", "unimpl.")
 	for _, m := range slices.Sorted(maps.Keys(hv)) {
-		fmt.Fprintf(&b, "  %-50s %8d %8s %8s\n", "hypervisor "+m, hv[m], "-", "-")
+		fmt.Fprintf(&b, "  %-55s %8d %8s %8s\n", "hypervisor "+m, hv[m], "-", "-")
 	}
 	names := map[string]bool{}
 	for _, m := range []map[string]int{agent.Served, agent.Failed, agent.Unimplemented} {
@@ -373,7 +496,7 @@ func callTable(hv map[string]int, agent podvmfake.KataCalls) string {
 		}
 	}
 	for _, m := range slices.Sorted(maps.Keys(names)) {
-		fmt.Fprintf(&b, "  %-50s %8d %8d %8d\n", "agent "+m, agent.Served[m], agent.Failed[m], agent.Unimplemented[m])
+		fmt.Fprintf(&b, "  %-55s %8d %8d %8d\n", "agent "+m, agent.Served[m], agent.Failed[m], agent.Unimplemented[m])
 	}
 	return b.String()
 }
