@@ -146,7 +146,8 @@ test-times: ## print where the last `make test` spent its time (each suite's pac
 .PHONY: test-upstream-podvm upstream-binaries
 test-upstream-podvm: e2e-binaries $(TIMES_OUT)/testtimes ## the remote hypervisor e2e with upstream's real process-user-data and agent-protocol-forwarder in the pod VMs, built from UPSTREAM_SRC (or taken from CAA_UPSTREAM_PODVM_BIN); as root, iptables installed
 	@test -f $(TIMES_OUT)/load-before || cat /proc/loadavg > $(TIMES_OUT)/load-before
-	@bin="$$CAA_UPSTREAM_PODVM_BIN"; if [ -z "$$bin" ]; then bin=$$($(GO) run ./test/e2e/cmd/upstream-binaries -dir podvm) || exit 2; fi; \
+	@bin="$$CAA_UPSTREAM_PODVM_BIN"; if [ -z "$$bin" ]; then src="$${UPSTREAM_SRC:-$$(sh hack/clone-upstream.sh)}" || exit 2; \
+		export UPSTREAM_SRC="$$src"; bin=$$($(GO) run ./test/e2e/cmd/upstream-binaries -dir podvm) || exit 2; fi; \
 	set -o pipefail; CAA_UPSTREAM_PODVM_BIN="$$bin" $(GO) test -count=1 -timeout 30m -json -run '^(TestHypervisor|TestNodeAdvertisesPeerPodCapacity)' ./test/e2e | $(call TESTTIMES,upstream-podvm.md)
 
 upstream-binaries: ## build (or find cached) upstream's programs from UPSTREAM_SRC (the pinned archives or clones): the pod VM's, cloud-api-adaptor, kata's shim and config, the test kata agent
@@ -160,12 +161,14 @@ node-binaries: ## build (or find cached) a real node's programs: containerd, run
 
 # UPSTREAM_SRC: a directory holding upstream's pinned sources, either their
 # archives (cloud-api-adaptor-<commit>.tar.gz, kata-containers-4.1.0.tar.gz)
-# or clones of the two repositories (README, Tests).
+# or clones of the two repositories (README, Tests); unset, the two
+# repositories are cloned into ~/.cache/caa-e2e/upstream-src
+# (hack/clone-upstream.sh).
 test-node: e2e-binaries node-binaries $(TIMES_OUT)/testtimes ## as root: a real node (containerd, kata's shim, runc, CNI, a kubelet) runs peer pods on caa, levels 1 and 2 (test/e2e/realnode); needs UPSTREAM_SRC
 	@test -f $(TIMES_OUT)/load-before || cat /proc/loadavg > $(TIMES_OUT)/load-before
-	@if [ -z "$$UPSTREAM_SRC" ]; then echo "UPSTREAM_SRC is not set: point it at a directory of upstream's pinned sources (archives or clones of cloud-api-adaptor and kata-containers; README, Tests)"; exit 2; fi
-	$(GO) run ./test/e2e/cmd/upstream-binaries
-	set -o pipefail; $(GO) test -count=1 -timeout 40m -json ./test/e2e/realnode | $(call TESTTIMES,node.md)
+	@src="$${UPSTREAM_SRC:-$$(sh hack/clone-upstream.sh)}" || exit 2; export UPSTREAM_SRC="$$src"; \
+		$(GO) run ./test/e2e/cmd/upstream-binaries && \
+		set -o pipefail && $(GO) test -count=1 -timeout 40m -json ./test/e2e/realnode | $(call TESTTIMES,node.md)
 
 lint: ## gofmt check, go vet, staticcheck (pinned)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi
