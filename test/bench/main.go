@@ -196,6 +196,8 @@ func run(ctx context.Context, args []string) (int, error) {
 			sc, err = b.s10(ctx)
 		case "s11":
 			sc, err = b.s11(ctx)
+		case "s12":
+			sc, err = b.s12(ctx)
 		case "s6-kata", "s6kata":
 			sc, err = b.s6kata(ctx)
 		default:
