@@ -222,10 +222,10 @@ func (b *bench) s12(ctx context.Context) (sc Scenario, err error) {
 			"(CLOUD_PROVIDER, PODVM_AMI_ID, AWS_REGION, AWS_SUBNET_ID, AWS_SG_IDS, PODVM_INSTANCE_TYPE, REMOTE_HYPERVISOR_ENDPOINT, PODS_DIR) and "+
 			"the SDK's AWS_ENDPOINT_URL_EC2 for the fake, everything else its defaults (TLS with its own CA, root volume 30 GiB, SEV-SNP). "+
 			"Rows: one StartVM (%d runs); %d CreateVM then %d StartVM at once, then %d StopVM at once; %d sandboxes, SIGKILL, start, each agent socket "+
-			"checked for %s, then the shim's StopVM of each; %d sandboxes, %d rounds of StopVM/StartVM over them (memory); an idle minute; "+
+			"checked for %s, then the shim's StopVM of each; %d sandboxes, %d rounds of StopVM/StartVM over them (memory); an idle window of %s; "+
 			"a rolling update as the DaemonSet with maxUnavailable 1 does it (SIGTERM, then the same binary started) while every shim checks "+
 			"its agent every %s on its one connection (a check unanswered within %s, or failed, is missed; kata fails the sandbox at the first).",
-			s10Latency, b.count, n, n, n, s12Restart, s12Served, s12Rolling, s12Rounds, s9CheckPeriod, s9CheckTimeout)}
+			s10Latency, b.count, n, n, n, s12Restart, s12Served, s12Rolling, s12Rounds, b.s12Idle, s9CheckPeriod, s9CheckTimeout)}
 	if b.notRoot(&sc, "S12") {
 		return sc, nil
 	}
@@ -545,15 +545,15 @@ func (s *s12Side) idle(ctx context.Context, f *s12Figures) error {
 		}
 	}
 	s.r.f.resetCounters()
-	if err := sleepCtx(ctx, s12IdleWindow); err != nil {
+	if err := sleepCtx(ctx, s.b.s12Idle); err != nil {
 		return err
 	}
 	f.idleCalls = callsByOp(s.r.f.counters())
 	calls := float64(sumCalls(f.idleCalls))
 	if s.up == nil {
-		f.idleHour = ScaleToInterval(calls, s12IdleWindow, s12IdleAudit, s6Audit)
+		f.idleHour = ScaleToInterval(calls, s.b.s12Idle, s12IdleAudit, s6Audit)
 	} else {
-		f.idleHour = calls * float64(time.Hour) / float64(s12IdleWindow)
+		f.idleHour = calls * float64(time.Hour) / float64(s.b.s12Idle)
 	}
 	return nil
 }
