@@ -56,23 +56,45 @@ func s12Rows(n, count int, c, u s12Figures) []Row {
 	}
 }
 
-// Why each row differs, from the two programs' code.
+// Why each row differs, from the two programs' code (upstream:
+// pkg/adaptor/cloud/cloud.go, pkg/adaptor/proxy/proxy.go and
+// cloud-providers/aws/provider.go at the pinned commit).
 const (
-	whyStartVM      = "TODO"
-	whyBurstTime    = "TODO"
-	whyBurstOK      = "TODO"
-	whySurfaced     = "TODO"
-	whyThrottled    = "TODO"
-	whyNoOne        = "TODO"
-	whyBurstLeak    = "TODO"
-	whyCallsCreated = "TODO"
-	whyCallsDeleted = "TODO"
-	whyServed       = "TODO"
-	whyLeaked       = "TODO"
-	whyDuplicated   = "TODO"
-	whyWrites       = "TODO"
-	whyMisses       = "TODO"
-	whyMemory       = "TODO"
-	whyGrowth       = "TODO"
-	whyIdle         = "TODO"
+	whyStartVM = "Upstream makes one cloud call (RunInstances, taking the address from its answer) and then redials the forwarder with a " +
+		"growing back-off until the VM answers; caa makes three (a client-token lookup so that a retry after a crash finds the first " +
+		"launch, RunInstances, a read that shows the VM running), records each step in its ledger first, then relays: a deliberate " +
+		"trade of two calls' latency for a StartVM that is safe to repeat and survives a crash in the middle."
+	whyBurstTime = "caa's create budget (5 a second after a burst of 10) paces the launches under EC2's RunInstances bucket, so the " +
+		"last StartVM waits its turn; upstream sends all at once and its SDK retries what EC2 throttles, so it answers sooner but not " +
+		"always with a VM."
+	whyBurstOK = "Upstream's StartVM fails when RunInstances is still throttled after the SDK's 3 attempts; caa's budget keeps the " +
+		"launches within EC2's refill, so none is refused."
+	whySurfaced = "A throttled RunInstances reaches kata as upstream's StartVM error (RequestLimitExceeded); caa waits in its own " +
+		"budget and retries a throttled call itself, within StartVM's deadline."
+	whyThrottled = "Upstream's burst spends EC2's RunInstances bucket (50) at once and then meets its refill (5 a second) with " +
+		"retries; caa's budget stays under it."
+	whyNoOne = "Both launch one VM per StartVM: caa's ClientToken and lookup make a retried launch find the first VM; upstream " +
+		"launches once per StartVM and deletes the VM of a StartVM that failed after it."
+	whyBurstLeak = "Upstream's StopVM logs a failed TerminateInstances (throttled here) and answers kata success, so the VM " +
+		"stays; caa records the delete in its ledger and retries it until EC2 confirms it."
+	whyCallsCreated = "Upstream: RunInstances and the SDK's retries of it; caa: the client-token lookup, RunInstances and the read " +
+		"that sees the VM running (the trade of the StartVM row), and no retries that EC2 throttles."
+	whyCallsDeleted = "Both send one TerminateInstances per VM; upstream's throttled ones are retried by the SDK (and then given " +
+		"up), caa's are paced by its write budget."
+	whyServed = "Upstream keeps its sandboxes only in memory: a new process knows none of them and serves no agent socket; caa " +
+		"reads them from its ledger, and its relay (a process of its own) kept every shim's connection open throughout."
+	whyLeaked = "Upstream's restarted process answers the shim's StopVM with \"sandbox does not exist\" and deletes nothing (its " +
+		"separate peerpod-ctrl, not run here, deletes the VM of a PeerPod object once its pod is gone); caa deletes each VM its " +
+		"ledger holds."
+	whyDuplicated = "Neither program launches again on restart: upstream has nothing to launch from, caa adopts the VMs its " +
+		"ledger names."
+	whyWrites = "Neither writes to the cloud to come back: caa's startup reads (one listing of the node's VMs) and adopts."
+	whyMisses = "Upstream's agent proxies live in its process: SIGTERM closes every shim's connection and the new process " +
+		"serves none, so each check after it fails; caa's shims are connected to caa relay, which the update leaves alone."
+	whyMemory = "Upstream holds one proxied ttrpc connection and a TLS client per sandbox; caa holds its sandbox records and, in " +
+		"caa relay, the relayed connections (both processes counted)."
+	whyGrowth = "Resident memory after the rounds against before them: what a program keeps of sandboxes that are gone (the Go " +
+		"heap's high-water mark included)."
+	whyIdle = "Upstream makes no idle call: it never looks at the cloud after StartVM, so it never sees a VM lost or leaked; caa " +
+		"lists the node's VMs once per audit interval (10 min by default) to find both: a deliberate trade of 6 reads an hour."
 )
