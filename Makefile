@@ -9,7 +9,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCH_COUNT ?= 5
 BENCH_OUT   ?= .cache/bench
 
-.PHONY: proto help build demo demo-kata test test-unit test-integration test-times e2e-binaries lint fmt bench bench-quick bench-s12 fuzz clean image static
+.PHONY: proto help build demo demo-kata test test-unit test-integration test-times e2e-binaries node-binaries test-node lint fmt bench bench-quick bench-s12 fuzz clean image static
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -97,12 +97,26 @@ test-integration: e2e-binaries ## every test, with the race detector (the chart'
 test-times: ## print where the last `make test` spent its time (per package, the 30 slowest tests)
 	@cat $(TIMES_OUT)/main.md $(TIMES_OUT)/chart.md
 
-test-upstream-podvm: e2e-binaries ## the remote hypervisor e2e with upstream's real process-user-data and agent-protocol-forwarder in the pod VMs: CAA_UPSTREAM_PODVM_BIN=<their directory>, as root, iptables installed (not part of `make test`: CI cannot build them)
-	@if [ -z "$$CAA_UPSTREAM_PODVM_BIN" ]; then echo "CAA_UPSTREAM_PODVM_BIN is not set: build upstream's pod-VM programs with hack/build-upstream-podvm.sh (README, Running caa as kata's remote hypervisor) and point it at their bin directory"; exit 2; fi
-	$(GO) test -count=1 -timeout 30m -run '^(TestHypervisor|TestNodeAdvertisesPeerPodCapacity)' ./test/e2e
+.PHONY: test-upstream-podvm upstream-binaries
+test-upstream-podvm: e2e-binaries ## the remote hypervisor e2e with upstream's real process-user-data and agent-protocol-forwarder in the pod VMs, built from UPSTREAM_SRC (or taken from CAA_UPSTREAM_PODVM_BIN); as root, iptables installed
+	@bin="$$CAA_UPSTREAM_PODVM_BIN"; if [ -z "$$bin" ]; then bin=$$($(GO) run ./test/e2e/cmd/upstream-binaries -dir podvm) || exit 2; fi; \
+	set -x; CAA_UPSTREAM_PODVM_BIN="$$bin" $(GO) test -count=1 -timeout 30m -run '^(TestHypervisor|TestNodeAdvertisesPeerPodCapacity)' ./test/e2e
+
+upstream-binaries: ## build (or find cached) upstream's programs from UPSTREAM_SRC (the pinned archives or clones): the pod VM's, cloud-api-adaptor, kata's shim and config, the test kata agent
+	$(GO) run ./test/e2e/cmd/upstream-binaries
 
 e2e-binaries: ## build (or find cached) etcd and kube-apiserver for the e2e tests; cold: minutes
 	$(GO) run ./test/e2e/cmd/e2e-binaries
+
+node-binaries: ## build (or find cached) a real node's programs: containerd, runc (cgo: gcc, libseccomp-dev), CNI plugins, crictl, the kubelet; cold: minutes
+	$(GO) run ./test/e2e/cmd/node-binaries
+
+# UPSTREAM_SRC: a directory holding upstream's pinned sources, either their
+# archives (cloud-api-adaptor-<commit>.tar.gz, kata-containers-4.1.0.tar.gz)
+# or clones of the two repositories (README, Tests).
+test-node: e2e-binaries node-binaries ## as root: a real node (containerd, kata's shim, runc, CNI, a kubelet) runs peer pods on caa, levels 1 and 2 (test/e2e/realnode); needs UPSTREAM_SRC
+	@if [ -z "$$UPSTREAM_SRC" ]; then echo "UPSTREAM_SRC is not set: point it at a directory of upstream's pinned sources (archives or clones of cloud-api-adaptor and kata-containers; README, Tests)"; exit 2; fi
+	$(GO) test -count=1 -timeout 40m -v ./test/e2e/realnode
 
 lint: ## gofmt check, go vet, staticcheck (pinned)
 	@out=$$(gofmt -l $$(git ls-files '*.go')); if [ -n "$$out" ]; then echo "gofmt needed on:"; echo "$$out"; exit 1; fi

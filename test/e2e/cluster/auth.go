@@ -163,6 +163,67 @@ func newClientCA() (certPEM, keyPEM []byte, err error) {
 		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER}), nil
 }
 
+// ClientCAFile is the path of the CA certificate the apiserver admits
+// client certificates of (--client-ca-file); a kubelet admits the
+// apiserver's with it.
+func (c *Cluster) ClientCAFile() string { return c.creds.clientCA }
+
+// WriteClientCertificate writes to path a client certificate of the client
+// CA for user cn in groups orgs, and its key, in one PEM file.
+func (c *Cluster) WriteClientCertificate(path, cn string, orgs ...string) error {
+	caPEM, err := os.ReadFile(c.creds.clientCA)
+	if err != nil {
+		return fmt.Errorf("read client CA: %w", err)
+	}
+	caKeyPEM, err := os.ReadFile(c.creds.clientCAKey)
+	if err != nil {
+		return fmt.Errorf("read client CA key: %w", err)
+	}
+	caBlock, _ := pem.Decode(caPEM)
+	keyBlock, _ := pem.Decode(caKeyPEM)
+	if caBlock == nil || keyBlock == nil {
+		return errors.New("client CA: no PEM block")
+	}
+	ca, err := x509.ParseCertificate(caBlock.Bytes)
+	if err != nil {
+		return fmt.Errorf("parse client CA: %w", err)
+	}
+	caKey, err := x509.ParseECPrivateKey(keyBlock.Bytes)
+	if err != nil {
+		return fmt.Errorf("parse client CA key: %w", err)
+	}
+	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
+	if err != nil {
+		return fmt.Errorf("generate %s's key: %w", cn, err)
+	}
+	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
+	if err != nil {
+		return fmt.Errorf("certificate serial: %w", err)
+	}
+	now := time.Now()
+	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
+		SerialNumber: serial,
+		Subject:      pkix.Name{CommonName: cn, Organization: orgs},
+		NotBefore:    now.Add(-time.Hour),
+		NotAfter:     now.Add(24 * time.Hour),
+		KeyUsage:     x509.KeyUsageDigitalSignature,
+		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
+	}, ca, &key.PublicKey, caKey)
+	if err != nil {
+		return fmt.Errorf("sign %s's certificate: %w", cn, err)
+	}
+	keyDER, err := x509.MarshalECPrivateKey(key)
+	if err != nil {
+		return fmt.Errorf("encode %s's key: %w", cn, err)
+	}
+	pair := append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})...)
+	if err := os.WriteFile(path, pair, 0o600); err != nil {
+		return fmt.Errorf("write %s's certificate: %w", cn, err)
+	}
+	return nil
+}
+
 // NodeKubeconfig writes the kubeconfig a kubelet of node name would hold
 // and returns its path: a client certificate of the client CA for
 // CN=system:node:<name>, O=system:nodes (the identity the Node authorizer
@@ -171,60 +232,13 @@ func newClientCA() (certPEM, keyPEM []byte, err error) {
 // path from <dir>/nodes/<name>/kubeconfig, as a kubelet's kubeconfig names
 // its rotating certificate.
 func (c *Cluster) NodeKubeconfig(name string) (string, error) {
-	caPEM, err := os.ReadFile(c.creds.clientCA)
-	if err != nil {
-		return "", fmt.Errorf("read client CA: %w", err)
-	}
-	caKeyPEM, err := os.ReadFile(c.creds.clientCAKey)
-	if err != nil {
-		return "", fmt.Errorf("read client CA key: %w", err)
-	}
-	caBlock, _ := pem.Decode(caPEM)
-	keyBlock, _ := pem.Decode(caKeyPEM)
-	if caBlock == nil || keyBlock == nil {
-		return "", errors.New("client CA: no PEM block")
-	}
-	ca, err := x509.ParseCertificate(caBlock.Bytes)
-	if err != nil {
-		return "", fmt.Errorf("parse client CA: %w", err)
-	}
-	caKey, err := x509.ParseECPrivateKey(keyBlock.Bytes)
-	if err != nil {
-		return "", fmt.Errorf("parse client CA key: %w", err)
-	}
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		return "", fmt.Errorf("generate node key: %w", err)
-	}
-	serial, err := rand.Int(rand.Reader, new(big.Int).Lsh(big.NewInt(1), 62))
-	if err != nil {
-		return "", fmt.Errorf("node certificate serial: %w", err)
-	}
-	now := time.Now()
-	der, err := x509.CreateCertificate(rand.Reader, &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: "system:node:" + name, Organization: []string{"system:nodes"}},
-		NotBefore:    now.Add(-time.Hour),
-		NotAfter:     now.Add(24 * time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth},
-	}, ca, &key.PublicKey, caKey)
-	if err != nil {
-		return "", fmt.Errorf("sign node %s's certificate: %w", name, err)
-	}
-	keyDER, err := x509.MarshalECPrivateKey(key)
-	if err != nil {
-		return "", fmt.Errorf("encode node key: %w", err)
-	}
 	dir := filepath.Join(c.dir, "nodes", name)
 	if err := os.MkdirAll(filepath.Join(dir, "pki"), 0o700); err != nil {
 		return "", fmt.Errorf("node %s's directory: %w", name, err)
 	}
 	certFile := filepath.Join(dir, "pki", "kubelet-client-current.pem")
-	pair := append(pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
-		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: keyDER})...)
-	if err := os.WriteFile(certFile, pair, 0o600); err != nil {
-		return "", fmt.Errorf("write node %s's certificate: %w", name, err)
+	if err := c.WriteClientCertificate(certFile, "system:node:"+name, "system:nodes"); err != nil {
+		return "", fmt.Errorf("node %s: %w", name, err)
 	}
 	const cluster, user = "default-cluster", "default-auth"
 	kc := clientcmdapi.NewConfig()

@@ -48,6 +48,10 @@ type component struct {
 	pin     string // the module whose required version names the build
 	pkg     string // main package to build
 	ldflags func(version string) string
+	// cgo builds with CGO_ENABLED=1 (runc's nsenter is C); tags are the
+	// build tags. Both are part of the cache key.
+	cgo  bool
+	tags string
 }
 
 var (
@@ -247,7 +251,13 @@ func (c component) identity(modDir string) (version, key string, err error) {
 		return "", "", fmt.Errorf("%s/go.mod requires no version of %s", modDir, c.pin)
 	}
 	h := sha256.New()
-	for _, part := range [][]byte{gomod, gosum, []byte(c.pkg), []byte(c.ldflags(version)), []byte(runtime.GOOS + "/" + runtime.GOARCH)} {
+	parts := [][]byte{gomod, gosum, []byte(c.pkg), []byte(c.ldflags(version)), []byte(runtime.GOOS + "/" + runtime.GOARCH)}
+	if c.cgo || c.tags != "" {
+		// Only when set, so the keys of the binaries cached before these
+		// fields existed stay the same.
+		parts = append(parts, fmt.Appendf(nil, "cgo=%t tags=%s", c.cgo, c.tags))
+	}
+	for _, part := range parts {
 		fmt.Fprintf(h, "%d\n", len(part))
 		h.Write(part)
 	}
@@ -289,13 +299,21 @@ func (c component) build(ctx context.Context, modDir, version, dir, bin string) 
 
 	ctx, cancel := context.WithTimeout(ctx, buildTimeout)
 	defer cancel()
-	args := []string{"build", "-trimpath", "-buildvcs=false", "-ldflags", c.ldflags(version), "-o", partial, c.pkg}
+	args := []string{"build", "-trimpath", "-buildvcs=false", "-ldflags", c.ldflags(version)}
+	if c.tags != "" {
+		args = append(args, "-tags", c.tags)
+	}
+	args = append(args, "-o", partial, c.pkg)
 	cmd := exec.CommandContext(ctx, goTool, args...)
 	cmd.Dir = modDir
 	// -mod=mod lets the go command fill a go.sum line the wrapper lacks
 	// instead of failing; GOWORK=off keeps a go.work elsewhere from pulling
 	// the wrapper into another build list.
-	cmd.Env = append(os.Environ(), "CGO_ENABLED=0", "GOWORK=off", "GOFLAGS=-mod=mod")
+	cgo := "CGO_ENABLED=0"
+	if c.cgo {
+		cgo = "CGO_ENABLED=1"
+	}
+	cmd.Env = append(os.Environ(), cgo, "GOWORK=off", "GOFLAGS=-mod=mod")
 	var out bytes.Buffer
 	cmd.Stdout = io.MultiWriter(logFile, &out)
 	cmd.Stderr = cmd.Stdout

@@ -133,3 +133,33 @@ func TestLockFileExcludesAndHonoursContext(t *testing.T) {
 	}
 	unlock2()
 }
+
+// TestNodeWrapperPins: the node's programs are named after the versions
+// the issue pinned, and runc alone is built with cgo and seccomp.
+func TestNodeWrapperPins(t *testing.T) {
+	tools, err := toolsDir()
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]string{
+		"containerd": "v2.4.2", "ctr": "v2.4.2", "containerd-shim-runc-v2": "v2.4.2", "runc": "v1.5.3",
+		"bridge": "v1.10.0", "host-local": "v1.10.0", "loopback": "v1.10.0", "portmap": "v1.10.0",
+		"crictl": "v1.37.0", "kubelet": "v1.37.2",
+	}
+	targets := (&NodeBinaries{}).nodeTargets()
+	if len(targets) != len(want) {
+		t.Fatalf("%d node targets, want %d", len(targets), len(want))
+	}
+	for _, tg := range targets {
+		version, _, err := tg.c.identity(filepath.Join(tools, tg.c.module))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if version != want[tg.c.name] {
+			t.Errorf("%s: version %q, want %q", tg.c.name, version, want[tg.c.name])
+		}
+		if cgo := tg.c.name == "runc"; tg.c.cgo != cgo || (tg.c.tags == "seccomp") != cgo {
+			t.Errorf("%s: cgo %t tags %q", tg.c.name, tg.c.cgo, tg.c.tags)
+		}
+	}
+}

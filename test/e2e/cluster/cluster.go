@@ -43,6 +43,16 @@ type Options struct {
 	Dir string
 	// Logf receives progress lines; nil drops them.
 	Logf func(format string, args ...any)
+	// RealKubelets readies the apiserver for real kubelets
+	// (test/e2e/realnode): the ServiceAccount admission plugin on, so pods
+	// get their projected token as in a real cluster; a client certificate
+	// of the client CA for its calls to kubelets (logs, exec), which a
+	// kubelet's x509 authentication admits; and kubelets reached at their
+	// InternalIP.
+	RealKubelets bool
+	// APIServerArgs are added to the apiserver's flags (an egress selector
+	// configuration, for one).
+	APIServerArgs []string
 }
 
 // Cluster is a running etcd and kube-apiserver on 127.0.0.1.
@@ -65,6 +75,9 @@ type Cluster struct {
 
 	namespaces sync.Map // names known to exist, for CreatePeerPod
 
+	realKubelets bool     // Options.RealKubelets
+	extraArgs    []string // Options.APIServerArgs
+
 	mu        sync.Mutex // guards the processes and stopped
 	etcd      *process
 	apiserver *process
@@ -77,7 +90,20 @@ type Cluster struct {
 // cluster does not come up.
 func Start(ctx context.Context, t testing.TB) *Cluster {
 	t.Helper()
-	c, err := Launch(ctx, Options{Dir: t.TempDir(), Logf: t.Logf})
+	return StartWith(ctx, t, Options{})
+}
+
+// StartWith is Start with opts; opts.Dir and opts.Logf default to
+// t.TempDir() and t.Logf.
+func StartWith(ctx context.Context, t testing.TB, opts Options) *Cluster {
+	t.Helper()
+	if opts.Dir == "" {
+		opts.Dir = t.TempDir()
+	}
+	if opts.Logf == nil {
+		opts.Logf = t.Logf
+	}
+	c, err := Launch(ctx, opts)
 	if err != nil {
 		t.Fatalf("start e2e cluster: %v", err)
 	}
@@ -102,7 +128,7 @@ func Launch(ctx context.Context, opts Options) (*Cluster, error) {
 	if err != nil {
 		return nil, err
 	}
-	c := &Cluster{dir: opts.Dir, logf: opts.Logf, bins: bins}
+	c := &Cluster{dir: opts.Dir, logf: opts.Logf, bins: bins, realKubelets: opts.RealKubelets, extraArgs: opts.APIServerArgs}
 	if c.logf == nil {
 		c.logf = func(string, ...any) {}
 	}
@@ -232,6 +258,22 @@ func (c *Cluster) startServers(ctx context.Context, attempt int) error {
 		"--disable-admission-plugins=ServiceAccount",
 		"--profiling=false",
 	}
+	if c.realKubelets {
+		clientCert := filepath.Join(c.dir, "apiserver-kubelet-client.pem")
+		// The apiserver's identity towards kubelets, as kubeadm issues it;
+		// a kubelet's webhook authorizer asks the apiserver about it, and
+		// system:masters may do anything.
+		if err := c.WriteClientCertificate(clientCert, "kube-apiserver-kubelet-client", "system:masters"); err != nil {
+			c.stopProcesses()
+			return err
+		}
+		c.apiArgs = slices.DeleteFunc(c.apiArgs, func(a string) bool { return a == "--disable-admission-plugins=ServiceAccount" })
+		c.apiArgs = append(c.apiArgs,
+			"--kubelet-client-certificate="+clientCert,
+			"--kubelet-client-key="+clientCert,
+			"--kubelet-preferred-address-types=InternalIP")
+	}
+	c.apiArgs = append(c.apiArgs, c.extraArgs...)
 	if err := c.startAPIServer(ctx); err != nil {
 		c.stopProcesses()
 		return err

@@ -51,6 +51,17 @@ func (c *Cluster) StartControlPlane(ctx context.Context) error {
 		"--controllers=daemonset-controller,node-lifecycle-controller",
 		"--node-monitor-grace-period=2m",
 	}
+	if c.realKubelets {
+		// Real kubelets run pods that read the apiserver with their
+		// ServiceAccount's projected token: the default ServiceAccount of
+		// each namespace and the CA ConfigMap (kube-root-ca.crt) the token
+		// volume holds come from these two controllers.
+		for i, a := range kcm {
+			if strings.HasPrefix(a, "--controllers=") {
+				kcm[i] += ",serviceaccount-controller,root-ca-certificate-publisher-controller"
+			}
+		}
+	}
 	sched := []string{
 		"--kubeconfig=" + c.kubeconf,
 		"--leader-elect=false",

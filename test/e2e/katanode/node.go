@@ -65,9 +65,22 @@ type Node struct {
 	closeOnce sync.Once
 }
 
+// Options change how New builds a node.
+type Options struct {
+	// Upstream, when set, boots every pod VM with upstream's own programs
+	// (process-user-data, agent-protocol-forwarder) and, if it names one,
+	// the test kata agent; its EC2IMDS is the node's fake EC2's.
+	Upstream *podvmfake.Upstream
+}
+
 // New builds node name of cluster c, whose caa binary is caaBin. It needs
 // root (network namespaces). On error nothing it built is left behind.
 func New(ctx context.Context, c *cluster.Cluster, caaBin, name string) (n *Node, err error) {
+	return NewWith(ctx, c, caaBin, name, Options{})
+}
+
+// NewWith is New with options.
+func NewWith(ctx context.Context, c *cluster.Cluster, caaBin, name string, o Options) (n *Node, err error) {
 	n = &Node{Name: name, Cluster: c, caaBin: caaBin, Calls: &Calls{}}
 	defer func() {
 		if err != nil {
@@ -112,8 +125,13 @@ func New(ctx context.Context, c *cluster.Cluster, caaBin, name string) (n *Node,
 	// The pod VMs read their user data through EC2's IMDSv2, as the stock
 	// image does.
 	core := n.Core
-	n.Fleet = podvmfake.NewFleet(n.Net, n.Core, nil).ReadingFrom(podvmfake.EC2IMDS{
-		IMDS: func(id string) http.Handler { return ec2fake.IMDS(core, id, nil) }})
+	imds := func(id string) http.Handler { return ec2fake.IMDS(core, id, nil) }
+	n.Fleet = podvmfake.NewFleet(n.Net, n.Core, nil).ReadingFrom(podvmfake.EC2IMDS{IMDS: imds})
+	if o.Upstream != nil {
+		u := *o.Upstream
+		u.EC2IMDS = imds
+		n.Fleet.Booting(u.Boot)
+	}
 	fctx, stopFleet := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { defer close(done); n.Fleet.Run(fctx, 20*time.Millisecond) }()
@@ -160,6 +178,9 @@ func (n *Node) CloudArgs() []string {
 	return []string{"--provider", "aws", "--aws-endpoint", n.ec2URL, "--aws-region", "us-east-1",
 		"--aws-security-group-ids", "sg-0123456789abcdef0", "--aws-subnet-id", "subnet-0123456789abcdef0", "--aws-image", EC2Image, "--aws-instance-type", EC2Type}
 }
+
+// EC2URL is the fake EC2's endpoint, on the node's loopback.
+func (n *Node) EC2URL() string { return n.ec2URL }
 
 // CloudEnv is the environment caa needs for the fake EC2.
 func (n *Node) CloudEnv() []string { return append([]string(nil), n.cloudEnv...) }

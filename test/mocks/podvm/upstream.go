@@ -44,6 +44,11 @@ type Upstream struct {
 	// process-user-data fetches the user data itself (IMDSv2 token, then
 	// user-data). Otherwise the user data is on a cidata volume.
 	EC2IMDS func(instanceID string) http.Handler
+	// KataAgent, when set, is the test kata agent's binary
+	// (test/kataagent): each VM runs it as its agent, in the pod
+	// namespace, instead of the in-process fake (VM.KataAgent, not
+	// VM.Agent).
+	KataAgent string
 }
 
 // CheckUpstream says what is missing for Upstream to run: the programs in
@@ -137,15 +142,26 @@ func (u Upstream) Boot(ctx context.Context, o Options) (*VM, error) {
 		return nil, fmt.Errorf("upstream pod VM: pod namespace: %w", err)
 	}
 	cleanups = append(cleanups, func() { _ = netns.DeleteNamed(podNS) })
-	if vm.Agent, err = StartAgent(); err != nil {
-		undo()
-		return nil, fmt.Errorf("upstream pod VM: agent: %w", err)
+	var agentSocket string
+	if u.KataAgent != "" {
+		if vm.KataAgent, err = startKataAgent(ctx, u.KataAgent, filepath.Join(dir, "agent"), vm.PodNS); err != nil {
+			undo()
+			return nil, fmt.Errorf("upstream pod VM: %w", err)
+		}
+		cleanups = append(cleanups, vm.KataAgent.stop)
+		agentSocket = vm.KataAgent.Socket
+	} else {
+		if vm.Agent, err = StartAgent(); err != nil {
+			undo()
+			return nil, fmt.Errorf("upstream pod VM: agent: %w", err)
+		}
+		cleanups = append(cleanups, func() { _ = vm.Agent.Close() })
+		agentSocket = vm.Agent.Socket()
 	}
-	cleanups = append(cleanups, func() { _ = vm.Agent.Close() })
 
 	out := &syncBuffer{}
 	cmd := exec.Command("sh", "-c", upstreamScript)
-	cmd.Env = append(os.Environ(), "VMDIR="+dir, "BIN="+u.Dir, "AGENT="+vm.Agent.Socket(), "PODNS="+vm.PodNS)
+	cmd.Env = append(os.Environ(), "VMDIR="+dir, "BIN="+u.Dir, "AGENT="+agentSocket, "PODNS="+vm.PodNS)
 	cmd.Stdout, cmd.Stderr = out, out
 	// A private mount namespace of its own (Go makes its mounts private),
 	// and a process group, so Close ends the forwarder with the shell.

@@ -38,8 +38,10 @@ type Options struct {
 type VM struct {
 	// Files is the user data as the image read it.
 	Files podvm.Files
-	// Agent is the fake kata agent behind the forwarder.
-	Agent *Agent
+	// Agent is the fake kata agent behind the forwarder; KataAgent
+	// instead when the VM runs the test kata agent (Upstream.KataAgent).
+	Agent     *Agent
+	KataAgent *KataAgent
 	// RunDir is the VM's /run/peerpod as upstream's process-user-data
 	// wrote it, and PodNS the namespace where upstream's forwarder built
 	// the pod network; both empty for the fake forwarder (Upstream).
@@ -219,6 +221,9 @@ type Stats struct {
 func (vm *VM) Stats() Stats {
 	if vm.closer != nil {
 		// Upstream's forwarder: what reached the agent is all one can see.
+		if vm.Agent == nil {
+			return Stats{}
+		}
 		return Stats{Relayed: vm.Agent.Conns()}
 	}
 	vm.mu.Lock()
