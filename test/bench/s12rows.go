@@ -3,24 +3,32 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"path/filepath"
 
+	"github.com/caa-project/caa/test/e2e/upstream"
 	podvmfake "github.com/caa-project/caa/test/mocks/podvm"
 )
 
-// s12Upstream finds upstream's adaptor and pod VM programs.
-// TEMPORARY: replaced by test/e2e/upstream.Build once merged.
+// s12Upstream builds (or finds in the e2e cache) upstream's
+// cloud-api-adaptor and pod VM programs from $UPSTREAM_SRC.
 func (b *bench) s12Upstream(ctx context.Context) (adaptor, podvm string, err error) {
-	adaptor = os.Getenv("CAA_UPSTREAM_ADAPTOR_BIN")
-	podvm = os.Getenv(podvmfake.UpstreamBinEnv)
+	for _, k := range []upstream.Kind{upstream.Adaptor, upstream.PodVM} {
+		if err := upstream.Check(k); err != nil {
+			return "", "", fmt.Errorf("S12 runs upstream's programs: %w", err)
+		}
+	}
+	b.logf("S12: building upstream's cloud-api-adaptor and pod VM programs (cached after the first time)")
+	dir, err := upstream.Build(ctx, upstream.Adaptor)
+	if err != nil {
+		return "", "", err
+	}
+	if podvm, err = upstream.Build(ctx, upstream.PodVM); err != nil {
+		return "", "", err
+	}
 	if err := podvmfake.CheckUpstream(podvm); err != nil {
 		return "", "", err
 	}
-	if _, err := os.Stat(adaptor); err != nil {
-		return "", "", err
-	}
-	return filepath.Clean(adaptor), podvm, nil
+	return filepath.Join(dir, upstream.AdaptorBin), podvm, nil
 }
 
 // s12Rows sets caa's figures (Runs) against upstream's (Upstream).
