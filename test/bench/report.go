@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -312,7 +313,11 @@ func (s Scenario) writeCompare(w io.Writer, details bool) {
 		if len(runs) == 0 {
 			return "not run"
 		}
-		c := Num(Median(runs)) + " " + unit
+		m := Median(runs)
+		c := Num(m) + " " + unit
+		if m == math.Trunc(m) {
+			c = strconv.FormatFloat(m, 'f', 0, 64) + " " + unit // a count
+		}
 		if len(runs) > 1 {
 			c += fmt.Sprintf(" (median of %d)", len(runs))
 		}
