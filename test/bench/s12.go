@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"slices"
@@ -619,7 +620,8 @@ func s12DefaultRoute(nodeNS string) error {
 		if err != nil {
 			return fmt.Errorf("the node's cloud network: %w", err)
 		}
-		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: br.Attrs().Index, Scope: netlink.SCOPE_LINK}); err != nil && !errors.Is(err, syscall.EEXIST) {
+		if err := netlink.RouteAdd(&netlink.Route{LinkIndex: br.Attrs().Index, Scope: netlink.SCOPE_LINK,
+			Dst: &net.IPNet{IP: net.IPv4zero, Mask: net.CIDRMask(0, 32)}}); err != nil && !errors.Is(err, syscall.EEXIST) {
 			return fmt.Errorf("the node's default route: %w", err)
 		}
 		return nil
