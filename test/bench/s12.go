@@ -273,7 +273,14 @@ func (b *bench) s12Side(ctx context.Context, h *nsHarness, name, upBin, podvmDir
 		up.EC2IMDS = imds
 		fl.ReadingFrom(podvmfake.EC2IMDS{IMDS: imds}).Booting(up.Boot)
 	}
-	r, err := b.newKataRig(ctx, h, "s12-"+name, slots, budget, upBin == "", boot)
+	// A short label: upstream's agent sockets are <dir>/<64 hex digits>/
+	// agent.ttrpc under a directory named after it, within a unix socket
+	// path's 108 bytes.
+	label := "s12c"
+	if upBin != "" {
+		label = "s12u"
+	}
+	r, err := b.newKataRig(ctx, h, label, slots, budget, upBin == "", boot)
 	defer r.close()
 	if err != nil {
 		return f, err
