@@ -209,6 +209,7 @@ type s12Figures struct {
 	perSandbox, growth                              float64
 	idleHour                                        float64
 	idleCalls                                       map[string]int64
+	strays                                          float64
 	failedBoots                                     int
 	errText                                         string
 }
@@ -404,6 +405,15 @@ func (s *s12Side) burst(ctx context.Context, n int, f *s12Figures) error {
 		return err
 	}
 	f.burstLeaked = float64(left)
+	// Tunnel devices the burst left in the node's namespace (a program's
+	// tunnels live in the pods' namespaces once set up): counted, then
+	// removed, as an operator would have to, so that the next rows can
+	// start sandboxes.
+	strays, err := s12DropStrays(s.r.cn.NodeNS)
+	if err != nil {
+		return err
+	}
+	f.strays = float64(strays)
 	f.deletedCalls = callsByOp(s.r.f.counters())
 	f.callsDeleted = float64(sumCalls(f.deletedCalls)) / float64(n)
 	return nil
@@ -469,6 +479,9 @@ func (s *s12Side) restart(ctx context.Context, f *s12Figures) error {
 		return err
 	}
 	f.leaked = float64(left)
+	if _, err := s12DropStrays(s.r.cn.NodeNS); err != nil {
+		return err
+	}
 	// Kata fails the sandboxes whose StopVM failed and their pods go: a
 	// pod's namespace, with any tunnel left in it, goes with it. The rig
 	// keeps the namespaces, so the tunnels are removed here.
@@ -648,26 +661,39 @@ func s12DefaultRoute(nodeNS string) error {
 
 // s12DropTunnels removes the VXLAN devices in a pod's namespace.
 func s12DropTunnels(nsPath string) error {
+	_, err := s12DropVXLAN(nsPath)
+	return err
+}
+
+// s12DropVXLAN removes the VXLAN devices in a namespace and counts them.
+func s12DropVXLAN(nsPath string) (n int, err error) {
 	ns, err := netns.GetFromPath(nsPath)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer ns.Close()
 	h, err := netlink.NewHandleAt(ns)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	defer h.Close()
 	links, err := h.LinkList()
 	if err != nil {
-		return err
+		return 0, err
 	}
 	for _, l := range links {
 		if l.Type() == "vxlan" {
 			if err := h.LinkDel(l); err != nil {
-				return fmt.Errorf("remove %s from %s: %w", l.Attrs().Name, nsPath, err)
+				return n, fmt.Errorf("remove %s from %s: %w", l.Attrs().Name, nsPath, err)
 			}
+			n++
 		}
 	}
-	return nil
+	return n, nil
+}
+
+// s12DropStrays removes the VXLAN devices in the node's namespace and
+// returns how many there were.
+func s12DropStrays(nodeNS string) (int, error) {
+	return s12DropVXLAN(nodeNS)
 }

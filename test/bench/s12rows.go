@@ -50,6 +50,7 @@ func s12Rows(n, count int, c, u s12Figures) []Row {
 		row(burst, "throttling replies from EC2", "replies", one(c.throttled), one(u.throttled), whyThrottled),
 		row(burst, "sandboxes without exactly one VM", "sandboxes", one(c.burstNoOne), one(u.burstNoOne), whyNoOne),
 		row(burst, "VMs still running after every StopVM", "VMs", one(c.burstLeaked), one(u.burstLeaked), whyBurstLeak),
+		row(burst, "tunnel devices left in the node's namespace", "devices", one(c.strays), one(u.strays), whyStrays),
 		row(burst, "cloud calls per sandbox created", "calls", one(c.callsCreated), one(u.callsCreated), whyCallsCreated),
 		row(burst, "cloud calls per sandbox deleted", "calls", one(c.callsDeleted), one(u.callsDeleted), whyCallsDeleted),
 		row(restart, "sandboxes served again", "sandboxes", one(c.served), one(u.served), whyServed),
@@ -85,6 +86,10 @@ const (
 		"launches once per StartVM and deletes the VM of a StartVM that failed after it."
 	whyBurstLeak = "Upstream's StopVM logs a failed TerminateInstances (throttled here) and answers kata success, so the VM " +
 		"stays; caa records the delete in its ledger and retries it until EC2 confirms it."
+	whyStrays = "Both build a tunnel in the node's namespace and move it into the pod's; upstream names it ppvxlan1 to 5, the " +
+		"first free, so concurrent StartVMs race for the names, and a setup that fails part way leaves its device behind (with 5 " +
+		"left no StartVM on the node can build a tunnel; the bench removes them after counting); caa names it after the sandbox's " +
+		"tunnel, removes its own leftover of that name first and the device when the move fails, and runs at most 4 at once."
 	whyCallsCreated = "Upstream: RunInstances and the SDK's retries of it; caa: the client-token lookup, RunInstances and the read " +
 		"that sees the VM running (the trade of the StartVM row), and no retries that EC2 throttles."
 	whyCallsDeleted = "Both send one TerminateInstances per VM; upstream's throttled ones are retried by the SDK (and then given " +
