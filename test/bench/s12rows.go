@@ -69,31 +69,37 @@ func s12Rows(n, count int, c, u s12Figures) []Row {
 // pkg/adaptor/cloud/cloud.go, pkg/adaptor/proxy/proxy.go and
 // cloud-providers/aws/provider.go at the pinned commit).
 const (
-	whyStartVM = "Upstream makes one cloud call (RunInstances, taking the address from its answer) and then redials the forwarder with a " +
-		"growing back-off until the VM answers; caa makes three (a client-token lookup so that a retry after a crash finds the first " +
-		"launch, RunInstances, a read that shows the VM running), records each step in its ledger first, then relays: a deliberate " +
-		"trade of two calls' latency for a StartVM that is safe to repeat and survives a crash in the middle."
-	whyBurstTime = "caa's create budget (5 a second after a burst of 10) paces the launches under EC2's RunInstances bucket, so the " +
-		"last StartVM waits its turn; upstream sends all at once and its SDK retries what EC2 throttles, so it answers sooner but not " +
-		"always with a VM."
-	whyBurstOK = "Upstream's StartVM fails when RunInstances is still throttled after the SDK's 3 attempts; caa's budget keeps the " +
-		"launches within EC2's refill, so none is refused."
+	whyStartVM = "Upstream makes one cloud call (RunInstances, taking the address from its answer) and then redials the " +
+		"forwarder with retry-go's back-off (100 ms, doubling) until the VM answers, so it waits past the boot; caa " +
+		"makes three calls (a client-token lookup so that a retry after a crash finds the first launch, RunInstances, a " +
+		"read that shows the VM running) and records each step in its ledger, but its relay probes the booting VM every " +
+		"10 ms at first."
+	whyBurstTime = "Upstream is faster by failing: it sends every RunInstances at once and its SDK retries what EC2 throttles, 3 " +
+		"attempts, then gives up; caa's create budget (5 a second after a burst of 10) paces the launches under EC2's " +
+		"RunInstances bucket so that none is refused, and the last StartVM waits its turn: a deliberate trade of time " +
+		"for no failed sandbox."
+	whyBurstOK = "Upstream's StartVM fails when RunInstances is still throttled after the SDK's 3 attempts, or when its tunnel " +
+		"setup loses a race for a device name (see the tunnel row); caa's budget keeps the launches within EC2's refill " +
+		"and its tunnel names are per sandbox."
 	whySurfaced = "A throttled RunInstances reaches kata as upstream's StartVM error (RequestLimitExceeded); caa waits in its own " +
 		"budget and retries a throttled call itself, within StartVM's deadline."
 	whyThrottled = "Upstream's burst spends EC2's RunInstances bucket (50) at once and then meets its refill (5 a second) with " +
 		"retries; caa's budget stays under it."
-	whyNoOne = "Both launch one VM per StartVM: caa's ClientToken and lookup make a retried launch find the first VM; upstream " +
-		"launches once per StartVM and deletes the VM of a StartVM that failed after it."
-	whyBurstLeak = "Upstream's StopVM logs a failed TerminateInstances (throttled here) and answers kata success, so the VM " +
-		"stays; caa records the delete in its ledger and retries it until EC2 confirms it."
+	whyNoOne = "Upstream's are its failed StartVMs: throttled out before any VM (none) or failed after it (deleted); caa's " +
+		"ClientToken and lookup make a retried launch find the first VM, and no StartVM failed."
+	whyBurstLeak = "Upstream's StopVM logs a failed TerminateInstances (throttled after the SDK's retries) and answers kata " +
+		"success, so the VM stays with nothing left to delete it; caa records the delete in its ledger and retries it, " +
+		"paced by its write budget, until EC2 confirms it."
 	whyStrays = "Both build a tunnel in the node's namespace and move it into the pod's; upstream names it ppvxlan1 to 5, the " +
 		"first free, so concurrent StartVMs race for the names, and a setup that fails part way leaves its device behind (with 5 " +
 		"left no StartVM on the node can build a tunnel; the bench removes them after counting); caa names it after the sandbox's " +
 		"tunnel, removes its own leftover of that name first and the device when the move fails, and runs at most 4 at once."
-	whyCallsCreated = "Upstream: RunInstances and the SDK's retries of it; caa: the client-token lookup, RunInstances and the read " +
-		"that sees the VM running (the trade of the StartVM row), and no retries that EC2 throttles."
-	whyCallsDeleted = "Both send one TerminateInstances per VM; upstream's throttled ones are retried by the SDK (and then given " +
-		"up), caa's are paced by its write budget."
+	whyCallsCreated = "Upstream: RunInstances and the SDK's retries of it, and the delete of a VM whose tunnel failed; caa: the " +
+		"client-token lookup, RunInstances and the read that sees the VM running, and no call that EC2 throttles. " +
+		"Upstream is cheaper per sandbox it serves; caa's two reads are the trade of the StartVM row (a StartVM that is " +
+		"safe to repeat after a crash)."
+	whyCallsDeleted = "caa sends one TerminateInstances per VM, paced by its write budget; upstream sends them all at once, the SDK " +
+		"retries the throttled ones, and each StopVM first asks DescribeAddresses for an Elastic IP to release."
 	whyServed = "Upstream keeps its sandboxes only in memory: a new process knows none of them and serves no agent socket; caa " +
 		"reads them from its ledger, and its relay (a process of its own) kept every shim's connection open throughout."
 	whyLeaked = "Upstream's restarted process answers the shim's StopVM with \"sandbox does not exist\" and deletes nothing (its " +
