@@ -9,7 +9,7 @@ STATICCHECK := honnef.co/go/tools/cmd/staticcheck@v0.8.2
 BENCH_COUNT ?= 5
 BENCH_OUT   ?= .cache/bench
 
-.PHONY: proto help build demo demo-kata test test-unit test-integration test-e2e test-main test-chart test-times e2e-binaries node-binaries upstream-binaries test-node test-upstream-podvm lint fmt bench bench-quick fuzz clean image static
+.PHONY: proto help build demo demo-kata test test-unit test-integration test-e2e test-main test-chart test-times e2e-binaries node-binaries upstream-binaries test-node test-upstream-podvm lint fmt bench bench-quick bench-s12 fuzz clean image static
 
 help: ## list the targets
 	@grep -E '^[a-z-]+:.*## ' $(MAKEFILE_LIST) | awk -F':.*## ' '{printf "  %-18s %s\n", $$1, $$2}'
@@ -189,6 +189,9 @@ bench: ## benchmarks: Go benchmarks (S3) and the scenarios S1-S11 (S6: a fleet o
 
 bench-quick: ## scenarios only, for development: 1 run each, N up to 1,000, short windows, a fleet of 5 (S6); results in $(BENCH_OUT)/quick
 	$(GO) run ./test/bench -quick -out $(BENCH_OUT)/quick
+
+bench-s12: ## S12 only, as root: caa and upstream's cloud-api-adaptor side by side in the rig of S8-S11 (UPSTREAM_SRC: upstream's sources, as for test-upstream-podvm); merged into docs/bench and the README
+	$(GO) run ./test/bench -scenarios s12 -merge -count $(BENCH_COUNT) -out docs/bench -readme README.md
 
 fuzz: ## run the ledger decoder fuzzers for FUZZTIME each (default 60s)
 	$(GO) test -run '^$$' -fuzz '^FuzzDecodeRecord$$' -fuzztime $${FUZZTIME:-60s} ./pkg/ledger/

@@ -176,19 +176,21 @@ func procStatusKiB(pid int, field string) (int64, error) {
 }
 
 // Stop sends SIGTERM and waits for a clean exit (SIGKILL after a minute).
+// Stopping a daemon again returns at once.
 func (d *Daemon) Stop() error {
 	if err := d.cmd.Process.Signal(syscall.SIGTERM); err != nil && !errors.Is(err, os.ErrProcessDone) {
 		return err
 	}
 	select {
 	case err := <-d.done:
+		d.done <- err
 		if err != nil {
 			return fmt.Errorf("caa exited with %v on SIGTERM; see %s", err, d.logPath)
 		}
 		return nil
 	case <-time.After(time.Minute):
 		_ = d.cmd.Process.Kill()
-		<-d.done
+		d.done <- <-d.done
 		return fmt.Errorf("caa ignored SIGTERM for a minute; see %s", d.logPath)
 	}
 }

@@ -91,8 +91,11 @@ func (c *restClock) rest() {
 }
 
 // newKataRig builds the rig for slots pods on a fresh apiserver; budget
-// (nil: none) meters the fake EC2. The caller runs close.
-func (b *bench) newKataRig(ctx context.Context, h *nsHarness, label string, slots int, budget *cloud.Budget, relay bool) (r *kataRig, err error) {
+// (nil: none) meters the fake EC2; each fleetOpt is applied to the fleet
+// before it runs (S12 boots upstream's pod VM programs). The caller runs
+// close.
+func (b *bench) newKataRig(ctx context.Context, h *nsHarness, label string, slots int, budget *cloud.Budget, relay bool,
+	fleetOpts ...func(*podvmfake.Fleet, *cloud.Cloud)) (r *kataRig, err error) {
 	r = &kataRig{label: label, ns: label, withRly: relay}
 	defer func() {
 		if err != nil {
@@ -111,6 +114,9 @@ func (b *bench) newKataRig(ctx context.Context, h *nsHarness, label string, slot
 	}
 	r.cleanups = append(r.cleanups, f.close)
 	fleet := podvmfake.NewFleet(cn, f.core, nil)
+	for _, o := range fleetOpts {
+		o(fleet, f.core)
+	}
 	fctx, stopFleet := context.WithCancel(context.WithoutCancel(ctx))
 	r.cleanups = append(r.cleanups, fleet.Close, stopFleet)
 	go r.runFleet(fctx, fleet, f)

@@ -43,8 +43,10 @@ type bench struct {
 	s11Ns     []int
 	s11Cycles int
 	s11Heap   string
-	dir       string
-	logf      func(string, ...any)
+	// s12Idle is S12's idle window (20 s with -quick).
+	s12Idle time.Duration
+	dir     string
+	logf    func(string, ...any)
 }
 
 func main() {
@@ -67,8 +69,9 @@ func run(ctx context.Context, args []string) (int, error) {
 		clouds    = fs.String("clouds", "aws,azure,ibmcloud", "S1: clouds")
 		others    = fs.String("others", "0,5000,10000", "S4: pods on other nodes")
 		window    = fs.Duration("s5-window", 2*time.Minute, "S5: steady-state window")
-		scenarios = fs.String("scenarios", "s1,s2,s4,s5,s6,s6-kata,s7,s8,s9,s10,s11", "scenarios to run (s6-kata, s8, s9, s10 and s11 need root)")
-		s10N      = fs.Int("s10-sandboxes", 100, "S10: sandboxes started at once (10 with -quick)")
+		scenarios = fs.String("scenarios", "s1,s2,s4,s5,s6,s6-kata,s7,s8,s9,s10,s11", "scenarios to run (s6-kata, s8, s9, s10, s11 and s12 need root; s12, caa beside upstream's cloud-api-adaptor, "+
+			"also UPSTREAM_SRC, and runs only when named)")
+		s10N      = fs.Int("s10-sandboxes", 100, "S10 and S12: sandboxes started at once (10 with -quick)")
 		s11Ns     = fs.String("s11-sandboxes", "0,10,100", "S11: sandbox counts measured, growing; the last is the slots the cycles reuse (0,10 with -quick)")
 		s11Cycles = fs.Int("s11-cycles", 1000, "S11: StartVM/StopVM cycles over the slots (100 with -quick)")
 		s11Heap   = fs.String("s11-heap-profiles", "", "S11: run caa with --pprof-addr and save its heap profiles before and after the cycles in this directory "+
@@ -112,12 +115,13 @@ func run(ctx context.Context, args []string) (int, error) {
 		return 2, err
 	}
 	b.s6cfg = s6Full()
-	b.s10N, b.s11Cycles, b.s11Heap = *s10N, *s11Cycles, *s11Heap
+	b.s10N, b.s11Cycles, b.s11Heap, b.s12Idle = *s10N, *s11Cycles, *s11Heap, s12IdleWindow
 	if b.s11Ns, err = ints(*s11Ns); err != nil {
 		return 2, err
 	}
 	if *quick {
 		b.s10N, b.s11Ns, b.s11Cycles = min(b.s10N, 10), []int{0, 10}, min(b.s11Cycles, 100)
+		b.s12Idle = 20 * time.Second
 		b.count, b.s5Window = 1, 30*time.Second
 		b.ns = []int{100, 1000}
 		b.others = []int{0, 2000}
@@ -196,6 +200,8 @@ func run(ctx context.Context, args []string) (int, error) {
 			sc, err = b.s10(ctx)
 		case "s11":
 			sc, err = b.s11(ctx)
+		case "s12":
+			sc, err = b.s12(ctx)
 		case "s6-kata", "s6kata":
 			sc, err = b.s6kata(ctx)
 		default:

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"math"
 	"slices"
 	"strconv"
 	"strings"
@@ -34,6 +35,11 @@ type Row struct {
 	Figure string `json:"figure,omitempty"`
 	Cell   string `json:"cell,omitempty"`
 	Hide   bool   `json:"hide,omitempty"`
+	// Upstream, in a Compare scenario, is upstream cloud-api-adaptor's runs
+	// of the same measure (Runs are caa's); Why says in a sentence why the
+	// two differ.
+	Upstream []float64 `json:"upstream,omitempty"`
+	Why      string    `json:"why,omitempty"`
 }
 
 // Stats returns the smallest, median and largest run.
@@ -137,6 +143,9 @@ type Scenario struct {
 	// column per cloud, the cloud being what each case starts with
 	// ("aws, idle").
 	Pivot bool `json:"pivot,omitempty"`
+	// Compare: the rows set caa (Runs) against upstream's adaptor
+	// (Upstream), with the ratio and why they differ (S12).
+	Compare bool `json:"compare,omitempty"`
 }
 
 // Misses counts rows that missed their target.
@@ -162,6 +171,10 @@ func (s Scenario) WriteMarkdown(w io.Writer, level string, details bool) {
 	}
 	if s.Pivot && !details {
 		s.writePivot(w)
+		return
+	}
+	if s.Compare {
+		s.writeCompare(w, details)
 		return
 	}
 	fmt.Fprintln(w, "| case | metric | runs | median | min | max | lower bound | ratio | target | result |")
@@ -289,4 +302,47 @@ func (s Scenario) writePivot(w io.Writer) {
 		fmt.Fprintf(w, "| %s | %s | %s |\n", fig, targets[fig], strings.Join(line, " | "))
 	}
 	fmt.Fprintln(w)
+}
+
+// writeCompare writes a Compare scenario: per row caa's median, upstream's,
+// the ratio caa/upstream and why they differ; with details, the notes.
+func (s Scenario) writeCompare(w io.Writer, details bool) {
+	fmt.Fprintln(w, "| case | metric | caa | upstream | caa/upstream | why |")
+	fmt.Fprintln(w, "|---|---|---:|---:|---:|---|")
+	cell := func(runs []float64, unit string) string {
+		if len(runs) == 0 {
+			return "not run"
+		}
+		m := Median(runs)
+		c := Num(m) + " " + unit
+		if m == math.Trunc(m) {
+			c = strconv.FormatFloat(m, 'f', 0, 64) + " " + unit // a count
+		}
+		if len(runs) > 1 {
+			c += fmt.Sprintf(" (median of %d)", len(runs))
+		}
+		return c
+	}
+	for _, r := range s.Rows {
+		ratio := "-"
+		if a, u := Median(r.Runs), Median(r.Upstream); len(r.Runs) > 0 && len(r.Upstream) > 0 {
+			switch {
+			case u != 0:
+				ratio = fmt.Sprintf("%.2fx", a/u)
+			case a == 0:
+				ratio = "equal"
+			}
+		}
+		fmt.Fprintf(w, "| %s | %s | %s | %s | %s | %s |\n", r.Case, r.Metric, cell(r.Runs, r.Unit), cell(r.Upstream, r.Unit), ratio, r.Why)
+	}
+	fmt.Fprintln(w)
+	if details && len(s.Details) > 0 {
+		for _, d := range s.Details {
+			if !strings.HasPrefix(d, "- ") {
+				d = "- " + d
+			}
+			fmt.Fprintln(w, d)
+		}
+		fmt.Fprintln(w)
+	}
 }

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"unicode/utf8"
 
@@ -40,6 +41,7 @@ var runParams = []string{
 	"TagSpecification.#.ResourceType", "TagSpecification.#.Tag.#.Key", "TagSpecification.#.Tag.#.Value",
 	"MetadataOptions.HttpTokens", "MetadataOptions.HttpEndpoint", "MetadataOptions.HttpPutResponseHopLimit",
 	"DryRun", "CpuOptions.AmdSevSnp",
+	"BlockDeviceMapping.#.DeviceName", "BlockDeviceMapping.#.Ebs.VolumeSize",
 }
 
 // runInstances launches one instance with its root volume. A replayed
@@ -60,6 +62,13 @@ func (s *server) runInstances(q query, c caller) (any, *apiError) {
 	if e != nil {
 		return nil, e
 	}
+	rootSize, e := parseBlockDevices(q)
+	if e != nil {
+		return nil, e
+	}
+	if rootSize == 0 {
+		rootSize = imageRootSize
+	}
 	if e := s.knownNetwork(l); e != nil {
 		return nil, e
 	}
@@ -79,7 +88,7 @@ func (s *server) runInstances(q query, c caller) (any, *apiError) {
 	volumeTags := tags["volume"]
 	vol := s.cloud.PutResource(cloud.Resource{
 		ID: fmt.Sprintf("vol-%017x", s.seq.Add(1)), Kind: "volume", Tags: volumeTags,
-		Props: map[string]string{"device": rootDevice, "deleteOnTermination": "true"},
+		Props: map[string]string{"device": rootDevice, "deleteOnTermination": "true", "sizeGiB": strconv.Itoa(rootSize)},
 	})
 	req.Resources, req.DeleteWith = []string{vol.ID}, []string{vol.ID}
 	l.volumeID = vol.ID

@@ -1,5 +1,6 @@
 // Package ec2fake serves the EC2 Query API (RunInstances, DescribeInstances,
-// TerminateInstances) over the shared fake cloud core, so that the official
+// TerminateInstances, and the catalog reads DescribeImages and
+// DescribeInstanceTypes) over the shared fake cloud core, so that the official
 // aws-sdk-go-v2 EC2 client talks to it unchanged but for its endpoint URL.
 //
 // Each instance gets a root EBS volume, a side resource of the core that
@@ -51,6 +52,10 @@ const (
 	// it is not counted under cloud.OpCreate or cloud.OpDelete, and draws
 	// no write fault.
 	OpDryRun = "dryrun"
+	// OpCatalog counts DescribeImages and DescribeInstanceTypes: reads of
+	// EC2's catalog (an AMI's root device, a type's size), not of the
+	// account's instances (catalog.go).
+	OpCatalog = "catalog"
 )
 
 // CloudOptions fills in what makes the core look like EC2: instance ids of
@@ -161,6 +166,9 @@ var actions = map[string]struct {
 	"RunInstances":       {(*server).runInstances, true},
 	"DescribeInstances":  {(*server).describeInstances, false},
 	"TerminateInstances": {(*server).terminateInstances, true},
+	// The catalog (catalog.go).
+	"DescribeImages":        {(*server).describeImages, false},
+	"DescribeInstanceTypes": {(*server).describeInstanceTypes, false},
 }
 
 // counterOp is the core operation a request counts under.
@@ -173,6 +181,8 @@ func counterOp(name string, q query) string {
 		return cloud.OpCreate
 	case "TerminateInstances":
 		return cloud.OpDelete
+	case "DescribeImages", "DescribeInstanceTypes":
+		return OpCatalog
 	case "DescribeInstances":
 		if q.has("InstanceId.") {
 			return cloud.OpGet

@@ -120,6 +120,22 @@ type instanceXML struct {
 	Tags           tagSet              `xml:"tagSet"`
 	Metadata       *metadataOptionsXML `xml:"metadataOptions,omitempty"`
 	CPUOptions     *cpuOptionsXML      `xml:"cpuOptions,omitempty"`
+	NICs           []nicXML            `xml:"networkInterfaceSet>item"`
+}
+
+// nicXML is an instance's primary network interface, as EC2 lists it in
+// RunInstances' and DescribeInstances' answers (clients that read the
+// address per interface, as upstream peer-pods' provider does, find it
+// here).
+type nicXML struct {
+	ID         string `xml:"networkInterfaceId"`
+	SubnetID   string `xml:"subnetId,omitempty"`
+	Status     string `xml:"status"`
+	PrivateIP  string `xml:"privateIpAddress"`
+	Attachment struct {
+		DeviceIndex int    `xml:"deviceIndex"`
+		Status      string `xml:"status"`
+	} `xml:"attachment"`
 }
 
 // ec2State is EC2's name and code for a core state. EC2 has no "failed but
@@ -177,6 +193,12 @@ func renderInstance(in cloud.Instance, l *launch) instanceXML {
 	if len(in.IPs) > 0 && in.State != provider.StateTerminated {
 		x.PrivateIP = in.IPs[0]
 		x.PrivateDNSName = "ip-" + strings.ReplaceAll(in.IPs[0], ".", "-") + ".ec2.internal"
+		nic := nicXML{ID: "eni-" + strings.TrimPrefix(in.ID, "i-"), Status: "in-use", PrivateIP: in.IPs[0]}
+		nic.Attachment.Status = "attached"
+		if l != nil {
+			nic.SubnetID = l.subnetID
+		}
+		x.NICs = []nicXML{nic}
 	}
 	for _, k := range slices.Sorted(maps.Keys(in.Tags)) {
 		x.Tags.Items = append(x.Tags.Items, tagXML{k, in.Tags[k]})

@@ -318,12 +318,13 @@ func (c *Cloud) ResetCounters() {
 
 // CheckSpec answers what Create would of image and instanceType alone:
 // ErrBadImage or ErrBadType when the options restrict them and they are not
-// offered, else nil. A front end's dry run uses it.
+// offered, else nil. A front end's dry run uses it, and its catalog reads
+// ask about one of the two: an empty image or type is not asked about.
 func (c *Cloud) CheckSpec(image, instanceType string) error {
-	if len(c.opts.Images) > 0 && !slices.Contains(c.opts.Images, image) {
+	if image != "" && len(c.opts.Images) > 0 && !slices.Contains(c.opts.Images, image) {
 		return fmt.Errorf("%w: %s", ErrBadImage, image)
 	}
-	if len(c.opts.Types) > 0 && !slices.Contains(c.opts.Types, instanceType) {
+	if instanceType != "" && len(c.opts.Types) > 0 && !slices.Contains(c.opts.Types, instanceType) {
 		return fmt.Errorf("%w: %s", ErrBadType, instanceType)
 	}
 	return nil
