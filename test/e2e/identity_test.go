@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 	authenticationv1 "k8s.io/api/authentication/v1"
 	corev1 "k8s.io/api/core/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"github.com/caa-project/caa/test/e2e/cluster"
@@ -45,10 +46,11 @@ const (
 func saToken(ctx context.Context, t *testing.T, c *cluster.Cluster, aud string) string {
 	t.Helper()
 	require.NoError(t, c.EnsureNamespace(ctx, saNamespace))
-	_, err := c.Client().CoreV1().ServiceAccounts(saNamespace).Get(ctx, saName, metav1.GetOptions{})
-	if err != nil {
-		_, err = c.Client().CoreV1().ServiceAccounts(saNamespace).Create(ctx,
-			&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: saName}}, metav1.CreateOptions{})
+	// Subtests side by side on one cluster each ask for it: whoever
+	// creates it first, the others find it there.
+	_, err := c.Client().CoreV1().ServiceAccounts(saNamespace).Create(ctx,
+		&corev1.ServiceAccount{ObjectMeta: metav1.ObjectMeta{Name: saName}}, metav1.CreateOptions{})
+	if !apierrors.IsAlreadyExists(err) {
 		require.NoError(t, err)
 	}
 	expiry := int64(3600)
