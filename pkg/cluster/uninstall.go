@@ -18,7 +18,6 @@ import (
 
 	"github.com/caa-project/caa/pkg/nodecap"
 	"github.com/caa-project/caa/pkg/provider"
-	"github.com/caa-project/caa/pkg/reconcile"
 )
 
 // UninstallCloud is what the uninstall needs of the cloud: the cluster's
@@ -229,7 +228,12 @@ func (u *Uninstall) deleteVMs(ctx context.Context, uids map[string]string, known
 }
 
 // nodeAnnotations are what caa writes in a Node's metadata.
-var nodeAnnotations = []string{reconcile.LedgerAnnotation, ViewAnnotation}
+var nodeAnnotations = []string{ledgerAnnotation, ViewAnnotation}
+
+// ledgerAnnotation is reconcile.LedgerAnnotation, which this package
+// cannot import (reconcile's tests import this package);
+// TestLedgerAnnotationIsReconciles keeps the two equal.
+const ledgerAnnotation = "caa.dev/ledger-id"
 
 // cleanNodes removes the peer-pod capacity and caa's annotations from
 // every Node that has them.

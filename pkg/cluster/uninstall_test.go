@@ -13,7 +13,12 @@ import (
 	"k8s.io/client-go/kubernetes/fake"
 
 	"github.com/caa-project/caa/pkg/provider"
+	"github.com/caa-project/caa/pkg/reconcile"
 )
+
+func TestLedgerAnnotationIsReconciles(t *testing.T) {
+	assert.Equal(t, reconcile.LedgerAnnotation, ledgerAnnotation)
+}
 
 func uninstallVM(id, cluster, node, podUID string) provider.VM {
 	return provider.VM{ID: id, State: provider.StateRunning,
