@@ -21,6 +21,18 @@ type process struct {
 }
 
 func startProcess(name, bin string, args []string, logPath string) (*process, error) {
+	return StartProcess(name, bin, args, nil, nil, logPath)
+}
+
+// Process is a program started by StartProcess, for harnesses beside this
+// one (the real node's containerd and kubelet).
+type Process = process
+
+// StartProcess starts bin with args, its output appended to logPath under
+// a header line, env (if any) added to this process's environment, and
+// start (nil: cmd.Start) to start it, for example in another network
+// namespace. The kernel kills it if the test binary dies first.
+func StartProcess(name, bin string, args, env []string, start func(*exec.Cmd) error, logPath string) (*process, error) {
 	f, err := os.OpenFile(logPath, os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return nil, fmt.Errorf("start %s: %w", name, err)
@@ -33,12 +45,18 @@ func startProcess(name, bin string, args []string, logPath string) (*process, er
 	// A header per start, so a restart is visible in the one log file.
 	fmt.Fprintf(f, "=== %s %s %s\n", time.Now().Format(time.RFC3339Nano), bin, strings.Join(args, " "))
 	cmd := exec.Command(bin, args...)
+	if env != nil {
+		cmd.Env = append(os.Environ(), env...)
+	}
 	cmd.Stdout = f
 	cmd.Stderr = f
 	// If the test binary dies without running its cleanups (a panic, a
 	// timeout, SIGKILL), the kernel kills the server too.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-	if err := cmd.Start(); err != nil {
+	if start == nil {
+		start = (*exec.Cmd).Start
+	}
+	if err := start(cmd); err != nil {
 		f.Close()
 		return nil, fmt.Errorf("start %s: %w", name, err)
 	}
@@ -50,6 +68,18 @@ func startProcess(name, bin string, args []string, logPath string) (*process, er
 	}()
 	return p, nil
 }
+
+// Exited returns why the process ended, or nil while it runs.
+func (p *process) Exited() error { return p.exitErr() }
+
+// Stop ends it: SIGTERM, then SIGKILL after grace.
+func (p *process) Stop(grace time.Duration) { p.stop(grace) }
+
+// Tail returns the last n lines it wrote to its log.
+func (p *process) Tail(n int) string { return p.tail(n) }
+
+// LogPath is its log file.
+func (p *process) LogPath() string { return p.logPath }
 
 // exitErr returns why the process ended, or nil while it runs.
 func (p *process) exitErr() error {

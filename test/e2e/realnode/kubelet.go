@@ -156,8 +156,8 @@ func (k *Kubelet) waitReady(ctx context.Context, c *cluster.Cluster) error {
 	defer cancel()
 	last := "not registered"
 	for {
-		if err := k.proc.exited(); err != nil {
-			return fmt.Errorf("%w; last lines of %s:\n%s", err, k.proc.logPath, k.proc.tail(40))
+		if err := k.proc.Exited(); err != nil {
+			return fmt.Errorf("%w; last lines of %s:\n%s", err, k.proc.LogPath(), k.proc.Tail(40))
 		}
 		node, err := c.Client().CoreV1().Nodes().Get(ctx, k.Name, metav1.GetOptions{})
 		if err == nil {
@@ -172,7 +172,7 @@ func (k *Kubelet) waitReady(ctx context.Context, c *cluster.Cluster) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("kubelet %s's node not Ready: %w (last: %s); last lines of %s:\n%s", k.Name, ctx.Err(), last, k.proc.logPath, k.proc.tail(40))
+			return fmt.Errorf("kubelet %s's node not Ready: %w (last: %s); last lines of %s:\n%s", k.Name, ctx.Err(), last, k.proc.LogPath(), k.proc.Tail(40))
 		case <-time.After(500 * time.Millisecond):
 		}
 	}
@@ -181,11 +181,11 @@ func (k *Kubelet) waitReady(ctx context.Context, c *cluster.Cluster) error {
 // stop ends the kubelet; its pods keep running in containerd, as when a
 // real kubelet restarts (Node.Close removes them and the cgroup root).
 func (k *Kubelet) stop() {
-	k.proc.stop(15 * time.Second)
+	k.proc.Stop(15 * time.Second)
 }
 
 // Log is the tail of the kubelet's log.
-func (k *Kubelet) Log(lines int) string { return k.proc.tail(lines) }
+func (k *Kubelet) Log(lines int) string { return k.proc.Tail(lines) }
 
 // v1Hierarchies are the cgroup v1 controllers the kubelet and runc use.
 var v1Hierarchies = []string{"cpu", "cpuacct", "cpuset", "memory", "pids", "blkio", "devices", "freezer", "systemd"}

@@ -164,8 +164,8 @@ func (n *Node) waitCRI(ctx context.Context) error {
 	defer cancel()
 	var last error
 	for {
-		if err := n.containerd.exited(); err != nil {
-			return fmt.Errorf("%w; last lines of %s:\n%s", err, n.containerd.logPath, n.containerd.tail(30))
+		if err := n.containerd.Exited(); err != nil {
+			return fmt.Errorf("%w; last lines of %s:\n%s", err, n.containerd.LogPath(), n.containerd.Tail(30))
 		}
 		// crictl's connection waits out its whole timeout for a socket
 		// that is not there yet: ask only once containerd serves it, and
@@ -187,7 +187,7 @@ func (n *Node) waitCRI(ctx context.Context) error {
 		}
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("containerd's CRI not ready: %w (last: %w); last lines of %s:\n%s", ctx.Err(), last, n.containerd.logPath, n.containerd.tail(30))
+			return fmt.Errorf("containerd's CRI not ready: %w (last: %w); last lines of %s:\n%s", ctx.Err(), last, n.containerd.LogPath(), n.containerd.Tail(30))
 		case <-time.After(200 * time.Millisecond):
 		}
 	}
@@ -263,10 +263,10 @@ func run(ctx context.Context, bin string, args ...string) (string, error) {
 func (n *Node) LogTails(lines int) string {
 	var b strings.Builder
 	if n.containerd != nil {
-		fmt.Fprintf(&b, "--- containerd (%s)\n%s\n", n.containerd.logPath, n.containerd.tail(lines))
+		fmt.Fprintf(&b, "--- containerd (%s)\n%s\n", n.containerd.LogPath(), n.containerd.Tail(lines))
 	}
 	for _, k := range n.kubelets {
-		fmt.Fprintf(&b, "--- kubelet (%s)\n%s\n", k.proc.logPath, k.proc.tail(lines))
+		fmt.Fprintf(&b, "--- kubelet (%s)\n%s\n", k.proc.LogPath(), k.proc.Tail(lines))
 	}
 	return b.String()
 }
@@ -286,13 +286,13 @@ func (n *Node) Close() error {
 		roots = append(roots, k.RootDir)
 	}
 	n.kubelets = nil
-	if n.containerd != nil && n.containerd.exited() == nil {
+	if n.containerd != nil && n.containerd.Exited() == nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		if out, err := n.Crictl(ctx, "rmp", "--all", "--force"); err != nil {
 			errs = append(errs, fmt.Errorf("remove the node's pods: %w (%s)", err, out))
 		}
 		cancel()
-		n.containerd.stop(15 * time.Second)
+		n.containerd.Stop(15 * time.Second)
 	}
 	// Shims are started with containerd's socket in their arguments and
 	// outlive it by design.
