@@ -257,20 +257,7 @@ func (m *Metrics) setRecords(counts map[ledger.Phase]int) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	next := map[string]float64{}
-	for _, p := range ledger.Phases {
-		next[string(p)] = 0
-	}
-	for seen := range m.phasesSeen {
-		next[seen] = 0
-	}
-	for p, n := range counts {
-		next[m.phases.value(string(p))] += float64(n)
-	}
-	for label, v := range next {
-		m.phasesSeen[label] = true
-		m.records.WithLabelValues(label).Set(v)
-	}
+	setByPhase(m.records, m.phasesSeen, m.phases, ledger.Phases, counts)
 }
 
 // setSandboxes sets the sandboxes gauge from counts, as setRecords does
@@ -281,19 +268,26 @@ func (m *Metrics) setSandboxes(counts map[ledger.SandboxPhase]int) {
 	}
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	setByPhase(m.sandboxes, m.sbSeen, m.sbPhases, ledger.SandboxPhases, counts)
+}
+
+// setByPhase sets gauge to counts by phase label (bounded by labels):
+// each phase of known and each label in seen that counts lacks reads 0.
+// The caller holds m.mu.
+func setByPhase[P ~string](gauge *prometheus.GaugeVec, seen map[string]bool, labels *labelBound, known []P, counts map[P]int) {
 	next := map[string]float64{}
-	for _, p := range ledger.SandboxPhases {
+	for _, p := range known {
 		next[string(p)] = 0
 	}
-	for seen := range m.sbSeen {
-		next[seen] = 0
+	for label := range seen {
+		next[label] = 0
 	}
 	for p, n := range counts {
-		next[m.sbPhases.value(string(p))] += float64(n)
+		next[labels.value(string(p))] += float64(n)
 	}
 	for label, v := range next {
-		m.sbSeen[label] = true
-		m.sandboxes.WithLabelValues(label).Set(v)
+		seen[label] = true
+		gauge.WithLabelValues(label).Set(v)
 	}
 }
 
