@@ -95,6 +95,8 @@ func relayFamilies(t *testing.T) []*dto.MetricFamily {
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) { return d.DialContext(ctx, "unix", hsock) }}}
 	var body []byte
+	// The sample line, not the HELP text (which starts "1 when ..."): the
+	// relay's own series appear only once it serves its control socket.
 	require.Eventually(t, func() bool {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://relay/metrics", nil)
 		resp, err := client.Do(req)
@@ -103,7 +105,7 @@ func relayFamilies(t *testing.T) []*dto.MetricFamily {
 		}
 		defer resp.Body.Close()
 		body, err = io.ReadAll(resp.Body)
-		return err == nil && resp.StatusCode == http.StatusOK && strings.Contains(string(body), "caa_relay_ready 1")
+		return err == nil && resp.StatusCode == http.StatusOK && strings.Contains(string(body), "\ncaa_relay_ready 1\n")
 	}, 30*time.Second, 20*time.Millisecond, "caa relay never served a ready /metrics")
 	parser := expfmt.NewTextParser(model.UTF8Validation)
 	fams, err := parser.TextToMetricFamilies(strings.NewReader(string(body)))
