@@ -85,9 +85,12 @@ func New(ctx context.Context, c *cluster.Cluster, caaBin, name string) (n *Node,
 // NewWith is New with options.
 func NewWith(ctx context.Context, c *cluster.Cluster, caaBin, name string, o Options) (n *Node, err error) {
 	n = &Node{Name: name, Cluster: c, caaBin: caaBin, Calls: &Calls{}}
+	// The node itself, for the undo: a failing return sets n to nil
+	// before this runs.
+	built := n
 	defer func() {
 		if err != nil {
-			n.Close()
+			built.Close()
 			n = nil
 		}
 	}()
