@@ -5,7 +5,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -364,23 +363,34 @@ func (c component) build(ctx context.Context, modDir, version, dir, bin string) 
 // toolsDir locates test/e2e/tools: beside this source file when the test
 // binary was built without -trimpath, else under the main module's root.
 func toolsDir() (string, error) {
+	dir, err := RepoDir(filepath.Join("test", "e2e", "tools", apiserverComponent.module))
+	if err != nil {
+		return "", err
+	}
+	return filepath.Dir(dir), nil
+}
+
+// RepoDir is the directory rel (holding a go.mod) of this repository:
+// found beside this source file when it is on disk, else under the main
+// module of the working directory.
+func RepoDir(rel string) (string, error) {
 	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
-		dir := filepath.Join(filepath.Dir(file), "..", "tools")
-		if isFile(filepath.Join(dir, apiserverComponent.module, "go.mod")) {
+		dir := filepath.Join(filepath.Dir(file), "..", "..", "..", rel)
+		if isFile(filepath.Join(dir, "go.mod")) {
 			return filepath.Clean(dir), nil
 		}
 	}
 	out, err := exec.Command("go", "env", "GOMOD").Output()
 	if err != nil {
-		return "", fmt.Errorf("locate test/e2e/tools: go env GOMOD: %w", err)
+		return "", fmt.Errorf("locate %s: go env GOMOD: %w", rel, err)
 	}
 	gomod := strings.TrimSpace(string(out))
 	if gomod == "" || gomod == os.DevNull {
-		return "", errors.New("locate test/e2e/tools: not inside the caa module (run from the repository)")
+		return "", fmt.Errorf("locate %s: not inside the caa module (run from the repository)", rel)
 	}
-	dir := filepath.Join(filepath.Dir(gomod), "test", "e2e", "tools")
-	if !isFile(filepath.Join(dir, apiserverComponent.module, "go.mod")) {
-		return "", fmt.Errorf("locate test/e2e/tools: no wrapper modules under %s", dir)
+	dir := filepath.Join(filepath.Dir(gomod), rel)
+	if !isFile(filepath.Join(dir, "go.mod")) {
+		return "", fmt.Errorf("locate %s: no module at %s", rel, dir)
 	}
 	return dir, nil
 }

@@ -232,7 +232,7 @@ func Build(ctx context.Context, kind Kind) (string, error) {
 	h := sha256.New()
 	fmt.Fprintf(h, "%s\n%s\n%s/%s\n%s\n", recipeVersion, kind, runtime.GOOS, runtime.GOARCH, strings.Join(keys, " "))
 	if r.local != "" {
-		if local, err = repoDir(r.local); err != nil {
+		if local, err = cluster.RepoDir(r.local); err != nil {
 			return "", err
 		}
 		if err := hashTree(h, local); err != nil {
@@ -478,30 +478,6 @@ func ticker(kind Kind, start time.Time) (stop func()) {
 	return func() { close(done); wg.Wait() }
 }
 
-// repoDir is rel inside this repository: beside this source file when the
-// binary was built without -trimpath, else under the main module's root.
-func repoDir(rel string) (string, error) {
-	if _, file, _, ok := runtime.Caller(0); ok && filepath.IsAbs(file) {
-		dir := filepath.Join(filepath.Dir(file), "..", "..", "..", rel)
-		if isFile(filepath.Join(dir, "go.mod")) {
-			return filepath.Clean(dir), nil
-		}
-	}
-	out, err := exec.Command("go", "env", "GOMOD").Output()
-	if err != nil {
-		return "", fmt.Errorf("locate %s: go env GOMOD: %w", rel, err)
-	}
-	gomod := strings.TrimSpace(string(out))
-	if gomod == "" || gomod == os.DevNull {
-		return "", fmt.Errorf("locate %s: not inside the caa module (run from the repository)", rel)
-	}
-	dir := filepath.Join(filepath.Dir(gomod), rel)
-	if !isFile(filepath.Join(dir, "go.mod")) {
-		return "", fmt.Errorf("locate %s: no module at %s", rel, dir)
-	}
-	return dir, nil
-}
-
 // hashTree adds every regular file under dir (names and contents, in
 // order) to h.
 func hashTree(h io.Writer, dir string) error {
@@ -537,11 +513,6 @@ func copyFile(from, to string) error {
 		return err
 	}
 	return os.WriteFile(to, b, 0o644)
-}
-
-func isFile(path string) bool {
-	info, err := os.Stat(path)
-	return err == nil && info.Mode().IsRegular()
 }
 
 func isDir(path string) bool {
