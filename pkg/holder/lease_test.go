@@ -31,7 +31,9 @@ func TestMain(m *testing.M) {
 	os.Exit(m.Run())
 }
 
-const childTTL = 300 * time.Millisecond
+// childTTL is long enough that a child starved of CPU on a loaded machine
+// (CI runs every suite at once) still renews before its lease runs out.
+const childTTL = time.Second
 
 func holdLock(path string) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
@@ -110,11 +112,20 @@ func TestAStoppedHolderIsWaitedForLiveAndNeverBroken(t *testing.T) {
 		}
 		return said[len(said)-1]
 	}
-	require.Eventually(t, func() bool { return strings.Contains(last(), "renewed") }, 5*time.Second, 10*time.Millisecond,
-		"a live holder: its lease runs")
+	sawRenewed := func() bool {
+		mu.Lock()
+		defer mu.Unlock()
+		for _, r := range said {
+			if strings.Contains(r, "renewed") {
+				return true
+			}
+		}
+		return false
+	}
+	require.Eventually(t, sawRenewed, 20*time.Second, 10*time.Millisecond, "a live holder: its lease runs")
 
 	require.NoError(t, child.Process.Signal(syscall.SIGSTOP))
-	require.Eventually(t, func() bool { return strings.Contains(last(), "expired") }, 5*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return strings.Contains(last(), "expired") }, 20*time.Second, 10*time.Millisecond,
 		"a stopped holder stops renewing")
 	assert.Contains(t, last(), fmt.Sprintf("pid %d", child.Process.Pid))
 	assert.Contains(t, last(), "not broken on a timeout")
@@ -129,7 +140,9 @@ func TestAStoppedHolderIsWaitedForLiveAndNeverBroken(t *testing.T) {
 		case <-time.After(childTTL / 3):
 		}
 	}
-	assert.Greater(t, beats.Load(), before+int64(5*childTTL/(20*time.Millisecond))/2, "the waiter's heartbeat goes on")
+	// A ticker drops the ticks a starved reader misses, so this asks for a
+	// tenth of the 250 beats of an idle machine, not all of them.
+	assert.Greater(t, beats.Load(), before+int64(5*childTTL/(20*time.Millisecond))/10, "the waiter's heartbeat goes on")
 
 	require.NoError(t, child.Process.Kill()) // the kubelet's probe restarts the hung caa
 	select {

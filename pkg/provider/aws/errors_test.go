@@ -3,10 +3,8 @@ package aws
 import (
 	"context"
 	"errors"
-	"io"
 	"net"
 	"net/http"
-	"strings"
 	"testing"
 	"time"
 
@@ -117,60 +115,6 @@ func TestRetryerRetriesOnlyTransientErrors(t *testing.T) {
 		require.NoError(t, err)
 		assert.LessOrEqual(t, d, time.Second, "backoff is capped")
 	}
-}
-
-// closableBody fails every read once closed, as smithy-go's request body does.
-type closableBody struct {
-	r      *strings.Reader
-	closed bool
-}
-
-func (b *closableBody) Read(p []byte) (int, error) {
-	if b.closed {
-		return 0, errors.New("read after close")
-	}
-	return b.r.Read(p)
-}
-
-func (b *closableBody) Close() error { b.closed = true; return nil }
-
-// closeFirst closes the SDK's body and only then reads what it was handed,
-// the order in which smithy-go and net/http's writeLoop can race.
-type closeFirst struct {
-	original io.Closer
-	got      [][]byte
-}
-
-func (c *closeFirst) Do(req *http.Request) (*http.Response, error) {
-	_ = c.original.Close()
-	b, err := io.ReadAll(req.Body)
-	if err != nil {
-		return nil, err
-	}
-	again, err := req.GetBody()
-	if err != nil {
-		return nil, err
-	}
-	b2, err := io.ReadAll(again)
-	if err != nil {
-		return nil, err
-	}
-	c.got = append(c.got, b, b2)
-	return &http.Response{StatusCode: http.StatusOK, Body: http.NoBody}, nil
-}
-
-func TestDetachedBodySurvivesTheSDKClosingItsOwn(t *testing.T) {
-	const form = "Action=DescribeInstances&Version=2016-11-15"
-	orig := &closableBody{r: strings.NewReader(form)}
-	req, err := http.NewRequest(http.MethodPost, "http://ec2.test/", orig)
-	require.NoError(t, err)
-	next := &closeFirst{original: orig}
-	_, err = detachedBody{next: next}.Do(req)
-	require.NoError(t, err)
-	assert.Equal(t, [][]byte{[]byte(form), []byte(form)}, next.got, "the body, and the same again from GetBody")
-
-	_, err = (&closeFirst{original: &closableBody{r: strings.NewReader(form)}}).Do(req)
-	assert.Error(t, err, "without the copy the read fails: the test can tell")
 }
 
 // TestAuthFailuresNameTheAction: a refusal says which EC2 action the

@@ -184,7 +184,7 @@ func TestLargePagesCostOneCallEach(t *testing.T) {
 		require.NoError(t, err)
 		require.Len(t, vms, 500)
 	}
-	// Without detachedBody (sdk.go) the SDK sometimes loses a connection in
+	// Without awsbody.Detach (sdk.go) the SDK sometimes loses a connection in
 	// the middle of a large reply and sends the call again: this is the test
 	// that shows it, about one run in five under -race.
 	assert.Equal(t, int64(lists*10), f.cloud.Counters()[cloud.OpList], "ten pages a listing, no call sent twice")

@@ -1,13 +1,10 @@
 package aws
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	"net/http"
 	"time"
 
 	awssdk "github.com/aws/aws-sdk-go-v2/aws"
@@ -17,6 +14,8 @@ import (
 	"github.com/aws/aws-sdk-go-v2/service/ec2"
 	"github.com/aws/smithy-go"
 	"github.com/aws/smithy-go/logging"
+
+	"github.com/caa-project/caa/internal/awsbody"
 )
 
 // newClient builds the EC2 client: credentials and shared settings from
@@ -37,7 +36,8 @@ func newClient(ctx context.Context, cfg Config) (*ec2.Client, error) {
 		if cfg.Endpoint != "" {
 			o.BaseEndpoint = awssdk.String(cfg.Endpoint)
 		}
-		o.HTTPClient = detachedBody{next: o.HTTPClient}
+		// smithy-go closes a request body net/http may still read (awsbody).
+		o.HTTPClient = awsbody.Detach(o.HTTPClient)
 		o.Retryer = newRetryer(attempts, backoff)
 		// The retryer above decides; AWS_MAX_ATTEMPTS must not wrap it.
 		o.RetryMaxAttempts = 0
@@ -82,35 +82,4 @@ func (s sdkLogger) Logf(c logging.Classification, format string, v ...any) {
 		level = slog.LevelWarn
 	}
 	s.l.Log(context.Background(), level, fmt.Sprintf(format, v...), "provider", Name)
-}
-
-// detachedBody hands the transport its own copy of each request body.
-// smithy-go closes the body it built as soon as client.Do returns, i.e. once
-// the response headers are in, while net/http's write loop may not be done
-// with it: after writing ContentLength bytes it reads the body once more to
-// check that nothing is left. That read fails on the closed body, the
-// transport takes it for a broken write and closes the connection under
-// the response still being read, and the SDK sends the call again
-// (aws/aws-sdk-go-v2#2737).
-//
-// The issue is closed upstream, but the behaviour is still there in the
-// pinned smithy-go (v1.28.9, client.go closes builtRequest.Body after Do):
-// without this wrapper TestLargePagesCostOneCallEach (fake_test.go) fails
-// about one run in five under -race, with a "use of closed network
-// connection" while discarding a page's body and a retried
-// DescribeInstances. EC2 Query bodies are small forms, so the copy is cheap.
-type detachedBody struct{ next ec2.HTTPClient }
-
-func (d detachedBody) Do(req *http.Request) (*http.Response, error) {
-	if req.Body == nil || req.Body == http.NoBody {
-		return d.next.Do(req)
-	}
-	body, err := io.ReadAll(req.Body)
-	if err != nil {
-		return nil, fmt.Errorf("aws: read the request body: %w", err)
-	}
-	own := req.Clone(req.Context())
-	own.Body = io.NopCloser(bytes.NewReader(body))
-	own.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	return d.next.Do(own)
 }

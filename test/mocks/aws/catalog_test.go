@@ -73,7 +73,7 @@ func TestCatalogFollowsTheCoresOffer(t *testing.T) {
 	srv := httptest.NewServer(NewServer(c))
 	t.Cleanup(srv.Close)
 	client := ec2.New(ec2.Options{Region: "us-east-1", Credentials: credentials.NewStaticCredentialsProvider(sdkKeyID, sdkSecret, ""),
-		BaseEndpoint: aws.String(srv.URL), RetryMaxAttempts: 1})
+		BaseEndpoint: aws.String(srv.URL), RetryMaxAttempts: 1}, detachBodies)
 	_, err := client.DescribeImages(ctx, &ec2.DescribeImagesInput{ImageIds: []string{"ami-0123456789abcdef0"}})
 	assert.Equal(t, "InvalidAMIID.NotFound", apiCode(t, err))
 	_, err = client.DescribeInstanceTypes(ctx, &ec2.DescribeInstanceTypesInput{InstanceTypes: []types.InstanceType{"m6a.large"}})

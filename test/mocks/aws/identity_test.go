@@ -132,7 +132,7 @@ func (c *fakeClock) Advance(d time.Duration) { c.mu.Lock(); defer c.mu.Unlock();
 func defaultChainClient(t *testing.T, url string) *ec2.Client {
 	cfg, err := config.LoadDefaultConfig(context.Background())
 	require.NoError(t, err)
-	return ec2.NewFromConfig(cfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(url); o.RetryMaxAttempts = 1 })
+	return ec2.NewFromConfig(cfg, func(o *ec2.Options) { o.BaseEndpoint = aws.String(url); o.RetryMaxAttempts = 1 }, detachBodies)
 }
 
 // lastKey is the access key of the newest issued credentials.
@@ -262,7 +262,7 @@ func TestKeyringKeysAreCheckedWhole(t *testing.T) {
 	c := keys.Issue("arn:aws:sts::123456789012:assumed-role/caa/s", time.Minute)
 	call := func(id, secret, token string) error {
 		client := ec2.New(ec2.Options{Region: "us-east-1", BaseEndpoint: aws.String(srv.URL), RetryMaxAttempts: 1,
-			Credentials: credentials.NewStaticCredentialsProvider(id, secret, token)})
+			Credentials: credentials.NewStaticCredentialsProvider(id, secret, token)}, detachBodies)
 		_, err := client.DescribeInstances(ctx, &ec2.DescribeInstancesInput{})
 		return err
 	}

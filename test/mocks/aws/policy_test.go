@@ -121,7 +121,7 @@ func TestPolicyOverTheWire(t *testing.T) {
 	srv := httptest.NewServer(NewServer(c, WithCredentials(sdkKeyID, sdkSecret), WithPolicy(p)))
 	t.Cleanup(srv.Close)
 	client := ec2.New(ec2.Options{Region: "us-east-1", BaseEndpoint: aws.String(srv.URL), RetryMaxAttempts: 1,
-		Credentials: credentials.NewStaticCredentialsProvider(sdkKeyID, sdkSecret, "")})
+		Credentials: credentials.NewStaticCredentialsProvider(sdkKeyID, sdkSecret, "")}, detachBodies)
 
 	in := runInput("tok-dry", "owner", "me")
 	in.DryRun = aws.Bool(true)
@@ -168,7 +168,7 @@ func TestPolicyOverTheWire(t *testing.T) {
 	srv2 := httptest.NewServer(NewServer(c, WithCredentials(sdkKeyID, sdkSecret), WithPolicy(deny)))
 	t.Cleanup(srv2.Close)
 	client2 := ec2.New(ec2.Options{Region: "us-east-1", BaseEndpoint: aws.String(srv2.URL), RetryMaxAttempts: 1,
-		Credentials: credentials.NewStaticCredentialsProvider(sdkKeyID, sdkSecret, "")})
+		Credentials: credentials.NewStaticCredentialsProvider(sdkKeyID, sdkSecret, "")}, detachBodies)
 	_, err = client2.RunInstances(ctx, runInput("tok-denied"))
 	assert.Equal(t, "UnauthorizedOperation", apiCode(t, err))
 	assert.Contains(t, err.Error(), "with an explicit deny")
@@ -184,7 +184,7 @@ func TestDryRunsAreNoWrites(t *testing.T) {
 	srv := httptest.NewServer(NewServer(c, WithCredentials(sdkKeyID, sdkSecret), WithBudget(budget)))
 	t.Cleanup(srv.Close)
 	client := ec2.New(ec2.Options{Region: "us-east-1", BaseEndpoint: aws.String(srv.URL), RetryMaxAttempts: 1,
-		Credentials: credentials.NewStaticCredentialsProvider(sdkKeyID, sdkSecret, "")})
+		Credentials: credentials.NewStaticCredentialsProvider(sdkKeyID, sdkSecret, "")}, detachBodies)
 	in := runInput("tok-dry")
 	in.DryRun = aws.Bool(true)
 	_, err := client.RunInstances(ctx, in)
