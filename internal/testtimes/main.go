@@ -5,6 +5,11 @@
 // through it and keeps the report in .cache/test-times; docs/test-times.md
 // holds a dated copy from a clean clone.
 //
+// When a test failed, its assertion reports (testify's Error Trace, Error
+// and Messages, with the line that names the test file) are printed once
+// more at the end, after the last package: a failing test's own output can
+// be thousands of log lines, and a CI excerpt shows the end.
+//
 // It exits 1 when any package or test failed, so a pipeline fails even in
 // a shell without pipefail.
 package main
@@ -41,11 +46,18 @@ type timing struct {
 	Result  string // pass, fail, skip
 }
 
+// failure is a failed test's assertion reports.
+type failure struct {
+	Package, Test string
+	Reports       []string
+}
+
 // summary is what a run left: every package and every top-level test.
 type summary struct {
 	Packages []timing
 	Tests    []timing
 	Failed   bool
+	Failures []failure
 	First    time.Time
 	Last     time.Time
 }
@@ -99,6 +111,9 @@ func read(in io.Reader, out io.Writer) (summary, error) {
 				if _, err := io.WriteString(out, strings.Join(lines, "")); err != nil {
 					return s, fmt.Errorf("write output: %w", err)
 				}
+				if e.Test != "" && !strings.Contains(e.Test, "/") {
+					s.Failures = append(s.Failures, failure{Package: e.Package, Test: e.Test, Reports: assertions(lines)})
+				}
 			}
 			t := timing{Package: e.Package, Test: e.Test, Seconds: e.Elapsed, Result: e.Action}
 			switch {
@@ -113,6 +128,62 @@ func read(in io.Reader, out io.Writer) (summary, error) {
 		return s, fmt.Errorf("read go test -json: %w", err)
 	}
 	return s, nil
+}
+
+// Limits on what a failure summary repeats.
+const (
+	maxReportLines = 40  // per test
+	maxLineLen     = 500 // characters of one line
+)
+
+// assertions picks testify's reports out of a test's lines: the line that
+// names the file and line ("    x_test.go:12: "), then the indented
+// "Error Trace:", "Error:", "Test:" and "Messages:" lines and their
+// continuations. A subtest's lines are its parent's too.
+func assertions(lines []string) []string {
+	var out []string
+	for i := 0; i < len(lines) && len(out) < maxReportLines; i++ {
+		if !strings.Contains(lines[i], "\tError Trace:\t") {
+			continue
+		}
+		if i > 0 {
+			out = append(out, clip(lines[i-1]))
+		}
+		for ; i < len(lines) && strings.HasPrefix(lines[i], "        \t") && len(out) < maxReportLines; i++ {
+			if !strings.Contains(lines[i], "\tError Trace:\t") {
+				out = append(out, clip(lines[i]))
+			}
+		}
+	}
+	return out
+}
+
+func clip(line string) string {
+	line = strings.TrimRight(line, "\n")
+	if len(line) > maxLineLen {
+		line = line[:maxLineLen] + " [...]"
+	}
+	return line
+}
+
+// writeFailures prints each failed top-level test's assertion reports.
+func writeFailures(w io.Writer, fs []failure) error {
+	if len(fs) == 0 {
+		return nil
+	}
+	var b strings.Builder
+	b.WriteString("testtimes: the failed tests' assertions, again:\n")
+	for _, f := range fs {
+		fmt.Fprintf(&b, "--- %s (%s)\n", f.Test, f.Package)
+		if len(f.Reports) == 0 {
+			b.WriteString("    no testify report (t.Fatal or a panic): its output is above\n")
+		}
+		for _, r := range f.Reports {
+			b.WriteString(r + "\n")
+		}
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
 }
 
 // slowest sorts by time, slowest first, and keeps n (all when n <= 0).
@@ -202,6 +273,9 @@ func run(in io.Reader, stdout io.Writer, out string, n int, loadFile string) err
 		fmt.Fprintf(stdout, "testtimes: the slowest packages and tests are in %s\n", out)
 	}
 	if s.Failed {
+		if err := writeFailures(stdout, s.Failures); err != nil {
+			return fmt.Errorf("write output: %w", err)
+		}
 		return errFailed
 	}
 	return nil

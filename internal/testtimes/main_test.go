@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"encoding/json"
 	"os"
 	"path/filepath"
 	"strings"
@@ -78,4 +79,47 @@ func TestBuildFailureFails(t *testing.T) {
 	var out bytes.Buffer
 	require.ErrorIs(t, run(strings.NewReader(bf), &out, "", 30, ""), errFailed)
 	assert.Equal(t, "a/x.go:1: syntax error\n", out.String())
+}
+
+// A failed test's testify reports come again at the end, without the
+// logs around them; a test without one is named with where to look.
+func TestFailuresAreRepeatedAtTheEnd(t *testing.T) {
+	ev := func(test, out string) string {
+		b, err := json.Marshal(map[string]string{"Action": "output", "Package": "p", "Test": test, "Output": out})
+		require.NoError(t, err)
+		return string(b) + "\n"
+	}
+	in := ev("TestA", "=== RUN   TestA\n") +
+		ev("TestA", "    a_test.go:7: a log line\n") +
+		ev("TestA", "    a_test.go:9: \n") +
+		ev("TestA", "        \tError Trace:\t/src/a_test.go:9\n") +
+		ev("TestA", "        \tError:      \tCondition never satisfied\n") +
+		ev("TestA", "        \tTest:       \tTestA\n") +
+		ev("TestA", "        \tMessages:   \tthe pod runs\n") +
+		ev("TestA", "    cluster.go:80: apiserver log "+strings.Repeat("x", 600)+"\n") +
+		ev("TestA", "--- FAIL: TestA (1.00s)\n") +
+		`{"Action":"fail","Package":"p","Test":"TestA","Elapsed":1}` + "\n" +
+		ev("TestB", "    b_test.go:3: boom\n") +
+		`{"Action":"fail","Package":"p","Test":"TestB","Elapsed":1}` + "\n" +
+		`{"Action":"fail","Package":"p","Elapsed":2}` + "\n"
+	var out bytes.Buffer
+	require.ErrorIs(t, run(strings.NewReader(in), &out, "", 30, ""), errFailed)
+	got := out.String()
+	i := strings.Index(got, "testtimes: the failed tests' assertions, again:")
+	require.Positive(t, i, "a summary after the output:\n%s", got)
+	assert.Equal(t, `testtimes: the failed tests' assertions, again:
+--- TestA (p)
+    a_test.go:9: 
+        	Error:      	Condition never satisfied
+        	Test:       	TestA
+        	Messages:   	the pod runs
+--- TestB (p)
+    no testify report (t.Fatal or a panic): its output is above
+`, got[i:])
+}
+
+func TestAssertionsClipLongLines(t *testing.T) {
+	got := assertions([]string{"    x_test.go:1: \n", "        \tError Trace:\tx\n", "        \tError:      \t" + strings.Repeat("y", 2*maxLineLen) + "\n"})
+	require.Len(t, got, 2)
+	assert.Len(t, got[1], maxLineLen+len(" [...]"))
 }
