@@ -165,6 +165,15 @@ type Spec struct {
 	UserData []byte
 	// ExtraTags are added to the identity tags (which win on a clash).
 	ExtraTags map[string]string
+	// MaybeSent says an earlier Create with this Key may have reached the
+	// cloud: the ledger held the key before this call (a crash or an error
+	// between the intent and the answer). A provider then looks for that
+	// VM with a read before it writes. False when the caller wrote the
+	// key's intent for this very call: nothing can have been sent with it,
+	// and the cloud's own idempotency (EC2's client token, VPC's unique
+	// names) still answers a replay with the VM already made, so the read
+	// would only cost every create one more call.
+	MaybeSent bool
 }
 
 // Validate checks the fields every provider relies on.

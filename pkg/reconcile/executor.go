@@ -145,6 +145,9 @@ func (e *Executor) Apply(ctx context.Context, in Input, a Action) (Result, error
 
 func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, error) {
 	pod := in.Pod
+	// The key may have reached the cloud before only if the ledger held
+	// it before this call (a Creating record cut short, a key left open).
+	maybeSent := in.Record != nil && (in.Record.Key == a.Key || slices.Contains(in.Record.OpenKeys, a.Key))
 	r := e.base(in)
 	if r.Key != a.Key {
 		if r.Key != "" && r.Phase != ledger.PhaseFailed {
@@ -183,7 +186,7 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 	}
 	spec := provider.Spec{
 		Key: a.Key, Cluster: e.Cluster, Node: e.Node, PodUID: pod.UID, PodNamespace: pod.Namespace, PodName: pod.Name,
-		InstanceType: a.Selection.InstanceType, Image: a.Selection.Image, TEE: a.TEE,
+		InstanceType: a.Selection.InstanceType, Image: a.Selection.Image, TEE: a.TEE, MaybeSent: maybeSent,
 	}
 	if e.UserData != nil {
 		var err error
@@ -216,7 +219,7 @@ func (e *Executor) create(ctx context.Context, in Input, a Action) (Result, erro
 			return res, err
 		}
 		res.Record = &intent
-		spec.Key, a.Attempt = next.Key, next.Attempt
+		spec.Key, a.Attempt, spec.MaybeSent = next.Key, next.Attempt, false
 	}
 	if err != nil {
 		in.Record = &intent

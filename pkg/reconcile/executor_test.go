@@ -104,10 +104,12 @@ type checkingProvider struct {
 	t      *testing.T
 	ledger *ledger.Ledger
 	calls  int
+	sent   []bool // each create's Spec.MaybeSent
 }
 
 func (p *checkingProvider) Create(ctx context.Context, spec provider.Spec) (provider.VM, error) {
 	p.calls++
+	p.sent = append(p.sent, spec.MaybeSent)
 	r, err := p.ledger.Get(spec.PodUID)
 	require.NoError(p.t, err, "no record before the cloud create")
 	assert.Equal(p.t, ledger.PhaseCreating, r.Phase)
@@ -124,6 +126,7 @@ func TestCreateWritesTheIntentFirst(t *testing.T) {
 	a, res := f.step(t, pod, time.Time{}, t0)
 	assert.Equal(t, KindCreate, a.Kind)
 	assert.Equal(t, 1, cp.calls)
+	assert.Equal(t, []bool{false}, cp.sent, "a key the intent just named cannot have been sent: no lookup first")
 	require.NotNil(t, res.Record)
 	assert.Equal(t, ledger.PhaseRunning, res.Record.Phase)
 	assert.Equal(t, c.Live()[0].ID, res.Record.VMID)
@@ -163,10 +166,12 @@ func TestCreateResumedAfterALostReplyMakesOneVM(t *testing.T) {
 
 	// Restarted: the intent is still Creating with the same key, and the
 	// listing still shows nothing.
-	f.ex.Provider = memory.New(c)
+	cp := &checkingProvider{Provider: memory.New(c), t: t, ledger: f.ledger}
+	f.ex.Provider = cp
 	a, res := f.step(t, pod, time.Time{}, t0)
 	require.Equal(t, KindCreate, a.Kind, "%s: %s", a.Reason, a.Message)
 	assert.Equal(t, ReasonResumeCreate, a.Reason)
+	assert.Equal(t, []bool{true}, cp.sent, "the resumed key may have reached the cloud: the provider looks first")
 	assert.Equal(t, first.Key, a.Key, "the resume reuses the key")
 	assert.Equal(t, ledger.PhaseRunning, res.Record.Phase)
 	assert.Len(t, c.Instances(), 1, "one VM per pod (I1)")

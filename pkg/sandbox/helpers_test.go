@@ -239,6 +239,26 @@ func (e *eventLog) reasons() []string {
 	return append([]string(nil), e.got...)
 }
 
+// sentFlags records each create's Spec.MaybeSent.
+type sentFlags struct {
+	provider.Provider
+	mu  sync.Mutex
+	got []bool
+}
+
+func (p *sentFlags) Create(ctx context.Context, spec provider.Spec) (provider.VM, error) {
+	p.mu.Lock()
+	p.got = append(p.got, spec.MaybeSent)
+	p.mu.Unlock()
+	return p.Provider.Create(ctx, spec)
+}
+
+func (p *sentFlags) flags() []bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return slices.Clone(p.got)
+}
+
 func newRig(t *testing.T) *rig {
 	t.Helper()
 	r := &rig{t: t, cloud: cloud.New(cloud.Options{IDPrefix: "vm-", KeepTerminated: time.Hour}),

@@ -249,10 +249,13 @@ func (m *Manager) StartVM(ctx context.Context, id string) error {
 	if pod := m.cfg.Pods.Pod(s.PodUID); pod == nil || pod.Terminal {
 		return fmt.Errorf("%w: sandbox %s: pod %s (%s) is gone or finished", ErrNotStartable, id, s.PodRef(), s.PodUID)
 	}
+	// A Created sandbox takes a new key for this StartVM, which nothing
+	// can have sent yet; a Creating one was cut short after its intent.
+	maybeSent := s.Phase != ledger.SandboxCreated
 	if s, err = m.intend(ctx, l, s); err != nil {
 		return err
 	}
-	if s, err = m.createVM(ctx, s); err != nil {
+	if s, err = m.createVM(ctx, s, maybeSent); err != nil {
 		return err
 	}
 	if s, err = m.waitRunning(ctx, s); err != nil {
@@ -352,12 +355,13 @@ func (l *live) pendingUserData(b []byte) { l.userData = b }
 // createVM sends the create (idempotent by the record's key) and records
 // the VM. The call runs on its own context, bounded by CallTimeout: a
 // StopVM that cancels the StartVM must still learn which VM was made.
-func (m *Manager) createVM(ctx context.Context, s ledger.Sandbox) (ledger.Sandbox, error) {
+// maybeSent says the key may have reached the cloud before this StartVM.
+func (m *Manager) createVM(ctx context.Context, s ledger.Sandbox, maybeSent bool) (ledger.Sandbox, error) {
 	l := m.liveOf(s.ID)
 	spec := provider.Spec{
 		Key: s.Key, Cluster: m.cfg.Cluster, Node: m.cfg.Node, PodUID: s.PodUID, PodNamespace: s.Namespace, PodName: s.Name,
 		InstanceType: s.InstanceType, Image: s.Image, UserData: l.userData, TEE: provider.TEE(s.Confidential),
-		ExtraTags: map[string]string{TagSandbox: s.ID},
+		ExtraTags: map[string]string{TagSandbox: s.ID}, MaybeSent: maybeSent,
 	}
 	var vm provider.VM
 	var err error

@@ -23,6 +23,10 @@ func sbID(i int) string { return fmt.Sprintf("%064x", i+1) }
 
 func TestLifecycleCreateStartStop(t *testing.T) {
 	r := newRig(t)
+	flags := &sentFlags{Provider: r.prov}
+	r.crash()
+	r.prov = flags
+	r.start()
 	ctx := context.Background()
 	r.pod("uid-1", "web")
 
@@ -42,6 +46,7 @@ func TestLifecycleCreateStartStop(t *testing.T) {
 	assert.Equal(t, sock, again)
 
 	require.NoError(t, r.m.StartVM(ctx, sbA))
+	assert.Equal(t, []bool{false}, flags.flags(), "the key this StartVM took cannot have been sent: no lookup first")
 	s = r.sandbox(sbA)
 	assert.Equal(t, ledger.SandboxRunning, s.Phase)
 	require.Len(t, r.live(), 1)
@@ -107,9 +112,12 @@ func TestStartVMAfterACrashMidCreateMakesNoDuplicate(t *testing.T) {
 		PodNamespace: "team", PodName: "web", InstanceType: "small", Image: "podvm-image"})
 	require.NoError(t, err)
 	r.crash()
+	flags := &sentFlags{Provider: r.prov}
+	r.prov = flags
 	r.start()
 
 	require.NoError(t, r.m.StartVM(ctx, sbA), "the shim's StartVM after the restart")
+	assert.Equal(t, []bool{true}, flags.flags(), "a Creating sandbox's key may have reached the cloud: the provider looks first")
 	require.Len(t, r.live(), 1, "no duplicate VM")
 	assert.Equal(t, made.ID, r.sandbox(sbA).VMID, "the VM the first create made is the sandbox's")
 	assert.Equal(t, 1, r.sandbox(sbA).Attempt)

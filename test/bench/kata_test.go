@@ -10,19 +10,19 @@ import (
 
 func TestS10BoundIsTheBudgetsScheduleAndTheLastCalls(t *testing.T) {
 	res := []s10Result{{starts: []time.Duration{time.Second, 18 * time.Second, 19 * time.Second}, startErrs: make([]error, 3),
-		startCalls: map[string]int64{"create": 100, "get": 100, "lookup": 100}, stopCalls: map[string]int64{"delete": 100}}}
+		startCalls: map[string]int64{"create": 100, "get": 100}, stopCalls: map[string]int64{"delete": 100}}}
 	rows := s10Rows(s10Case{name: "100 at once"}, 100, 4*time.Millisecond, res)
 	assert.Equal(t, "every StartVM answered", rows[0].Metric)
-	// (100 - 10) / 5 a second, then lookup, RunInstances and the read, then a relayed call.
-	assert.InDelta(t, 18000+150+4, rows[0].Bound, 0.001)
+	// (100 - 10) / 5 a second, then RunInstances and the read, then a relayed call.
+	assert.InDelta(t, 18000+100+4, rows[0].Bound, 0.001)
 	assert.Equal(t, []float64{19000}, rows[0].Runs, "the last answer")
 	assert.Equal(t, []float64{1000}, rows[1].Runs, "the first")
 	assert.Equal(t, []float64{1}, rows[3].Runs, "creates per sandbox")
-	assert.Equal(t, []float64{2}, rows[4].Runs, "reads per sandbox: the lookup and the read")
+	assert.Equal(t, []float64{1}, rows[4].Runs, "reads per sandbox: the read that sees it run (a fresh key is not looked up)")
 
 	spent := s10Rows(s10Case{name: "spent", spent: true}, 100, 4*time.Millisecond, res)
 	// The account's bucket, empty, gives back 5 a second: 100 / 5.
-	assert.InDelta(t, 20000+150+4, spent[0].Bound, 0.001)
+	assert.InDelta(t, 20000+100+4, spent[0].Bound, 0.001)
 }
 
 func TestThrottleTextFindsWhatKataWouldSee(t *testing.T) {

@@ -71,9 +71,8 @@ func s12Rows(n, count int, c, u s12Figures) []Row {
 const (
 	whyStartVM = "Upstream makes one cloud call (RunInstances, taking the address from its answer) and then redials the " +
 		"forwarder with retry-go's back-off (100 ms, doubling) until the VM answers, so it waits past the boot; caa " +
-		"makes three calls (a client-token lookup so that a retry after a crash finds the first launch, RunInstances, a " +
-		"read that shows the VM running) and records each step in its ledger, but its relay probes the booting VM every " +
-		"10 ms at first."
+		"makes two calls (RunInstances, a read that shows the VM running; a retry after a crash looks its client token " +
+		"up first) and records each step in its ledger, but its relay probes the booting VM every 10 ms at first."
 	whyBurstTime = "Upstream is faster by failing: it sends every RunInstances at once and its SDK retries what EC2 throttles, 3 " +
 		"attempts, then gives up; caa's create budget (5 a second after a burst of 10) paces the launches under EC2's " +
 		"RunInstances bucket so that none is refused, and the last StartVM waits its turn: a deliberate trade of time " +
@@ -86,7 +85,7 @@ const (
 	whyThrottled = "Upstream's burst spends EC2's RunInstances bucket (50) at once and then meets its refill (5 a second) with " +
 		"retries; caa's budget stays under it."
 	whyNoOne = "Upstream's are its failed StartVMs: throttled out before any VM (none) or failed after it (deleted); caa's " +
-		"ClientToken and lookup make a retried launch find the first VM, and no StartVM failed."
+		"ClientToken makes a retried launch find the first VM (by a lookup after a crash), and no StartVM failed."
 	whyBurstLeak = "Upstream's StopVM logs a failed TerminateInstances (throttled after the SDK's retries) and answers kata " +
 		"success, so the VM stays with nothing left to delete it; caa records the delete in its ledger and retries it, " +
 		"paced by its write budget, until EC2 confirms it."
@@ -94,10 +93,10 @@ const (
 		"first free, so concurrent StartVMs race for the names, and a setup that fails part way leaves its device behind (with 5 " +
 		"left no StartVM on the node can build a tunnel; the bench removes them after counting); caa names it after the sandbox's " +
 		"tunnel, removes its own leftover of that name first and the device when the move fails, and runs at most 4 at once."
-	whyCallsCreated = "Upstream: RunInstances and the SDK's retries of it, and the delete of a VM whose tunnel failed; caa: the " +
-		"client-token lookup, RunInstances and the read that sees the VM running, and no call that EC2 throttles. " +
-		"Upstream is cheaper per sandbox it serves; caa's two reads are the trade of the StartVM row (a StartVM that is " +
-		"safe to repeat after a crash)."
+	whyCallsCreated = "Upstream: RunInstances and the SDK's retries of it, and the delete of a VM whose tunnel failed; caa: " +
+		"RunInstances and the read that sees the VM running (the client-token lookup only for a key that may have been " +
+		"sent before a crash), and no call that EC2 throttles. Upstream takes the address from RunInstances' answer " +
+		"and never reads the VM; caa's read is how it knows the VM runs before it serves the sandbox."
 	whyCallsDeleted = "caa sends one TerminateInstances per VM, paced by its write budget; upstream sends them all at once, the SDK " +
 		"retries the throttled ones, and each StopVM first asks DescribeAddresses for an Elastic IP to release."
 	whyServed = "Upstream keeps its sandboxes only in memory: a new process knows none of them and serves no agent socket; caa " +

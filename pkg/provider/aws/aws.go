@@ -4,12 +4,16 @@
 //
 //   - Idempotency: Create derives the RunInstances ClientToken from
 //     Spec.Key ("caa-" and 40 hex digits of its SHA-256, so any key fits
-//     EC2's 64 ASCII characters). Before launching it looks the instance up
-//     by the client-token filter and the caa-key tag, so a retry after a
-//     crash finds the first launch with a read rather than a metered write,
-//     even if the configuration changed meanwhile (EC2 answers a replayed
-//     token with other parameters IdempotentParameterMismatch). Racing
-//     launches with one token get the same instance from EC2 itself.
+//     EC2's 64 ASCII characters). When the key may have been sent before
+//     (Spec.MaybeSent) it looks the instance up first by the client-token
+//     filter and the caa-key tag, so a retry after a crash finds the first
+//     launch with a read rather than a metered write, even if the
+//     configuration changed meanwhile (EC2 answers a replayed token with
+//     other parameters IdempotentParameterMismatch, which also sends a
+//     fresh key's create to the lookup). A fresh key is one RunInstances.
+//     Racing launches with one token get the same instance from EC2
+//     itself; an instance the token returns with another pod's identity
+//     tags is a conflict, never this pod's VM.
 //   - Tags and names: the instance and its root volume carry spec.Tags()
 //     (identity tags over the extra tags of the spec, over those of the
 //     configuration) and Name = caa-<namespace>-<pod>. Long pod names are
@@ -144,19 +148,41 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM,
 		return provider.VM{}, fmt.Errorf("%s %s: %w", Name, opCreate, err)
 	}
 	token := clientToken(spec.Key)
-	if vm, ok, err := p.findByToken(ctx, token, spec); err != nil || ok {
-		return vm, err
+	if spec.MaybeSent {
+		if vm, ok, err := p.findByToken(ctx, token, spec); err != nil || ok {
+			return vm, err
+		}
 	}
 	wctx, cancel := p.writeCtx(ctx)
 	defer cancel()
 	out, err := p.api.RunInstances(wctx, p.runInput(spec, token, tags))
 	if err != nil {
-		return provider.VM{}, classify(opCreate, err)
+		cerr := classify(opCreate, err)
+		var pe *provider.Error
+		if !spec.MaybeSent && errors.As(cerr, &pe) && pe.Code == codeParameterMismatch {
+			// The token launched an instance after all, with other
+			// parameters (a ledger rebuilt, a configuration changed, or
+			// someone else's launch): the lookup decides whether it is
+			// this pod's VM.
+			if vm, ok, ferr := p.findByToken(ctx, token, spec); ferr != nil || ok {
+				return vm, ferr
+			}
+		}
+		return provider.VM{}, cerr
 	}
 	if len(out.Instances) != 1 {
 		return provider.VM{}, fmt.Errorf("%s %s: RunInstances returned %d instances for key %s, want 1", Name, opCreate, len(out.Instances), spec.Key)
 	}
-	return toVM(out.Instances[0]), nil
+	vm := toVM(out.Instances[0])
+	// A replayed token answers with the instance it launched first, tags
+	// and all: one that is not this pod's is left alone, as findByToken
+	// leaves it.
+	if _, tagged := vm.Tags[provider.TagKey]; tagged {
+		if diff := ownerMismatch(vm.Owner(), spec); diff != "" {
+			return provider.VM{}, tokenMismatch(vm.ID, spec.Key, diff)
+		}
+	}
+	return vm, nil
 }
 
 func (p *Provider) runInput(spec provider.Spec, token string, instanceTags map[string]string) *ec2.RunInstancesInput {
@@ -208,13 +234,22 @@ func (p *Provider) findByToken(ctx context.Context, token string, spec provider.
 		return provider.VM{}, false, err
 	}
 	if diff := ownerMismatch(found.Owner(), spec); diff != "" {
-		return provider.VM{}, false, &provider.Error{Kind: provider.ErrConflict, Provider: Name, Op: opCreate,
-			Code: codeTokenMismatch, Message: fmt.Sprintf(
-				"instance %s carries the client token of key %s but %s; it is not this pod's VM and is left alone (neither adopted nor deleted)",
-				found.ID, spec.Key, diff)}
+		return provider.VM{}, false, tokenMismatch(found.ID, spec.Key, diff)
 	}
 	return *found, true, nil
 }
+
+// tokenMismatch is the conflict of an instance with key's client token
+// whose identity tags differ from the spec's as diff says.
+func tokenMismatch(id, key, diff string) error {
+	return &provider.Error{Kind: provider.ErrConflict, Provider: Name, Op: opCreate, Code: codeTokenMismatch, Message: fmt.Sprintf(
+		"instance %s carries the client token of key %s but %s; it is not this pod's VM and is left alone (neither adopted nor deleted)",
+		id, key, diff)}
+}
+
+// codeParameterMismatch is EC2's answer to a client token replayed with
+// other launch parameters.
+const codeParameterMismatch = "IdempotentParameterMismatch"
 
 // codeTokenMismatch is caa's code for an instance found by client token
 // whose identity tags are not the spec's.

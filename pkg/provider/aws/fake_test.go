@@ -13,6 +13,7 @@ import (
 
 	"github.com/caa-project/caa/pkg/provider"
 	"github.com/caa-project/caa/test/conformance"
+	ec2fake "github.com/caa-project/caa/test/mocks/aws"
 	"github.com/caa-project/caa/test/mocks/cloud"
 )
 
@@ -194,4 +195,87 @@ func TestLargePagesCostOneCallEach(t *testing.T) {
 func TestEveryCallHasADeadline(t *testing.T) {
 	f := newFakeEC2(t, suiteOptions(), func(c *Config) { c.ReadTimeout, c.WriteTimeout = 100*time.Millisecond, 200*time.Millisecond })
 	conformance.Deadlines(t, conformance.Harness{Provider: f.provider, Cloud: f.cloud}, 5*time.Second)
+}
+
+// TestAFreshKeyIsOneLaunch: a key nothing can have sent before costs one
+// RunInstances and no read; a key that may have been sent is looked up
+// first, and a retry after a crash finds its VM with that read alone.
+func TestAFreshKeyIsOneLaunch(t *testing.T) {
+	ctx := context.Background()
+	f := newFakeEC2(t, suiteOptions(), nil)
+	spec := specFor(5)
+	f.cloud.ResetCounters()
+	vm, err := f.provider.Create(ctx, spec)
+	require.NoError(t, err)
+	c := f.cloud.Counters()
+	assert.Equal(t, int64(1), c[cloud.OpCreate], "one RunInstances")
+	assert.Zero(t, c[cloud.OpList]+c[cloud.OpGet]+c[ec2fake.OpLookup], "no lookup for a fresh key")
+
+	spec.MaybeSent = true
+	f.cloud.ResetCounters()
+	again, err := f.provider.Create(ctx, spec)
+	require.NoError(t, err)
+	assert.Equal(t, vm.ID, again.ID)
+	c = f.cloud.Counters()
+	assert.Equal(t, int64(1), c[ec2fake.OpLookup], "the lookup by client token")
+	assert.Zero(t, c[cloud.OpCreate], "a found VM costs no write")
+}
+
+// TestAFreshKeyWhoseTokenLaunchedWithOtherParameters: the ledger said the
+// key was fresh but its token launched an instance already (a rebuilt
+// ledger, a changed configuration): EC2's IdempotentParameterMismatch
+// sends the create to the lookup, which returns that VM.
+func TestAFreshKeyWhoseTokenLaunchedWithOtherParameters(t *testing.T) {
+	ctx := context.Background()
+	f := newFakeEC2(t, suiteOptions(), nil)
+	spec := specFor(6)
+	vm, err := f.provider.Create(ctx, spec)
+	require.NoError(t, err)
+	spec.InstanceType = conformance.TypeLarge
+	again, err := f.provider.Create(ctx, spec)
+	require.NoError(t, err)
+	assert.Equal(t, vm.ID, again.ID)
+	assert.Len(t, f.cloud.Live(), 1)
+}
+
+// TestAForgedLaunchWithTheKeysTokenIsLeftAlone: whoever holds the node's
+// credential can launch with a key's client token. Whether the create
+// looks first or EC2 replays the token, that instance is a conflict: never
+// returned as the pod's VM, never a second launch.
+func TestAForgedLaunchWithTheKeysTokenIsLeftAlone(t *testing.T) {
+	ctx := context.Background()
+	for _, tc := range []struct {
+		name      string
+		maybeSent bool
+		forged    func(spec provider.Spec) cloud.CreateRequest
+	}{
+		{"replayed by EC2", false, func(spec provider.Spec) cloud.CreateRequest {
+			other := spec
+			other.PodUID = "uid-forged"
+			return cloud.CreateRequest{Token: clientToken(spec.Key), Tags: other.Tags(), InstanceType: spec.InstanceType, Image: spec.Image}
+		}},
+		{"found by the lookup", true, func(spec provider.Spec) cloud.CreateRequest {
+			other := spec
+			other.Node = "node-forged"
+			return cloud.CreateRequest{Token: clientToken(spec.Key), Tags: other.Tags(), InstanceType: spec.InstanceType, Image: spec.Image}
+		}},
+		{"other parameters", false, func(spec provider.Spec) cloud.CreateRequest {
+			other := spec
+			other.PodUID = "uid-forged"
+			return cloud.CreateRequest{Token: clientToken(spec.Key), Tags: other.Tags(), InstanceType: conformance.TypeLarge, Image: spec.Image}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			f := newFakeEC2(t, suiteOptions(), nil)
+			spec := specFor(7)
+			forged, err := f.cloud.Create(tc.forged(spec))
+			require.NoError(t, err)
+			spec.MaybeSent = tc.maybeSent
+			_, err = f.provider.Create(ctx, spec)
+			require.ErrorIs(t, err, provider.ErrConflict)
+			assert.Contains(t, err.Error(), forged.ID)
+			assert.Contains(t, err.Error(), "left alone")
+			assert.Len(t, f.cloud.Live(), 1, "no second launch")
+		})
+	}
 }

@@ -105,9 +105,11 @@ func TestLaggingSearchIndexNeverDuplicatesNorDeletes(t *testing.T) {
 		{UID: "uid-a", Namespace: "ns", Name: "a", RuntimeClass: "kata-remote"},
 		{UID: "uid-b", Namespace: "ns", Name: "b", RuntimeClass: "kata-remote"},
 	}
+	// creates counts the VMs made, not the create calls: a refused create
+	// (a name taken) makes none.
 	writes := func() (creates, deletes int64) {
 		c := r.cloud.Counters()
-		return c[cloud.OpCreate], c[cloud.OpDelete]
+		return c["created"], c[cloud.OpDelete]
 	}
 
 	res := rec.Pass(ctx, pods, true)
@@ -131,14 +133,19 @@ func TestLaggingSearchIndexNeverDuplicatesNorDeletes(t *testing.T) {
 	require.Empty(t, r.listed(t), "still inside the lag")
 
 	// The ledger is lost while the index lags: the pods' creates run again
-	// with the same keys, and find the VMs by name through VPC, not the
-	// index.
+	// with the same keys. An empty ledger cannot say the keys were sent
+	// (Spec.MaybeSent is false), so each create goes to VPC, which
+	// refuses the name already taken; the create then finds that VM by
+	// name through VPC, not the index, and adopts it. One refused create
+	// per pod is what losing the ledger costs.
 	fresh := r.reconciler(t, "empty-ledger.db")
+	before := r.cloud.Counters()[cloud.OpCreate]
 	res = fresh.Pass(ctx, pods, true)
 	require.NoError(t, res.Err)
 	assert.True(t, res.Converged(), "pending: %v", res.Pending)
 	assert.Len(t, r.cloud.Live(), 2, "no VM was made twice")
 	assert.Equal(t, [2]int64{2, 0}, func() [2]int64 { c, d := writes(); return [2]int64{c, d} }())
+	assert.Equal(t, int64(2), r.cloud.Counters()[cloud.OpCreate]-before, "one create call per pod, refused for its taken name")
 
 	// Past the lag the index shows both.
 	r.clock.Advance(searchLag)

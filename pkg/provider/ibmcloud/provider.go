@@ -137,9 +137,11 @@ func (p *Provider) Credentials() string { return p.route }
 func (p *Provider) Name() string { return providerName }
 
 // Create makes the VM of spec, or returns the one an earlier call with the
-// same key made. It looks the deterministic name up first, so a retry after
-// a crash costs one call; a create that loses a race (validation_unique_failed)
-// looks again and adopts the winner's VM.
+// same key made. When the key may have been sent before (Spec.MaybeSent) it
+// looks the deterministic name up first, so a retry after a crash costs one
+// read; a fresh key goes straight to the create. A create whose name is
+// taken (validation_unique_failed: a racing call, or a key sent after all)
+// looks the name up then and adopts that VM if it is this pod's.
 func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM, error) {
 	if spec.InstanceType == "" {
 		spec.InstanceType = p.cfg.InstanceType
@@ -172,8 +174,10 @@ func (p *Provider) Create(ctx context.Context, spec provider.Spec) (provider.VM,
 	}
 	name := instanceName(spec)
 
-	if vm, found, err := p.adopt(ctx, name, spec, userTags); err != nil || found {
-		return vm, err
+	if spec.MaybeSent {
+		if vm, found, err := p.adopt(ctx, name, spec, userTags); err != nil || found {
+			return vm, err
+		}
 	}
 	opts := &vpcv1.CreateInstanceOptions{InstancePrototype: p.prototype(spec, name, userTags)}
 	in, resp, err := call(ctx, p.cfg.WriteTimeout, provider.DefaultWriteTimeout, func(ctx context.Context) (*vpcv1.Instance, *core.DetailedResponse, error) {

@@ -409,11 +409,18 @@ func crictlExec(ctx context.Context, n *Node, ctrID string, cmd ...string) (stri
 func requireRunning(ctx context.Context, t *testing.T, n *Node, p *kataPod) {
 	t.Helper()
 	var last string
-	require.Eventually(t, func() bool {
+	deadline := time.Now().Add(time.Minute)
+	for {
 		ok, why := podUp(ctx, n, p)
+		if ok {
+			return
+		}
 		last = why
-		return ok
-	}, time.Minute, 200*time.Millisecond, "pod %s Ready and its container Running: %s", p.name, last)
+		if time.Now().After(deadline) || ctx.Err() != nil {
+			require.Failf(t, "pod not up", "pod %s not Ready with its container Running within a minute; the last check said: %s", p.name, last)
+		}
+		time.Sleep(200 * time.Millisecond) // the poll period of a condition checked with crictl
+	}
 }
 
 // podUp says whether crictl sees the pod Ready and its container Running,
