@@ -349,7 +349,7 @@ func (c component) build(ctx context.Context, modDir, version, dir, bin string) 
 		}
 		err = fmt.Errorf("build %s %s: go %s in %s: %w", c.name, version, shellJoin(args), modDir, err)
 		if out.Len() > 0 {
-			err = fmt.Errorf("%w\n%s", err, lastLines(out.Bytes(), 30))
+			err = fmt.Errorf("%w\n%s", err, LastLines(out.Bytes(), 30))
 		}
 		return err
 	}
@@ -424,8 +424,8 @@ func isFile(path string) bool {
 	return err == nil && info.Mode().IsRegular()
 }
 
-// lastLines returns at most n trailing lines of b.
-func lastLines(b []byte, n int) string {
+// LastLines returns at most n trailing lines of b, for errors and logs.
+func LastLines(b []byte, n int) string {
 	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]

@@ -385,7 +385,7 @@ func get(ctx context.Context, client *http.Client, url, token string) (string, e
 		return "", fmt.Errorf("GET %s: %w", url, err)
 	}
 	if resp.StatusCode != http.StatusOK {
-		return "", fmt.Errorf("GET %s: %s: %s", url, resp.Status, lastLines(body, 5))
+		return "", fmt.Errorf("GET %s: %s: %s", url, resp.Status, LastLines(body, 5))
 	}
 	return string(body), nil
 }

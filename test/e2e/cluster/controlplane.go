@@ -225,7 +225,7 @@ func kwokModuleDir(ctx context.Context) (string, error) {
 	out, err := cmd.CombinedOutput()
 	dir := strings.TrimSpace(string(out))
 	if err != nil || dir == "" {
-		return "", fmt.Errorf("locate the kwok module (go list -m %s in %s): %w: %s", kwokComponent.pin, cmd.Dir, err, lastLines(out, 5))
+		return "", fmt.Errorf("locate the kwok module (go list -m %s in %s): %w: %s", kwokComponent.pin, cmd.Dir, err, LastLines(out, 5))
 	}
 	return dir, nil
 }

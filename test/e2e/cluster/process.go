@@ -147,5 +147,5 @@ func fileTail(path string, from int64, n int) string {
 	if err != nil {
 		return fmt.Sprintf("(read log: %v)", err)
 	}
-	return lastLines(b, n)
+	return LastLines(b, n)
 }

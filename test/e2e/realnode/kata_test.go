@@ -511,10 +511,5 @@ func callTable(hv map[string]int, agent podvmfake.KataCalls) string {
 	return b.String()
 }
 
-func tail(s string, n int) string {
-	lines := strings.Split(strings.TrimRight(s, "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
-}
+// tail is the last n lines of s.
+func tail(s string, n int) string { return cluster.LastLines([]byte(s), n) }

@@ -452,7 +452,7 @@ func (b *builder) run(ctx context.Context, dir string, env []string, name string
 		}
 		err = fmt.Errorf("%s %s in %s: %w", filepath.Base(name), strings.Join(args, " "), dir, err)
 		if out.Len() > 0 {
-			err = fmt.Errorf("%w\n%s", err, lastLines(out.Bytes(), 30))
+			err = fmt.Errorf("%w\n%s", err, cluster.LastLines(out.Bytes(), 30))
 		}
 		return err
 	}
@@ -518,13 +518,4 @@ func copyFile(from, to string) error {
 func isDir(path string) bool {
 	info, err := os.Stat(path)
 	return err == nil && info.IsDir()
-}
-
-// lastLines returns at most n trailing lines of b.
-func lastLines(b []byte, n int) string {
-	lines := strings.Split(strings.TrimRight(string(b), "\n"), "\n")
-	if len(lines) > n {
-		lines = lines[len(lines)-n:]
-	}
-	return strings.Join(lines, "\n")
 }
