@@ -111,7 +111,7 @@ func read(in io.Reader, out io.Writer) (summary, error) {
 				if _, err := io.WriteString(out, strings.Join(lines, "")); err != nil {
 					return s, fmt.Errorf("write output: %w", err)
 				}
-				if e.Test != "" && !strings.Contains(e.Test, "/") {
+				if e.Test != "" {
 					s.Failures = append(s.Failures, failure{Package: e.Package, Test: e.Test, Reports: assertions(lines)})
 				}
 			}
@@ -138,8 +138,8 @@ const (
 
 // assertions picks testify's reports out of a test's lines: the line that
 // names the file and line ("    x_test.go:12: "), then the indented
-// "Error Trace:", "Error:", "Test:" and "Messages:" lines and their
-// continuations. A subtest's lines are its parent's too.
+// "Error:", "Test:" and "Messages:" lines and their continuations (the
+// trace is left out: the file:line names the place).
 func assertions(lines []string) []string {
 	var out []string
 	for i := 0; i < len(lines) && len(out) < maxReportLines; i++ {
@@ -166,7 +166,10 @@ func clip(line string) string {
 	return line
 }
 
-// writeFailures prints each failed top-level test's assertion reports.
+// writeFailures prints each failed test's assertion reports. go test
+// -json gives a subtest's lines to the subtest, so a parent that failed
+// only through its subtests has none of its own: it is left out when one
+// of them is listed.
 func writeFailures(w io.Writer, fs []failure) error {
 	if len(fs) == 0 {
 		return nil
@@ -174,6 +177,11 @@ func writeFailures(w io.Writer, fs []failure) error {
 	var b strings.Builder
 	b.WriteString("testtimes: the failed tests' assertions, again:\n")
 	for _, f := range fs {
+		if len(f.Reports) == 0 && slices.ContainsFunc(fs, func(o failure) bool {
+			return o.Package == f.Package && strings.HasPrefix(o.Test, f.Test+"/")
+		}) {
+			continue
+		}
 		fmt.Fprintf(&b, "--- %s (%s)\n", f.Test, f.Package)
 		if len(f.Reports) == 0 {
 			b.WriteString("    no testify report (t.Fatal or a panic): its output is above\n")

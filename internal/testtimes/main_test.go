@@ -101,6 +101,14 @@ func TestFailuresAreRepeatedAtTheEnd(t *testing.T) {
 		`{"Action":"fail","Package":"p","Test":"TestA","Elapsed":1}` + "\n" +
 		ev("TestB", "    b_test.go:3: boom\n") +
 		`{"Action":"fail","Package":"p","Test":"TestB","Elapsed":1}` + "\n" +
+		// A subtest's report is the subtest's, and its parent, which
+		// has none of its own, is not listed apart.
+		ev("TestC/sub", "    c_test.go:5: \n") +
+		ev("TestC/sub", "        \tError Trace:\t/src/c_test.go:5\n") +
+		ev("TestC/sub", "        \tError:      \tShould be true\n") +
+		`{"Action":"fail","Package":"p","Test":"TestC/sub","Elapsed":1}` + "\n" +
+		ev("TestC", "--- FAIL: TestC (1.00s)\n") +
+		`{"Action":"fail","Package":"p","Test":"TestC","Elapsed":1}` + "\n" +
 		`{"Action":"fail","Package":"p","Elapsed":2}` + "\n"
 	var out bytes.Buffer
 	require.ErrorIs(t, run(strings.NewReader(in), &out, "", 30, ""), errFailed)
@@ -115,6 +123,9 @@ func TestFailuresAreRepeatedAtTheEnd(t *testing.T) {
         	Messages:   	the pod runs
 --- TestB (p)
     no testify report (t.Fatal or a panic): its output is above
+--- TestC/sub (p)
+    c_test.go:5: 
+        	Error:      	Should be true
 `, got[i:])
 }
 

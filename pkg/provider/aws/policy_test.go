@@ -127,7 +127,11 @@ func TestEachPermissionIsNeeded(t *testing.T) {
 			perr := f.provider.Preflight(ctx)
 			needs("Preflight", perr, true)
 			_, err = f.provider.Create(ctx, policySpec(2))
-			needs("Create", err, action != "ec2:TerminateInstances")
+			needs("Create of a fresh key", err, action == "ec2:RunInstances" || action == "ec2:CreateTags")
+			resumed := policySpec(3)
+			resumed.MaybeSent = true
+			_, err = f.provider.Create(ctx, resumed)
+			needs("Create of a key that may have been sent", err, action != "ec2:TerminateInstances")
 			_, err = f.provider.Get(ctx, existing.ID)
 			needs("Get", err, action == "ec2:DescribeInstances")
 			_, err = f.provider.List(ctx, provider.Selector{Cluster: conformance.Cluster, Node: "node-a"})
@@ -138,7 +142,10 @@ func TestEachPermissionIsNeeded(t *testing.T) {
 			if action != "ec2:TerminateInstances" {
 				live-- // deleted
 			} else {
-				live++ // and the one Create made
+				live++ // the resumed create's
+			}
+			if action != "ec2:RunInstances" && action != "ec2:CreateTags" {
+				live++ // the fresh create's
 			}
 			assert.Len(t, f.cloud.Live(), live)
 			t.Logf("preflight without %s: %v", action, perr)

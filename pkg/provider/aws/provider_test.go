@@ -110,8 +110,11 @@ func filterMap(fs []types.Filter) map[string][]string {
 func TestCreateLaunchesWithTheRightRequest(t *testing.T) {
 	s := &stubEC2{
 		describe: func(*ec2.DescribeInstancesInput) (*ec2.DescribeInstancesOutput, error) { return page(""), nil },
-		run: func(*ec2.RunInstancesInput) (*ec2.RunInstancesOutput, error) {
-			return &ec2.RunInstancesOutput{Instances: []types.Instance{instance("i-0123456789abcdef0", "pending")}}, nil
+		run: func(in *ec2.RunInstancesInput) (*ec2.RunInstancesOutput, error) {
+			// EC2 answers with the instance as launched, its tags included.
+			out := instance("i-0123456789abcdef0", "pending")
+			out.Tags = in.TagSpecifications[0].Tags
+			return &ec2.RunInstancesOutput{Instances: []types.Instance{out}}, nil
 		},
 	}
 	spec := testSpec()
@@ -119,14 +122,11 @@ func TestCreateLaunchesWithTheRightRequest(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, "i-0123456789abcdef0", vm.ID)
 	assert.Equal(t, provider.StatePending, vm.State)
-
-	token := clientToken(spec.Key)
-	require.Len(t, s.describes, 1, "a lookup first")
-	assert.Equal(t, map[string][]string{"client-token": {token}, "tag:caa-key": {spec.Key}}, filterMap(s.describes[0].Filters))
+	assert.Empty(t, s.describes, "a fresh key is not looked up")
 
 	require.Len(t, s.runs, 1)
 	in := s.runs[0]
-	assert.Equal(t, token, awssdk.ToString(in.ClientToken))
+	assert.Equal(t, clientToken(spec.Key), awssdk.ToString(in.ClientToken))
 	assert.Equal(t, "ami-00000000000000def", awssdk.ToString(in.ImageId), "the default image fills an empty spec")
 	assert.Equal(t, types.InstanceType("t3.small"), in.InstanceType)
 	assert.Equal(t, int32(1), awssdk.ToInt32(in.MinCount))
@@ -148,11 +148,21 @@ func TestCreateLaunchesWithTheRightRequest(t *testing.T) {
 	assert.Equal(t, "from-spec", want["cost-center"], "the spec's extra tags win over the configuration's")
 	assert.Equal(t, "platform", want["team"])
 	assert.Equal(t, "caa-ns-web", want["Name"])
+
+	// A key that may have been sent is looked up first, by its token and
+	// its key tag; none found, it is launched.
+	spec.MaybeSent = true
+	_, err = stubProvider(s).Create(context.Background(), spec)
+	require.NoError(t, err)
+	require.Len(t, s.describes, 1, "a lookup first")
+	assert.Equal(t, map[string][]string{"client-token": {clientToken(spec.Key)}, "tag:caa-key": {spec.Key}}, filterMap(s.describes[0].Filters))
+	assert.Len(t, s.runs, 2)
 }
 
 func TestCreateFindsAnEarlierLaunchAndMakesNoOther(t *testing.T) {
 	spec := testSpec()
 	spec.InstanceType, spec.Image = "t3.large", "ami-0123456789abcdef0"
+	spec.MaybeSent = true // a create resumed after a crash
 	s := &stubEC2{
 		describe: func(*ec2.DescribeInstancesInput) (*ec2.DescribeInstancesOutput, error) {
 			out := page("", "i-0aaaaaaaaaaaaaaaa")
@@ -181,7 +191,9 @@ func TestCreateRejectsAnIncompleteSpecWithoutCalling(t *testing.T) {
 func TestCreateSurfacesErrorsOfTheLookupAndTheLaunch(t *testing.T) {
 	throttled := sdkError("RequestLimitExceeded", 503, http.Header{"Retry-After": {"3"}})
 	s := &stubEC2{describe: func(*ec2.DescribeInstancesInput) (*ec2.DescribeInstancesOutput, error) { return nil, throttled }}
-	_, err := stubProvider(s).Create(context.Background(), testSpec())
+	resumed := testSpec()
+	resumed.MaybeSent = true // only such a key is looked up
+	_, err := stubProvider(s).Create(context.Background(), resumed)
 	assert.ErrorIs(t, err, provider.ErrThrottled)
 	d, _ := provider.RetryAfter(err)
 	assert.Equal(t, 3*time.Second, d)

@@ -61,10 +61,11 @@ func TestTheNodesNetworkIsNotThePodsFault(t *testing.T) {
 	}
 }
 
-// TestATokenOfATerminatedInstanceIsSpent: once EC2 no longer lists the
-// terminated instance a client token launched, a launch with that token
-// is answered IdempotentInstanceTerminated: ErrKeySpent, never transient,
-// and nothing is launched.
+// TestATokenOfATerminatedInstanceIsSpent: a launch with the client token of
+// a terminated instance is answered IdempotentInstanceTerminated:
+// ErrKeySpent, never transient, and nothing is launched. A key that may
+// have been sent is looked up first and finds the terminated instance
+// while EC2 still lists it (about an hour).
 func TestATokenOfATerminatedInstanceIsSpent(t *testing.T) {
 	ctx := context.Background()
 	clock := &conformance.Clock{}
@@ -74,8 +75,12 @@ func TestATokenOfATerminatedInstanceIsSpent(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, f.cloud.Kill(vm.ID))
 
+	// A fresh-looking key sends the launch: EC2 refuses the token at once.
+	_, err = f.provider.Create(ctx, spec)
+	require.ErrorIs(t, err, provider.ErrKeySpent, "the token of a terminated instance launches nothing")
+	spec.MaybeSent = true
 	again, err := f.provider.Create(ctx, spec)
-	require.NoError(t, err, "within the hour EC2 still lists it: the token finds it")
+	require.NoError(t, err, "within the hour EC2 still lists it: the lookup by token finds it")
 	assert.Equal(t, vm.ID, again.ID)
 	assert.Equal(t, provider.StateTerminated, again.State)
 

@@ -120,9 +120,13 @@ func TestProviderReadsBudgetRefusalAsThrottled(t *testing.T) {
 	_, err = p.List(ctx, provider.Selector{Cluster: conformance.Cluster, Node: "node-a"})
 	throttled(t, err)
 
-	clk.Advance(10 * time.Second) // DescribeInstances full again: Create's token lookup passes
+	clk.Advance(10 * time.Second) // DescribeInstances full again: a resumed Create's token lookup passes
 	b.Drain(ec2fake.ClassRunInstances)
 	_, err = p.Create(ctx, conformance.Spec(2, "node-a"))
+	throttled(t, err)
+	resumed := conformance.Spec(3, "node-a")
+	resumed.MaybeSent = true
+	_, err = p.Create(ctx, resumed)
 	throttled(t, err)
 
 	b.Drain(ec2fake.ClassTerminate)
@@ -131,8 +135,8 @@ func TestProviderReadsBudgetRefusalAsThrottled(t *testing.T) {
 	n := b.Counts()
 	assert.Equal(t, cloud.ClassCount{Calls: 1, Throttled: 1}, n[cloud.OpGet], "the SDK does not retry a refusal")
 	assert.Equal(t, cloud.ClassCount{Calls: 1, Throttled: 1}, n[cloud.OpList])
-	assert.Equal(t, cloud.ClassCount{Calls: 2}, n[ec2fake.OpLookup], "each Create looks its token up first")
-	assert.Equal(t, cloud.ClassCount{Calls: 2, Throttled: 1}, n[cloud.OpCreate])
+	assert.Equal(t, cloud.ClassCount{Calls: 1}, n[ec2fake.OpLookup], "only the resumed Create looks its token up first")
+	assert.Equal(t, cloud.ClassCount{Calls: 3, Throttled: 2}, n[cloud.OpCreate])
 	assert.Equal(t, cloud.ClassCount{Calls: 1, Throttled: 1}, n[cloud.OpDelete])
 }
 

@@ -112,7 +112,7 @@ func TestProviderReadsBudgetRefusalAsThrottled(t *testing.T) {
 	assert.EqualValues(t, 1+5, n[cloud.OpGet].Throttled)
 	assert.Zero(t, n[vpcfake.OpVolumeGet].Calls)
 	assert.EqualValues(t, 1, n[cloud.OpList].Throttled, "the search, not retried")
-	assert.EqualValues(t, 5, n[cloud.OpList].Calls, "three searches, one per listing, and the two creates' lookups by name")
+	assert.EqualValues(t, 3, n[cloud.OpList].Calls, "three searches, one per listing; a fresh key's create looks nothing up")
 	assert.EqualValues(t, 1, n[cloud.OpCreate].Throttled)
 	assert.EqualValues(t, 1, n[cloud.OpDelete].Throttled)
 	assert.Len(t, c.Live(), 1, "the refused calls changed nothing")
