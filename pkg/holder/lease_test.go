@@ -1,6 +1,7 @@
 package holder
 
 import (
+	"bytes"
 	"bufio"
 	"context"
 	"errors"
@@ -8,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -43,6 +45,10 @@ func holdLock(path string) {
 	if err := syscall.Flock(int(f.Fd()), syscall.LOCK_EX); err != nil {
 		os.Exit(3)
 	}
+	// Nothing below uses f: without this the collector may finalize it,
+	// which closes the descriptor and so drops the lock while the child
+	// still runs (seen under load: the waiter took the lock).
+	defer runtime.KeepAlive(f)
 	go Renew(context.Background(), LeasePath(path), "caa-new (pid "+fmt.Sprint(os.Getpid())+")", os.Getpid(), childTTL, func() bool { return true })
 	fmt.Println("locked")
 	select {}
@@ -75,6 +81,8 @@ func TestAStoppedHolderIsWaitedForLiveAndNeverBroken(t *testing.T) {
 	path := filepath.Join(t.TempDir(), "ledger.db")
 	child := exec.Command(os.Args[0], "-test.run=^$")
 	child.Env = append(os.Environ(), childEnv+"="+path)
+	var childErr bytes.Buffer
+	child.Stderr = &childErr
 	out, err := child.StdoutPipe()
 	require.NoError(t, err)
 	require.NoError(t, child.Start())
@@ -122,7 +130,18 @@ func TestAStoppedHolderIsWaitedForLiveAndNeverBroken(t *testing.T) {
 		}
 		return false
 	}
-	require.Eventually(t, sawRenewed, 20*time.Second, 10*time.Millisecond, "a live holder: its lease runs")
+	for deadline := time.Now().Add(20 * time.Second); !sawRenewed(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			select {
+			case err := <-got:
+				stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child.Process.Pid))
+				require.Failf(t, "a live holder: its lease runs", "the waiter returned (%v) while the holder held the lock; holder stat %s stderr %s", err, stat, childErr.String())
+			default:
+			}
+			stat, _ := os.ReadFile(fmt.Sprintf("/proc/%d/stat", child.Process.Pid))
+			require.Failf(t, "a live holder: its lease runs", "never said renewed; last said %q; holder's stat: %s", last(), stat)
+		}
+	}
 
 	require.NoError(t, child.Process.Signal(syscall.SIGSTOP))
 	require.Eventually(t, func() bool { return strings.Contains(last(), "expired") }, 20*time.Second, 10*time.Millisecond,
