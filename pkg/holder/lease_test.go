@@ -1,8 +1,8 @@
 package holder
 
 import (
-	"bytes"
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
