@@ -2,6 +2,7 @@ package adaptorcfg
 
 import (
 	"fmt"
+	"os"
 	"regexp"
 	"strings"
 
@@ -33,6 +34,29 @@ func (a Applied) String() string {
 		return fmt.Sprintf("%s kept, given as %s (%s=%s not applied)", target, a.Kept, from, value)
 	}
 	return fmt.Sprintf("%s=%s (from %s)", target, value, from)
+}
+
+// ApplyDirs reads upstream's settings from dirs (ReadDirs), maps them
+// (Map), keeps the settings keep accepts (all when keep is nil) and
+// applies those to fs and the process environment (Apply). It is what
+// --adaptor-config-dir does for `caa run`, which keeps every setting, and
+// for `caa cluster`, which keeps those it has flags for.
+func ApplyDirs(fs *pflag.FlagSet, dirs []string, keep func(Setting) bool) ([]Applied, error) {
+	keys, err := ReadDirs(dirs...)
+	if err != nil {
+		return nil, err
+	}
+	r := Map(keys)
+	if keep != nil {
+		kept := r.Settings[:0:0]
+		for _, s := range r.Settings {
+			if keep(s) {
+				kept = append(kept, s)
+			}
+		}
+		r.Settings = kept
+	}
+	return Apply(fs, r, os.Getenv, os.Setenv)
 }
 
 // envClause finds the environment variables a flag's help names: caa's

@@ -30,19 +30,9 @@ func (f *Options) applyAdaptorConfig() ([]adaptorcfg.Applied, error) {
 	if len(f.adaptorDirs) == 0 {
 		return nil, nil
 	}
-	keys, err := adaptorcfg.ReadDirs(f.adaptorDirs...)
-	if err != nil {
-		return nil, cli.UsageError{Err: err}
-	}
-	r := adaptorcfg.Map(keys)
-	kept := r.Settings[:0:0]
-	for _, s := range r.Settings {
-		if s.Env != "" || f.flags.Lookup(s.Flag) != nil {
-			kept = append(kept, s)
-		}
-	}
-	r.Settings = kept
-	applied, err := adaptorcfg.Apply(f.flags, r, os.Getenv, os.Setenv)
+	applied, err := adaptorcfg.ApplyDirs(f.flags, f.adaptorDirs, func(s adaptorcfg.Setting) bool {
+		return s.Env != "" || f.flags.Lookup(s.Flag) != nil
+	})
 	if err != nil {
 		return nil, cli.UsageError{Err: err}
 	}

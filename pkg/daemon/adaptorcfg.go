@@ -33,11 +33,7 @@ func (f *Options) applyAdaptorConfig(stderr io.Writer) error {
 	if len(f.adaptorDirs) == 0 {
 		return nil
 	}
-	keys, err := adaptorcfg.ReadDirs(f.adaptorDirs...)
-	if err != nil {
-		return cli.UsageError{Err: err}
-	}
-	applied, err := adaptorcfg.Apply(f.flags, adaptorcfg.Map(keys), os.Getenv, os.Setenv)
+	applied, err := adaptorcfg.ApplyDirs(f.flags, f.adaptorDirs, nil)
 	if err != nil {
 		return cli.UsageError{Err: err}
 	}
